@@ -1,0 +1,30 @@
+# Rift: the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export RIFT_DATA_DIR ?= $(CURDIR)/var
+
+.PHONY: setup run test check bench clean
+
+setup:
+	@scripts/setup.sh
+
+## run: install what is missing and start Rift on 127.0.0.1:8080 (SQLite in ./var)
+run: setup
+	RIFT_HYPERVISOR_URI=$${RIFT_HYPERVISOR_URI:-test:///default} $(VENV)/bin/rift serve
+
+## test: install what is missing and run the whole suite
+test: setup
+	@scripts/test.sh
+
+## check: ruff and mypy
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+## bench: benchmarks that print figures (not part of the test pass)
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache

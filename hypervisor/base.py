@@ -1,0 +1,92 @@
+"""The hypervisor port: what Rift asks of a host, and the values it gets back.
+
+Nothing here imports libvirt; `hypervisor.libvirt` is the real adapter and
+`hypervisor.fake` the in-memory one beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    """Everything needed to define and start one domain."""
+
+    name: str  # libvirt domain name, e.g. "rift-vm_k3v9x2m7"
+    task_id: str
+    vm_id: str
+    vcpus: int
+    memory_mib: int
+    image: str
+    domain_type: str = "test"  # "test" (test driver), "qemu" (TCG) or "kvm"
+    kernel: str | None = None  # direct kernel boot
+    initrd: str | None = None
+    cmdline: str | None = None
+    ssh_port: int | None = None  # host loopback port forwarded to guest :22
+    serial_log: str | None = None  # file the guest's serial console writes to
+
+
+@dataclass(frozen=True)
+class DomainRecord:
+    """One domain as a host reports it."""
+
+    name: str
+    task_id: str | None  # from Rift metadata; None when the domain carries none
+    vm_id: str | None
+    active: bool
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """The size of a host, as its hypervisor reports it."""
+
+    driver: str  # "test", "qemu", "fake", ...
+    vcpus: int
+    memory_mib: int
+
+
+class HypervisorError(Exception):
+    """The hypervisor refused.
+
+    `.message` holds the hypervisor's own words, `.op` what we tried
+    ("open", "define", "start", "destroy", ...), `.code` libvirt's error
+    number when there is one.
+    """
+
+    def __init__(self, op: str, message: str, code: int | None = None) -> None:
+        super().__init__(f"{op}: {message}")
+        self.op = op
+        self.message = message
+        self.code = code
+
+
+class Hypervisor(Protocol):
+    """One connection to one host."""
+
+    uri: str
+
+    def info(self) -> HostInfo:
+        """The host's size."""
+        ...
+
+    def create(self, spec: DomainSpec) -> None:
+        """Define and start a domain.
+
+        On any failure nothing is left defined and HypervisorError is raised
+        (ValueError for a spec that cannot be rendered).
+        """
+        ...
+
+    def destroy(self, name: str) -> bool:
+        """Stop (if running) and undefine a domain; False when there is none."""
+        ...
+
+    def list_domains(self) -> list[DomainRecord]:
+        """Every domain on the connection, with Rift metadata parsed."""
+        ...
+
+    def close(self) -> None:
+        """Let go of the connection; a later call opens it again."""
+        ...

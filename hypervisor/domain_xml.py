@@ -1,0 +1,142 @@
+"""Libvirt domain XML: built from a DomainSpec, and Rift metadata read back.
+
+Pure functions over strings; no libvirt here. Every value from a spec goes into
+the tree as element text or an attribute value, so ElementTree escapes it.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from hypervisor.base import DomainSpec
+
+RIFT_XMLNS = "https://rift.dev/xmlns/domain/1"
+QEMU_XMLNS = "http://libvirt.org/schemas/domain/qemu/1.0"
+DOMAIN_TYPES = frozenset({"test", "qemu", "kvm"})
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
+# Characters XML 1.0 cannot carry at all, even escaped.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_RIFT_VM = f"{{{RIFT_XMLNS}}}vm"
+
+
+def build_domain_xml(spec: DomainSpec) -> str:
+    """The domain XML for `spec`; ValueError when the spec cannot be rendered."""
+    validate_spec(spec)
+    root = ET.Element("domain", type=spec.domain_type)
+    guest = spec.domain_type != "test"
+    if guest and spec.ssh_port is not None:
+        # Literal prefixes keep each namespace declared where libvirt expects it.
+        root.set("xmlns:qemu", QEMU_XMLNS)
+    ET.SubElement(root, "name").text = spec.name
+    metadata = ET.SubElement(root, "metadata")
+    ET.SubElement(
+        metadata,
+        "rift:vm",
+        {"xmlns:rift": RIFT_XMLNS, "task": spec.task_id, "vm": spec.vm_id, "image": spec.image},
+    )
+    ET.SubElement(root, "memory", unit="KiB").text = str(spec.memory_mib * 1024)
+    ET.SubElement(root, "vcpu").text = str(spec.vcpus)
+    os_el = ET.SubElement(root, "os")
+    if not guest:
+        ET.SubElement(os_el, "type").text = "hvm"
+    else:
+        _guest_parts(root, os_el, spec)
+    return ET.tostring(root, encoding="unicode")
+
+
+def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
+    """The parts of a real qemu/kvm guest: q35, kernel, rng, serial, user network."""
+    ET.SubElement(os_el, "type", arch="x86_64", machine="q35").text = "hvm"
+    if spec.kernel is not None:
+        ET.SubElement(os_el, "kernel").text = spec.kernel
+        if spec.initrd is not None:
+            ET.SubElement(os_el, "initrd").text = spec.initrd
+        if spec.cmdline is not None:
+            ET.SubElement(os_el, "cmdline").text = spec.cmdline
+    else:
+        ET.SubElement(os_el, "boot", dev="hd")
+    features = ET.SubElement(root, "features")
+    ET.SubElement(features, "acpi")
+    if spec.domain_type == "kvm":
+        ET.SubElement(root, "cpu", mode="host-passthrough")
+    ET.SubElement(root, "clock", offset="utc")
+    ET.SubElement(root, "on_poweroff").text = "destroy"
+    ET.SubElement(root, "on_reboot").text = "restart"
+    ET.SubElement(root, "on_crash").text = "destroy"
+    devices = ET.SubElement(root, "devices")
+    ET.SubElement(devices, "controller", type="usb", model="none")
+    ET.SubElement(devices, "memballoon", model="none")
+    rng = ET.SubElement(devices, "rng", model="virtio")
+    ET.SubElement(rng, "backend", model="random").text = "/dev/urandom"
+    if spec.serial_log is not None:
+        serial = ET.SubElement(devices, "serial", type="file")
+        ET.SubElement(serial, "source", path=spec.serial_log)
+        ET.SubElement(serial, "target", port="0")
+    if spec.ssh_port is not None:
+        commandline = ET.SubElement(root, "qemu:commandline")
+        for value in (
+            "-netdev",
+            f"user,id=n0,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
+            "-device",
+            "virtio-net-pci,netdev=n0,addr=0x10",
+        ):
+            ET.SubElement(commandline, "qemu:arg", value=value)
+
+
+def validate_spec(spec: DomainSpec) -> None:
+    """Raise ValueError naming the first field that cannot go into a domain."""
+    if not _NAME.fullmatch(spec.name):
+        raise ValueError(f"domain name {spec.name!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]*")
+    if spec.domain_type not in DOMAIN_TYPES:
+        raise ValueError(f"domain_type {spec.domain_type!r} is not one of {sorted(DOMAIN_TYPES)}")
+    if spec.vcpus < 1:
+        raise ValueError(f"vcpus must be at least 1, not {spec.vcpus}")
+    if spec.memory_mib < 1:
+        raise ValueError(f"memory_mib must be at least 1, not {spec.memory_mib}")
+    if spec.ssh_port is not None and not 1 <= spec.ssh_port <= 65535:
+        raise ValueError(f"ssh_port {spec.ssh_port} is not a TCP port")
+    texts = {
+        "task_id": spec.task_id,
+        "vm_id": spec.vm_id,
+        "image": spec.image,
+        "kernel": spec.kernel,
+        "initrd": spec.initrd,
+        "cmdline": spec.cmdline,
+        "serial_log": spec.serial_log,
+    }
+    for field, value in texts.items():
+        if value is not None and _NOT_XML.search(value):
+            raise ValueError(f"{field} holds a character XML cannot carry")
+    for field in ("kernel", "initrd", "serial_log"):
+        path = texts[field]
+        if path is not None and not path.startswith("/"):
+            raise ValueError(f"{field} must be an absolute path, not {path!r}")
+
+
+def parse_rift_metadata(xml: str) -> tuple[str | None, str | None]:
+    """(task id, VM id) from Rift metadata, or (None, None) when there is none.
+
+    Takes a whole domain XML, or the bare metadata element that libvirt's
+    virDomainGetMetadata returns (`<vm task=".." vm=".."/>`, namespace dropped).
+    Unreadable XML counts as no metadata: such a domain is never taken for Rift's.
+    """
+    if "<!DOCTYPE" in xml:
+        return None, None  # no DTD, so no entities: libvirt never writes one
+    try:
+        # Safe without defusedxml: a DTD (where entities live) is refused above, and
+        # ElementTree never fetches external resources.
+        root = ET.fromstring(xml)  # noqa: S314
+    except ET.ParseError:
+        return None, None
+    if root.tag == "domain":
+        found = root.find(f"metadata/{_RIFT_VM}")
+        if found is None:
+            return None, None
+        element = found
+    elif root.tag in (_RIFT_VM, "vm"):
+        element = root
+    else:
+        return None, None
+    return element.get("task"), element.get("vm")

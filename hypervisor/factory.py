@@ -1,0 +1,19 @@
+"""Opening a Hypervisor by URI; libvirt is imported only when a libvirt URI is opened."""
+
+from __future__ import annotations
+
+from hypervisor.base import Hypervisor
+
+
+def open_hypervisor(uri: str, *, validate: bool = False) -> Hypervisor:
+    """A Hypervisor for `uri`: `fake:///...` in memory, anything else through libvirt.
+
+    The libvirt connection itself opens on first use, so this never blocks.
+    """
+    if uri.startswith("fake:"):
+        from hypervisor.fake import FakeHypervisor
+
+        return FakeHypervisor(uri)
+    from hypervisor.libvirt import LibvirtHypervisor
+
+    return LibvirtHypervisor(uri, validate=validate)

@@ -1,0 +1,105 @@
+"""An in-memory Hypervisor for unit tests, with failures on demand.
+
+Behaves like LibvirtHypervisor over the test driver: create renders the same
+XML (so a bad spec raises the same ValueError), a refused create leaves
+nothing, destroy is idempotent, and no capacity is checked (placement does).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from hypervisor.base import DomainRecord, DomainSpec, HostInfo, HypervisorError
+from hypervisor.domain_xml import build_domain_xml
+
+
+@dataclass
+class FakeDomain:
+    """A domain held by FakeHypervisor; tests may read and change it."""
+
+    name: str
+    task_id: str | None
+    vm_id: str | None
+    active: bool = True
+    spec: DomainSpec | None = None  # None for a domain made behind Rift's back
+    xml: str | None = None
+
+
+class FakeHypervisor:
+    """A Hypervisor in memory; safe to share between threads."""
+
+    def __init__(self, uri: str = "fake:///", vcpus: int = 16, memory_mib: int = 32768) -> None:
+        self.uri = uri
+        self.vcpus = vcpus
+        self.memory_mib = memory_mib
+        self.domains: dict[str, FakeDomain] = {}
+        self.calls: list[tuple[str, str]] = []  # (op, domain name), in order
+        self.closed = False
+        self._lock = threading.RLock()
+        self._create_failures: list[str] = []
+        self._destroy_failure: str | None = None
+
+    # failure injection
+
+    def fail_next_create(self, message: str, times: int = 1) -> None:
+        """The next `times` creates raise HypervisorError(message) and leave nothing."""
+        with self._lock:
+            self._create_failures.extend([message] * times)
+
+    def fail_destroy(self, message: str | None) -> None:
+        """Every destroy raises HypervisorError(message) until called with None."""
+        with self._lock:
+            self._destroy_failure = message
+
+    def add_foreign_domain(
+        self, name: str, task_id: str | None, vm_id: str | None, active: bool = True
+    ) -> None:
+        """A running domain made behind Rift's back (after a crash, or by hand)."""
+        with self._lock:
+            self.domains[name] = FakeDomain(name=name, task_id=task_id, vm_id=vm_id, active=active)
+
+    # the Hypervisor protocol
+
+    def info(self) -> HostInfo:
+        with self._lock:
+            self._touch("info", "")
+            return HostInfo(driver="fake", vcpus=self.vcpus, memory_mib=self.memory_mib)
+
+    def create(self, spec: DomainSpec) -> None:
+        xml = build_domain_xml(spec)
+        with self._lock:
+            self._touch("create", spec.name)
+            if spec.name in self.domains:
+                raise HypervisorError(
+                    "define", f"operation failed: domain '{spec.name}' already exists"
+                )
+            if self._create_failures:
+                raise HypervisorError("start", self._create_failures.pop(0))
+            self.domains[spec.name] = FakeDomain(
+                name=spec.name, task_id=spec.task_id, vm_id=spec.vm_id, spec=spec, xml=xml
+            )
+
+    def destroy(self, name: str) -> bool:
+        with self._lock:
+            self._touch("destroy", name)
+            if self._destroy_failure is not None:
+                raise HypervisorError("destroy", self._destroy_failure)
+            return self.domains.pop(name, None) is not None
+
+    def list_domains(self) -> list[DomainRecord]:
+        with self._lock:
+            self._touch("list", "")
+            return [
+                DomainRecord(name=d.name, task_id=d.task_id, vm_id=d.vm_id, active=d.active)
+                for d in self.domains.values()
+            ]
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+
+    def _touch(self, op: str, name: str) -> None:
+        """Record a call; like the real adapter, a closed fake opens again on use."""
+        self.calls.append((op, name))
+        self.closed = False

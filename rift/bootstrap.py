@@ -1,0 +1,98 @@
+"""The one place that wires Rift together. Nothing here runs at import time."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hypervisor import Hypervisor, open_hypervisor
+from rift.config import Settings
+from rift.domain.clock import Clock, SystemClock
+from rift.domain.leases import Clocks
+from rift.images import DirectoryImages
+from rift.logs import setup_logging
+from rift.services import accounts, hosts
+from rift.services.context import Deps, Limits
+from rift.services.ports import HostPool
+from rift.store.migrate import upgrade
+from rift.store.sql import SqlStore
+
+
+class CachedHostPool:
+    """One hypervisor connection per URI, opened on first use, shared by threads."""
+
+    def __init__(self, opener: Callable[[str], Hypervisor] = open_hypervisor) -> None:
+        self._opener = opener
+        self._open: dict[str, Hypervisor] = {}
+        self._lock = threading.Lock()
+
+    def hypervisor(self, uri: str) -> Hypervisor:
+        with self._lock:
+            if uri not in self._open:
+                self._open[uri] = self._opener(uri)
+            return self._open[uri]
+
+    def close(self) -> None:
+        with self._lock:
+            for hv in self._open.values():
+                hv.close()
+            self._open.clear()
+
+
+def clocks_of(settings: Settings) -> Clocks:
+    return Clocks(settings.activity_step_s, settings.lease_quiet_s, settings.task_idle_s)
+
+
+def limits_of(settings: Settings) -> Limits:
+    return Limits(settings.max_open_tasks, settings.max_vms_per_task,
+                  settings.rate_task_new_per_h, settings.rate_vm_new_per_h,
+                  settings.closed_retention_s)
+
+
+def build_deps(settings: Settings, *, clock: Clock | None = None,
+               host_pool: HostPool | None = None, migrate: bool = True) -> Deps:
+    """Open the store (migrating it to the current schema) and the host pool,
+    and make sure the `local` host exists."""
+    setup_logging(settings.log_level)
+    url = settings.resolved_database_url()
+    if migrate:
+        upgrade(url)
+    deps = Deps(
+        store=SqlStore(url),
+        clock=clock or SystemClock(),
+        hosts=host_pool or CachedHostPool(),
+        images=DirectoryImages(settings.data_dir / "images"),
+        clocks=clocks_of(settings),
+        limits=limits_of(settings),
+    )
+    hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
+                            settings.host_memory_mib)
+    return deps
+
+
+def close_deps(deps: Deps) -> None:
+    deps.hosts.close()
+    deps.store.close()
+
+
+@dataclass(frozen=True)
+class FirstAdmin:
+    password: str
+    token: str
+
+
+def ensure_admin(deps: Deps) -> FirstAdmin | None:
+    """On an empty database: the user `admin` with a random password and a token,
+    answered once for printing; never stored in the clear."""
+    with deps.store.read() as tx:
+        if tx.count_users() > 0:
+            return None
+    password = secrets.token_urlsafe(18)
+    try:
+        accounts.add_user(deps, "admin", password)
+    except Exception:  # another replica made it first
+        return None
+    made = accounts.new_token(deps, "admin", "admin")
+    return FirstAdmin(password, made.token.value)

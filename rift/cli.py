@@ -1,0 +1,253 @@
+"""The `rift` command: the operator's door to the same engine."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rift.config import Settings
+from rift.domain.errors import RiftError
+from rift.services.context import Deps
+
+OPERATOR_COLUMNS = ("id", "owner", "name", "status", "holder", "last_activity_at", "closes_at")
+
+
+def _deps(settings: Settings) -> Deps:
+    from rift.bootstrap import build_deps
+
+    return build_deps(settings)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A plain, aligned table: what people read; `--json` is for scripts."""
+    cells = [[("-" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _print(rows: list[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
+    print(json.dumps(rows, indent=2) if as_json else table(rows, columns))
+
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from rift.api.app import create_app
+    from rift.bootstrap import close_deps, ensure_admin
+
+    deps = _deps(settings)
+    first = ensure_admin(deps)
+    if first is not None:
+        print("Created the user admin. Shown once, keep them now:", flush=True)
+        print(f"  password: {first.password}", flush=True)
+        print(f"  token:    {first.token}", flush=True)
+    try:
+        uvicorn.run(create_app(settings, deps), host=args.host, port=args.port,
+                    log_level="warning")
+    finally:
+        close_deps(deps)
+    return 0
+
+
+def cmd_user(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.services import accounts
+
+    deps = _deps(settings)
+    if args.action == "add":
+        password = sys.stdin.readline().rstrip("\n") if args.password_stdin else None
+        user = accounts.add_user(deps, args.name, password)
+        print(f"added user {user.name}")
+        return 0
+    rows = [{"name": u.name, "password": "set" if u.password_hash else "-",
+             "created_at": u.created_at.isoformat()} for u in accounts.list_users(deps)]
+    _print(rows, ("name", "password", "created_at"), args.json)
+    return 0
+
+
+def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.services import accounts
+
+    deps = _deps(settings)
+    if args.action == "new":
+        made = accounts.new_token(deps, args.user, args.label)
+        print(made.token.value)
+        return 0
+    if args.action == "revoke":
+        if not accounts.revoke_token(deps, args.token_id):
+            print(f"no live token {args.token_id}; rift token list USER shows them",
+                  file=sys.stderr)
+            return 1
+        print(f"revoked {args.token_id}")
+        return 0
+    rows = [{"id": t.id, "label": t.label, "created_at": t.created_at.isoformat(),
+             "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None}
+            for t in accounts.list_tokens(deps, args.user)]
+    _print(rows, ("id", "label", "created_at", "revoked_at"), args.json)
+    return 0
+
+
+def cmd_tasks(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.services import tasks
+
+    deps = _deps(settings)
+    rows: list[dict[str, Any]] = []
+    after = None
+    while True:
+        page = tasks.list_tasks(deps, None, "all" if args.all else "open", 100, after)
+        rows += page["tasks"]
+        after = page["next_after"]
+        if after is None:
+            break
+    if not args.json:
+        for r in rows:
+            r["vms"] = len(r["vms"])
+    _print(rows, (*OPERATOR_COLUMNS, "vms"), args.json)
+    return 0
+
+
+def cmd_task(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.services import tasks
+
+    deps = _deps(settings)
+    if args.action == "close":
+        result = tasks.close_as_operator(deps, args.id, operator_label())
+        print(f"closed {args.id}; destroyed {len(result['destroyed'])} VMs")
+        return 0
+    view = tasks.operator_view(deps, args.id)
+    print(json.dumps(view, indent=2))
+    return 0
+
+
+def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.services import hosts
+
+    deps = _deps(settings)
+    if args.action == "add":
+        host = hosts.add_host(deps, args.name, args.uri, args.vcpus, args.memory_mib)
+        print(f"added host {host.name} ({host.vcpus} vCPUs, {host.memory_mib} MiB)")
+    elif args.action == "drain":
+        hosts.drain_host(deps, args.name)
+        print(f"drained {args.name}: it takes no new VMs")
+    elif args.action == "remove":
+        hosts.remove_host(deps, args.name)
+        print(f"removed {args.name}")
+    else:
+        cols = ("name", "uri", "state", "vcpus", "used_vcpus", "memory_mib", "used_memory_mib",
+                "vms")
+        _print(hosts.list_hosts(deps), cols, args.json)
+    return 0
+
+
+def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.images import DirectoryImages
+
+    images = DirectoryImages(settings.data_dir / "images")
+    if args.action == "build":
+        print("rift image build: building real guest images is not in this version yet; "
+              "the libvirt test driver accepts every image name the store knows",
+              file=sys.stderr)
+        return 2
+    rows = [{"name": n, "built": "yes" if images.is_built(n) else "no"} for n in images.names()]
+    _print(rows, ("name", "built"), args.json)
+    return 0
+
+
+def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.doctor import run_doctor
+
+    return run_doctor(settings)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rift", description="Rift: VMs lent to AI agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the control plane")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.set_defaults(run=cmd_serve)
+
+    u = sub.add_parser("user", help="users").add_subparsers(dest="action", required=True)
+    ua = u.add_parser("add")
+    ua.add_argument("name")
+    ua.add_argument("--password-stdin", action="store_true")
+    ul = u.add_parser("list")
+    ul.add_argument("--json", action="store_true")
+    for x in (ua, ul):
+        x.set_defaults(run=cmd_user)
+
+    t = sub.add_parser("token", help="API tokens").add_subparsers(dest="action", required=True)
+    tn = t.add_parser("new")
+    tn.add_argument("user")
+    tn.add_argument("--label")
+    tl = t.add_parser("list")
+    tl.add_argument("user")
+    tl.add_argument("--json", action="store_true")
+    tr = t.add_parser("revoke")
+    tr.add_argument("token_id")
+    for x in (tn, tl, tr):
+        x.set_defaults(run=cmd_token)
+
+    ts = sub.add_parser("tasks", help="list tasks (every user's)")
+    ts.add_argument("--all", action="store_true", help="closed ones too")
+    ts.add_argument("--json", action="store_true")
+    ts.set_defaults(run=cmd_tasks)
+
+    k = sub.add_parser("task", help="one task").add_subparsers(dest="action", required=True)
+    for action in ("show", "close"):
+        ka = k.add_parser(action)
+        ka.add_argument("id")
+        ka.set_defaults(run=cmd_task)
+
+    h = sub.add_parser("host", help="hypervisor hosts").add_subparsers(dest="action",
+                                                                        required=True)
+    ha = h.add_parser("add")
+    ha.add_argument("name")
+    ha.add_argument("uri")
+    ha.add_argument("--vcpus", type=int)
+    ha.add_argument("--memory-mib", type=int)
+    hl = h.add_parser("list")
+    hl.add_argument("--json", action="store_true")
+    hd = h.add_parser("drain")
+    hd.add_argument("name")
+    hr = h.add_parser("remove")
+    hr.add_argument("name")
+    for x in (ha, hl, hd, hr):
+        x.set_defaults(run=cmd_host)
+
+    i = sub.add_parser("image", help="guest images").add_subparsers(dest="action", required=True)
+    ib = i.add_parser("build")
+    ib.add_argument("name", choices=["tiny"])
+    il = i.add_parser("list")
+    il.add_argument("--json", action="store_true")
+    for x in (ib, il):
+        x.set_defaults(run=cmd_image)
+
+    d = sub.add_parser("doctor", help="what works here and what to do about what does not")
+    d.set_defaults(run=cmd_doctor)
+    return p
+
+
+def operator_label() -> str:
+    return "cli:" + getpass.getuser()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    settings = Settings()
+    try:
+        code: int = args.run(settings, args)
+    except RiftError as exc:
+        print(f"{exc.code}: {exc.message}\nhint: {exc.hint}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

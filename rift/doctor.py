@@ -1,0 +1,70 @@
+"""`rift doctor`: what works here, and what to do about what does not."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from rift.config import Settings
+
+Check = tuple[str, bool, str]
+
+
+def _database(settings: Settings) -> Check:
+    from rift.store.migrate import current_revision, head_revision
+
+    url = settings.resolved_database_url()
+    try:
+        current = current_revision(url)
+    except Exception as exc:
+        return ("database", False, f"{url.split('@')[-1]}: {exc}; check RIFT_DATABASE_URL")
+    head = head_revision()
+    if current != head:
+        return ("database", False, f"schema at {current}, code wants {head}; "
+                "`rift serve` migrates at start")
+    return ("database", True, f"schema at {current}")
+
+
+def _libvirt(settings: Settings) -> Check:
+    from hypervisor import HypervisorError, open_hypervisor
+
+    try:
+        hv = open_hypervisor(settings.hypervisor_uri)
+        info = hv.info()
+        hv.close()
+    except HypervisorError as exc:
+        return ("libvirt", False, f"{settings.hypervisor_uri}: {exc}; `make run` installs and "
+                "starts libvirtd, or set RIFT_HYPERVISOR_URI=test:///default")
+    return ("libvirt", True, f"{settings.hypervisor_uri}: {info.driver} driver, "
+            f"{info.vcpus} vCPUs, {info.memory_mib} MiB")
+
+
+def _kvm(settings: Settings) -> Check:
+    if not os.path.exists("/dev/kvm"):
+        return ("kvm", False, "no /dev/kvm: guests run under TCG (slower, works)")
+    return ("kvm", True, "/dev/kvm present; whether guests boot under it is probed when "
+            "real guests are built (TCG is the fallback)")
+
+
+def _images(settings: Settings) -> Check:
+    from rift.images import DirectoryImages
+
+    images = DirectoryImages(settings.data_dir / "images")
+    built = [n for n in images.names() if images.is_built(n)]
+    if settings.hypervisor_uri.startswith("test:"):
+        return ("images", True, f"test driver: every known image is accepted ({images.names()})")
+    if not built:
+        return ("images", False, "no image is built; rift image build tiny")
+    return ("images", True, f"built: {', '.join(built)}")
+
+
+CHECKS: tuple[Callable[[Settings], Check], ...] = (_database, _libvirt, _kvm, _images)
+
+
+def run_doctor(settings: Settings) -> int:
+    failed = 0
+    for check in CHECKS:
+        name, ok, text = check(settings)
+        failed += not ok
+        print(f"{'ok ' if ok else 'NO '} {name:<9} {text}")
+    return 1 if failed else 0

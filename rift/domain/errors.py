@@ -1,0 +1,257 @@
+"""The refusal tree of SPEC §4: one stable `code`, an HTTP status and a hint
+that names the tool that mends it. Every door renders these the same way."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class RiftError(Exception):
+    code: ClassVar[str] = "internal"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, hint: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "hint": self.hint, **self.details}
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class HandleRequired(RiftError):
+    code = "handle_required"
+    status = 400
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this call needs a task handle and got none",
+            "no handle: rift_task_new opens one, rift_task_attach <id> takes up an existing task",
+        )
+
+
+class HandleInvalid(RiftError):
+    code = "handle_invalid"
+    status = 400
+
+    def __init__(self) -> None:
+        super().__init__(
+            "a handle has the form task_<id>.<secret>",
+            "rift_task_new opens a task with a fresh handle; rift_task_attach <id> mints a new "
+            "handle for an existing one",
+            field="handle",
+        )
+
+
+class TaskNotFound(RiftError):
+    code = "task_not_found"
+    status = 404
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"no task {task_id} of yours",
+            "rift_task_list shows yours",
+            task_id=task_id,
+        )
+
+
+class TaskClosed(RiftError):
+    code = "task_closed"
+    status = 409
+
+    def __init__(self, task_id: str, closed_at: str | None, reason: str | None) -> None:
+        super().__init__(
+            f"task {task_id} was closed {closed_at} ({reason}); its VMs are gone",
+            "rift_task_new opens another",
+            task_id=task_id,
+            closed_at=closed_at,
+            close_reason=reason,
+        )
+
+
+class TaskReleased(RiftError):
+    code = "task_released"
+    status = 409
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"task {task_id} was released by its holder; no one holds it",
+            f"rift_task_attach {task_id} takes it up",
+            task_id=task_id,
+        )
+
+
+class LeaseStale(RiftError):
+    code = "lease_stale"
+    status = 409
+
+    def __init__(self, task_id: str, holder: str | None, since: str | None) -> None:
+        super().__init__(
+            f"this handle is no longer the lease of {task_id}: held by {holder} since {since}",
+            f"rift_task_attach {task_id} with takeover takes it over — tell the user first",
+            task_id=task_id,
+            holder=holder,
+            held_since=since,
+        )
+
+
+class TaskHeld(RiftError):
+    code = "task_held"
+    status = 409
+
+    def __init__(self, task_id: str, holder: str | None, active_ago_s: int, quiet_at: str) -> None:
+        super().__init__(
+            f"task {task_id} is held by {holder}, active {active_ago_s}s ago",
+            f"rift_task_attach {task_id} with takeover takes it over — tell the user first; "
+            f"without takeover it is free at {quiet_at}",
+            task_id=task_id,
+            holder=holder,
+            active_ago_s=active_ago_s,
+            lease_quiet_at=quiet_at,
+        )
+
+
+class VmNotFound(RiftError):
+    code = "vm_not_found"
+    status = 404
+
+    def __init__(self, vm_id: str) -> None:
+        super().__init__(
+            f"no VM {vm_id} in your tasks",
+            "rift_task_get lists the task's VMs",
+            vm_id=vm_id,
+        )
+
+
+class VmNotRunning(RiftError):
+    code = "vm_not_running"
+    status = 409
+
+    def __init__(self, vm_id: str, status: str) -> None:
+        super().__init__(
+            f"VM {vm_id} is {status}, not running",
+            "rift_vm_new makes another",
+            vm_id=vm_id,
+            vm_status=status,
+        )
+
+
+class QuotaExceeded(RiftError):
+    code = "quota_exceeded"
+    status = 429
+
+    def __init__(self, what: str, limit: int, mend: str) -> None:
+        super().__init__(
+            f"at most {limit} {what}",
+            f"{mend} frees room",
+            limit=limit,
+        )
+
+
+class NoCapacity(RiftError):
+    code = "no_capacity"
+    status = 503
+
+    def __init__(self, vcpus: int, memory_mib: int, free_vcpus: int, free_memory_mib: int) -> None:
+        super().__init__(
+            f"no host can fit {vcpus} vCPUs and {memory_mib} MiB; the most any host has free is "
+            f"{free_vcpus} vCPUs and {free_memory_mib} MiB",
+            "ask for less, or rift_vm_destroy / rift_task_close frees room",
+            asked={"vcpus": vcpus, "memory_mib": memory_mib},
+            largest_free={"vcpus": free_vcpus, "memory_mib": free_memory_mib},
+        )
+
+
+class ImageNotFound(RiftError):
+    code = "image_not_found"
+    status = 404
+
+    def __init__(self, image: str, known: list[str]) -> None:
+        super().__init__(
+            f"no image {image!r}; the images there are: {', '.join(known)}",
+            "rift_vm_new with one of those images",
+            image=image,
+            images=known,
+        )
+
+
+class InvalidArgument(RiftError):
+    code = "invalid_argument"
+    status = 422
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(
+            f"{field}: {why}",
+            "correct the field and call again",
+            field=field,
+        )
+
+
+class IdempotencyConflict(RiftError):
+    code = "idempotency_conflict"
+    status = 409
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(
+            "this idempotency_key was used before with other input",
+            f"{tool} with a new idempotency_key, or with the first call's input exactly",
+            field="idempotency_key",
+        )
+
+
+class RateLimited(RiftError):
+    code = "rate_limited"
+    status = 429
+
+    def __init__(self, what: str, per_hour: int, retry_after_s: int) -> None:
+        super().__init__(
+            f"over the budget of {per_hour} {what} per hour; try again in {retry_after_s}s",
+            f"wait {retry_after_s}s; reads are free",
+            retry_after_s=retry_after_s,
+        )
+
+
+class Unauthorized(RiftError):
+    code = "unauthorized"
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__(
+            "a valid API token is needed (Authorization: Bearer rift_…)",
+            "rift token new <user> makes one",
+        )
+
+
+class GuestUnreachable(RiftError):
+    code = "guest_unreachable"
+    status = 503
+
+    def __init__(self, vm_id: str, why: str) -> None:
+        super().__init__(
+            f"the guest of {vm_id} does not answer SSH: {why}",
+            "rift_vm_destroy + rift_vm_new",
+            vm_id=vm_id,
+        )
+
+
+class HypervisorFailed(RiftError):
+    code = "hypervisor_error"
+    status = 503
+
+    def __init__(self, words: str, host: str | None = None) -> None:
+        super().__init__(
+            f"libvirt refused: {words}",
+            "rift_vm_new again later, or rift doctor on the host",
+            host=host,
+        )
+
+
+ALL_ERRORS: tuple[type[RiftError], ...] = (
+    HandleRequired, HandleInvalid, TaskNotFound, TaskClosed, TaskReleased, LeaseStale, TaskHeld,
+    VmNotFound, VmNotRunning, QuotaExceeded, NoCapacity, ImageNotFound, InvalidArgument,
+    IdempotencyConflict, RateLimited, Unauthorized, GuestUnreachable, HypervisorFailed,
+)

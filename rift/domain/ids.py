@@ -1,0 +1,43 @@
+"""Identifiers: `task_` / `vm_` / `tok_` + 8 lowercase base32 characters."""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
+_ID_RE = re.compile(r"^(task|vm|tok)_[a-z2-7]{8}$")
+
+
+def _random_suffix() -> str:
+    # 5 random bytes are exactly 8 base32 characters (40 bits).
+    return base64.b32encode(secrets.token_bytes(5)).decode("ascii").lower()
+
+
+def new_task_id() -> str:
+    return "task_" + _random_suffix()
+
+
+def new_vm_id() -> str:
+    return "vm_" + _random_suffix()
+
+
+def new_token_id() -> str:
+    return "tok_" + _random_suffix()
+
+
+def is_id(value: str, prefix: str) -> bool:
+    match = _ID_RE.match(value)
+    return match is not None and match.group(1) == prefix
+
+
+def is_task_id(value: str) -> bool:
+    return is_id(value, "task")
+
+
+def is_vm_id(value: str) -> bool:
+    return is_id(value, "vm")
+
+
+__all__ = ["is_task_id", "is_vm_id", "new_task_id", "new_token_id", "new_vm_id"]

@@ -1,0 +1,34 @@
+"""The image catalog: `tiny` is always known; further images are folders
+under `<data dir>/images/<name>/` (built or registered by the operator)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+BUILTIN = ("tiny",)
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+class DirectoryImages:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def names(self) -> list[str]:
+        found = set(BUILTIN)
+        if self.root.is_dir():
+            found |= {p.name for p in self.root.iterdir() if p.is_dir() and _NAME_RE.match(p.name)}
+        return sorted(found)
+
+    def is_built(self, name: str) -> bool:
+        return (self.root / name).is_dir()
+
+
+class StaticImages:
+    """A fixed catalog, for unit tests."""
+
+    def __init__(self, names: list[str] | None = None) -> None:
+        self._names = sorted(set(names or []) | set(BUILTIN))
+
+    def names(self) -> list[str]:
+        return list(self._names)

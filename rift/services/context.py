@@ -1,0 +1,42 @@
+"""What every use case is given: the ports, the clocks, the limits, the caller."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from rift.domain.clock import Clock
+from rift.domain.leases import Clocks
+from rift.services.ports import HostPool, ImageCatalog, Store
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_open_tasks: int = 32
+    max_vms_per_task: int = 16
+    rate_task_new_per_h: int = 120
+    rate_vm_new_per_h: int = 240
+    closed_retention_s: int = 30 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Deps:
+    store: Store
+    clock: Clock
+    hosts: HostPool
+    images: ImageCatalog
+    clocks: Clocks = field(default_factory=Clocks)
+    limits: Limits = field(default_factory=Limits)
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("rift"))
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls: the user a token names, and the holder label people read."""
+
+    user: str
+    label: str
+
+
+OPERATOR = "operator"
+SWEEP = "sweep"

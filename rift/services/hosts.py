@@ -1,0 +1,98 @@
+"""Hosts: libvirt connections with a capacity that VMs are placed on."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from hypervisor.base import HypervisorError
+from rift.domain.errors import HypervisorFailed, InvalidArgument
+from rift.domain.model import Host
+from rift.services.context import Deps
+
+LOCAL = "local"
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+def _capacity(deps: Deps, uri: str, vcpus: int | None, memory_mib: int | None) -> tuple[int, int]:
+    if vcpus is not None and memory_mib is not None:
+        return vcpus, memory_mib
+    try:
+        info = deps.hosts.hypervisor(uri).info()
+    except HypervisorError as exc:
+        raise HypervisorFailed(str(exc)) from exc
+    return vcpus or info.vcpus, memory_mib or info.memory_mib
+
+
+def add_host(deps: Deps, name: str, uri: str, vcpus: int | None = None,
+             memory_mib: int | None = None) -> Host:
+    if not _NAME_RE.match(name):
+        raise InvalidArgument("name", "1–64 of a-z 0-9 _ . -, starting with a letter or digit")
+    if "://" not in uri:
+        raise InvalidArgument("uri", "a libvirt URI such as qemu:///system or test:///default")
+    for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib)):
+        if value is not None and value < 1:
+            raise InvalidArgument(field, "must be at least 1")
+    cpus, mem = _capacity(deps, uri, vcpus, memory_mib)
+    host = Host(name, uri, cpus, mem, False, deps.clock.now())
+    with deps.store.write() as tx:
+        if tx.get_host(name) is not None:
+            raise InvalidArgument("name", f"a host {name!r} exists already")
+        tx.add_host(host)
+    return host
+
+
+def ensure_local_host(deps: Deps, uri: str, vcpus: int | None = None,
+                      memory_mib: int | None = None) -> Host:
+    """A fresh install has one host, `local`, on `RIFT_HYPERVISOR_URI`; a changed
+    URI or size is taken up at start."""
+    with deps.store.read() as tx:
+        current = tx.get_host(LOCAL)
+    if current is None:
+        try:
+            return add_host(deps, LOCAL, uri, vcpus, memory_mib)
+        except InvalidArgument:  # another replica added it a moment ago
+            pass
+    cpus, mem = _capacity(deps, uri, vcpus, memory_mib)
+    with deps.store.write() as tx:
+        tx.update_host(LOCAL, uri=uri, vcpus=cpus, memory_mib=mem)
+        host = tx.get_host(LOCAL)
+    assert host is not None
+    return host
+
+
+def list_hosts(deps: Deps) -> list[dict[str, Any]]:
+    with deps.store.read() as tx:
+        hosts = tx.list_hosts()
+        usage = tx.host_usage()
+    rows = []
+    for h in hosts:
+        used = usage.get(h.name)
+        rows.append({
+            "name": h.name, "uri": h.uri, "vcpus": h.vcpus, "memory_mib": h.memory_mib,
+            "used_vcpus": used.vcpus if used else 0,
+            "used_memory_mib": used.memory_mib if used else 0,
+            "vms": used.vms if used else 0,
+            "state": "drained" if h.drained else "active",
+        })
+    return rows
+
+
+def drain_host(deps: Deps, name: str, drained: bool = True) -> Host:
+    with deps.store.write() as tx:
+        if not tx.update_host(name, drained=drained):
+            raise InvalidArgument("name", f"no host {name!r}; rift host list shows them")
+        host = tx.get_host(name)
+    assert host is not None
+    return host
+
+
+def remove_host(deps: Deps, name: str) -> None:
+    with deps.store.write() as tx:
+        if tx.get_host(name) is None:
+            raise InvalidArgument("name", f"no host {name!r}; rift host list shows them")
+        used = tx.host_usage().get(name)
+        if used and used.vms:
+            raise InvalidArgument("name", f"host {name!r} still has {used.vms} VMs; "
+                                  "rift host drain it and wait for its tasks to close")
+        tx.delete_host(name)

@@ -1,0 +1,166 @@
+"""Holding a task: handle checks, attach (with and without takeover), release.
+
+Every lease change is one compare-and-set on the task's lease generation, so
+racing callers (threads or replicas) get exactly one winner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from rift.domain.clock import iso
+from rift.domain.errors import (
+    HandleInvalid,
+    HandleRequired,
+    LeaseStale,
+    TaskClosed,
+    TaskHeld,
+    TaskNotFound,
+    TaskReleased,
+)
+from rift.domain.model import NewEvent, Task
+from rift.domain.secrets import Handle, matches
+from rift.services import validate
+from rift.services.context import Caller, Deps
+from rift.services.ports import Store, Tx
+
+T = TypeVar("T")
+_CAS_ATTEMPTS = 8
+
+
+def in_write(store: Store, work: Callable[[Tx], T]) -> T:
+    """Run ``work`` in one write transaction. A ``LeaseStale`` refusal still
+    commits: its ``stale_rejected`` event is the one trace a refusal leaves."""
+    stale: LeaseStale | None = None
+    with store.write() as tx:
+        try:
+            return work(tx)
+        except LeaseStale as exc:
+            stale = exc
+    raise stale
+
+
+def parse_handle(text: str | None) -> Handle:
+    if text is None or text == "":
+        raise HandleRequired()
+    handle = Handle.parse(text) if isinstance(text, str) else None
+    if handle is None:
+        raise HandleInvalid()
+    return handle
+
+
+def owned_task(tx: Tx, caller: Caller, task_id: str) -> Task:
+    """The caller's task; another user's is answered exactly like a missing one."""
+    task = tx.get_task(task_id)
+    if task is None or task.owner != caller.user:
+        raise TaskNotFound(task_id)
+    return task
+
+
+def ensure_open(task: Task) -> None:
+    if not task.is_open:
+        raise TaskClosed(task.id, iso(task.closed_at), task.close_reason)
+
+
+def check_handle(deps: Deps, tx: Tx, caller: Caller, handle: Handle, now: datetime) -> Task:
+    """The task this handle holds, touched when a step has passed; refusals as SPEC §4.
+    Must run inside a write transaction (it may touch or record a stale event)."""
+    task = owned_task(tx, caller, handle.task_id)
+    ensure_open(task)
+    if task.secret_digest is None:
+        raise TaskReleased(task.id)
+    if not matches(handle.secret, task.secret_digest):
+        tx.add_event(NewEvent(task.id, "stale_rejected", now, caller.label,
+                              {"holder": task.holder}))
+        raise LeaseStale(task.id, task.holder, iso(task.held_since))
+    if deps.clocks.needs_touch(task, now):
+        step = timedelta(seconds=deps.clocks.activity_step_s)
+        if tx.touch_task(task.id, now, now - step):
+            task = replace(task, last_activity_at=now)
+    return task
+
+
+def hold(deps: Deps, caller: Caller, handle_text: str | None) -> Task:
+    """Check a handle for a call that changes nothing else: a read transaction,
+    and a write one only when there is something to record (a touch, a stale try)."""
+    handle = parse_handle(handle_text)
+    now = deps.clock.now()
+    with deps.store.read() as tx:
+        task = owned_task(tx, caller, handle.task_id)
+    quiet_enough = not deps.clocks.needs_touch(task, now)
+    if task.is_open and quiet_enough and matches(handle.secret, task.secret_digest):
+        return task
+    return in_write(deps.store, lambda tx: check_handle(deps, tx, caller, handle, now))
+
+
+def refuse_if_held(deps: Deps, task: Task, now: datetime, takeover: bool) -> bool:
+    """Attach's rule, shared by close-by-id and destroy-by-id: free when released
+    or quiet, else `takeover` is needed. Answers whether the lease was active."""
+    active = deps.clocks.lease_is_active(task, now)
+    if active and not takeover:
+        quiet_at = iso(deps.clocks.lease_quiet_at(task)) or ""
+        raise TaskHeld(task.id, task.holder, deps.clocks.active_ago_s(task, now), quiet_at)
+    return active
+
+
+@dataclass(frozen=True)
+class Attached:
+    task: Task
+    handle: Handle
+    previous_holder: str | None
+
+
+def take_lease(
+    deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime, event: str,
+    details: dict[str, Any],
+) -> Attached | None:
+    """Mint a new handle for ``task`` by compare-and-set; None when another caller won."""
+    handle = Handle.mint(task.id)
+    previous = task.holder if task.is_held else None
+    changes = {"secret_digest": handle.digest, "holder": caller.label,
+               "held_since": now, "last_activity_at": now}
+    if not tx.update_task(task.id, task.lease_gen, **changes):
+        return None
+    tx.add_event(NewEvent(task.id, event, now, caller.label,
+                          {"previous_holder": previous, **details}))
+    won = replace(task, lease_gen=task.lease_gen + 1, **changes)
+    return Attached(won, handle, previous)
+
+
+def attach(deps: Deps, caller: Caller, task_id: str, takeover: bool = False) -> Attached:
+    validate.task_id(task_id)
+    for _ in range(_CAS_ATTEMPTS):
+        now = deps.clock.now()
+        with deps.store.write() as tx:
+            task = owned_task(tx, caller, task_id)
+            ensure_open(task)
+            active = refuse_if_held(deps, task, now, takeover)
+            won = take_lease(deps, tx, caller, task, now,
+                             "taken_over" if active else "attached", {"takeover": takeover})
+        if won is not None:
+            deps.log.info("task attached", extra={"task_id": task_id, "holder": caller.label,
+                                                  "takeover": active})
+            return won
+    raise TaskHeld(task_id, None, 0, "")  # every compare-and-set lost: others hold it now
+
+
+def release(deps: Deps, caller: Caller, handle_text: str | None) -> Task:
+    handle = parse_handle(handle_text)
+
+    def work(tx: Tx) -> Task | None:
+        now = deps.clock.now()
+        task = check_handle(deps, tx, caller, handle, now)
+        changes: dict[str, Any] = {"secret_digest": None, "holder": None, "held_since": None}
+        if not tx.update_task(task.id, task.lease_gen, **changes):
+            return None
+        tx.add_event(NewEvent(task.id, "released", now, caller.label, {}))
+        return replace(task, lease_gen=task.lease_gen + 1, **changes)
+
+    for _ in range(_CAS_ATTEMPTS):
+        released = in_write(deps.store, work)
+        if released is not None:
+            return released
+    raise TaskReleased(handle.task_id)

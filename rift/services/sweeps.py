@@ -1,0 +1,78 @@
+"""The sweep: close idle tasks, finish interrupted closes, purge old tombstones.
+
+Ordinary service functions, idempotent: every replica may run them at once;
+each close is a compare-and-set, so a task closes once with one event. The
+idle scan is an indexed range on `(status, last_activity_at)`: O(tasks due).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from rift.domain.model import Vm
+from rift.services.context import SWEEP, Deps
+from rift.services.teardown import close_in_tx, destroy_vms
+
+BATCH = 200
+
+
+@dataclass
+class SweepReport:
+    closed: list[str] = field(default_factory=list)
+    destroyed: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    purged: int = 0
+
+
+def close_idle(deps: Deps, report: SweepReport) -> None:
+    """Close every open task quiet for `RIFT_TASK_IDLE_S` (reason `idle`)."""
+    while True:
+        now = deps.clock.now()
+        cutoff = deps.clocks.idle_cutoff(now)
+        closed_now: list[str] = []
+        with deps.store.write() as tx:
+            due = tx.due_idle_tasks(cutoff, BATCH)
+            for task in due:
+                details = {"quiet_s": int((now - task.last_activity_at).total_seconds())}
+                if close_in_tx(tx, task, SWEEP, "idle", now, details):
+                    closed_now.append(task.id)
+        report.closed.extend(closed_now)
+        if len(due) < BATCH:
+            return
+
+
+def finish_closing(deps: Deps, report: SweepReport) -> None:
+    """Destroy live VMs of closed tasks: a close interrupted by a crash, or a
+    destroy libvirt refused, is finished here."""
+    while True:
+        with deps.store.read() as tx:
+            vms: list[Vm] = tx.live_vms_of_closed_tasks(BATCH)
+        done, refused = destroy_vms(deps, vms, SWEEP)
+        report.destroyed.extend(done)
+        report.refused.extend(refused)
+        if len(vms) < BATCH or not done:
+            return
+
+
+def purge_closed(deps: Deps, report: SweepReport) -> None:
+    """Drop tombstones older than `RIFT_CLOSED_RETENTION_S`."""
+    cutoff = deps.clock.now() - timedelta(seconds=deps.limits.closed_retention_s)
+    while True:
+        with deps.store.write() as tx:
+            gone = tx.purge_closed_before(cutoff, BATCH)
+        report.purged += len(gone)
+        if len(gone) < BATCH:
+            return
+
+
+def sweep(deps: Deps) -> SweepReport:
+    report = SweepReport()
+    close_idle(deps, report)
+    finish_closing(deps, report)
+    purge_closed(deps, report)
+    if report.closed or report.destroyed or report.purged or report.refused:
+        deps.log.info("sweep", extra={"closed": len(report.closed),
+                                      "destroyed": len(report.destroyed),
+                                      "refused": len(report.refused), "purged": report.purged})
+    return report

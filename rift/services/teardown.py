@@ -1,0 +1,82 @@
+"""Putting VMs away: destroy the domain, then mark the row with its event.
+
+Used by `rift_vm_destroy`, by every close, and by the sweep that finishes
+closes a crash interrupted. The row turns `destroyed` only after libvirt said
+the domain is gone, so a row never claims less than what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from hypervisor.base import HypervisorError
+from rift.domain.errors import HypervisorFailed
+from rift.domain.model import LIVE_VM_STATUSES, NewEvent, Task, Vm
+from rift.services.context import Deps
+from rift.services.ports import Tx
+
+_DESTROYABLE = (*LIVE_VM_STATUSES, "failed")
+
+
+def host_uri(tx: Tx, host_name: str) -> str | None:
+    host = tx.get_host(host_name)
+    return host.uri if host else None
+
+
+def destroy_domain(deps: Deps, vm: Vm, uri: str | None) -> None:
+    """Destroy and undefine the VM's domain; absent is fine. Raises HypervisorFailed."""
+    if uri is None:
+        return
+    try:
+        deps.hosts.hypervisor(uri).destroy(vm.domain_name)
+    except HypervisorError as exc:
+        raise HypervisorFailed(str(exc), host=vm.host) from exc
+
+
+def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = None) -> Vm:
+    """Destroy one VM's domain and record it; a VM already destroyed is answered as is."""
+    if vm.status == "destroyed":
+        return vm
+    with deps.store.read() as tx:
+        uri = host_uri(tx, vm.host)
+    destroy_domain(deps, vm, uri)
+    now = deps.clock.now()
+    with deps.store.write() as tx:
+        if tx.update_vm(vm.id, _DESTROYABLE, status="destroyed", destroyed_at=now):
+            tx.add_event(NewEvent(vm.task_id, "vm_destroyed", now, actor,
+                                  {"vm_id": vm.id, "host": vm.host, **(details or {})}))
+        current = tx.get_vm(vm.id)
+    return current or vm
+
+
+def destroy_vms(deps: Deps, vms: Iterable[Vm], actor: str) -> tuple[list[str], list[str]]:
+    """Destroy every VM given; answers (destroyed ids, ids libvirt refused).
+    A refused one stays live in its row and the sweep tries it again."""
+    done: list[str] = []
+    refused: list[str] = []
+    for vm in vms:
+        if vm.status == "destroyed":
+            continue
+        try:
+            destroy_vm(deps, vm, actor)
+            done.append(vm.id)
+        except HypervisorFailed as exc:
+            deps.log.warning("destroy refused", extra={"vm_id": vm.id, "error": exc.message})
+            refused.append(vm.id)
+    return done, refused
+
+
+def close_in_tx(tx: Tx, task: Task, actor: str, reason: str, now: Any,
+                details: dict[str, Any] | None = None) -> bool:
+    """Mark the task closed (compare-and-set) with its `closed` event. The VMs are
+    destroyed after the commit by `destroy_vms`; a crash in between is finished by
+    the sweep (`finish_closing`)."""
+    changes = {"status": "closed", "closed_at": now, "close_reason": reason,
+               "secret_digest": None, "holder": None, "held_since": None}
+    if not tx.update_task(task.id, task.lease_gen, **changes):
+        return False
+    vm_ids = [vm.id for vm in tx.list_vms(task.id) if vm.status in _DESTROYABLE]
+    tx.add_event(NewEvent(task.id, "closed", now, actor,
+                          {"reason": reason, "vms": vm_ids, **(details or {})}))
+    return True

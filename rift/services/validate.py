@@ -1,0 +1,46 @@
+"""Ranges of SPEC §3, checked by the engine so every door refuses alike."""
+
+from __future__ import annotations
+
+from rift.domain.errors import InvalidArgument
+from rift.domain.ids import is_task_id, is_vm_id
+
+MAX_TEXT = 200
+MAX_COMMAND = 64 * 1024
+MAX_CONTENT = 16 * 1024 * 1024
+
+
+def text(field: str, value: str | None, *, max_len: int = MAX_TEXT) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(field, "must be a string")
+    if not 1 <= len(value) <= max_len:
+        raise InvalidArgument(field, f"must be 1–{max_len} characters, got {len(value)}")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL characters")
+    return value
+
+
+def integer(field: str, value: int, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(field, "must be an integer")
+    if not low <= value <= high:
+        raise InvalidArgument(field, f"must be between {low} and {high}, got {value}")
+    return value
+
+
+def limit(value: int | None, default: int = 50) -> int:
+    return default if value is None else integer("limit", value, 1, 100)
+
+
+def task_id(value: str, field: str = "task_id") -> str:
+    if not isinstance(value, str) or not is_task_id(value):
+        raise InvalidArgument(field, "a task id is task_ and 8 lowercase base32 characters")
+    return value
+
+
+def vm_id(value: str, field: str = "vm_id") -> str:
+    if not isinstance(value, str) or not is_vm_id(value):
+        raise InvalidArgument(field, "a VM id is vm_ and 8 lowercase base32 characters")
+    return value

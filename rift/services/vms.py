@@ -1,0 +1,193 @@
+"""VM use cases: new, get, destroy (by handle, or by id under attach's rules)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from hypervisor.base import DomainSpec, HypervisorError
+from hypervisor.placement import HostLoad, choose_host, largest_free
+from rift.domain.errors import (
+    IdempotencyConflict,
+    ImageNotFound,
+    InvalidArgument,
+    NoCapacity,
+    QuotaExceeded,
+    RateLimited,
+    VmNotFound,
+)
+from rift.domain.ids import new_vm_id
+from rift.domain.model import Host, NewEvent, Task, Vm
+from rift.services import validate
+from rift.services.context import Caller, Deps
+from rift.services.leases import (
+    check_handle,
+    ensure_open,
+    in_write,
+    owned_task,
+    parse_handle,
+    refuse_if_held,
+)
+from rift.services.ports import Tx
+from rift.services.tasks import HOUR, request_digest
+from rift.services.teardown import destroy_domain, destroy_vm
+from rift.services.views import vm_view
+from rift.store.errors import DuplicateKey
+
+
+def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
+    vm = tx.get_vm(vm_id)
+    if vm is None or vm.owner != caller.user:
+        raise VmNotFound(vm_id)
+    return vm
+
+
+def get_vm(deps: Deps, caller: Caller, vm_id: str) -> dict[str, Any]:
+    validate.vm_id(vm_id)
+    with deps.store.read() as tx:
+        return vm_view(owned_vm(tx, caller, vm_id))
+
+
+def _place(tx: Tx, vcpus: int, memory_mib: int) -> Host:
+    hosts = {h.name: h for h in tx.list_hosts()}
+    usage = tx.host_usage()
+    loads = [
+        HostLoad(h.name, h.vcpus, h.memory_mib,
+                 usage[h.name].vcpus if h.name in usage else 0,
+                 usage[h.name].memory_mib if h.name in usage else 0, h.drained)
+        for h in hosts.values()
+    ]
+    chosen = choose_host(loads, vcpus, memory_mib)
+    if chosen is None:
+        free_vcpus, free_mem = largest_free(loads)
+        raise NoCapacity(vcpus, memory_mib, free_vcpus, free_mem)
+    return hosts[chosen.name]
+
+
+def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime) -> None:
+    limits = deps.limits
+    if tx.count_live_vms(task.id) >= limits.max_vms_per_task:
+        raise QuotaExceeded(f"VMs per task ({limits.max_vms_per_task})",
+                            limits.max_vms_per_task, "rift_vm_destroy")
+    since = now - HOUR
+    if tx.count_vms_created_since(caller.user, since) >= limits.rate_vm_new_per_h:
+        oldest = tx.oldest_vm_created_since(caller.user, since) or now
+        retry = max(1, int((oldest + HOUR - now).total_seconds()) + 1)
+        raise RateLimited("VM creations", limits.rate_vm_new_per_h, retry)
+
+
+def domain_spec(vm: Vm, uri: str) -> DomainSpec:
+    kind = "test" if uri.startswith("test:") else "qemu"
+    return DomainSpec(name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus,
+                      memory_mib=vm.memory_mib, image=vm.image, domain_type=kind)
+
+
+def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
+           image: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
+           idempotency_key: str | None = None) -> dict[str, Any]:
+    """Place, record (`creating`), create the domain, and answer once it runs or failed."""
+    parsed = parse_handle(handle)
+    validate.text("name", name)
+    validate.text("idempotency_key", idempotency_key)
+    image = image if image is not None else "tiny"
+    validate.text("image", image)
+    vcpus = validate.integer("vcpus", 1 if vcpus is None else vcpus, 1, 64)
+    memory_mib = validate.integer("memory_mib", 256 if memory_mib is None else memory_mib,
+                                  64, 65536)
+    digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
+                            memory_mib=memory_mib)
+
+    def record(tx: Tx) -> tuple[Vm, str | None, bool]:
+        now = deps.clock.now()
+        task = check_handle(deps, tx, caller, parsed, now)
+        if idempotency_key is not None:
+            existing = tx.find_vm_by_key(caller.user, idempotency_key)
+            if existing is not None:
+                if existing.request_digest != digest:
+                    raise IdempotencyConflict("rift_vm_new")
+                return existing, None, True
+        known = deps.images.names()
+        if image not in known:
+            raise ImageNotFound(image, sorted(known))
+        _check_vm_budget(deps, tx, caller, task, now)
+        host = _place(tx, vcpus, memory_mib)
+        vm_id = new_vm_id()
+        vm = Vm(id=vm_id, task_id=task.id, owner=caller.user, name=name or vm_id, image=image,
+                status="creating", host=host.name, vcpus=vcpus, memory_mib=memory_mib,
+                created_at=now, idempotency_key=idempotency_key, request_digest=digest)
+        tx.insert_vm(vm)
+        tx.add_event(NewEvent(task.id, "vm_creating", now, caller.label,
+                              {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
+                               "vcpus": vcpus, "memory_mib": memory_mib}))
+        return vm, host.uri, False
+
+    try:
+        vm, uri, replayed = in_write(deps.store, record)
+    except DuplicateKey:
+        vm, uri, replayed = in_write(deps.store, record)  # a racing twin won: replay it
+    if replayed or uri is None:
+        return vm_view(vm)
+    return vm_view(_launch(deps, caller, vm, uri))
+
+
+def _launch(deps: Deps, caller: Caller, vm: Vm, uri: str) -> Vm:
+    started = deps.clock.now()
+    try:
+        deps.hosts.hypervisor(uri).create(domain_spec(vm, uri))
+    except HypervisorError as exc:
+        now = deps.clock.now()
+        with deps.store.write() as tx:
+            if tx.update_vm(vm.id, ("creating",), status="failed", error=str(exc)):
+                tx.add_event(NewEvent(vm.task_id, "vm_failed", now, caller.label,
+                                      {"vm_id": vm.id, "error": str(exc)}))
+            return tx.get_vm(vm.id) or vm
+    now = deps.clock.now()
+    task: Task | None = None
+    with deps.store.write() as tx:
+        won = tx.update_vm(vm.id, ("creating",), status="running", ready_at=now)
+        if won:
+            tx.add_event(NewEvent(vm.task_id, "vm_running", now, caller.label,
+                                  {"vm_id": vm.id, "boot_s": (now - started).total_seconds()}))
+            task = tx.get_task(vm.task_id)
+    if not won or (task is not None and not task.is_open):
+        # The task closed (or the VM was destroyed) while libvirt was starting it:
+        # take the domain down again so nothing runs without a live row.
+        destroy_domain(deps, vm, uri)
+        with deps.store.read() as tx:
+            current = tx.get_vm(vm.id) or vm
+        if current.is_live:
+            return destroy_vm(deps, current, caller.label, {"reason": "task closed"})
+        return current
+    deps.log.info("vm running", extra={"vm_id": vm.id, "task_id": vm.task_id, "host": vm.host})
+    return replace(vm, status="running", ready_at=now)
+
+
+def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,
+            takeover: bool = False) -> dict[str, Any]:
+    """Destroy one VM: under the task's handle, or by id under attach's rules."""
+    if not isinstance(vm_id, str):
+        raise InvalidArgument("vm_id", "must be a string")
+    validate.vm_id(vm_id)
+    now = deps.clock.now()
+    if handle is not None:
+        parsed = parse_handle(handle)
+
+        def by_handle(tx: Tx) -> Vm:
+            task = check_handle(deps, tx, caller, parsed, now)
+            vm = owned_vm(tx, caller, vm_id)
+            if vm.task_id != task.id:
+                raise VmNotFound(vm_id)
+            return vm
+
+        vm = in_write(deps.store, by_handle)
+    else:
+        with deps.store.read() as tx:
+            vm = owned_vm(tx, caller, vm_id)
+            task = owned_task(tx, caller, vm.task_id)
+        if vm.status == "destroyed":
+            return vm_view(vm)
+        if task.is_open:
+            ensure_open(task)
+            refuse_if_held(deps, task, now, takeover)
+    return vm_view(destroy_vm(deps, vm, caller.label, {"takeover": takeover}))

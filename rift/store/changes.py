@@ -1,0 +1,41 @@
+"""Rules both stores share: which fields a change may touch, limits, times."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+TASK_CHANGEABLE = frozenset({
+    "name", "status", "secret_digest", "holder", "held_since",
+    "last_activity_at", "closed_at", "close_reason",
+})
+VM_CHANGEABLE = frozenset({
+    "name", "status", "host", "ready_at", "destroyed_at", "error", "ssh_host", "ssh_port",
+})
+HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained"})
+TASK_LIST_STATUSES = frozenset({"open", "closed", "all"})
+
+
+def check_changes(kind: str, changes: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    """Refuse fields that are not there or may not change (ids, owners, ``lease_gen``)."""
+    bad = sorted(set(changes) - allowed)
+    if bad:
+        raise ValueError(f"{kind} fields that cannot be changed: {', '.join(bad)}")
+
+
+def check_limit(limit: int) -> None:
+    if limit < 0:
+        raise ValueError(f"limit must not be negative, got {limit}")
+
+
+def check_list_status(status: str) -> None:
+    if status not in TASK_LIST_STATUSES:
+        raise ValueError(f"status must be one of open, closed, all; got {status!r}")
+
+
+def utc(at: datetime) -> datetime:
+    """The store keeps only timezone-aware times, in UTC."""
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValueError(f"the store needs timezone-aware datetimes, got naive {at!r}")
+    return at.astimezone(UTC)

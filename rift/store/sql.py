@@ -1,0 +1,135 @@
+"""The SQL store: SQLite (WAL) for one process, PostgreSQL for replicas.
+
+``with store.write() as tx:`` is one transaction on one connection: it commits
+when the block ends and rolls back when it raises. On SQLite a write takes the
+database's write lock at its start (``BEGIN IMMEDIATE``), so writers queue on
+``busy_timeout`` instead of failing with "database is locked" when a read
+would have to become a write half-way; reads use a plain ``BEGIN`` and see one
+snapshot. On PostgreSQL writes run at READ COMMITTED, where every lease change
+is a single conditional UPDATE (compare-and-set), and reads at REPEATABLE READ,
+read-only, so a read sees one snapshot too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from rift.store.sql_tx import SqlTx
+
+if TYPE_CHECKING:
+    from rift.services.ports import Store
+
+BUSY_TIMEOUT_S = 30
+POOL_SIZE = 32
+MAX_OVERFLOW = 8
+_WRITE_OPTION = "rift_write"
+
+
+def default_sqlite_url(data_dir: Path) -> str:
+    """``sqlite:///<data_dir>/rift.db``, creating the directory."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(data_dir / 'rift.db').resolve()}"
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Take BEGIN away from the sqlite3 driver; _sqlite_on_begin says it instead.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    if conn.get_execution_options().get(_WRITE_OPTION, False):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        conn.exec_driver_sql("BEGIN")
+
+
+def _sqlite_engine(url: URL, pool_size: int) -> Engine:
+    if url.database in (None, "", ":memory:"):
+        raise ValueError("SqlStore needs a SQLite file (sqlite:///path), not an in-memory one")
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=MAX_OVERFLOW,
+        pool_timeout=BUSY_TIMEOUT_S,
+        connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+    )
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def make_engine(url: str, *, pool_size: int = POOL_SIZE) -> Engine:
+    """The engine ``SqlStore`` uses, configured for SQLite or PostgreSQL."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, pool_size)
+    return create_engine(
+        parsed,
+        pool_size=pool_size,
+        max_overflow=MAX_OVERFLOW,
+        pool_timeout=BUSY_TIMEOUT_S,
+        pool_pre_ping=True,
+        isolation_level="READ COMMITTED",
+    )
+
+
+class SqlStore:
+    """Implements ``rift.services.ports.Store`` on SQLAlchemy Core.
+
+    The schema must exist: ``rift.store.migrate.upgrade(url)`` makes it.
+    """
+
+    def __init__(self, url: str, *, pool_size: int = POOL_SIZE) -> None:
+        self.url = url
+        self.engine = make_engine(url, pool_size=pool_size)
+        self._sqlite = self.engine.dialect.name == "sqlite"
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def read(self) -> Iterator[SqlTx]:
+        with self.engine.connect() as conn:
+            if not self._sqlite:
+                conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            with conn.begin():
+                yield SqlTx(conn, writable=False)
+
+    @contextmanager
+    def write(self) -> Iterator[SqlTx]:
+        with self.engine.connect() as conn:
+            if self._sqlite:
+                conn.execution_options(**{_WRITE_OPTION: True})
+            with conn.begin():
+                yield SqlTx(conn, writable=True)
+
+    def dispose(self) -> None:
+        """Close every pooled connection; the store may still be used after."""
+        self.engine.dispose()
+
+    def close(self) -> None:
+        self.dispose()
+
+    def __repr__(self) -> str:
+        return f"SqlStore({self.engine.url.render_as_string(hide_password=True)!r})"
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_port(store: SqlStore) -> Store:
+        return store

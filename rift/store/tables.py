@@ -1,0 +1,137 @@
+"""The schema as SQLAlchemy Core tables. Migrations in ``alembic/`` create
+exactly this; a test compares the two."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+)
+
+from rift.store.timestamps import UtcDateTime
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_N_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# Integer keys that stay 64-bit on PostgreSQL but remain SQLite's rowid alias.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+users = Table(
+    "users",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("password_hash", String, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+)
+
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("user", String, ForeignKey("users.name"), nullable=False, index=True),
+    Column("label", String, nullable=False),
+    Column("digest", String, nullable=False, unique=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("revoked_at", UtcDateTime, nullable=True),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String, nullable=False, unique=True),
+    Column("owner", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("status", String, nullable=False),
+    Column("lease_gen", Integer, nullable=False),
+    Column("secret_digest", String, nullable=True),
+    Column("holder", String, nullable=True),
+    Column("held_since", UtcDateTime, nullable=True),
+    Column("last_activity_at", UtcDateTime, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("closed_at", UtcDateTime, nullable=True),
+    Column("close_reason", String, nullable=True),
+    Column("idempotency_key", String, nullable=True),
+    Column("request_digest", String, nullable=True),
+    # A key is unique per owner; NULL keys are distinct on both databases.
+    Index("ux_tasks_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+    # The idle sweep: an O(due) range scan over open tasks by last activity.
+    Index("ix_tasks_status_last_activity_at", "status", "last_activity_at"),
+    # The retention purge: closed tasks by when they closed.
+    Index("ix_tasks_status_closed_at", "status", "closed_at"),
+    # A user's list, newest first, by status.
+    Index("ix_tasks_owner_status_seq", "owner", "status", "seq"),
+    sqlite_autoincrement=True,
+)
+
+vms = Table(
+    "vms",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String, nullable=False, unique=True),
+    Column("task_id", String, ForeignKey("tasks.id"), nullable=False),
+    Column("owner", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("image", String, nullable=False),
+    Column("status", String, nullable=False),
+    Column("host", String, nullable=False),
+    Column("vcpus", Integer, nullable=False),
+    Column("memory_mib", Integer, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("ready_at", UtcDateTime, nullable=True),
+    Column("destroyed_at", UtcDateTime, nullable=True),
+    Column("error", String, nullable=True),
+    Column("ssh_host", String, nullable=True),
+    Column("ssh_port", Integer, nullable=True),
+    Column("idempotency_key", String, nullable=True),
+    Column("request_digest", String, nullable=True),
+    Index("ux_vms_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+    Index("ix_vms_task_id", "task_id"),
+    Index("ix_vms_status_host", "status", "host"),
+    Index("ix_vms_owner_created_at", "owner", "created_at"),
+    sqlite_autoincrement=True,
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("task_id", String, nullable=False),
+    Column("type", String, nullable=False),
+    Column("at", UtcDateTime, nullable=False),
+    Column("actor", String, nullable=False),
+    Column("details", JSON, nullable=False),
+    Index("ix_events_task_id_id", "task_id", "id"),
+    sqlite_autoincrement=True,
+)
+
+hosts = Table(
+    "hosts",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("uri", String, nullable=False),
+    Column("vcpus", Integer, nullable=False),
+    Column("memory_mib", Integer, nullable=False),
+    Column("drained", Boolean, nullable=False),
+    Column("created_at", UtcDateTime, nullable=True),
+)
+
+# The value columns of each table: everything the domain dataclass carries
+# (the ``seq`` ordering keys stay inside the store).
+TASK_COLUMNS = tuple(c for c in tasks.c if c.name != "seq")
+VM_COLUMNS = tuple(c for c in vms.c if c.name != "seq")

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what Rift needs on a Debian 12 machine and is missing: system
+# packages (apt, as root), a virtualenv in .venv, and the project with its
+# dev dependencies. Safe to run again: it skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(pkg-config libvirt-dev gcc python3-dev python3-venv tini postgresql)
+[ "${RIFT_SETUP_NO_POSTGRES:-}" = 1 ] && APT_PACKAGES=("${APT_PACKAGES[@]/postgresql}")
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  [ -n "$pkg" ] || continue
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.rift-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing Rift and its dependencies into .venv"
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+fi

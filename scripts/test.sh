@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole suite. Starts a throwaway PostgreSQL on a loopback port for the
+# PostgreSQL leg (when the server binaries are installed) and stops it after.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${RIFT_TEST_POSTGRES_URL:-}" ] && [ "${RIFT_TEST_NO_POSTGRES:-}" != 1 ]; then
+  if url=$(scripts/pg.sh start); then
+    export RIFT_TEST_POSTGRES_URL="$url"
+    trap 'scripts/pg.sh stop' EXIT
+  else
+    echo "test: PostgreSQL could not start; its leg is skipped" >&2
+  fi
+fi
+.venv/bin/python -m pytest "$@"

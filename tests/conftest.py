@@ -1,0 +1,73 @@
+"""Shared fixtures: an engine on fakes (unit), and one on SQLite + libvirt's
+test driver (integration)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hypervisor.fake import FakeHypervisor
+from rift.domain.clock import FakeClock
+from rift.domain.leases import Clocks
+from rift.images import StaticImages
+from rift.services.context import Caller, Deps, Limits
+from rift.services.hosts import ensure_local_host
+from rift.store.memory import MemoryStore
+
+ALICE = Caller("alice", "mcp:claude-code")
+ALICE_2 = Caller("alice", "mcp:cursor")
+BOB = Caller("bob", "mcp:claude-code")
+
+
+class FakePool:
+    """Host pool over fake hypervisors, one per URI."""
+
+    def __init__(self) -> None:
+        self.by_uri: dict[str, FakeHypervisor] = {}
+
+    def hypervisor(self, uri: str) -> FakeHypervisor:
+        if uri not in self.by_uri:
+            self.by_uri[uri] = FakeHypervisor(uri)
+        return self.by_uri[uri]
+
+    def close(self) -> None:
+        self.by_uri.clear()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def pool() -> FakePool:
+    return FakePool()
+
+
+@pytest.fixture
+def make_deps(clock: FakeClock, pool: FakePool) -> Callable[..., Deps]:
+    def make(**limits: int) -> Deps:
+        deps = Deps(store=MemoryStore(), clock=clock, hosts=pool,
+                    images=StaticImages(["debian"]), clocks=Clocks(), limits=Limits(**limits))
+        ensure_local_host(deps, "fake:///local")
+        return deps
+    return make
+
+
+@pytest.fixture
+def deps(make_deps: Callable[..., Deps]) -> Deps:
+    return make_deps()
+
+
+@pytest.fixture
+def local_hv(deps: Deps, pool: FakePool) -> FakeHypervisor:
+    return pool.hypervisor("fake:///local")
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "data"
+    path.mkdir()
+    yield path

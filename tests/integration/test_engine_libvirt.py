@@ -1,0 +1,126 @@
+"""The engine on SQLite and libvirt's test driver, wired by bootstrap as `rift serve` does."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import libvirt
+import pytest
+
+from hypervisor import parse_rift_metadata, write_test_host_xml
+from rift.bootstrap import build_deps, close_deps
+from rift.config import Settings
+from rift.domain.errors import RiftError
+from rift.services import leases, sweeps, tasks, vms
+from rift.services.context import Deps
+from tests.conftest import ALICE, ALICE_2
+
+
+@pytest.fixture
+def host_uri(tmp_path: Path) -> str:
+    return write_test_host_xml(str(tmp_path / "node.xml"), 8, 4096)
+
+
+@pytest.fixture
+def engine(data_dir: Path, host_uri: str) -> Iterator[Deps]:
+    deps = build_deps(Settings(data_dir=data_dir, hypervisor_uri=host_uri))
+    yield deps
+    close_deps(deps)
+
+
+def _domains(deps: Deps, uri: str) -> dict[str, tuple[str | None, str | None]]:
+    return {d.name: (d.task_id, d.vm_id) for d in deps.hosts.hypervisor(uri).list_domains()}
+
+
+def test_the_local_host_takes_its_size_from_libvirt(engine: Deps) -> None:
+    with engine.store.read() as tx:
+        local = tx.get_host("local")
+    assert local is not None and (local.vcpus, local.memory_mib) == (8, 4096)
+
+
+def test_a_vm_is_a_libvirt_domain_carrying_rift_metadata(engine: Deps, host_uri: str) -> None:
+    opened = tasks.new_task(engine, ALICE)
+    vm = vms.new_vm(engine, ALICE, str(opened.handle), memory_mib=512)
+    assert vm["status"] == "running" and vm["ssh"] is None
+    assert _domains(engine, host_uri) == {f"rift-{vm['id']}": (opened.task["id"], vm["id"])}
+    hv = engine.hosts.hypervisor(host_uri)
+    conn = hv._connection()  # type: ignore[attr-defined]
+    xml = conn.lookupByName(f"rift-{vm['id']}").XMLDesc()
+    assert parse_rift_metadata(xml) == (opened.task["id"], vm["id"])
+    closed = tasks.close_task(engine, ALICE, handle=str(opened.handle))
+    assert closed["destroyed"] == [vm["id"]]
+    assert _domains(engine, host_uri) == {}
+    with pytest.raises(libvirt.libvirtError):
+        conn.lookupByName(f"rift-{vm['id']}")
+
+
+def test_the_test_hosts_memory_is_accounted_by_placement(engine: Deps) -> None:
+    opened = tasks.new_task(engine, ALICE)
+    for _ in range(4):
+        vms.new_vm(engine, ALICE, str(opened.handle), memory_mib=1024)
+    with pytest.raises(RiftError) as info:
+        vms.new_vm(engine, ALICE, str(opened.handle), memory_mib=64)
+    assert info.value.code == "no_capacity"
+
+
+def test_an_idle_task_is_closed_by_the_sweep_and_its_domains_destroyed(
+        data_dir: Path, host_uri: str) -> None:
+    settings = Settings(data_dir=data_dir, hypervisor_uri=host_uri, task_idle_s=1,
+                        activity_step_s=1)
+    deps = build_deps(settings)
+    try:
+        opened = tasks.new_task(deps, ALICE)
+        vms.new_vm(deps, ALICE, str(opened.handle))
+        with deps.store.write() as tx:  # make it quiet without sleeping
+            task = tx.get_task(opened.task["id"])
+            assert task is not None
+            earlier = task.last_activity_at.replace(year=2020)
+            assert tx.update_task(task.id, task.lease_gen, last_activity_at=earlier)
+        report = sweeps.sweep(deps)
+        assert report.closed == [opened.task["id"]] and len(report.destroyed) == 1
+        assert _domains(deps, host_uri) == {}
+    finally:
+        close_deps(deps)
+
+
+def test_twenty_threads_attaching_one_released_task_give_exactly_one_winner(
+        engine: Deps) -> None:
+    opened = tasks.new_task(engine, ALICE)
+    task_id = opened.task["id"]
+    handle = str(opened.handle)
+    for round_ in range(50):
+        leases.release(engine, ALICE, handle)
+        barrier = threading.Barrier(20)
+        won: list[str] = []
+        refusals: list[str] = []
+        lock = threading.Lock()
+
+        def attach() -> None:
+            barrier.wait(timeout=30)
+            try:
+                got = leases.attach(engine, ALICE_2, task_id)
+                with lock:
+                    won.append(str(got.handle))
+            except RiftError as exc:
+                with lock:
+                    refusals.append(exc.code)
+
+        threads = [threading.Thread(target=attach) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(won) == 1, f"round {round_}: {len(won)} winners"
+        assert refusals == ["task_held"] * 19, f"round {round_}: {refusals}"
+        handle = won[0]
+    types: list[str] = []
+    after = 0
+    while True:
+        page = tasks.task_events(engine, ALICE, task_id, after_id=after, limit=100)
+        types += [e["type"] for e in page["events"]]
+        after = page["next_after"]
+        if not page["has_more"]:
+            break
+    assert types.count("attached") == 50 and types.count("released") == 50

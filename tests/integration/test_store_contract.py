@@ -1,0 +1,582 @@
+"""The store contract: one set of tests, run against every store.
+
+``store`` (from tests/conftest_store.py) gives an empty store of each kind:
+memory, SQLite, and PostgreSQL when RIFT_TEST_POSTGRES_URL is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, pool
+from sqlalchemy.exc import StatementError
+
+from rift.domain.ids import new_task_id, new_token_id, new_vm_id
+from rift.domain.model import ApiToken, Host, NewEvent, Task, User, Vm
+from rift.services.ports import HostUsage, Store
+from rift.store.errors import DuplicateKey, MissingReference, ReadOnlyTransaction
+from rift.store.migrate import current_revision, head_revision, upgrade
+from rift.store.tables import metadata
+
+pytest_plugins = ["tests.conftest_store"]
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, 250_000, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def a_task(owner: str = "ada", **changes: Any) -> Task:
+    task = Task(
+        id=new_task_id(), owner=owner, name="build the thing", status="open", lease_gen=0,
+        secret_digest="a" * 64, holder="mcp:claude-code", held_since=T0,
+        last_activity_at=T0, created_at=T0,
+    )
+    return dataclasses.replace(task, **changes)
+
+
+def a_vm(task: Task, **changes: Any) -> Vm:
+    vm = Vm(
+        id=new_vm_id(), task_id=task.id, owner=task.owner, name="web", image="tiny",
+        status="creating", host="local", vcpus=1, memory_mib=256, created_at=T0,
+    )
+    return dataclasses.replace(vm, **changes)
+
+
+def a_token(user: str, digest: str, created_at: datetime = T0) -> ApiToken:
+    return ApiToken(id=new_token_id(), user=user, label="laptop", digest=digest,
+                    created_at=created_at)
+
+
+def insert(store: Store, *rows: Task | Vm) -> None:
+    with store.write() as tx:
+        for row in rows:
+            if isinstance(row, Task):
+                tx.insert_task(row)
+            else:
+                tx.insert_vm(row)
+
+
+def ids(rows: list[Task] | list[Vm]) -> list[str]:
+    return [row.id for row in rows]
+
+
+# users and tokens
+
+
+def test_users_are_added_read_listed_by_name_and_counted(store: Store) -> None:
+    with store.write() as tx:
+        tx.add_user(User(name="grace", password_hash="$argon2id$x", created_at=T0))
+        tx.add_user(User(name="ada", password_hash=None, created_at=at(1)))
+    with store.read() as tx:
+        assert tx.get_user("grace") == User(name="grace", password_hash="$argon2id$x",
+                                            created_at=T0)
+        assert tx.get_user("nobody") is None
+        assert [u.name for u in tx.list_users()] == ["ada", "grace"]
+        assert tx.count_users() == 2
+
+
+def test_adding_a_user_twice_is_a_duplicate_key(store: Store) -> None:
+    with store.write() as tx:
+        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
+    with pytest.raises(DuplicateKey) as raised, store.write() as tx:
+        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
+    assert (raised.value.table, raised.value.field) == ("users", "name")
+
+
+def test_tokens_are_found_by_digest_and_id_and_listed_oldest_first(store: Store) -> None:
+    first, second = a_token("ada", "1" * 64, at(5)), a_token("ada", "2" * 64, at(1))
+    with store.write() as tx:
+        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
+        tx.add_user(User(name="grace", password_hash=None, created_at=T0))
+        tx.add_token(first)
+        tx.add_token(second)
+        tx.add_token(a_token("grace", "3" * 64))
+    with store.read() as tx:
+        assert tx.get_token_by_digest("1" * 64) == first
+        assert tx.get_token(second.id) == second
+        assert tx.get_token_by_digest("0" * 64) is None
+        assert ids_of_tokens(tx.list_tokens("ada")) == [second.id, first.id]
+        assert tx.list_tokens("nobody") == []
+
+
+def ids_of_tokens(tokens: list[ApiToken]) -> list[str]:
+    return [t.id for t in tokens]
+
+
+def test_a_token_is_revoked_once_and_stays_readable(store: Store) -> None:
+    token = a_token("ada", "1" * 64)
+    with store.write() as tx:
+        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
+        tx.add_token(token)
+    with store.write() as tx:
+        assert tx.revoke_token(token.id, at(60)) is True
+        assert tx.revoke_token(token.id, at(120)) is False
+        assert tx.revoke_token("tok_nothere", at(120)) is False
+    with store.read() as tx:
+        assert tx.get_token_by_digest("1" * 64) == dataclasses.replace(token, revoked_at=at(60))
+
+
+def test_a_token_needs_an_existing_user_and_an_unused_digest(store: Store) -> None:
+    with pytest.raises(MissingReference), store.write() as tx:
+        tx.add_token(a_token("nobody", "1" * 64))
+    with store.write() as tx:
+        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
+        tx.add_token(a_token("ada", "1" * 64))
+    with pytest.raises(DuplicateKey) as raised, store.write() as tx:
+        tx.add_token(a_token("ada", "1" * 64))
+    assert raised.value.field == "digest"
+
+
+# tasks
+
+
+def test_a_task_reads_back_as_it_was_inserted(store: Store) -> None:
+    task = a_task(idempotency_key="k1", request_digest="r" * 64)
+    insert(store, task)
+    with store.read() as tx:
+        assert tx.get_task(task.id) == task
+        assert tx.find_task_by_key("ada", "k1") == task
+        assert tx.find_task_by_key("grace", "k1") is None
+        assert tx.get_task("task_nothere") is None
+
+
+def test_tasks_list_newest_first_in_pages_joined_by_the_after_cursor(store: Store) -> None:
+    tasks = [a_task() for _ in range(5)]
+    insert(store, *tasks)
+    newest_first = ids(tasks[::-1])
+    with store.read() as tx:
+        first = tx.list_tasks("ada", "open", 2, None)
+        second = tx.list_tasks("ada", "open", 2, first[-1].id)
+        third = tx.list_tasks("ada", "open", 2, second[-1].id)
+        assert ids(first) + ids(second) + ids(third) == newest_first
+        assert tx.list_tasks("ada", "open", 2, third[-1].id) == []
+        assert tx.list_tasks("ada", "open", 0, None) == []
+
+
+def test_tasks_list_filters_by_status_and_by_owner_or_lists_every_owner(store: Store) -> None:
+    open_ada = a_task()
+    closed_ada = a_task(status="closed", closed_at=at(10), close_reason="closed")
+    open_grace = a_task("grace")
+    insert(store, open_ada, closed_ada, open_grace)
+    with store.read() as tx:
+        assert ids(tx.list_tasks("ada", "open", 10, None)) == [open_ada.id]
+        assert ids(tx.list_tasks("ada", "closed", 10, None)) == [closed_ada.id]
+        assert ids(tx.list_tasks("ada", "all", 10, None)) == [closed_ada.id, open_ada.id]
+        assert ids(tx.list_tasks(None, "open", 10, None)) == [open_grace.id, open_ada.id]
+        assert ids(tx.list_tasks(None, "all", 10, open_grace.id)) == [closed_ada.id, open_ada.id]
+        with pytest.raises(ValueError, match="status"):
+            tx.list_tasks("ada", "sleeping", 10, None)
+
+
+def test_an_after_cursor_that_names_no_task_gives_an_empty_page(store: Store) -> None:
+    insert(store, a_task())
+    with store.read() as tx:
+        assert tx.list_tasks("ada", "all", 10, "task_nothere") == []
+
+
+def test_open_tasks_and_recent_creations_are_counted_per_owner(store: Store) -> None:
+    insert(
+        store,
+        a_task(created_at=at(-7200)),
+        a_task(created_at=at(-60)),
+        a_task(created_at=at(-30), status="closed", closed_at=at(-1), close_reason="idle"),
+        a_task("grace", created_at=at(-10)),
+    )
+    with store.read() as tx:
+        assert tx.count_open_tasks("ada") == 2
+        assert tx.count_tasks_created_since("ada", at(-3600)) == 2
+        assert tx.count_tasks_created_since("ada", at(-60)) == 2
+        assert tx.oldest_task_created_since("ada", at(-3600)) == at(-60)
+        assert tx.oldest_task_created_since("ada", at(0)) is None
+        assert tx.count_open_tasks("nobody") == 0
+
+
+def test_update_task_wins_at_the_expected_generation_and_moves_it_on(store: Store) -> None:
+    task = a_task(lease_gen=3)
+    insert(store, task)
+    with store.write() as tx:
+        assert tx.update_task(task.id, 3, holder="api:ci", secret_digest="b" * 64,
+                              held_since=at(5)) is True
+    with store.read() as tx:
+        assert tx.get_task(task.id) == dataclasses.replace(
+            task, lease_gen=4, holder="api:ci", secret_digest="b" * 64, held_since=at(5)
+        )
+
+
+def test_update_task_at_a_stale_generation_changes_nothing(store: Store) -> None:
+    task = a_task()
+    insert(store, task)
+    with store.write() as tx:
+        assert tx.update_task(task.id, 0, holder="mcp:first") is True
+    with store.write() as tx:
+        assert tx.update_task(task.id, 0, holder="mcp:second") is False
+        assert tx.update_task("task_nothere", 0, holder="mcp:second") is False
+    with store.read() as tx:
+        assert tx.get_task(task.id) == dataclasses.replace(task, lease_gen=1, holder="mcp:first")
+
+
+def test_update_task_refuses_fields_that_may_not_change(store: Store) -> None:
+    task = a_task()
+    insert(store, task)
+    with store.write() as tx:
+        for bad in ({"lease_gen": 9}, {"owner": "grace"}, {"id": "task_other"}, {"nope": 1}):
+            with pytest.raises(ValueError, match="cannot be changed"):
+                tx.update_task(task.id, 0, **bad)
+
+
+def test_touch_task_moves_the_clock_only_once_per_step(store: Store) -> None:
+    task = a_task()
+    insert(store, task)
+    with store.write() as tx:
+        assert tx.touch_task(task.id, now=at(61), not_after=at(1)) is True
+        assert tx.touch_task(task.id, now=at(62), not_after=at(2)) is False
+        assert tx.touch_task(task.id, now=at(61), not_after=at(61)) is True
+    with store.read() as tx:
+        touched = tx.get_task(task.id)
+    assert touched == dataclasses.replace(task, last_activity_at=at(61))
+
+
+def test_touch_task_leaves_a_closed_task_alone(store: Store) -> None:
+    task = a_task(status="closed", closed_at=at(1), close_reason="closed")
+    insert(store, task)
+    with store.write() as tx:
+        assert tx.touch_task(task.id, now=at(100), not_after=at(50)) is False
+        assert tx.touch_task("task_nothere", now=at(100), not_after=at(50)) is False
+
+
+def test_due_idle_tasks_are_open_tasks_at_or_before_the_cutoff_quietest_first(
+    store: Store,
+) -> None:
+    due_late = a_task(last_activity_at=at(-10))
+    due_early = a_task("grace", last_activity_at=at(-20))
+    due_exactly = a_task(last_activity_at=at(0))
+    not_yet = a_task(last_activity_at=at(1))
+    closed = a_task(last_activity_at=at(-30), status="closed", closed_at=at(-5),
+                    close_reason="closed")
+    insert(store, due_late, due_early, due_exactly, not_yet, closed)
+    with store.read() as tx:
+        assert ids(tx.due_idle_tasks(at(0), 10)) == [due_early.id, due_late.id, due_exactly.id]
+        assert ids(tx.due_idle_tasks(at(0), 2)) == [due_early.id, due_late.id]
+        assert tx.due_idle_tasks(at(-100), 10) == []
+
+
+def test_purge_removes_long_closed_tasks_with_their_vms_and_events(store: Store) -> None:
+    old = a_task(status="closed", closed_at=at(-100), close_reason="idle")
+    recent = a_task(status="closed", closed_at=at(0), close_reason="closed")
+    still_open = a_task()
+    insert(store, old, recent, still_open)
+    with store.write() as tx:
+        for task in (old, recent, still_open):
+            tx.insert_vm(a_vm(task, status="destroyed", destroyed_at=at(-1)))
+            tx.add_event(NewEvent(task_id=task.id, type="opened", at=T0, actor="mcp:x"))
+    with store.write() as tx:
+        assert tx.purge_closed_before(at(0), 10) == [old.id]
+        assert tx.purge_closed_before(at(0), 10) == []
+    with store.read() as tx:
+        assert tx.get_task(old.id) is None
+        assert tx.list_vms(old.id) == []
+        assert tx.list_events(old.id, 0, 10) == []
+        assert tx.get_task(recent.id) is not None
+        assert len(tx.list_vms(recent.id)) == 1
+        assert len(tx.list_events(still_open.id, 0, 10)) == 1
+
+
+def test_purge_takes_at_most_limit_tasks_the_longest_closed_first(store: Store) -> None:
+    tasks = [a_task(status="closed", closed_at=at(-s), close_reason="idle") for s in (1, 3, 2)]
+    insert(store, *tasks)
+    with store.write() as tx:
+        assert tx.purge_closed_before(at(0), 2) == [tasks[1].id, tasks[2].id]
+
+
+# VMs
+
+
+def test_a_vm_reads_back_and_lists_under_its_task_in_creation_order(store: Store) -> None:
+    task = a_task()
+    first = a_vm(task, idempotency_key="v1", request_digest="r" * 64)
+    second = a_vm(task, name="db", status="running", ready_at=at(3), ssh_host="127.0.0.1",
+                  ssh_port=40022)
+    insert(store, task, first, second)
+    with store.read() as tx:
+        assert tx.get_vm(second.id) == second
+        assert tx.get_vm("vm_nothere") is None
+        assert tx.find_vm_by_key("ada", "v1") == first
+        assert tx.find_vm_by_key("grace", "v1") is None
+        assert tx.list_vms(task.id) == [first, second]
+        assert tx.count_live_vms(task.id) == 2
+
+
+def test_a_vm_of_no_task_is_a_missing_reference(store: Store) -> None:
+    with pytest.raises(MissingReference) as raised, store.write() as tx:
+        tx.insert_vm(a_vm(a_task()))
+    assert (raised.value.table, raised.value.field) == ("vms", "task_id")
+
+
+def test_update_vm_is_a_compare_and_set_on_status(store: Store) -> None:
+    task = a_task()
+    vm = a_vm(task)
+    insert(store, task, vm)
+    with store.write() as tx:
+        assert tx.update_vm(vm.id, ["creating"], status="running", ready_at=at(2)) is True
+        assert tx.update_vm(vm.id, ["creating"], status="failed", error="late") is False
+        assert tx.update_vm(vm.id, ["creating", "running"], status="destroyed",
+                            destroyed_at=at(9)) is True
+        assert tx.update_vm("vm_nothere", ["creating"], status="failed") is False
+        with pytest.raises(ValueError, match="cannot be changed"):
+            tx.update_vm(vm.id, ["destroyed"], vcpus=4)
+    with store.read() as tx:
+        assert tx.get_vm(vm.id) == dataclasses.replace(
+            vm, status="destroyed", ready_at=at(2), destroyed_at=at(9)
+        )
+        assert tx.count_live_vms(task.id) == 0
+
+
+def test_vms_of_many_tasks_come_in_one_answer_with_every_task_asked(store: Store) -> None:
+    one, two, empty = a_task(), a_task(), a_task()
+    vms = [a_vm(one), a_vm(two), a_vm(one)]
+    insert(store, one, two, empty, *vms)
+    with store.read() as tx:
+        found = tx.list_vms_of_tasks([one.id, two.id, empty.id])
+        assert tx.list_vms_of_tasks([]) == {}
+    assert found == {one.id: [vms[0], vms[2]], two.id: [vms[1]], empty.id: []}
+
+
+def test_live_vms_of_closed_tasks_are_found_for_the_sweep(store: Store) -> None:
+    closed = a_task(status="closed", closed_at=at(5), close_reason="closed")
+    still_open = a_task()
+    leftover = [a_vm(closed), a_vm(closed, status="running")]
+    insert(store, closed, still_open, *leftover, a_vm(closed, status="destroyed"),
+           a_vm(closed, status="failed"), a_vm(still_open))
+    with store.read() as tx:
+        assert tx.live_vms_of_closed_tasks(10) == leftover
+        assert tx.live_vms_of_closed_tasks(1) == leftover[:1]
+
+
+def test_host_usage_sums_live_vms_by_host(store: Store) -> None:
+    task = a_task()
+    insert(
+        store, task,
+        a_vm(task, vcpus=2, memory_mib=512),
+        a_vm(task, status="running", vcpus=1, memory_mib=256),
+        a_vm(task, host="big", status="running", vcpus=4, memory_mib=4096),
+        a_vm(task, host="big", status="destroyed", vcpus=8, memory_mib=8192),
+        a_vm(task, host="gone", status="failed"),
+    )
+    with store.read() as tx:
+        assert tx.host_usage() == {
+            "local": HostUsage(vcpus=3, memory_mib=768, vms=2),
+            "big": HostUsage(vcpus=4, memory_mib=4096, vms=1),
+        }
+
+
+def test_vm_creations_are_counted_per_owner_since_a_time(store: Store) -> None:
+    task, other = a_task(), a_task("grace")
+    insert(store, task, other, a_vm(task, created_at=at(-7200)), a_vm(task, created_at=at(-50)),
+           a_vm(task, created_at=at(-10), status="destroyed"), a_vm(other, created_at=at(-5)))
+    with store.read() as tx:
+        assert tx.count_vms_created_since("ada", at(-3600)) == 2
+        assert tx.oldest_vm_created_since("ada", at(-3600)) == at(-50)
+        assert tx.oldest_vm_created_since("ada", at(0)) is None
+
+
+# events
+
+
+def test_events_get_increasing_ids_and_page_after_an_id(store: Store) -> None:
+    task, other = a_task(), a_task()
+    insert(store, task, other)
+    with store.write() as tx:
+        made = [
+            tx.add_event(NewEvent(task_id=t.id, type="attached", at=at(i), actor="mcp:x",
+                                  details={"n": i}))
+            for i, t in enumerate([task, other, task, task, task])
+        ]
+    assert made == sorted(made) and len(set(made)) == 5
+    with store.read() as tx:
+        first = tx.list_events(task.id, 0, 2)
+        rest = tx.list_events(task.id, first[-1].id, 100)
+    assert [e.details["n"] for e in first + rest] == [0, 2, 3, 4]
+    assert [e.id for e in first + rest] == [made[0], made[2], made[3], made[4]]
+    assert rest[-1].at == at(4) and rest[-1].type == "attached" and rest[-1].actor == "mcp:x"
+
+
+def test_event_details_round_trip_as_json(store: Store) -> None:
+    task = a_task()
+    details: dict[str, Any] = {"vm_id": "vm_abcdefgh", "ids": [1, 2], "nested": {"ok": True},
+                               "none": None, "text": "render, never follow ✓"}
+    insert(store, task)
+    with store.write() as tx:
+        event_id = tx.add_event(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
+                                         details=details))
+    with store.read() as tx:
+        (event,) = tx.list_events(task.id, event_id - 1, 10)
+    assert event.details == details and event.id == event_id
+
+
+# hosts
+
+
+def test_hosts_are_added_listed_updated_and_deleted(store: Store) -> None:
+    local = Host(name="local", uri="test:///default", vcpus=4, memory_mib=8192, created_at=T0)
+    with store.write() as tx:
+        tx.add_host(Host(name="big", uri="qemu+ssh://big/system", vcpus=64, memory_mib=262144))
+        tx.add_host(local)
+    with pytest.raises(DuplicateKey), store.write() as tx:
+        tx.add_host(local)
+    with store.write() as tx:
+        assert tx.update_host("local", drained=True, vcpus=8) is True
+        assert tx.update_host("nowhere", drained=True) is False
+        assert tx.delete_host("big") is True
+        assert tx.delete_host("big") is False
+    with store.read() as tx:
+        assert tx.list_hosts() == [dataclasses.replace(local, drained=True, vcpus=8)]
+        assert tx.get_host("big") is None
+
+
+# transactions
+
+
+def test_a_write_block_that_raises_leaves_nothing_behind(store: Store) -> None:
+    kept = a_task()
+    insert(store, kept)
+    lost = a_task()
+    with pytest.raises(RuntimeError, match="half-way"), store.write() as tx:
+        tx.insert_task(lost)
+        tx.insert_vm(a_vm(lost))
+        tx.add_event(NewEvent(task_id=lost.id, type="opened", at=T0, actor="mcp:x"))
+        assert tx.update_task(kept.id, 0, holder="mcp:lost") is True
+        raise RuntimeError("the use case failed half-way")
+    with store.read() as tx:
+        assert tx.get_task(lost.id) is None
+        assert tx.list_vms(lost.id) == []
+        assert tx.list_events(lost.id, 0, 10) == []
+        assert tx.get_task(kept.id) == kept
+
+
+def test_a_read_block_refuses_changes(store: Store) -> None:
+    with pytest.raises(ReadOnlyTransaction), store.read() as tx:
+        tx.insert_task(a_task())
+    with store.read() as tx:
+        assert tx.list_tasks(None, "all", 10, None) == []
+
+
+def test_reusing_a_task_idempotency_key_is_a_duplicate_key_and_the_write_goes_on(
+    store: Store,
+) -> None:
+    first = a_task(idempotency_key="same")
+    insert(store, first, a_task("grace", idempotency_key="same"))
+    with store.write() as tx:
+        with pytest.raises(DuplicateKey) as raised:
+            tx.insert_task(a_task(idempotency_key="same"))
+        assert (raised.value.table, raised.value.field) == ("tasks", "idempotency_key")
+        assert tx.find_task_by_key("ada", "same") == first
+        tx.insert_task(a_task(idempotency_key="other"))
+    with store.read() as tx:
+        assert len(tx.list_tasks("ada", "all", 10, None)) == 2
+
+
+def test_reusing_a_vm_idempotency_key_is_a_duplicate_key_and_the_write_goes_on(
+    store: Store,
+) -> None:
+    task = a_task()
+    first = a_vm(task, idempotency_key="same")
+    insert(store, task, first)
+    with store.write() as tx:
+        with pytest.raises(DuplicateKey) as raised:
+            tx.insert_vm(a_vm(task, idempotency_key="same"))
+        assert (raised.value.table, raised.value.field) == ("vms", "idempotency_key")
+        assert tx.find_vm_by_key("ada", "same") == first
+        tx.insert_vm(a_vm(task))
+    with store.read() as tx:
+        assert len(tx.list_vms(task.id)) == 2
+
+
+def test_rows_without_an_idempotency_key_never_clash(store: Store) -> None:
+    task = a_task()
+    insert(store, task, a_task(), a_vm(task), a_vm(task))
+    with store.read() as tx:
+        assert len(tx.list_tasks("ada", "all", 10, None)) == 2
+        assert len(tx.list_vms(task.id)) == 2
+
+
+def test_timestamps_round_trip_as_aware_utc_with_microseconds(store: Store) -> None:
+    east = timezone(timedelta(hours=5, minutes=30))
+    created = datetime(2026, 3, 4, 10, 11, 12, 123456, tzinfo=east)
+    task = a_task(created_at=created, last_activity_at=datetime(1999, 12, 31, 23, 59, 59, 1,
+                                                                 tzinfo=UTC))
+    insert(store, task)
+    with store.read() as tx:
+        back = tx.get_task(task.id)
+    assert back is not None
+    assert back.created_at == created
+    assert back.created_at.utcoffset() == timedelta(0)
+    assert back.created_at.microsecond == 123456
+    assert back.last_activity_at.microsecond == 1
+    assert back.held_since is not None and back.held_since.tzinfo is not None
+
+
+def test_naive_timestamps_are_refused(store: Store) -> None:
+    with pytest.raises((ValueError, StatementError), match="naive"), store.write() as tx:
+        tx.insert_task(a_task(created_at=datetime(2026, 1, 1, 12, 0)))  # noqa: DTZ001
+
+
+def test_twenty_racing_writers_win_exactly_once_per_generation(
+    store: Store, store_kind: str
+) -> None:
+    task = a_task(lease_gen=7)
+    insert(store, task)
+    racers = 20
+    start = threading.Barrier(racers)
+
+    def attach(n: int) -> tuple[int, bool, str]:
+        holder = f"mcp:agent-{n}"
+        start.wait(timeout=30)
+        with store.write() as tx:
+            seen = tx.get_task(task.id)
+            assert seen is not None
+            won = tx.update_task(task.id, seen.lease_gen, holder=holder)
+        return seen.lease_gen, won, holder
+
+    with ThreadPoolExecutor(max_workers=racers) as pool_:
+        results = [f.result(timeout=120) for f in [pool_.submit(attach, n) for n in range(racers)]]
+
+    winners = sorted((gen, holder) for gen, won, holder in results if won)
+    assert [gen for gen, _ in winners] == list(range(7, 7 + len(winners)))
+    if store_kind != "postgresql":
+        # Writes queue on the write lock, so each writer reads the latest generation.
+        assert len(winners) == racers
+    with store.read() as tx:
+        final = tx.get_task(task.id)
+    assert final is not None
+    assert final.lease_gen == 7 + len(winners)
+    assert final.holder == winners[-1][1]
+
+
+# the schema
+
+
+def test_the_migrated_schema_matches_the_tables(empty_sql_url: str) -> None:
+    upgrade(empty_sql_url)
+    engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            assert compare_metadata(context, metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) -> None:
+    assert current_revision(empty_sql_url) is None
+    upgrade(empty_sql_url)
+    upgrade(empty_sql_url)
+    assert current_revision(empty_sql_url) == head_revision() == "0001"

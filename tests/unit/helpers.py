@@ -1,0 +1,36 @@
+"""Small helpers for the engine's unit tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rift.domain.errors import RiftError
+from rift.services.context import Deps
+
+
+def snapshot(deps: Deps) -> Any:
+    """Everything the store holds about tasks, VMs and events."""
+    with deps.store.read() as tx:
+        tasks = tx.list_tasks(None, "all", 1000, None)
+        return (
+            tasks,
+            {t.id: tx.list_vms(t.id) for t in tasks},
+            {t.id: tx.list_events(t.id, 0, 1000) for t in tasks},
+        )
+
+
+def refused(code: str, call: Any, *args: Any, **kwargs: Any) -> RiftError:
+    """Call and expect a refusal with this code and a hint naming a tool."""
+    with pytest.raises(RiftError) as info:
+        call(*args, **kwargs)
+    err = info.value
+    assert err.code == code, f"expected {code}, got {err.code}: {err.message}"
+    assert err.hint
+    return err
+
+
+def event_types(deps: Deps, task_id: str) -> list[str]:
+    with deps.store.read() as tx:
+        return [e.type for e in tx.list_events(task_id, 0, 1000)]

@@ -1,0 +1,70 @@
+"""The shape of the code: dependencies point inward; settings are documented."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from rift.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# package → third-party or sibling modules it must never import
+FORBIDDEN = {
+    "rift/domain": ("sqlalchemy", "libvirt", "paramiko", "fastapi", "mcp", "argon2",
+                    "pydantic", "rift.services", "rift.store", "rift.api", "hypervisor"),
+    "rift/services": ("sqlalchemy", "libvirt", "paramiko", "fastapi", "mcp", "rift.api"),
+    "hypervisor": ("rift", "sqlalchemy", "paramiko", "fastapi", "mcp"),
+    "rift/store": ("libvirt", "paramiko", "fastapi", "mcp", "rift.api"),
+}
+ONLY_IN = {
+    "libvirt": ("hypervisor/libvirt.py",),
+    "sqlalchemy": ("rift/store/",),
+    "paramiko": ("rift/guest/",),
+    "fastapi": ("rift/api/", "web/"),
+    "mcp": ("rift/api/",),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _sources() -> list[Path]:
+    return [p for d in ("rift", "hypervisor", "web") for p in (ROOT / d).rglob("*.py")
+            if "alembic" not in p.parts]
+
+
+def _matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_packages_import_only_inward() -> None:
+    for package, banned in FORBIDDEN.items():
+        for path in (ROOT / package).rglob("*.py"):
+            for name in _imports(path):
+                assert not any(_matches(name, b) for b in banned), f"{path}: imports {name}"
+
+
+def test_each_library_is_imported_only_by_its_adapter() -> None:
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        for name in _imports(path):
+            for lib, allowed in ONLY_IN.items():
+                if _matches(name, lib):
+                    assert rel.startswith(allowed), f"{rel} imports {name}"
+
+
+def test_every_setting_is_described_and_documented_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name, field in Settings.model_fields.items():
+        assert field.description, name
+        variable = f"RIFT_{name.upper()}"
+        assert re.search(rf"`{variable}`", readme), f"{variable} is not in the README"

@@ -1,0 +1,96 @@
+"""The sweep: idle close exact to the second, finished closes, purge, idempotence."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from hypervisor.fake import FakeHypervisor
+from rift.domain.clock import FakeClock
+from rift.services import sweeps, tasks, vms
+from rift.services.context import Deps
+from rift.services.teardown import close_in_tx
+from tests.conftest import ALICE
+from tests.unit.helpers import event_types, refused
+
+
+def test_a_task_closes_itself_at_the_idle_period_not_a_second_before(
+        deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    vms.new_vm(deps, ALICE, str(opened.handle))
+    clock.advance(14399)
+    assert sweeps.sweep(deps).closed == []
+    clock.advance(1)
+    report = sweeps.sweep(deps)
+    assert report.closed == [opened.task["id"]] and len(report.destroyed) == 1
+    view = tasks.get_task(deps, ALICE, task_id=opened.task["id"])
+    assert view["status"] == "closed" and view["close_reason"] == "idle"
+    assert local_hv.domains == {}
+    with deps.store.read() as tx:
+        closed = [e for e in tx.list_events(opened.task["id"], 0, 100) if e.type == "closed"]
+    assert closed[0].actor == "sweep" and closed[0].details["quiet_s"] == 14400
+
+
+def test_a_touch_restarts_the_idle_timer(deps: Deps, clock: FakeClock) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    clock.advance(14000)
+    tasks.get_task(deps, ALICE, handle=str(opened.handle))
+    clock.advance(14000)
+    assert sweeps.sweep(deps).closed == []
+    clock.advance(400)
+    assert sweeps.sweep(deps).closed == [opened.task["id"]]
+
+
+def test_a_second_sweep_changes_nothing(deps: Deps, clock: FakeClock) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    clock.advance(14400)
+    sweeps.sweep(deps)
+    again = sweeps.sweep(deps)
+    assert again.closed == [] and again.destroyed == []
+    assert event_types(deps, opened.task["id"]).count("closed") == 1
+
+
+def test_the_sweep_finishes_a_close_interrupted_before_its_vms_were_destroyed(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    with deps.store.write() as tx:  # the process died right after this commit
+        task = tx.get_task(opened.task["id"])
+        assert task is not None
+        close_in_tx(tx, task, "mcp:claude-code", "closed", deps.clock.now())
+    assert len(local_hv.domains) == 1
+    assert sweeps.sweep(deps).destroyed == [vm["id"]]
+    assert local_hv.domains == {}
+    assert vms.get_vm(deps, ALICE, vm["id"])["status"] == "destroyed"
+
+
+def test_a_refused_destroy_is_retried_by_the_next_sweep(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    local_hv.fail_destroy("cannot acquire state change lock")
+    closed = tasks.close_task(deps, ALICE, handle=str(opened.handle))
+    assert closed["destroyed"] == [] and closed["task"]["vms"][0]["status"] == "running"
+    assert sweeps.sweep(deps).refused == [vm["id"]]
+    local_hv.fail_destroy(None)
+    assert sweeps.sweep(deps).destroyed == [vm["id"]]
+    assert local_hv.domains == {}
+
+
+def test_closed_tasks_are_readable_until_their_retention_passes(
+        deps: Deps, clock: FakeClock) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    tasks.close_task(deps, ALICE, handle=str(opened.handle))
+    clock.advance(deps.limits.closed_retention_s - 1)
+    sweeps.sweep(deps)
+    assert tasks.get_task(deps, ALICE, task_id=opened.task["id"])["status"] == "closed"
+    clock.advance(2)
+    assert sweeps.sweep(deps).purged == 1
+    refused("task_not_found", tasks.get_task, deps, ALICE, task_id=opened.task["id"])
+
+
+def test_the_sweep_closes_many_due_tasks_in_batches(make_deps, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
+    deps = make_deps(max_open_tasks=1000, rate_task_new_per_h=1000)
+    for _ in range(sweeps.BATCH + 5):
+        tasks.new_task(deps, ALICE, name="old")
+    clock.advance(timedelta(hours=5).total_seconds())
+    assert len(sweeps.sweep(deps).closed) == sweeps.BATCH + 5

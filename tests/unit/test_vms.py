@@ -1,0 +1,173 @@
+"""VMs: placement, quotas, keys, failures and destroy, against fakes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.conftest import ALICE, ALICE_2, BOB, FakePool
+
+from hypervisor.fake import FakeHypervisor
+from rift.domain.clock import FakeClock
+from rift.services import hosts, leases, tasks, vms
+from rift.services.context import Deps
+from tests.unit.helpers import event_types, refused, snapshot
+
+
+def _task(deps: Deps) -> tuple[str, str]:
+    opened = tasks.new_task(deps, ALICE)
+    return opened.task["id"], str(opened.handle)
+
+
+def test_a_new_vm_runs_on_the_host_with_its_metadata(deps: Deps,
+                                                     local_hv: FakeHypervisor) -> None:
+    task_id, handle = _task(deps)
+    vm = vms.new_vm(deps, ALICE, handle, name="builder", vcpus=2, memory_mib=512)
+    assert vm["status"] == "running" and vm["task_id"] == task_id and vm["name"] == "builder"
+    assert (vm["image"], vm["vcpus"], vm["memory_mib"], vm["host"]) == ("tiny", 2, 512, "local")
+    assert vm["ready_at"] is not None and vm["error"] is None and vm["ssh"] is None
+    domain = local_hv.domains[f"rift-{vm['id']}"]
+    assert (domain.task_id, domain.vm_id) == (task_id, vm["id"])
+    assert event_types(deps, task_id) == ["opened", "vm_creating", "vm_running"]
+    assert vms.get_vm(deps, ALICE, vm["id"]) == vm
+
+
+def test_bad_sizes_and_unknown_images_are_refused_and_change_nothing(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle = _task(deps)
+    before = snapshot(deps)
+    for field, value in (("vcpus", 0), ("vcpus", 65), ("memory_mib", 63),
+                         ("memory_mib", 65537), ("vcpus", -1), ("memory_mib", 10**12)):
+        err = refused("invalid_argument", vms.new_vm, deps, ALICE, handle, **{field: value})
+        assert err.details["field"] == field
+    err = refused("image_not_found", vms.new_vm, deps, ALICE, handle, image="windows")
+    assert "tiny" in err.details["images"]
+    assert snapshot(deps) == before and local_hv.domains == {}
+
+
+def test_every_image_the_store_knows_is_accepted(deps: Deps) -> None:
+    _, handle = _task(deps)
+    assert vms.new_vm(deps, ALICE, handle, image="debian")["image"] == "debian"
+
+
+def test_vms_per_task_are_capped(make_deps: Callable[..., Deps]) -> None:
+    deps = make_deps(max_vms_per_task=2)
+    _, handle = _task(deps)
+    first = vms.new_vm(deps, ALICE, handle)
+    vms.new_vm(deps, ALICE, handle)
+    err = refused("quota_exceeded", vms.new_vm, deps, ALICE, handle)
+    assert "rift_vm_destroy" in err.hint
+    vms.destroy(deps, ALICE, first["id"], handle=handle)
+    vms.new_vm(deps, ALICE, handle)
+
+
+def test_vm_creation_is_rate_limited(make_deps: Callable[..., Deps]) -> None:
+    deps = make_deps(rate_vm_new_per_h=1)
+    _, handle = _task(deps)
+    vms.new_vm(deps, ALICE, handle)
+    refused("rate_limited", vms.new_vm, deps, ALICE, handle)
+
+
+def test_placement_takes_the_host_with_most_free_memory_and_skips_drained(
+        deps: Deps, pool: FakePool) -> None:
+    hosts.add_host(deps, "small", "fake:///small", 4, 1024)
+    hosts.add_host(deps, "big", "fake:///big", 4, 100_000)
+    _, handle = _task(deps)
+    assert vms.new_vm(deps, ALICE, handle)["host"] == "big"
+    hosts.drain_host(deps, "big")
+    assert vms.new_vm(deps, ALICE, handle)["host"] == "local"
+    assert f"rift-" in next(iter(pool.hypervisor("fake:///big").domains))
+
+
+def test_no_host_fitting_answers_no_capacity_with_the_largest_free_slot(deps: Deps) -> None:
+    _, handle = _task(deps)
+    err = refused("no_capacity", vms.new_vm, deps, ALICE, handle, memory_mib=65536)
+    assert err.details["largest_free"] == {"vcpus": 16, "memory_mib": 32768}
+    refused("no_capacity", vms.new_vm, deps, ALICE, handle, vcpus=17)
+
+
+def test_capacity_counts_live_vms_only(deps: Deps) -> None:
+    _, handle = _task(deps)
+    big = vms.new_vm(deps, ALICE, handle, memory_mib=30000)
+    refused("no_capacity", vms.new_vm, deps, ALICE, handle, memory_mib=4096)
+    vms.destroy(deps, ALICE, big["id"], handle=handle)
+    assert vms.new_vm(deps, ALICE, handle, memory_mib=4096)["status"] == "running"
+
+
+def test_a_hypervisor_failure_leaves_a_failed_row_with_libvirts_words_and_no_domain(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle = _task(deps)
+    local_hv.fail_next_create("internal error: no more room in the test driver")
+    vm = vms.new_vm(deps, ALICE, handle)
+    assert vm["status"] == "failed" and "no more room" in vm["error"]
+    assert local_hv.domains == {}
+    assert event_types(deps, task_id)[-2:] == ["vm_creating", "vm_failed"]
+    assert vms.new_vm(deps, ALICE, handle)["status"] == "running"  # failed VMs use no room
+
+
+def test_a_keyed_vm_create_replays_without_a_second_domain(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle = _task(deps)
+    first = vms.new_vm(deps, ALICE, handle, idempotency_key="vm-1")
+    again = vms.new_vm(deps, ALICE, handle, idempotency_key="vm-1")
+    assert again["id"] == first["id"] and len(local_hv.domains) == 1
+    refused("idempotency_conflict", vms.new_vm, deps, ALICE, handle, idempotency_key="vm-1",
+            memory_mib=512)
+    assert len(local_hv.domains) == 1
+
+
+def test_destroy_by_handle_removes_the_domain_and_repeats_quietly(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle = _task(deps)
+    vm = vms.new_vm(deps, ALICE, handle)
+    gone = vms.destroy(deps, ALICE, vm["id"], handle=handle)
+    assert gone["status"] == "destroyed" and gone["destroyed_at"] is not None
+    assert local_hv.domains == {}
+    assert vms.destroy(deps, ALICE, vm["id"], handle=handle)["status"] == "destroyed"
+    assert event_types(deps, task_id).count("vm_destroyed") == 1
+
+
+def test_destroy_by_id_follows_attachs_rules(deps: Deps, clock: FakeClock,
+                                             local_hv: FakeHypervisor) -> None:
+    _, handle = _task(deps)
+    vm = vms.new_vm(deps, ALICE, handle)
+    refused("task_held", vms.destroy, deps, ALICE_2, vm["id"])
+    assert len(local_hv.domains) == 1
+    clock.advance(1800)
+    assert vms.destroy(deps, ALICE_2, vm["id"])["status"] == "destroyed"
+
+
+def test_a_vm_is_found_only_in_the_callers_tasks(deps: Deps) -> None:
+    _, handle = _task(deps)
+    vm = vms.new_vm(deps, ALICE, handle)
+    refused("vm_not_found", vms.get_vm, deps, BOB, vm["id"])
+    refused("vm_not_found", vms.destroy, deps, BOB, vm["id"], takeover=True)
+    other = tasks.new_task(deps, ALICE)
+    err = refused("vm_not_found", vms.destroy, deps, ALICE, vm["id"], handle=str(other.handle))
+    assert "rift_task_get" in err.hint
+    refused("invalid_argument", vms.get_vm, deps, ALICE, "vm_nope")
+
+
+def test_new_vm_under_a_stale_or_released_handle_makes_nothing(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle = _task(deps)
+    won = leases.attach(deps, ALICE_2, task_id, takeover=True)
+    refused("lease_stale", vms.new_vm, deps, ALICE, handle)
+    leases.release(deps, ALICE_2, str(won.handle))
+    refused("task_released", vms.new_vm, deps, ALICE, str(won.handle))
+    assert local_hv.domains == {}
+    assert "vm_creating" not in event_types(deps, task_id)
+
+
+def test_a_vm_started_while_its_task_closed_is_taken_down(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle = _task(deps)
+    real_create = local_hv.create
+
+    def create_then_close(spec):  # type: ignore[no-untyped-def]
+        real_create(spec)
+        tasks.close_as_operator(deps, task_id)  # the close lands while libvirt starts it
+
+    local_hv.create = create_then_close  # type: ignore[method-assign]
+    vm = vms.new_vm(deps, ALICE, handle)
+    assert vm["status"] == "destroyed"
+    assert local_hv.domains == {}
