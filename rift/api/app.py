@@ -21,7 +21,8 @@ def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = deps or await anyio.to_thread.run_sync(build_deps, settings)
+        engine = deps if deps is not None else await anyio.to_thread.run_sync(
+            build_deps, settings)
         state["deps"] = engine
         scheduler = start_scheduler(engine, settings.sweep_interval_s)
         try:

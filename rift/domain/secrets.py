@@ -12,6 +12,7 @@ import hmac
 import re
 import secrets
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from rift.domain.ids import is_task_id
 
@@ -49,7 +50,7 @@ class Handle:
     def __repr__(self) -> str:
         return f"Handle(task_id={self.task_id!r}, secret=<hidden>)"
 
-    @property
+    @cached_property
     def digest(self) -> str:
         return digest(self.secret)
 

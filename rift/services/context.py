@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from rift.domain.clock import Clock
 from rift.domain.leases import Clocks
-from rift.services.ports import HostPool, ImageCatalog, Store
+from rift.services.ports import GuestShell, HostPool, ImageCatalog, Store
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Deps:
     clocks: Clocks = field(default_factory=Clocks)
     limits: Limits = field(default_factory=Limits)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("rift"))
+    guests: GuestShell | None = None
 
 
 @dataclass(frozen=True)

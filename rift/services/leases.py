@@ -120,13 +120,13 @@ def take_lease(
     """Mint a new handle for ``task`` by compare-and-set; None when another caller won."""
     handle = Handle.mint(task.id)
     previous = task.holder if task.is_held else None
-    changes = {"secret_digest": handle.digest, "holder": caller.label,
-               "held_since": now, "last_activity_at": now}
-    if not tx.update_task(task.id, task.lease_gen, **changes):
+    if not tx.update_task(task.id, task.lease_gen, secret_digest=handle.digest,
+                          holder=caller.label, held_since=now, last_activity_at=now):
         return None
     tx.add_event(NewEvent(task.id, event, now, caller.label,
                           {"previous_holder": previous, **details}))
-    won = replace(task, lease_gen=task.lease_gen + 1, **changes)
+    won = replace(task, lease_gen=task.lease_gen + 1, secret_digest=handle.digest,
+                  holder=caller.label, held_since=now, last_activity_at=now)
     return Attached(won, handle, previous)
 
 
@@ -153,11 +153,12 @@ def release(deps: Deps, caller: Caller, handle_text: str | None) -> Task:
     def work(tx: Tx) -> Task | None:
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, handle, now)
-        changes: dict[str, Any] = {"secret_digest": None, "holder": None, "held_since": None}
-        if not tx.update_task(task.id, task.lease_gen, **changes):
+        if not tx.update_task(task.id, task.lease_gen, secret_digest=None, holder=None,
+                              held_since=None):
             return None
         tx.add_event(NewEvent(task.id, "released", now, caller.label, {}))
-        return replace(task, lease_gen=task.lease_gen + 1, **changes)
+        return replace(task, lease_gen=task.lease_gen + 1, secret_digest=None, holder=None,
+                       held_since=None)
 
     for _ in range(_CAS_ATTEMPTS):
         released = in_write(deps.store, work)

@@ -80,6 +80,7 @@ class Tx(Protocol):
         """Compare-and-set on the VM's status."""
         ...
     def live_vms_of_closed_tasks(self, limit: int) -> list[Vm]: ...
+    def live_vms_on_host(self, host: str) -> list[Vm]: ...
     def host_usage(self) -> dict[str, HostUsage]:
         """vCPUs and memory of live VMs, by host name."""
         ...
@@ -113,3 +114,21 @@ class ImageCatalog(Protocol):
     """The guest images Rift knows; `tiny` is always among them."""
 
     def names(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    truncated: bool
+    duration_ms: int
+
+
+class GuestShell(Protocol):
+    """Commands and files inside a running guest (SSH; issue #4 brings the adapter)."""
+
+    def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult: ...
+    def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int: ...
+    def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]: ...

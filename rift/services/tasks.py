@@ -240,7 +240,4 @@ def close_as_operator(deps: Deps, task_id: str, by: str | None = None) -> dict[s
 
 def _retry(attempt: Any) -> bool:
     """Repeat a compare-and-set that lost to a concurrent change (each try re-reads)."""
-    for _ in range(8):
-        if attempt():
-            return True
-    return False
+    return any(attempt() for _ in range(8))

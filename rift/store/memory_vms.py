@@ -79,6 +79,9 @@ class MemoryVmQueries(MemoryTxBase):
         closed = {t.id for t in self._s.tasks.values() if t.status == "closed"}
         return [v for v in self._vms_in_order() if v.task_id in closed and v.is_live][:limit]
 
+    def live_vms_on_host(self, host: str) -> list[Vm]:
+        return [v for v in self._vms_in_order() if v.host == host and v.is_live]
+
     def host_usage(self) -> dict[str, HostUsage]:
         usage: dict[str, HostUsage] = {}
         for vm in self._s.vms.values():

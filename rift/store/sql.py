@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from rift.store.hot import HotStatements
 from rift.store.sql_tx import SqlTx
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 BUSY_TIMEOUT_S = 30
 POOL_SIZE = 32
 MAX_OVERFLOW = 8
-_WRITE_OPTION = "rift_write"
 
 
 def default_sqlite_url(data_dir: Path) -> str:
@@ -38,7 +38,7 @@ def default_sqlite_url(data_dir: Path) -> str:
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    # Take BEGIN away from the sqlite3 driver; _sqlite_on_begin says it instead.
+    # Take BEGIN away from the sqlite3 driver; SqlStore.read and write say it.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
@@ -50,13 +50,6 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
-def _sqlite_on_begin(conn: Connection) -> None:
-    if conn.get_execution_options().get(_WRITE_OPTION, False):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-    else:
-        conn.exec_driver_sql("BEGIN")
-
-
 def _sqlite_engine(url: URL, pool_size: int) -> Engine:
     if url.database in (None, "", ":memory:"):
         raise ValueError("SqlStore needs a SQLite file (sqlite:///path), not an in-memory one")
@@ -66,9 +59,11 @@ def _sqlite_engine(url: URL, pool_size: int) -> Engine:
         max_overflow=MAX_OVERFLOW,
         pool_timeout=BUSY_TIMEOUT_S,
         connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False},
+        # read() and write() always end their transaction (commit or rollback),
+        # so the pool need not roll back again on every check-in.
+        pool_reset_on_return=None,
     )
     event.listen(engine, "connect", _sqlite_on_connect)
-    event.listen(engine, "begin", _sqlite_on_begin)
     return engine
 
 
@@ -87,6 +82,13 @@ def make_engine(url: str, *, pool_size: int = POOL_SIZE) -> Engine:
     )
 
 
+def _driver(conn: Connection) -> Any:
+    """The sqlite3 connection under ``conn``. BEGIN goes straight to it: SQLAlchemy
+    emits none for pysqlite, and a `begin` event listener would make every
+    statement pay for event dispatch."""
+    return conn.connection.driver_connection
+
+
 class SqlStore:
     """Implements ``rift.services.ports.Store`` on SQLAlchemy Core.
 
@@ -97,6 +99,7 @@ class SqlStore:
         self.url = url
         self.engine = make_engine(url, pool_size=pool_size)
         self._sqlite = self.engine.dialect.name == "sqlite"
+        self._hot = HotStatements(self.engine.dialect) if self._sqlite else None
 
     @property
     def dialect(self) -> str:
@@ -106,17 +109,21 @@ class SqlStore:
     def read(self) -> Iterator[SqlTx]:
         with self.engine.connect() as conn:
             if not self._sqlite:
-                conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+                conn.execution_options(isolation_level="REPEATABLE READ",
+                                       postgresql_readonly=True)
             with conn.begin():
-                yield SqlTx(conn, writable=False)
+                if self._sqlite:
+                    _driver(conn).execute("BEGIN")
+                yield SqlTx(conn, writable=False, hot=self._hot)
 
     @contextmanager
     def write(self) -> Iterator[SqlTx]:
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn, conn.begin():
             if self._sqlite:
-                conn.execution_options(**{_WRITE_OPTION: True})
-            with conn.begin():
-                yield SqlTx(conn, writable=True)
+                # Take the write lock now, so writers queue on busy_timeout instead
+                # of failing when a read would have to turn into a write half-way.
+                _driver(conn).execute("BEGIN IMMEDIATE")
+            yield SqlTx(conn, writable=True, hot=self._hot)
 
     def dispose(self) -> None:
         """Close every pooled connection; the store may still be used after."""

@@ -4,7 +4,7 @@ read-only guard and inserts that say which key they hit."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Table, exists, select
 from sqlalchemy.engine import Connection
@@ -12,13 +12,18 @@ from sqlalchemy.exc import IntegrityError
 
 from rift.store.errors import ReadOnlyTransaction, StoreError
 
+if TYPE_CHECKING:
+    from rift.store.hot import HotStatements
+
 
 class SqlTxBase:
     """One transaction on one connection; ``writable`` is False inside ``read()``."""
 
-    def __init__(self, conn: Connection, *, writable: bool) -> None:
+    def __init__(self, conn: Connection, *, writable: bool,
+                 hot: HotStatements | None = None) -> None:
         self._conn = conn
         self._writable = writable
+        self._hot = hot
 
     @property
     def connection(self) -> Connection:

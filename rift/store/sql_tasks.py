@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Row, Select, delete, func, select, update
+from sqlalchemy import Row, Select, Update, bindparam, delete, func, select, update
 
 from rift.domain.model import Task
 from rift.store.changes import (
@@ -28,6 +29,22 @@ def select_tasks() -> Select[Any]:
     return select(*TASK_COLUMNS)
 
 
+# Hot paths are built once with bind parameters: SQLAlchemy then skips building
+# the statement and its cache key on every call (most of an attach's cost).
+GET_TASK = select_tasks().where(tasks.c.id == bindparam("task_id"))
+
+
+@cache
+def update_task_statement(keys: tuple[str, ...]) -> Update:
+    """The compare-and-set for one set of changed columns."""
+    return (
+        update(tasks)
+        .where(tasks.c.id == bindparam("_id"), tasks.c.lease_gen == bindparam("_gen"))
+        .values(lease_gen=tasks.c.lease_gen + 1,
+                **{key: bindparam(f"_v_{key}", type_=tasks.c[key].type) for key in keys})
+    )
+
+
 class TaskQueries(SqlTxBase):
     def insert_task(self, task: Task) -> None:
         self._writing("insert_task")
@@ -43,7 +60,10 @@ class TaskQueries(SqlTxBase):
         self._insert(tasks, dataclasses.asdict(task), diagnose)
 
     def get_task(self, task_id: str) -> Task | None:
-        row = self._conn.execute(select_tasks().where(tasks.c.id == task_id)).first()
+        if self._hot is not None:
+            found = self._hot.get_task.first(self._conn, {"task_id": task_id})
+            return None if found is None else Task(**found)
+        row = self._conn.execute(GET_TASK, {"task_id": task_id}).first()
         return None if row is None else task_of(row)
 
     def find_task_by_key(self, owner: str, key: str) -> Task | None:
@@ -95,12 +115,12 @@ class TaskQueries(SqlTxBase):
         only while it is still at ``expected_gen``, so racers get one winner."""
         self._writing("update_task")
         check_changes("task", changes, TASK_CHANGEABLE)
-        statement = (
-            update(tasks)
-            .where(tasks.c.id == task_id, tasks.c.lease_gen == expected_gen)
-            .values(lease_gen=tasks.c.lease_gen + 1, **changes)
-        )
-        return self._conn.execute(statement).rowcount == 1
+        keys = tuple(sorted(changes))
+        params = {"_id": task_id, "_gen": expected_gen,
+                  **{f"_v_{key}": value for key, value in changes.items()}}
+        if self._hot is not None:
+            return int(self._hot.update_task(keys).execute(self._conn, params).rowcount) == 1
+        return self._conn.execute(update_task_statement(keys), params).rowcount == 1
 
     def touch_task(self, task_id: str, now: datetime, not_after: datetime) -> bool:
         self._writing("touch_task")

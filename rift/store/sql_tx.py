@@ -16,6 +16,9 @@ from rift.store.sql_tasks import TaskQueries
 from rift.store.sql_vms import VmQueries
 from rift.store.tables import api_tokens, events, hosts, users
 
+_INSERT_EVENT = events.insert()
+EVENT_COLUMNS = ["task_id", "type", "at", "actor", "details"]
+
 
 def _user_of(row: Row[Any]) -> User:
     return User(**row._asdict())
@@ -101,7 +104,11 @@ class SqlTx(TaskQueries, VmQueries):
 
     def add_event(self, event: NewEvent) -> int:
         self._writing("add_event")
-        result = self._conn.execute(events.insert().values(**dataclasses.asdict(event)))
+        row = {"task_id": event.task_id, "type": event.type, "at": event.at,
+               "actor": event.actor, "details": event.details}
+        if self._hot is not None:
+            return int(self._hot.insert_event.execute(self._conn, row).lastrowid)
+        result = self._conn.execute(_INSERT_EVENT, row)
         key = result.inserted_primary_key
         if key is None:  # pragma: no cover - every insert here has a key
             raise RuntimeError("the database gave the event no id")

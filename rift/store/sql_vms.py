@@ -108,6 +108,15 @@ class VmQueries(SqlTxBase):
         )
         return [vm_of(row) for row in self._conn.execute(query)]
 
+    def live_vms_on_host(self, host: str) -> list[Vm]:
+        """VMs creating or running on ``host``, for the reconciler (beyond the port)."""
+        query = (
+            select_vms()
+            .where(vms.c.status.in_(LIVE_VM_STATUSES), vms.c.host == host)
+            .order_by(vms.c.seq)
+        )
+        return [vm_of(row) for row in self._conn.execute(query)]
+
     def host_usage(self) -> dict[str, HostUsage]:
         query = (
             select(

@@ -97,7 +97,8 @@ def test_twenty_threads_attaching_one_released_task_give_exactly_one_winner(
         refusals: list[str] = []
         lock = threading.Lock()
 
-        def attach() -> None:
+        def attach(barrier: threading.Barrier = barrier, lock: threading.Lock = lock,
+                   won: list[str] = won, refusals: list[str] = refusals) -> None:
             barrier.wait(timeout=30)
             try:
                 got = leases.attach(engine, ALICE_2, task_id)

@@ -69,6 +69,10 @@ def ids(rows: list[Task] | list[Vm]) -> list[str]:
     return [row.id for row in rows]
 
 
+def ids_of_tokens(tokens: list[ApiToken]) -> list[str]:
+    return [t.id for t in tokens]
+
+
 # users and tokens
 
 
@@ -106,10 +110,6 @@ def test_tokens_are_found_by_digest_and_id_and_listed_oldest_first(store: Store)
         assert tx.get_token_by_digest("0" * 64) is None
         assert ids_of_tokens(tx.list_tokens("ada")) == [second.id, first.id]
         assert tx.list_tokens("nobody") == []
-
-
-def ids_of_tokens(tokens: list[ApiToken]) -> list[str]:
-    return [t.id for t in tokens]
 
 
 def test_a_token_is_revoked_once_and_stays_readable(store: Store) -> None:
@@ -378,6 +378,15 @@ def test_host_usage_sums_live_vms_by_host(store: Store) -> None:
         }
 
 
+def test_live_vms_on_a_host_are_listed_for_the_reconciler(store: Store) -> None:
+    task = a_task()
+    live = [a_vm(task), a_vm(task, status="running")]
+    insert(store, task, *live, a_vm(task, status="failed"), a_vm(task, host="big"))
+    with store.read() as tx:
+        assert tx.live_vms_on_host("local") == live  # type: ignore[attr-defined]
+        assert tx.live_vms_on_host("nowhere") == []  # type: ignore[attr-defined]
+
+
 def test_vm_creations_are_counted_per_owner_since_a_time(store: Store) -> None:
     task, other = a_task(), a_task("grace")
     insert(store, task, other, a_vm(task, created_at=at(-7200)), a_vm(task, created_at=at(-50)),
@@ -462,6 +471,16 @@ def test_a_write_block_that_raises_leaves_nothing_behind(store: Store) -> None:
         assert tx.get_task(kept.id) == kept
 
 
+def test_a_write_is_seen_by_other_transactions_only_once_committed(store: Store) -> None:
+    task = a_task()
+    with store.write() as tx:
+        tx.insert_task(task)
+        with store.read() as other:
+            assert other.get_task(task.id) is None
+    with store.read() as other:
+        assert other.get_task(task.id) == task
+
+
 def test_a_read_block_refuses_changes(store: Store) -> None:
     with pytest.raises(ReadOnlyTransaction), store.read() as tx:
         tx.insert_task(a_task())
@@ -526,7 +545,7 @@ def test_timestamps_round_trip_as_aware_utc_with_microseconds(store: Store) -> N
 
 def test_naive_timestamps_are_refused(store: Store) -> None:
     with pytest.raises((ValueError, StatementError), match="naive"), store.write() as tx:
-        tx.insert_task(a_task(created_at=datetime(2026, 1, 1, 12, 0)))  # noqa: DTZ001
+        tx.insert_task(a_task(created_at=datetime(2026, 1, 1, 12, 0)))
 
 
 def test_twenty_racing_writers_win_exactly_once_per_generation(

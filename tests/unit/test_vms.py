@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.conftest import ALICE, ALICE_2, BOB, FakePool
-
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
 from rift.services import hosts, leases, tasks, vms
 from rift.services.context import Deps
+from tests.conftest import ALICE, ALICE_2, BOB, FakePool
 from tests.unit.helpers import event_types, refused, snapshot
 
 
@@ -75,7 +74,7 @@ def test_placement_takes_the_host_with_most_free_memory_and_skips_drained(
     assert vms.new_vm(deps, ALICE, handle)["host"] == "big"
     hosts.drain_host(deps, "big")
     assert vms.new_vm(deps, ALICE, handle)["host"] == "local"
-    assert f"rift-" in next(iter(pool.hypervisor("fake:///big").domains))
+    assert "rift-" in next(iter(pool.hypervisor("fake:///big").domains))
 
 
 def test_no_host_fitting_answers_no_capacity_with_the_largest_free_slot(deps: Deps) -> None:
@@ -171,3 +170,15 @@ def test_a_vm_started_while_its_task_closed_is_taken_down(
     vm = vms.new_vm(deps, ALICE, handle)
     assert vm["status"] == "destroyed"
     assert local_hv.domains == {}
+
+
+def test_a_destroy_libvirt_refuses_answers_hypervisor_error_and_keeps_the_row_live(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle = _task(deps)
+    vm = vms.new_vm(deps, ALICE, handle)
+    local_hv.fail_destroy("cannot acquire state change lock")
+    err = refused("hypervisor_error", vms.destroy, deps, ALICE, vm["id"], handle=handle)
+    assert "state change lock" in err.message
+    assert vms.get_vm(deps, ALICE, vm["id"])["status"] == "running"
+    local_hv.fail_destroy(None)
+    assert vms.destroy(deps, ALICE, vm["id"], handle=handle)["status"] == "destroyed"

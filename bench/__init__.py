@@ -1,0 +1,1 @@
+"""Benchmarks that print figures and side-by-side ratios; not part of the tests."""

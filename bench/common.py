@@ -1,0 +1,32 @@
+"""Timing helpers and the table every benchmark prints."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def per_op(fn: Callable[[], object], n: int, warmup: int = 20) -> list[float]:
+    """Seconds per call, one sample per call."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def median_us(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e6
+
+
+def print_table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\n## {title}\n")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))

@@ -1,0 +1,118 @@
+"""Commands and files in a VM's guest: `rift_vm_exec`, `rift_vm_write_file`,
+`rift_vm_read_file`. The engine checks the handle, the VM and the input; the
+guest shell port does the SSH."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from rift.domain.errors import GuestUnreachable, InvalidArgument, VmNotFound, VmNotRunning
+from rift.domain.model import Vm
+from rift.services import validate
+from rift.services.context import Caller, Deps
+from rift.services.leases import check_handle, in_write, parse_handle
+from rift.services.ports import GuestShell, Tx
+
+ENCODINGS = ("utf-8", "base64")
+MAX_PATH = 4096
+
+
+def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
+              vm_id: str) -> tuple[Vm, GuestShell]:
+    """The running VM of the handle's task, and the shell that reaches it."""
+    parsed = parse_handle(handle)
+    validate.vm_id(vm_id)
+
+    def work(tx: Tx) -> Vm:
+        task = check_handle(deps, tx, caller, parsed, deps.clock.now())
+        vm = tx.get_vm(vm_id)
+        if vm is None or vm.task_id != task.id:
+            raise VmNotFound(vm_id)
+        return vm
+
+    vm = in_write(deps.store, work)
+    if vm.status != "running":
+        raise VmNotRunning(vm_id, vm.status)
+    if vm.ssh_port is None:
+        raise GuestUnreachable(vm_id, f"host {vm.host} runs no guest behind its domains "
+                               "(libvirt's test driver)")
+    if deps.guests is None:
+        raise GuestUnreachable(vm_id, "this control plane has no guest access configured")
+    return vm, deps.guests
+
+
+def _path(path: str) -> str:
+    validate.text("path", path, max_len=MAX_PATH)
+    if not path.startswith("/"):
+        raise InvalidArgument("path", "must be absolute (start with /)")
+    return path
+
+
+def _encoding(encoding: str | None) -> str:
+    encoding = encoding or "utf-8"
+    if encoding not in ENCODINGS:
+        raise InvalidArgument("encoding", "one of utf-8, base64")
+    return encoding
+
+
+def _decode(content: str, encoding: str) -> bytes:
+    if len(content) > validate.MAX_CONTENT * (4 / 3 if encoding == "base64" else 1) + 4:
+        raise InvalidArgument("content", "at most 16 MiB")
+    if encoding == "utf-8":
+        data = content.encode("utf-8")
+    else:
+        try:
+            data = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidArgument("content", f"not valid base64: {exc}") from exc
+    if len(data) > validate.MAX_CONTENT:
+        raise InvalidArgument("content", "at most 16 MiB")
+    return data
+
+
+def exec_command(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: str,
+                 stdin: str | None = None, timeout_s: int | None = None) -> dict[str, Any]:
+    validate.text("command", command, max_len=validate.MAX_COMMAND)
+    if stdin is not None and len(stdin) > validate.MAX_CONTENT:
+        raise InvalidArgument("stdin", "at most 16 MiB")
+    timeout = validate.integer("timeout_s", 60 if timeout_s is None else timeout_s, 1, 3600)
+    vm, shell = _guest_vm(deps, caller, handle, vm_id)
+    result = shell.exec(vm, command, stdin.encode() if stdin is not None else None, timeout)
+    return {
+        "exit_code": result.exit_code,
+        "stdout": result.stdout.decode("utf-8", "replace"),
+        "stderr": result.stderr.decode("utf-8", "replace"),
+        "timed_out": result.timed_out,
+        "truncated": result.truncated,
+        "duration_ms": result.duration_ms,
+    }
+
+
+def write_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
+               content: str, encoding: str | None = None,
+               mode: int | None = None) -> dict[str, Any]:
+    _path(path)
+    data = _decode(content, _encoding(encoding))
+    if mode is not None:
+        validate.integer("mode", mode, 0, 0o7777)
+    vm, shell = _guest_vm(deps, caller, handle, vm_id)
+    return {"path": path, "bytes": shell.write_file(vm, path, data, mode)}
+
+
+def read_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
+              encoding: str | None = None) -> dict[str, Any]:
+    _path(path)
+    chosen = _encoding(encoding)
+    vm, shell = _guest_vm(deps, caller, handle, vm_id)
+    data, truncated = shell.read_file(vm, path)
+    if chosen == "utf-8":
+        try:
+            content = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument("encoding", "the file is not UTF-8 text; read it with "
+                                  "encoding base64") from exc
+    else:
+        content = base64.b64encode(data).decode("ascii")
+    return {"path": path, "content": content, "bytes": len(data), "truncated": truncated}

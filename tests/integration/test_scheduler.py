@@ -1,0 +1,36 @@
+"""APScheduler runs the sweep on its interval, in the background."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from hypervisor import write_test_host_xml
+from rift.bootstrap import build_deps, close_deps
+from rift.config import Settings
+from rift.scheduler import start_scheduler
+from rift.services import tasks
+from tests.conftest import ALICE
+
+
+def test_the_scheduler_closes_an_idle_task_within_a_few_intervals(tmp_path: Path) -> None:
+    uri = write_test_host_xml(str(tmp_path / "node.xml"), 4, 4096)
+    deps = build_deps(Settings(data_dir=tmp_path / "d", hypervisor_uri=uri, task_idle_s=3600))
+    scheduler = start_scheduler(deps, interval_s=1)
+    try:
+        opened = tasks.new_task(deps, ALICE)
+        with deps.store.write() as tx:  # quiet since 2020
+            task = tx.get_task(opened.task["id"])
+            assert task is not None
+            tx.update_task(task.id, task.lease_gen,
+                           last_activity_at=task.last_activity_at.replace(year=2020))
+        deadline = time.monotonic() + 15
+        status = "open"
+        while status == "open" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = tasks.get_task(deps, ALICE, task_id=opened.task["id"])["status"]
+        view = tasks.get_task(deps, ALICE, task_id=opened.task["id"])
+        assert (view["status"], view["close_reason"]) == ("closed", "idle")
+    finally:
+        scheduler.shutdown(wait=True)
+        close_deps(deps)
