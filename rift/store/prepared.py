@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 
 Processor = Callable[[Any], Any] | None
 
@@ -24,6 +25,7 @@ class Prepared:
     def __init__(self, statement: ClauseElement, dialect: Dialect,
                  column_keys: list[str] | None = None) -> None:
         compiled = statement.compile(dialect=dialect, column_keys=column_keys)
+        assert isinstance(compiled, SQLCompiler)
         if not compiled.positional:
             raise ValueError("Prepared runs positional (qmark) dialects such as SQLite")
         self.sql = str(compiled)
