@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from hypervisor import Hypervisor, open_hypervisor
 from rift.config import Settings
 from rift.domain.clock import Clock, SystemClock
+from rift.domain.errors import InvalidArgument
 from rift.domain.leases import Clocks
 from rift.images import DirectoryImages
 from rift.logs import setup_logging
 from rift.services import accounts, hosts
 from rift.services.context import Deps, Limits
 from rift.services.ports import HostPool
+from rift.store.errors import DuplicateKey
 from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore
 
@@ -92,7 +94,7 @@ def ensure_admin(deps: Deps) -> FirstAdmin | None:
     password = secrets.token_urlsafe(18)
     try:
         accounts.add_user(deps, "admin", password)
-    except Exception:  # another replica made it first
+    except (InvalidArgument, DuplicateKey):  # another replica made it first
         return None
     made = accounts.new_token(deps, "admin", "admin")
     return FirstAdmin(password, made.token.value)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from rift.domain.errors import (
@@ -103,16 +104,25 @@ def new_task(deps: Deps, caller: Caller, name: str | None = None,
     raise IdempotencyConflict("rift_task_new")
 
 
-def _check_task_budget(deps: Deps, tx: Tx, caller: Caller, now: Any) -> None:
+def check_rate(what: str, per_hour: int, now: datetime,
+               count: Callable[[datetime], int],
+               oldest: Callable[[datetime], datetime | None]) -> None:
+    """A per-user hourly budget over the rows made in the last hour: refused
+    with the seconds until the oldest of them leaves the window."""
+    since = now - HOUR
+    if count(since) >= per_hour:
+        first = oldest(since) or now
+        raise RateLimited(what, per_hour, max(1, int((first + HOUR - now).total_seconds()) + 1))
+
+
+def _check_task_budget(deps: Deps, tx: Tx, caller: Caller, now: datetime) -> None:
     limits = deps.limits
     if tx.count_open_tasks(caller.user) >= limits.max_open_tasks:
         raise QuotaExceeded(f"open tasks per user ({limits.max_open_tasks})",
                             limits.max_open_tasks, "rift_task_close")
-    since = now - HOUR
-    if tx.count_tasks_created_since(caller.user, since) >= limits.rate_task_new_per_h:
-        oldest = tx.oldest_task_created_since(caller.user, since) or now
-        retry = max(1, int((oldest + HOUR - now).total_seconds()) + 1)
-        raise RateLimited("task creations", limits.rate_task_new_per_h, retry)
+    check_rate("task creations", limits.rate_task_new_per_h, now,
+               lambda since: tx.count_tasks_created_since(caller.user, since),
+               lambda since: tx.oldest_task_created_since(caller.user, since))
 
 
 def get_task(deps: Deps, caller: Caller, task_id: str | None = None,

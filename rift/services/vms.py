@@ -14,7 +14,6 @@ from rift.domain.errors import (
     InvalidArgument,
     NoCapacity,
     QuotaExceeded,
-    RateLimited,
     VmNotFound,
 )
 from rift.domain.ids import new_vm_id
@@ -30,7 +29,7 @@ from rift.services.leases import (
     refuse_if_held,
 )
 from rift.services.ports import Tx
-from rift.services.tasks import HOUR, request_digest
+from rift.services.tasks import check_rate, request_digest
 from rift.services.teardown import destroy_domain, destroy_vm
 from rift.services.views import vm_view
 from rift.store.errors import DuplicateKey
@@ -70,11 +69,9 @@ def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: dateti
     if tx.count_live_vms(task.id) >= limits.max_vms_per_task:
         raise QuotaExceeded(f"VMs per task ({limits.max_vms_per_task})",
                             limits.max_vms_per_task, "rift_vm_destroy")
-    since = now - HOUR
-    if tx.count_vms_created_since(caller.user, since) >= limits.rate_vm_new_per_h:
-        oldest = tx.oldest_vm_created_since(caller.user, since) or now
-        retry = max(1, int((oldest + HOUR - now).total_seconds()) + 1)
-        raise RateLimited("VM creations", limits.rate_vm_new_per_h, retry)
+    check_rate("VM creations", limits.rate_vm_new_per_h, now,
+               lambda since: tx.count_vms_created_since(caller.user, since),
+               lambda since: tx.oldest_vm_created_since(caller.user, since))
 
 
 def domain_spec(vm: Vm, uri: str) -> DomainSpec:

@@ -16,6 +16,7 @@ from rift.domain.errors import RiftError
 from rift.services import leases, sweeps, tasks, vms
 from rift.services.context import Deps
 from tests.conftest import ALICE, ALICE_2
+from tests.conftest_store import SQL_KINDS, empty_database_url
 
 
 @pytest.fixture
@@ -23,9 +24,12 @@ def host_uri(tmp_path: Path) -> str:
     return write_test_host_xml(str(tmp_path / "node.xml"), 8, 4096)
 
 
-@pytest.fixture
-def engine(data_dir: Path, host_uri: str) -> Iterator[Deps]:
-    deps = build_deps(Settings(data_dir=data_dir, hypervisor_uri=host_uri))
+@pytest.fixture(params=SQL_KINDS)
+def engine(request: pytest.FixtureRequest, data_dir: Path, host_uri: str,
+           tmp_path: Path) -> Iterator[Deps]:
+    """The engine on each SQL store: a SQLite file, and PostgreSQL when it runs."""
+    url = empty_database_url(request.param, tmp_path)
+    deps = build_deps(Settings(data_dir=data_dir, hypervisor_uri=host_uri, database_url=url))
     yield deps
     close_deps(deps)
 
