@@ -25,7 +25,6 @@ from rift.store.errors import DuplicateKey, MissingReference, ReadOnlyTransactio
 from rift.store.migrate import current_revision, head_revision, upgrade
 from rift.store.tables import metadata
 
-pytest_plugins = ["tests.conftest_store"]
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 
