@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from bench import engine
+from bench import engine, mcp
 
 
 def main() -> int:
     engine.main()
+    mcp.main()
     return 0
 
 

@@ -41,3 +41,7 @@ def setup_logging(level: str = "INFO", stream: Any = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    sdk = logging.getLogger("mcp")  # the MCP SDK's own warnings: JSON, redacted, too
+    sdk.handlers[:] = [handler]
+    sdk.setLevel(logging.WARNING)
+    sdk.propagate = False

@@ -1,41 +1,104 @@
-"""create_app(settings): the HTTP process. This issue serves `/healthz`; the MCP
-and REST doors come next. A lifespan starts and stops the engine and the sweep."""
+"""create_app(settings): the one HTTP process. MCP at `/mcp`, REST at `/api/v1`,
+`/healthz`, `/metrics`. Nothing is built at import time; the lifespan starts and
+stops the engine, the sweep and the MCP session manager."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rift.api.auth import rest_caller
+from rift.api.errors import install_error_handlers
+from rift.api.mcp import mount_mcp
+from rift.api.rest import router
+from rift.api.state import AppState
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.scheduler import start_scheduler
 from rift.services.context import Deps
 
+log = logging.getLogger("rift.http")
+
+
+class AccessLog:
+    """One JSON line per request: method, path, status, milliseconds. Never
+    headers or query strings (a handle or token could ride in either)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            log.info("request", extra={"method": scope["method"], "path": scope["path"],
+                                       "status": status,
+                                       "ms": round((time.perf_counter() - start) * 1000, 1)})
+
 
 def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
-    state: dict[str, Any] = {}
+    state = AppState(settings)
+    mcp_lifespan: Any = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = deps if deps is not None else await anyio.to_thread.run_sync(
             build_deps, settings)
-        state["deps"] = engine
+        state.start(engine)
         scheduler = start_scheduler(engine, settings.sweep_interval_s)
         try:
-            yield
+            async with mcp_lifespan():
+                yield
         finally:
             scheduler.shutdown(wait=True)
             if deps is None:
                 await anyio.to_thread.run_sync(close_deps, engine)
 
-    app = FastAPI(title="Rift", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="Rift", version="0.1.0", lifespan=lifespan,
+        description="VMs lent to AI agents, grouped in tasks held under a lease. The handle "
+        "(task_<id>.<secret>) travels in the Rift-Handle header; the API token in "
+        "Authorization: Bearer rift_….")
+    app.state.rift = state
+    install_error_handlers(app)
+    app.include_router(router)
+    mcp_lifespan = mount_mcp(app, state)
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> JSONResponse:
+        try:
+            with state.deps.store.read() as tx:
+                tx.count_users()
+        except Exception as exc:
+            log.warning("health check failed", extra={"error": str(exc)})
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
+    @app.get("/metrics", include_in_schema=False,
+             dependencies=[Depends(rest_caller)])
+    def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.add_middleware(AccessLog)
     return app

@@ -28,7 +28,7 @@ def new_token_id() -> str:
 
 
 def is_id(value: str, prefix: str) -> bool:
-    match = _ID_RE.match(value)
+    match = _ID_RE.fullmatch(value)
     return match is not None and match.group(1) == prefix
 
 

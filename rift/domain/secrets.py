@@ -62,7 +62,7 @@ class Handle:
     def parse(cls, text: str) -> Handle | None:
         """The handle in ``text``, or None when it is not of the form."""
         task_id, dot, secret = text.strip().partition(".")
-        if not dot or not is_task_id(task_id) or not _SECRET_RE.match(secret):
+        if not dot or not is_task_id(task_id) or not _SECRET_RE.fullmatch(secret):
             return None
         return cls(task_id, secret)
 
@@ -86,4 +86,4 @@ class Token:
 
     @staticmethod
     def looks_valid(text: str) -> bool:
-        return bool(_TOKEN_RE.match(text))
+        return bool(_TOKEN_RE.fullmatch(text))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rift.domain.clock import Clock
@@ -19,6 +20,18 @@ class Limits:
     closed_retention_s: int = 30 * 24 * 3600
 
 
+@dataclass
+class Observers:
+    """Callbacks the doors hang on the engine (metrics), without the engine
+    knowing them."""
+
+    vm_boot_seconds: list[Callable[[float], None]] = field(default_factory=list)
+
+    def vm_booted(self, seconds: float) -> None:
+        for observe in self.vm_boot_seconds:
+            observe(seconds)
+
+
 @dataclass(frozen=True)
 class Deps:
     store: Store
@@ -29,6 +42,7 @@ class Deps:
     limits: Limits = field(default_factory=Limits)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("rift"))
     guests: GuestShell | None = None
+    observers: Observers = field(default_factory=Observers)
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,7 @@ def _launch(deps: Deps, caller: Caller, vm: Vm, uri: str) -> Vm:
         if current.is_live:
             return destroy_vm(deps, current, caller.label, {"reason": "task closed"})
         return current
+    deps.observers.vm_booted((now - started).total_seconds())
     deps.log.info("vm running", extra={"vm_id": vm.id, "task_id": vm.task_id, "host": vm.host})
     return replace(vm, status="running", ready_at=now)
 

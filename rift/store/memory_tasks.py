@@ -67,6 +67,9 @@ class MemoryTaskQueries(MemoryTxBase):
     def count_open_tasks(self, owner: str) -> int:
         return sum(1 for t in self._s.tasks.values() if t.owner == owner and t.is_open)
 
+    def count_open_tasks_all(self) -> int:
+        return sum(1 for t in self._s.tasks.values() if t.is_open)
+
     def _tasks_created_since(self, owner: str, since: datetime) -> list[datetime]:
         since = utc(since)
         return [

@@ -52,6 +52,9 @@ class MemoryVmQueries(MemoryTxBase):
     def count_live_vms(self, task_id: str) -> int:
         return sum(1 for v in self._s.vms.values() if v.task_id == task_id and v.is_live)
 
+    def count_vms_by_status(self, status: str) -> int:
+        return sum(1 for v in self._s.vms.values() if v.status == status)
+
     def _vms_created_since(self, owner: str, since: datetime) -> list[datetime]:
         since = utc(since)
         return [

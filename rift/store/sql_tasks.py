@@ -97,6 +97,10 @@ class TaskQueries(SqlTxBase):
         )
         return int(self._conn.scalar(query) or 0)
 
+    def count_open_tasks_all(self) -> int:
+        query = select(func.count()).select_from(tasks).where(tasks.c.status == "open")
+        return int(self._conn.scalar(query) or 0)
+
     def count_tasks_created_since(self, owner: str, since: datetime) -> int:
         query = select(func.count()).select_from(tasks).where(
             tasks.c.owner == owner, tasks.c.created_at >= since

@@ -71,6 +71,10 @@ class VmQueries(SqlTxBase):
         )
         return int(self._conn.scalar(query) or 0)
 
+    def count_vms_by_status(self, status: str) -> int:
+        query = select(func.count()).select_from(vms).where(vms.c.status == status)
+        return int(self._conn.scalar(query) or 0)
+
     def count_vms_created_since(self, owner: str, since: datetime) -> int:
         query = select(func.count()).select_from(vms).where(
             vms.c.owner == owner, vms.c.created_at >= since

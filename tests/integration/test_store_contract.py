@@ -25,7 +25,6 @@ from rift.store.errors import DuplicateKey, MissingReference, ReadOnlyTransactio
 from rift.store.migrate import current_revision, head_revision, upgrade
 from rift.store.tables import metadata
 
-
 T0 = datetime(2026, 1, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 
 
@@ -598,3 +597,19 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
     assert current_revision(empty_sql_url) == head_revision() == "0001"
+
+
+def test_counts_across_users_see_open_tasks_and_vms_by_status(store: Store) -> None:
+    now = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    with store.write() as tx:
+        for owner in ("ann", "ben"):
+            task_id = new_task_id()
+            tx.insert_task(Task(id=task_id, owner=owner, name="t", status="open", lease_gen=1,
+                                secret_digest=None, holder=None, held_since=None,
+                                last_activity_at=now, created_at=now))
+        tx.insert_vm(Vm(id=new_vm_id(), task_id=task_id, owner="ben", name="v", image="tiny",
+                        status="running", host="local", vcpus=1, memory_mib=64, created_at=now))
+    with store.read() as tx:
+        assert tx.count_open_tasks_all() == 2
+        assert tx.count_vms_by_status("running") == 1
+        assert tx.count_vms_by_status("failed") == 0

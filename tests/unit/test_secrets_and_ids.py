@@ -57,3 +57,11 @@ def test_tokens_are_rift_and_43_characters() -> None:
     assert Token.looks_valid(token.value)
     assert not Token.looks_valid("rift_short")
     assert Token.mint().value != token.value
+
+
+def test_a_trailing_newline_does_not_pass_for_an_id_a_handle_or_a_token() -> None:
+    handle = str(Handle.mint("task_abcdefgh"))
+    assert not is_task_id("task_abcdefgh\n")
+    assert Handle.parse(handle + "\n") is not None  # surrounding blanks are trimmed
+    assert Handle.parse(handle + "\nx") is None
+    assert not Token.looks_valid(Token.mint().value + "\n")

@@ -1,0 +1,63 @@
+"""One error tree, rendered once: RiftError → `{"error": {...}}` with its status;
+FastAPI's own validation errors become `invalid_argument` naming the field."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from rift.domain.errors import InvalidArgument, RateLimited, RiftError, Unauthorized
+
+log = logging.getLogger("rift.api")
+
+
+def error_response(err: RiftError) -> JSONResponse:
+    headers: dict[str, str] = {}
+    if isinstance(err, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="rift"'
+    if isinstance(err, RateLimited):
+        headers["Retry-After"] = str(err.details.get("retry_after_s", 60))
+    return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def validation_refusal(exc: RequestValidationError) -> InvalidArgument:
+    first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "malformed"}
+    field = _field(tuple(first.get("loc", ())))
+    why = str(first.get("msg", "invalid"))
+    if first.get("type") == "extra_forbidden":
+        why = "unknown field"
+    return InvalidArgument(field, why)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RiftError)
+    async def rift_error(_request: Request, exc: RiftError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_refusal(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse({"error": {"code": code, "message": str(exc.detail),
+                                       "hint": "GET /openapi.json lists the routes"}},
+                            status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", extra={"path": request.url.path})
+        return JSONResponse({"error": {"code": "internal", "message": "an internal error; "
+                                       "it was logged", "hint": "try again; rift doctor"}},
+                            status_code=500)

@@ -1,0 +1,49 @@
+"""Prometheus metrics, one registry per app (tests build many apps in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rift.services.context import Deps
+
+
+class StoreGauges(Collector):
+    """Open tasks and running VMs, read from the store when scraped, so every
+    replica reports the same truth."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        from rift.services.queries import counts
+
+        open_tasks, running_vms = counts(self.deps)
+        return [
+            GaugeMetricFamily("rift_open_tasks", "Tasks open now.", value=open_tasks),
+            GaugeMetricFamily("rift_running_vms", "VMs running now.", value=running_vms),
+        ]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.tool_calls = Counter(
+            "rift_tool_calls", "Tool and REST calls by tool and outcome code (ok or a refusal).",
+            ["door", "tool", "outcome"], registry=self.registry)
+        self.vm_boot_seconds = Histogram(
+            "rift_vm_boot_seconds", "Seconds from asking libvirt to a running VM.",
+            buckets=(0.01, 0.1, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120), registry=self.registry)
+        self.up = Gauge("rift_up", "1 while this control plane serves.", registry=self.registry)
+        self.up.set(1)
+
+    def watch(self, deps: Deps) -> None:
+        self.registry.register(StoreGauges(deps))
+        deps.observers.vm_boot_seconds.append(self.vm_boot_seconds.observe)
+
+    def record(self, door: str, tool: str, outcome: str) -> None:
+        self.tool_calls.labels(door, tool, outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
