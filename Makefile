@@ -15,6 +15,7 @@ run: setup
 
 ## test: install what is missing and run the whole suite
 test: setup
+	@scripts/libvirt.sh
 	@scripts/test.sh
 
 ## check: ruff and mypy

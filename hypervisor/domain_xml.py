@@ -14,6 +14,7 @@ from hypervisor.base import DomainSpec
 RIFT_XMLNS = "https://rift.dev/xmlns/domain/1"
 QEMU_XMLNS = "http://libvirt.org/schemas/domain/qemu/1.0"
 DOMAIN_TYPES = frozenset({"test", "qemu", "kvm"})
+TCG_TB_CACHE_MIB = 32
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 # Characters XML 1.0 cannot carry at all, even escaped.
@@ -59,6 +60,11 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
         ET.SubElement(os_el, "boot", dev="hd")
     features = ET.SubElement(root, "features")
     ET.SubElement(features, "acpi")
+    if spec.domain_type == "qemu":
+        # A small TCG translation cache: QEMU's default (up to 1 GiB, filled as
+        # code is translated) costs host memory that a tiny guest never needs.
+        tcg = ET.SubElement(features, "tcg")
+        ET.SubElement(tcg, "tb-cache", unit="MiB").text = str(TCG_TB_CACHE_MIB)
     if spec.domain_type == "kvm":
         ET.SubElement(root, "cpu", mode="host-passthrough")
     ET.SubElement(root, "clock", offset="utc")

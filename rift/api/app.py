@@ -24,6 +24,7 @@ from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.scheduler import start_scheduler
 from rift.services.context import Deps
+from rift.services.reconcile import reconcile
 
 log = logging.getLogger("rift.http")
 
@@ -64,6 +65,7 @@ def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = deps if deps is not None else await anyio.to_thread.run_sync(
             build_deps, settings)
+        await anyio.to_thread.run_sync(reconcile, engine)  # before any call is taken
         state.start(engine)
         scheduler = start_scheduler(engine, settings.sweep_interval_s)
         try:

@@ -1,0 +1,18 @@
+"""Guest access over SSH (paramiko): commands, files and the per-task keys.
+
+`SshGuestShell` is the real GuestShell; `wait_ready` waits for a new guest.
+"""
+
+from rift.guest.errors import GuestError, GuestFileError
+from rift.guest.keys import forget_task, key_for_task
+from rift.guest.ready import wait_ready
+from rift.guest.shell import SshGuestShell
+
+__all__ = [
+    "GuestError",
+    "GuestFileError",
+    "SshGuestShell",
+    "forget_task",
+    "key_for_task",
+    "wait_ready",
+]

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from rift.domain.model import Vm
 from rift.services.context import SWEEP, Deps
+from rift.services.reconcile import ReconcileReport, reconcile
 from rift.services.teardown import close_in_tx, destroy_vms
 
 BATCH = 200
@@ -23,6 +24,7 @@ class SweepReport:
     destroyed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     purged: int = 0
+    reconciled: ReconcileReport = field(default_factory=ReconcileReport)
 
 
 def close_idle(deps: Deps, report: SweepReport) -> None:
@@ -71,6 +73,7 @@ def sweep(deps: Deps) -> SweepReport:
     close_idle(deps, report)
     finish_closing(deps, report)
     purge_closed(deps, report)
+    report.reconciled = reconcile(deps)
     if report.closed or report.destroyed or report.purged or report.refused:
         deps.log.info("sweep", extra={"closed": len(report.closed),
                                       "destroyed": len(report.destroyed),

@@ -129,3 +129,28 @@ def test_twenty_threads_attaching_one_released_task_give_exactly_one_winner(
         if not page["has_more"]:
             break
     assert types.count("attached") == 50 and types.count("released") == 50
+
+
+def test_serve_destroys_a_domain_made_behind_its_back_before_taking_calls(
+        data_dir: Path, host_uri: str) -> None:
+    """A crash left a domain with Rift metadata and no row: the app's start removes it."""
+    import asyncio
+
+    from hypervisor import DomainSpec
+    from rift.api.app import create_app
+
+    deps = build_deps(Settings(data_dir=data_dir, hypervisor_uri=host_uri))
+    try:
+        hv = deps.hosts.hypervisor(host_uri)
+        hv.create(DomainSpec(name="rift-vm_leakedaa", task_id="task_aaaaaaaa",
+                             vm_id="vm_leakedaa", vcpus=1, memory_mib=64, image="tiny"))
+        assert "rift-vm_leakedaa" in _domains(deps, host_uri)
+        app = create_app(Settings(data_dir=data_dir, hypervisor_uri=host_uri), deps)
+
+        async def start_and_stop() -> None:
+            async with app.router.lifespan_context(app):
+                assert "rift-vm_leakedaa" not in _domains(deps, host_uri)
+
+        asyncio.run(start_and_stop())
+    finally:
+        close_deps(deps)

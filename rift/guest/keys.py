@@ -1,0 +1,78 @@
+"""One ed25519 key pair per task, made by Rift and never shown.
+
+The private key is `<keys dir>/<task id>` (mode 0600, OpenSSH format, in a
+0700 folder); its public half goes into each of the task's guests at boot.
+Creation is atomic (written aside, then hard-linked into place), so two callers
+racing for a new task's key agree on one key. Nothing here logs key material.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+from pathlib import Path
+
+import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+_TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+KEY_COMMENT = "rift"
+
+
+def key_path(keys_dir: Path, task_id: str) -> Path:
+    """Where the task's private key lives; ValueError for an id unfit for a file name."""
+    if not _TASK_ID.fullmatch(task_id):
+        raise ValueError(f"task id {task_id!r} cannot name a key file")
+    return keys_dir / task_id
+
+
+def key_for_task(keys_dir: Path, task_id: str) -> tuple[Path, str]:
+    """(private key path, OpenSSH public key line) of the task, made on first use."""
+    path = key_path(keys_dir, task_id)
+    if not path.exists():
+        _create(keys_dir, path)
+    return path, public_line(load_key(path))
+
+
+def load_key(path: Path) -> paramiko.Ed25519Key:
+    """The private key at `path`, as paramiko uses it."""
+    return paramiko.Ed25519Key(filename=str(path))
+
+
+def public_line(key: paramiko.PKey) -> str:
+    """`ssh-ed25519 AAAA… rift`: the line for authorized_keys."""
+    return f"{key.get_name()} {key.get_base64()} {KEY_COMMENT}"
+
+
+def forget_task(keys_dir: Path, task_id: str) -> bool:
+    """Delete the task's key; False when it had none."""
+    try:
+        key_path(keys_dir, task_id).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _create(keys_dir: Path, path: Path) -> None:
+    keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    keys_dir.chmod(0o700)
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    aside = keys_dir / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            f.flush()
+            os.fsync(f.fileno())
+        # Atomic, and refuses to replace a key made meanwhile: the first one wins.
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)
+    finally:
+        aside.unlink(missing_ok=True)

@@ -1,0 +1,115 @@
+"""Waiting for a new guest: its init's marker on the serial log, then SSH.
+
+Connecting before the guest's network is up hangs, so the serial log (a file
+QEMU writes) is watched first. The markers are those `hypervisor/guest_init.sh`
+prints; other images may print none, and then only the SSH handshake counts.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import paramiko
+
+from hypervisor.images import FAILED_MARKER, HOSTKEY_MARKER, READY_MARKER
+from rift.guest.errors import GuestError
+
+_POLL_S = 0.02
+_TAIL = 400
+
+
+def read_markers(serial_log: Path) -> tuple[bool, str | None, str | None]:
+    """(ready, host key line or None, failure reason or None) from the log so far."""
+    try:
+        text = serial_log.read_text(errors="replace")
+    except FileNotFoundError:
+        return False, None, None
+    ready = False
+    host_key: str | None = None
+    failed: str | None = None
+    for raw in text.splitlines():
+        line = raw.strip("\r\x00 ")
+        if line == READY_MARKER:
+            ready = True
+        elif line.startswith(HOSTKEY_MARKER + " "):
+            host_key = line.removeprefix(HOSTKEY_MARKER + " ").strip() or None
+        elif line.startswith(FAILED_MARKER):
+            failed = line.removeprefix(FAILED_MARKER).strip() or "the guest's init failed"
+    return ready, host_key, failed
+
+
+def serial_tail(serial_log: Path) -> str:
+    try:
+        text = serial_log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-_TAIL:].strip()
+
+
+def wait_for_marker(serial_log: Path, deadline: float, *,
+                    clock: Callable[[], float] = time.monotonic) -> str | None:
+    """Block until the ready marker; answer the host key line it printed (or None).
+
+    GuestError when init reports a failure or `deadline` (a `clock()` time) passes.
+    """
+    while True:
+        ready, host_key, failed = read_markers(serial_log)
+        if failed is not None:
+            raise GuestError(f"the guest's init failed: {failed}")
+        if ready:
+            return host_key
+        if clock() >= deadline:
+            tail = serial_tail(serial_log)
+            raise GuestError(f"no {READY_MARKER} on the serial console"
+                             + (f"; it ends with: {tail!r}" if tail else " (it is empty)"))
+        time.sleep(_POLL_S)
+
+
+def handshake(host: str, port: int, timeout_s: float) -> paramiko.PKey:
+    """One SSH key exchange (no login); answers the server's host key."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError as exc:
+        raise GuestError(f"cannot connect to {host}:{port}: {exc}") from exc
+    transport = paramiko.Transport(sock)
+    try:
+        transport.banner_timeout = timeout_s
+        transport.start_client(timeout=timeout_s)
+        return transport.get_remote_server_key()
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise GuestError(f"no SSH handshake with {host}:{port}: {exc}") from exc
+    finally:
+        transport.close()
+
+
+def wait_ready(serial_log: Path, host: str, port: int, timeout_s: float) -> str | None:
+    """Return once the marker is on the serial log and an SSH handshake succeeds.
+
+    Answers the host key line the guest printed (None when it printed none).
+    Raises GuestError after `timeout_s` seconds in all, or at once when the
+    guest's init reports a failure.
+    """
+    deadline = time.monotonic() + timeout_s
+    host_key = wait_for_marker(serial_log, deadline)
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            key = handshake(host, port, max(0.5, min(remaining, 5.0)))
+        except GuestError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+            continue
+        if host_key is not None and not same_key(key, host_key):
+            raise GuestError(f"{host}:{port} answers with another host key than the guest "
+                             "printed: is another process on that port?")
+        return host_key
+
+
+def same_key(key: paramiko.PKey, line: str) -> bool:
+    """Whether `key` is the one in an OpenSSH public key line (`type base64 [comment]`)."""
+    fields = line.split()
+    return fields[:2] == [key.get_name(), key.get_base64()]

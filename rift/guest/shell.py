@@ -1,0 +1,273 @@
+"""The guest shell: commands and files in a VM's guest over SSH (paramiko).
+
+SSH connections are opened on first use and reused by later calls (see
+rift.guest.pool: one channel at a time per connection, a few connections per
+VM for concurrent calls, dead ones replaced); `close_vm` closes them when the
+VM goes. Logins use the task's key (rift.guest.keys). Each call runs on its
+own channel, whose exit status is read and which is closed before the
+connection serves another call (dropbear fails later channels otherwise).
+
+Files move through `cat` (dropbear has no SFTP server), so any guest with a
+POSIX shell serves; they are binary-safe. Every paramiko or socket failure
+becomes GuestError; a failed file operation in a guest that answered is
+GuestFileError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import select
+import shlex
+import socket
+import threading
+import time
+from pathlib import Path
+
+import paramiko
+
+from rift.domain.model import Vm
+from rift.guest.errors import GuestError, GuestFileError
+from rift.guest.keys import key_path, load_key
+from rift.guest.pool import ConnectionPool
+from rift.guest.ready import same_key, wait_for_marker
+from rift.guest.run import Collected, collect, command_line, feed_stdin, kill_line
+from rift.services.ports import ExecResult
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+_FAILURES = (paramiko.SSHException, OSError, EOFError, ConnectionError)
+_KILL_WAIT_S = 5.0
+_IS_DIRECTORY = 21
+_NO_SUCH_FILE = 20
+_SHELL_PREFIX = re.compile(r"^(?:\S*sh: )?(?:eval: line \d+: )?")
+
+
+class SshGuestShell:
+    """GuestShell over SSH, for guests whose root accepts the task's key."""
+
+    def __init__(
+        self,
+        keys_dir: Path,
+        *,
+        user: str = "root",
+        connect_timeout_s: float = 10.0,
+        output_cap: int = 1 * MIB,
+        file_cap: int = 16 * MIB,
+        file_timeout_s: float = 300.0,
+        window_bytes: int = 4 * MIB,
+        connections_per_vm: int = 4,
+    ) -> None:
+        self.keys_dir = keys_dir
+        self.user = user
+        self.connect_timeout_s = connect_timeout_s
+        self.output_cap = output_cap
+        self.file_cap = file_cap
+        self.file_timeout_s = file_timeout_s
+        self.window_bytes = window_bytes
+        self._lock = threading.Lock()
+        self._host_keys: dict[str, str] = {}  # vm id -> pinned host key line
+        self._task_of: dict[str, str] = {}  # vm id -> task id, for the login key
+        self._pool: ConnectionPool[paramiko.Transport] = ConnectionPool(
+            self._connect, per_vm=connections_per_vm)
+
+    # GuestShell
+
+    def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult:
+        started = time.monotonic()
+        collected = self._run(vm, command, stdin, float(timeout_s), self.output_cap)
+        return ExecResult(
+            exit_code=collected.exit_code,
+            stdout=collected.stdout,
+            stderr=collected.stderr,
+            timed_out=collected.timed_out,
+            truncated=collected.truncated,
+            duration_ms=round((time.monotonic() - started) * 1000),
+        )
+
+    def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
+        _absolute(path, vm)
+        quoted = shlex.quote(path)
+        script = (f"p={quoted}; if [ -d \"$p\" ]; then echo 'is a directory' >&2; "
+                  f"exit {_IS_DIRECTORY}; fi; cat > \"$p\" || exit 1")
+        if mode is not None:
+            script += f"; chmod {mode & 0o7777:o} \"$p\""
+        self._file_op(vm, path, script, data)
+        return len(data)
+
+    def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]:
+        _absolute(path, vm)
+        quoted = shlex.quote(path)
+        script = (f"p={quoted}; if [ -d \"$p\" ]; then echo 'is a directory' >&2; "
+                  f"exit {_IS_DIRECTORY}; fi; if [ ! -e \"$p\" ]; then "
+                  f"echo 'no such file' >&2; exit {_NO_SUCH_FILE}; fi; "
+                  f"exec head -c {self.file_cap + 1} \"$p\"")
+        data = self._file_op(vm, path, script, None)
+        return data[: self.file_cap], len(data) > self.file_cap
+
+    # life cycle
+
+    def connect_when_ready(self, vm: Vm, serial_log: Path, timeout_s: float) -> None:
+        """Wait for the guest's ready marker, pin the host key it printed, and
+        open a pooled connection, so the first call finds one open.
+        GuestError after `timeout_s` seconds."""
+        deadline = time.monotonic() + timeout_s
+        host_key = wait_for_marker(serial_log, deadline)
+        if host_key is not None:
+            self.pin_host_key(vm.id, host_key)
+        address = _address(vm)
+        self._remember(vm)
+        while True:
+            try:
+                transport = self._connect(vm.id, address)
+            except GuestError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+                continue
+            self._pool.add(vm.id, address, transport)
+            return
+
+    def pin_host_key(self, vm_id: str, host_key_line: str) -> None:
+        """Accept only this host key from the VM (else the first one seen is pinned)."""
+        with self._lock:
+            self._host_keys[vm_id] = host_key_line
+
+    def connections(self, vm_id: str) -> int:
+        """How many SSH connections to the VM are open now."""
+        return self._pool.count(vm_id)
+
+    def close_vm(self, vm_id: str) -> None:
+        """Close the VM's connections (calls in flight fail) and forget its host key."""
+        self._pool.close_vm(vm_id)
+        with self._lock:
+            self._host_keys.pop(vm_id, None)
+            self._task_of.pop(vm_id, None)
+
+    def close(self) -> None:
+        self._pool.close()
+        with self._lock:
+            self._host_keys.clear()
+            self._task_of.clear()
+
+    # connecting
+
+    def _remember(self, vm: Vm) -> None:
+        with self._lock:
+            self._task_of[vm.id] = vm.task_id
+
+    def _connect(self, vm_id: str, address: tuple[str, int]) -> paramiko.Transport:
+        with self._lock:
+            task_id = self._task_of.get(vm_id)
+        if task_id is None:
+            raise GuestError(f"VM {vm_id} is not known to the guest shell", vm_id=vm_id)
+        try:
+            pkey = load_key(key_path(self.keys_dir, task_id))
+        except (OSError, ValueError, paramiko.SSHException) as exc:
+            raise GuestError(f"task {task_id} has no usable key ({type(exc).__name__})",
+                             vm_id=vm_id) from exc
+        try:
+            sock = socket.create_connection(address, timeout=self.connect_timeout_s)
+        except OSError as exc:
+            raise GuestError(f"cannot connect to {address[0]}:{address[1]}: {exc}",
+                             vm_id=vm_id) from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # else ~40 ms per call
+        transport = paramiko.Transport(sock, default_window_size=self.window_bytes)
+        try:
+            transport.banner_timeout = self.connect_timeout_s
+            transport.auth_timeout = self.connect_timeout_s
+            transport.start_client(timeout=self.connect_timeout_s)
+            self._check_host_key(vm_id, transport.get_remote_server_key())
+            transport.auth_publickey(self.user, pkey)
+        except GuestError:
+            transport.close()
+            raise
+        except _FAILURES as exc:
+            transport.close()
+            raise GuestError(f"SSH to {address[0]}:{address[1]} failed: {exc}",
+                             vm_id=vm_id) from exc
+        transport.set_keepalive(30)
+        return transport
+
+    def _check_host_key(self, vm_id: str, key: paramiko.PKey) -> None:
+        line = f"{key.get_name()} {key.get_base64()}"
+        with self._lock:
+            pinned = self._host_keys.setdefault(vm_id, line)
+        if not same_key(key, pinned):
+            raise GuestError("the guest's SSH host key changed; is another process on its "
+                             "port?", vm_id=vm_id)
+
+    # running
+
+    def _run(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: float,
+             out_cap: int) -> Collected:
+        """Run `command` in the guest on a pooled connection; past `timeout_s`, kill it."""
+        address = _address(vm)
+        self._remember(vm)
+        try:
+            with self._pool.lease(vm.id, address, timeout_s) as transport:
+                deadline = time.monotonic() + timeout_s
+                collected = self._session(transport, command, stdin, deadline, out_cap)
+                if collected.timed_out and collected.pid is not None:
+                    # The timed-out channel is closed by now; the kill runs after it on the
+                    # same connection (never two channels at once: see rift.guest.pool).
+                    killed = self._session(transport, kill_line(collected.pid), None,
+                                           time.monotonic() + _KILL_WAIT_S, 4096)
+                    if killed.timed_out:
+                        log.warning("could not kill a timed-out command in %s", vm.id)
+        except _FAILURES as exc:
+            raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
+        return collected
+
+    def _session(self, transport: paramiko.Transport, command: str, stdin: bytes | None,
+                 deadline: float, out_cap: int) -> Collected:
+        """One channel: run, collect, read the exit status, close."""
+        chan = transport.open_session(timeout=self.connect_timeout_s)
+        try:
+            chan.exec_command(command_line(command))
+            feeder = feed_stdin(chan, stdin)
+            collected = collect(chan, stdout_cap=out_cap, stderr_cap=self.output_cap,
+                                deadline=deadline, wait=lambda t: _wait(chan, t),
+                                alive=transport.is_active, header=True)
+            if chan.exit_status_ready():
+                chan.recv_exit_status()
+            if feeder is not None:
+                feeder.join(0.5)
+        finally:
+            chan.close()
+        return collected
+
+    def _file_op(self, vm: Vm, path: str, script: str, data: bytes | None) -> bytes:
+        collected = self._run(vm, script, data, self.file_timeout_s, self.file_cap + 1)
+        if collected.timed_out:
+            raise GuestError(f"{path}: the transfer took longer than {self.file_timeout_s:.0f}s",
+                             vm_id=vm.id)
+        if collected.exit_code == 0:
+            return collected.stdout
+        reason = _SHELL_PREFIX.sub("", collected.stderr.decode("utf-8", "replace").strip())
+        if collected.exit_code is None:
+            raise GuestError(f"{path}: the guest sent no exit status", vm_id=vm.id)
+        raise GuestFileError(path, reason or f"failed with exit code {collected.exit_code}",
+                             vm_id=vm.id)
+
+
+def _wait(chan: paramiko.Channel, seconds: float) -> None:
+    if chan.eof_received:
+        # After EOF the channel's pipe stays readable: wait for the exit status instead.
+        chan.status_event.wait(seconds)
+        return
+    with contextlib.suppress(ValueError, OSError):
+        select.select([chan], [], [], seconds)
+
+
+def _address(vm: Vm) -> tuple[str, int]:
+    if vm.ssh_host is None or vm.ssh_port is None:
+        raise GuestError(f"VM {vm.id} has no SSH address", vm_id=vm.id)
+    return vm.ssh_host, vm.ssh_port
+
+
+def _absolute(path: str, vm: Vm) -> None:
+    if not path.startswith("/"):
+        raise GuestFileError(path, "the path must be absolute", vm_id=vm.id)

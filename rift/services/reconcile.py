@@ -1,0 +1,104 @@
+"""Reconciliation: every domain Rift made matches a live VM row, and no row
+lies about a domain. Runs in every sweep and before `rift serve` takes calls.
+
+Race-safe without locks: rows are read before the domain listing to find
+domains that vanished (a row already `running` then had its domain before the
+listing began), and again after it to find orphans (a domain is made only
+after its row exists, so a domain with no live row after the listing is one
+nobody will ever account for).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
+from rift.domain.model import NewEvent, Vm, VmStatus
+from rift.services.context import SWEEP, Deps
+
+CREATING_GRACE_S = 600  # longer than any boot wait: a row still `creating` is a dead create
+
+
+@dataclass
+class ReconcileReport:
+    orphans_destroyed: list[str] = field(default_factory=list)
+    vanished: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.orphans_destroyed or self.vanished or self.interrupted
+                    or self.unreachable)
+
+
+def _live(deps: Deps, host: str) -> dict[str, Vm]:
+    with deps.store.read() as tx:
+        return {vm.id: vm for vm in tx.live_vms_on_host(host)}
+
+
+def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
+    now = deps.clock.now()
+    with deps.store.write() as tx:
+        won = tx.update_vm(vm.id, (expected,), status="failed", error=error)
+        if won:
+            tx.add_event(NewEvent(vm.task_id, "vm_failed", now, SWEEP,
+                                  {"vm_id": vm.id, "error": error}))
+    return won
+
+
+def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> None:
+    before = _live(deps, host)
+    hv = deps.hosts.hypervisor(uri)
+    try:
+        listed: list[DomainRecord] = hv.list_domains()
+    except HypervisorError as exc:
+        deps.log.warning("host unreachable", extra={"host": host, "error": str(exc)})
+        report.unreachable.append(host)
+        return
+    ours = {d.vm_id: d for d in listed if d.vm_id is not None}
+    after = _live(deps, host)
+    for vm_id, domain in ours.items():
+        if vm_id not in after:
+            try:
+                hv.destroy(domain.name)
+                report.orphans_destroyed.append(domain.name)
+                deps.log.warning("orphan domain destroyed", extra={"domain": domain.name,
+                                                                    "host": host})
+            except HypervisorError as exc:
+                deps.log.warning("orphan destroy refused", extra={"domain": domain.name,
+                                                                  "error": str(exc)})
+    for vm in before.values():
+        if vm.status == "running" and vm.id not in ours and _fail(
+                deps, vm, "running", "the domain is gone: it was destroyed or lost outside "
+                "Rift (host restart, virsh)"):
+            report.vanished.append(vm.id)
+    stale = deps.clock.now() - timedelta(seconds=CREATING_GRACE_S)
+    for vm in after.values():
+        if vm.status == "creating" and vm.created_at < stale:
+            _interrupted(deps, vm, hv, vm.id in ours, report)
+
+
+def _interrupted(deps: Deps, vm: Vm, hv: Hypervisor, has_domain: bool,
+                 report: ReconcileReport) -> None:
+    """A create that never finished (its process died): take the domain down, fail the row."""
+    if has_domain:
+        try:
+            hv.destroy(vm.domain_name)
+        except HypervisorError:
+            return  # the next sweep tries again; the row stays live meanwhile
+    if _fail(deps, vm, "creating", "interrupted: the control plane stopped while creating it"):
+        report.interrupted.append(vm.id)
+
+
+def reconcile(deps: Deps) -> ReconcileReport:
+    report = ReconcileReport()
+    with deps.store.read() as tx:
+        hosts = tx.list_hosts()
+    for host in hosts:
+        reconcile_host(deps, host.name, host.uri, report)
+    if report:
+        deps.log.info("reconciled", extra={
+            "orphans_destroyed": len(report.orphans_destroyed), "vanished": len(report.vanished),
+            "interrupted": len(report.interrupted), "unreachable": report.unreachable})
+    return report

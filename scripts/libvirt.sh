@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Makes libvirt with QEMU answer on qemu:///system on a Debian 12 machine
+# without systemd: installs what is missing, prepares the daemon the way a
+# container needs it (see DESIGN.md, "Facts seen on this kind of machine"),
+# starts virtlogd and then libvirtd under tini (so destroyed QEMU processes are
+# reaped at once) when they are not running, and waits until libvirtd answers.
+# Safe to run again: it skips what is already there. Runs as root (re-executes
+# itself through sudo otherwise).
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+  exec sudo -E "$0" "$@"
+fi
+
+URI=qemu:///system
+WAIT_S=${RIFT_LIBVIRT_WAIT_S:-30}
+QEMU_CONF=/etc/libvirt/qemu.conf
+LOG_DIR=/var/log/libvirt
+# libvirt-daemon-system is skipped on purpose: it pulls in systemd.
+APT_PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
+              libvirt-clients busybox-static dropbear-bin cpio lz4 tini)
+
+say() { echo "libvirt: $*"; }
+
+# Whether a live (not zombie) process of this exact name runs.
+running() {
+  local pid state
+  for pid in $(pgrep -x "$1"); do
+    state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || continue
+    [ "$state" != Z ] && return 0
+  done
+  return 1
+}
+
+# 1. packages
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# 2. what libvirtd needs when started by hand
+mkdir -p "$LOG_DIR" /var/lib/libvirt/qemu /var/cache/libvirt/qemu /run/libvirt
+if ! getent passwd libvirt-qemu >/dev/null; then
+  say "adding the libvirt-qemu user"
+  useradd -r -U -M -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
+fi
+
+# qemu.conf: QEMU runs as root, with no security driver and no cgroups (else
+# QEMU leaves the container's cgroup). Our block sits at the end of the file;
+# any other uncommented setting of the same keys is commented out first.
+conf_changed=0
+want_block=$'# rift: begin\nuser = "root"\ngroup = "root"\nsecurity_driver = "none"\ncgroup_controllers = [ ]\n# rift: end'
+mkdir -p "$(dirname "$QEMU_CONF")"
+touch "$QEMU_CONF"
+current_block=$(sed -n '/^# rift: begin$/,/^# rift: end$/p' "$QEMU_CONF")
+if [ "$current_block" != "$want_block" ] \
+   || grep -Eq '^(user|group|security_driver|cgroup_controllers)[[:space:]]*=' \
+        <(sed '/^# rift: begin$/,/^# rift: end$/d' "$QEMU_CONF"); then
+  say "configuring $QEMU_CONF"
+  tmp=$(mktemp)
+  sed -e '/^# rift: begin$/,/^# rift: end$/d' \
+      -e 's/^\(\(user\|group\|security_driver\|cgroup_controllers\)[[:space:]]*=\)/#\1/' \
+      "$QEMU_CONF" > "$tmp"
+  printf '%s\n' "$want_block" >> "$tmp"
+  cat "$tmp" > "$QEMU_CONF"
+  rm -f "$tmp"
+  conf_changed=1
+fi
+
+# 3. daemons
+if ! running virtlogd; then
+  say "starting virtlogd"
+  virtlogd -d
+fi
+
+if running libvirtd; then
+  if [ "$conf_changed" = 1 ]; then
+    say "warning: $QEMU_CONF changed while libvirtd runs; restart libvirtd to apply it" >&2
+  fi
+else
+  say "starting libvirtd under tini"
+  # setsid: its own session, so it outlives this script and its caller's job;
+  # tini -s: a subreaper that reaps QEMU at once when a domain is destroyed.
+  setsid tini -s -- libvirtd </dev/null >>"$LOG_DIR/libvirtd.out" 2>&1 &
+fi
+
+# 4. wait until it answers
+deadline=$((SECONDS + WAIT_S))
+until virsh -c "$URI" version >/dev/null 2>&1; do
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    say "libvirtd did not answer on $URI within ${WAIT_S}s; see $LOG_DIR/libvirtd.out" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+say "$URI answers ($(virsh -c "$URI" version 2>/dev/null | sed -n 's/^Running hypervisor: //p'))"

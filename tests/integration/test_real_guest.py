@@ -1,0 +1,240 @@
+"""Real guests: the `tiny` image built from Debian packages, booted by libvirt
+under QEMU (TCG), reached over SSH by the paramiko adapter.
+
+Needs qemu-system-x86_64 and a libvirtd answering on qemu:///system
+(scripts/libvirt.sh installs and starts both; `make test` runs it first).
+The image is cached between runs in var/cache/test-images (the build is
+skipped when its inputs have not changed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from hypervisor.base import HypervisorError
+from hypervisor.images import ImageFiles, build_tiny, guest_spec, image_files
+from hypervisor.kvm import KVM, TCG, probe_accel
+from hypervisor.libvirt import LibvirtHypervisor
+from rift.domain.model import Vm
+from rift.guest import GuestError, GuestFileError, SshGuestShell, key_for_task
+
+URI = "qemu:///system"
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "var" / "cache" / "test-images"
+BOOT_TIMEOUT_S = 60
+
+
+def _prerequisites() -> str | None:
+    if shutil.which("qemu-system-x86_64") is None:
+        return "qemu-system-x86_64 is not installed (scripts/libvirt.sh installs it)"
+    hv = LibvirtHypervisor(URI)
+    try:
+        hv.info()
+    except HypervisorError as err:
+        return f"no libvirtd answers on {URI} ({err.message}); scripts/libvirt.sh starts one"
+    finally:
+        hv.close()
+    return None
+
+
+_MISSING = _prerequisites()
+pytestmark = [
+    pytest.mark.skipif(_MISSING is not None, reason=_MISSING or ""),
+    pytest.mark.slow,
+]
+
+
+@dataclass
+class Guest:
+    vm: Vm
+    shell: SshGuestShell
+    hv: LibvirtHypervisor
+    serial_log: Path
+    boot_s: float
+    domain: str
+
+
+@pytest.fixture(scope="module")
+def image() -> ImageFiles:
+    build_tiny(IMAGES)
+    return image_files(IMAGES, "tiny")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _boot(image: ImageFiles, work: Path, name: str) -> Guest:
+    task_id, vm_id = f"task_{name}", f"vm_{name}"
+    keys = work / "keys"
+    _, public = key_for_task(keys, task_id)
+    port = _free_port()
+    serial = work / f"{vm_id}.serial.log"
+    spec = guest_spec(image, name=f"rift-test-{vm_id}", task_id=task_id, vm_id=vm_id, vcpus=1,
+                      memory_mib=256, domain_type=TCG, public_key_line=public, ssh_port=port,
+                      serial_log=serial)
+    vm = Vm(id=vm_id, task_id=task_id, owner="alice", name=name, image="tiny", status="running",
+            host="local", vcpus=1, memory_mib=256, created_at=datetime.now(UTC),
+            ssh_host="127.0.0.1", ssh_port=port)
+    hv = LibvirtHypervisor(URI)
+    shell = SshGuestShell(keys)
+    started = time.monotonic()
+    hv.destroy(spec.name)  # a leftover of an interrupted run
+    hv.create(spec)
+    try:
+        shell.connect_when_ready(vm, serial, BOOT_TIMEOUT_S)
+    except BaseException:
+        hv.destroy(spec.name)
+        shell.close()
+        hv.close()
+        raise
+    return Guest(vm, shell, hv, serial, time.monotonic() - started, spec.name)
+
+
+def _listed(name: str) -> bool:
+    out = subprocess.run(["virsh", "-c", URI, "list", "--all", "--name"], capture_output=True,
+                         text=True, check=True, timeout=30).stdout
+    return name in out.split()
+
+
+@pytest.fixture(scope="module")
+def guest(image: ImageFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
+    booted = _boot(image, tmp_path_factory.mktemp("guest"), "k3v9x2m7")
+    yield booted
+    booted.shell.close()
+    booted.hv.destroy(booted.domain)
+    booted.hv.close()
+
+
+def test_a_guest_boots_from_the_tiny_image_and_runs_a_command(guest: Guest) -> None:
+    assert guest.boot_s < BOOT_TIMEOUT_S
+    result = guest.shell.exec(guest.vm, "uname -a", None, 30)
+    assert result.exit_code == 0 and not result.timed_out and not result.truncated
+    assert result.stdout.startswith(b"Linux ")
+    assert result.stderr == b""
+
+
+def test_stdin_reaches_the_command_and_stderr_and_exit_code_come_back(guest: Guest) -> None:
+    data = bytes(range(256)) * 1000
+    result = guest.shell.exec(guest.vm, "cat; echo 'to stderr' >&2; exit 3", data, 30)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, data, b"to stderr\n")
+
+
+def test_a_command_that_never_ends_is_killed_at_its_timeout(guest: Guest) -> None:
+    started = time.monotonic()
+    result = guest.shell.exec(guest.vm, "echo begun; sleep 1000 | cat", None, 2)
+    assert result.timed_out and result.exit_code is None
+    assert result.stdout == b"begun\n"
+    assert 2 <= time.monotonic() - started < 8
+    left = guest.shell.exec(guest.vm, "ps -o args", None, 30).stdout.decode()
+    assert "sleep 1000" not in left
+
+
+def test_big_output_is_capped_and_said_to_be_truncated(guest: Guest) -> None:
+    started = time.monotonic()
+    result = guest.shell.exec(guest.vm, "head -c 3000000 /dev/zero; echo done >&2", None, 60)
+    assert result.truncated and not result.timed_out and result.exit_code == 0
+    assert result.stdout == b"\0" * guest.shell.output_cap
+    assert result.stderr == b"done\n"
+    assert time.monotonic() - started < 30
+
+
+def test_a_ten_mib_binary_file_goes_in_and_comes_back_unchanged(guest: Guest) -> None:
+    data = os.urandom(10 * 1024 * 1024)
+    assert guest.shell.write_file(guest.vm, "/root/blob.bin", data, 0o640) == len(data)
+    check = guest.shell.exec(guest.vm, "sha256sum /root/blob.bin; stat -c %a /root/blob.bin",
+                             None, 60)
+    digest, _, mode = check.stdout.decode().partition("  /root/blob.bin\n")
+    assert digest == hashlib.sha256(data).hexdigest() and mode.strip() == "640"
+    back, truncated = guest.shell.read_file(guest.vm, "/root/blob.bin")
+    assert not truncated and hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
+
+
+def test_missing_paths_and_directories_are_clear_file_errors(guest: Guest) -> None:
+    with pytest.raises(GuestFileError, match="no such file"):
+        guest.shell.read_file(guest.vm, "/no/such/file")
+    with pytest.raises(GuestFileError, match="is a directory"):
+        guest.shell.read_file(guest.vm, "/root")
+    with pytest.raises(GuestFileError, match="nonexistent directory"):
+        guest.shell.write_file(guest.vm, "/no/such/dir/file", b"x", None)
+
+
+def test_one_connection_serves_calls_from_many_threads(guest: Guest) -> None:
+    results: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        try:
+            results.append(guest.shell.exec(guest.vm, f"echo {i}", None, 30).stdout)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert sorted(results) == sorted(f"{i}\n".encode() for i in range(8))
+
+
+def test_a_destroyed_guest_is_gone_and_a_call_in_flight_fails_fast(
+    image: ImageFiles, tmp_path: Path
+) -> None:
+    booted = _boot(image, tmp_path, "d3stroy0")
+    name = booted.domain
+    try:
+        assert booted.shell.exec(booted.vm, "true", None, 30).exit_code == 0
+        outcome: list[BaseException | object] = []
+
+        def long_call() -> None:
+            try:
+                outcome.append(booted.shell.exec(booted.vm, "sleep 60", None, 120))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=long_call)
+        caller.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert booted.hv.destroy(name)
+        caller.join(30)
+        assert not caller.is_alive() and time.monotonic() - started < 30
+        assert isinstance(outcome[0], GuestError)
+        assert not _listed(name)
+        with pytest.raises(GuestError):
+            booted.shell.exec(booted.vm, "true", None, 5)
+    finally:
+        booted.hv.destroy(name)
+        booted.shell.close()
+        booted.hv.close()
+
+
+def test_the_accelerator_probe_boots_a_guest_and_caches_its_verdict(
+    image: ImageFiles, tmp_path: Path
+) -> None:
+    cache = tmp_path / "accel.json"
+    accel, why = probe_accel(image, URI, cache_file=cache)
+    assert accel in (KVM, TCG) and why
+    if os.path.exists("/dev/kvm"):
+        assert cache.exists()
+        started = time.monotonic()
+        assert probe_accel(image, URI, cache_file=cache) == (accel, why)
+        assert time.monotonic() - started < 1
+    listed = subprocess.run(["virsh", "-c", URI, "list", "--all", "--name"], capture_output=True,
+                            text=True, check=True, timeout=30).stdout
+    assert "rift-probe-" not in listed
