@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor
@@ -22,6 +23,40 @@ class HostUsage:
     vcpus: int
     memory_mib: int
     vms: int
+
+
+@dataclass(frozen=True)
+class WebSession:
+    """A Boxes page login: only the SHA-256 digest of the random session id is kept."""
+
+    digest: str = field(repr=False)
+    user: str
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class LoginFailures:
+    """Failed logins counted under one key (a user name and client address, or an address)."""
+
+    key: str
+    failures: int
+    last_failed_at: datetime
+
+
+@dataclass(frozen=True)
+class ChangeMark:
+    """Moves whenever anything the Boxes page shows may have changed: every state
+    change appends an event, and a touch moves an open task's last activity."""
+
+    last_event_id: int
+    last_activity_at: datetime | None
+
+    @property
+    def token(self) -> str:
+        at = "" if self.last_activity_at is None else str(
+            int(self.last_activity_at.timestamp() * 1_000_000))
+        return f"{self.last_event_id}.{at}"
 
 
 class Tx(Protocol):
@@ -91,12 +126,44 @@ class Tx(Protocol):
     def add_event(self, event: NewEvent) -> int: ...
     def list_events(self, task_id: str, after_id: int, limit: int) -> list[Event]: ...
 
+    # installation facts (its id, the heartbeat)
+    def get_meta(self, key: str) -> str | None: ...
+    def swap_meta(self, key: str, expected: str | None, value: str) -> bool:
+        """Compare-and-set: ``key`` becomes ``value`` where it is ``expected`` (None: absent)."""
+        ...
+    def shift_open_tasks(self, seconds: float) -> int:
+        """Move every open task's last activity later by ``seconds``."""
+        ...
+
     # hosts
     def add_host(self, host: Host) -> None: ...
     def get_host(self, name: str) -> Host | None: ...
     def list_hosts(self) -> list[Host]: ...
     def update_host(self, name: str, **changes: Any) -> bool: ...
     def delete_host(self, name: str) -> bool: ...
+
+    # the Boxes page: sessions, login throttling, what the page reads
+    def add_session(self, session: WebSession) -> None: ...
+    def get_session(self, digest: str) -> WebSession | None: ...
+    def delete_session(self, digest: str) -> bool: ...
+    def purge_sessions(self, before: datetime) -> int:
+        """Delete sessions that expired at or before ``before``; answers how many."""
+        ...
+    def get_login_failures(self, key: str) -> LoginFailures | None: ...
+    def add_login_failure(self, key: str, at: datetime) -> int:
+        """Count one more failure under ``key`` (at ``at``); answers the new count."""
+        ...
+    def clear_login_failures(self, key: str) -> None: ...
+    def purge_login_failures(self, before: datetime) -> int:
+        """Forget counts whose last failure is older than ``before``."""
+        ...
+    def list_recently_closed(self, owner: str, limit: int) -> list[Task]:
+        """The owner's closed tasks, the most recently closed first."""
+        ...
+    def change_mark(self) -> ChangeMark:
+        """The newest event id and the latest activity of any open task: one
+        cheap, indexed read that the page's live stream polls."""
+        ...
 
 
 class Store(Protocol):
@@ -129,8 +196,18 @@ class ExecResult:
 
 
 class GuestShell(Protocol):
-    """Commands and files inside a running guest (SSH; issue #4 brings the adapter)."""
+    """Guests over SSH: commands, files, the per-task key, waiting for a boot.
+    Refusals come out as Rift errors (`guest_unreachable`, `invalid_argument`)."""
 
     def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult: ...
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int: ...
     def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]: ...
+    def task_key(self, task_id: str) -> str:
+        """The OpenSSH public key line of the task's key pair (made on first use)."""
+        ...
+    def forget_task(self, task_id: str) -> None: ...
+    def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float) -> None:
+        """Return once the new guest answers SSH; `guest_unreachable` after the wait."""
+        ...
+    def close_vm(self, vm_id: str) -> None: ...
+    def close(self) -> None: ...

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rift.domain.model import ApiToken, Event, Host, Task, User, Vm
+from rift.services.ports import LoginFailures, WebSession
 from rift.store.memory_tx import MemoryTx
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ class MemoryState:
     vm_seq: dict[str, int] = field(default_factory=dict)
     events: dict[int, Event] = field(default_factory=dict)
     hosts: dict[str, Host] = field(default_factory=dict)
+    sessions: dict[str, WebSession] = field(default_factory=dict)
+    login_failures: dict[str, LoginFailures] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=lambda: {"install_id": "rift_memory"})
     last_seq: int = 0
     last_event_id: int = 0
 
@@ -48,6 +52,9 @@ class MemoryState:
             vm_seq=dict(self.vm_seq),
             events=dict(self.events),
             hosts=dict(self.hosts),
+            sessions=dict(self.sessions),
+            login_failures=dict(self.login_failures),
+            meta=dict(self.meta),
             last_seq=self.last_seq,
             last_event_id=self.last_event_id,
         )

@@ -11,11 +11,13 @@ from rift.domain.model import ApiToken, Event, Host, NewEvent, User
 from rift.store.changes import HOST_CHANGEABLE, check_changes, check_limit, utc
 from rift.store.errors import DuplicateKey, MissingReference
 from rift.store.memory_base import json_copy, utc_values
+from rift.store.memory_meta import MemoryMetaQueries
 from rift.store.memory_tasks import MemoryTaskQueries
 from rift.store.memory_vms import MemoryVmQueries
+from rift.store.memory_web import MemoryWebQueries
 
 
-class MemoryTx(MemoryTaskQueries, MemoryVmQueries):
+class MemoryTx(MemoryTaskQueries, MemoryVmQueries, MemoryWebQueries, MemoryMetaQueries):
     """Implements ``rift.services.ports.Tx`` in memory."""
 
     # users and tokens

@@ -12,8 +12,10 @@ from sqlalchemy import Row, delete, func, select, update
 from rift.domain.model import ApiToken, Event, Host, NewEvent, User
 from rift.store.changes import HOST_CHANGEABLE, check_changes, check_limit
 from rift.store.errors import DuplicateKey, MissingReference, StoreError
+from rift.store.sql_meta import MetaQueries
 from rift.store.sql_tasks import TaskQueries
 from rift.store.sql_vms import VmQueries
+from rift.store.sql_web import WebQueries
 from rift.store.tables import api_tokens, events, hosts, users
 
 _INSERT_EVENT = events.insert()
@@ -36,7 +38,7 @@ def _event_of(row: Row[Any]) -> Event:
     return Event(**row._asdict())
 
 
-class SqlTx(TaskQueries, VmQueries):
+class SqlTx(TaskQueries, VmQueries, WebQueries, MetaQueries):
     """Implements ``rift.services.ports.Tx`` over one SQLAlchemy connection."""
 
     # users and tokens

@@ -76,6 +76,8 @@ tasks = Table(
     Index("ix_tasks_status_closed_at", "status", "closed_at"),
     # A user's list, newest first, by status.
     Index("ix_tasks_owner_status_seq", "owner", "status", "seq"),
+    # The Boxes page's recently closed tasks (migration 0002).
+    Index("ix_tasks_owner_status_closed_at", "owner", "status", "closed_at"),
     sqlite_autoincrement=True,
 )
 
@@ -131,7 +133,36 @@ hosts = Table(
     Column("created_at", UtcDateTime, nullable=True),
 )
 
+# Boxes page logins (migration 0002): only the SHA-256 digest of a session id.
+web_sessions = Table(
+    "web_sessions",
+    metadata,
+    Column("digest", String, primary_key=True),
+    Column("user", String, ForeignKey("users.name"), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("expires_at", UtcDateTime, nullable=False),
+    Index("ix_web_sessions_expires_at", "expires_at"),
+)
+
+# Failed logins per key, so that every replica slows the same guesser down.
+login_failures = Table(
+    "login_failures",
+    metadata,
+    Column("key", String, primary_key=True),
+    Column("failures", Integer, nullable=False),
+    Column("last_failed_at", UtcDateTime, nullable=False),
+    Index("ix_login_failures_last_failed_at", "last_failed_at"),
+)
+
 # The value columns of each table: everything the domain dataclass carries
 # (the ``seq`` ordering keys stay inside the store).
 TASK_COLUMNS = tuple(c for c in tasks.c if c.name != "seq")
 VM_COLUMNS = tuple(c for c in vms.c if c.name != "seq")
+
+
+meta = Table(
+    "meta",
+    metadata,
+    Column("key", String, primary_key=True),
+    Column("value", String, nullable=False),
+)

@@ -596,7 +596,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0001"
+    assert current_revision(empty_sql_url) == head_revision() == "0003"
 
 
 def test_counts_across_users_see_open_tasks_and_vms_by_status(store: Store) -> None:
@@ -613,3 +613,16 @@ def test_counts_across_users_see_open_tasks_and_vms_by_status(store: Store) -> N
         assert tx.count_open_tasks_all() == 2
         assert tx.count_vms_by_status("running") == 1
         assert tx.count_vms_by_status("failed") == 0
+
+
+def test_the_installation_has_an_id_and_meta_is_compare_and_set(store: Store) -> None:
+    with store.read() as tx:
+        install = tx.get_meta("install_id")
+    assert install is not None and install.startswith("rift_")
+    with store.write() as tx:
+        assert tx.swap_meta("heartbeat_at", None, "a")
+        assert not tx.swap_meta("heartbeat_at", None, "b")  # present: no longer absent
+        assert not tx.swap_meta("heartbeat_at", "stale", "c")
+        assert tx.swap_meta("heartbeat_at", "a", "d")
+    with store.read() as tx:
+        assert tx.get_meta("heartbeat_at") == "d"

@@ -1,0 +1,115 @@
+"""What the Boxes page keeps in SQL: login sessions, failed-login counts, the
+recently closed list and the change mark its live stream polls."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, delete, func, select, update
+
+from rift.domain.model import Task
+from rift.services.ports import ChangeMark, LoginFailures, WebSession
+from rift.store.changes import check_limit
+from rift.store.errors import DuplicateKey, MissingReference, StoreError
+from rift.store.sql_base import SqlTxBase
+from rift.store.sql_tasks import select_tasks, task_of
+from rift.store.tables import events, login_failures, tasks, users, web_sessions
+
+# One statement, two index lookups: the events primary key's last entry and the
+# last entry of (status, last_activity_at) for open tasks.
+CHANGE_MARK = select(
+    select(func.max(events.c.id)).scalar_subquery(),
+    select(func.max(tasks.c.last_activity_at))
+    .where(tasks.c.status == "open").scalar_subquery(),
+)
+
+
+def _session_of(row: Row[Any]) -> WebSession:
+    return WebSession(**row._asdict())
+
+
+class WebQueries(SqlTxBase):
+    # sessions
+
+    def add_session(self, session: WebSession) -> None:
+        self._writing("add_session")
+
+        def diagnose() -> StoreError | None:
+            if self.get_session(session.digest) is not None:
+                return DuplicateKey("web_sessions", "digest")
+            if not self._exists(users, users.c.name == session.user):
+                return MissingReference("web_sessions", "user")
+            return None
+
+        self._insert(web_sessions, dataclasses.asdict(session), diagnose)
+
+    def get_session(self, digest: str) -> WebSession | None:
+        query = select(web_sessions).where(web_sessions.c.digest == digest)
+        row = self._conn.execute(query).first()
+        return None if row is None else _session_of(row)
+
+    def delete_session(self, digest: str) -> bool:
+        self._writing("delete_session")
+        statement = delete(web_sessions).where(web_sessions.c.digest == digest)
+        return self._conn.execute(statement).rowcount == 1
+
+    def purge_sessions(self, before: datetime) -> int:
+        self._writing("purge_sessions")
+        statement = delete(web_sessions).where(web_sessions.c.expires_at <= before)
+        return int(self._conn.execute(statement).rowcount)
+
+    # failed logins
+
+    def get_login_failures(self, key: str) -> LoginFailures | None:
+        query = select(login_failures).where(login_failures.c.key == key)
+        row = self._conn.execute(query).first()
+        return None if row is None else LoginFailures(**row._asdict())
+
+    def add_login_failure(self, key: str, at: datetime) -> int:
+        """An increment in the database (``failures + 1``), so concurrent
+        failures on several replicas are all counted."""
+        self._writing("add_login_failure")
+        bump = (
+            update(login_failures)
+            .where(login_failures.c.key == key)
+            .values(failures=login_failures.c.failures + 1, last_failed_at=at)
+        )
+        for _ in range(3):
+            if self._conn.execute(bump).rowcount == 1:
+                found = self.get_login_failures(key)
+                return found.failures if found is not None else 1
+            try:
+                self._insert(login_failures, {"key": key, "failures": 1, "last_failed_at": at},
+                             lambda: DuplicateKey("login_failures", "key"))
+            except DuplicateKey:
+                continue  # a concurrent first failure inserted it: count on it
+            return 1
+        raise RuntimeError(f"could not count a failed login under {key!r}")
+
+    def clear_login_failures(self, key: str) -> None:
+        self._writing("clear_login_failures")
+        self._conn.execute(delete(login_failures).where(login_failures.c.key == key))
+
+    def purge_login_failures(self, before: datetime) -> int:
+        self._writing("purge_login_failures")
+        statement = delete(login_failures).where(login_failures.c.last_failed_at < before)
+        return int(self._conn.execute(statement).rowcount)
+
+    # what the page reads
+
+    def list_recently_closed(self, owner: str, limit: int) -> list[Task]:
+        check_limit(limit)
+        query = (
+            select_tasks()
+            .where(tasks.c.owner == owner, tasks.c.status == "closed")
+            .order_by(tasks.c.closed_at.desc(), tasks.c.seq.desc())
+            .limit(limit)
+        )
+        return [task_of(row) for row in self._conn.execute(query)]
+
+    def change_mark(self) -> ChangeMark:
+        row = self._conn.execute(CHANGE_MARK).one()
+        last_event, last_activity = row[0], row[1]
+        return ChangeMark(int(last_event or 0), last_activity)
