@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from bench import engine, mcp
+from bench import boxes, engine, mcp, vms
 
 
 def main() -> int:
     engine.main()
     mcp.main()
+    vms.main()
+    boxes.main()
     return 0
 
 

@@ -1,0 +1,58 @@
+"""What the Boxes page reads: one person's open tasks (newest activity first)
+with their VMs, their recently closed tasks, and the store's change mark.
+
+Tasks and VMs come out as the task views of SPEC §3 (the same fields the REST
+and MCP doors show), so the page can show nothing an agent could not read:
+never a handle, a token or a key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rift.services.context import Deps
+from rift.services.views import task_view
+
+OPEN_MAX = 1000  # a person has at most RIFT_MAX_OPEN_TASKS (32 by default)
+CLOSED_MAX = 10
+
+
+@dataclass(frozen=True)
+class BoxesPage:
+    user: str
+    open: list[dict[str, Any]]
+    closed: list[dict[str, Any]]
+    more_open: bool  # more than OPEN_MAX open tasks: the page says so
+    mark: str  # the change mark when this was read
+    digest: str  # of what the page shows; equal digests render the same page
+
+    @property
+    def version(self) -> str:
+        """What the live stream sends as its event id: mark and digest."""
+        return f"{self.mark}~{self.digest}"
+
+
+def change_mark(deps: Deps) -> str:
+    """The store's change mark: moves on every event and every touch."""
+    with deps.store.read() as tx:
+        return tx.change_mark().token
+
+
+def read_page(deps: Deps, user: str) -> BoxesPage:
+    """One consistent read: the mark, then what the page shows."""
+    with deps.store.read() as tx:
+        mark = tx.change_mark().token
+        found = tx.list_tasks(user, "open", OPEN_MAX + 1, None)
+        opened = found[:OPEN_MAX]
+        closed = tx.list_recently_closed(user, CLOSED_MAX)
+        vms = tx.list_vms_of_tasks([t.id for t in opened + closed])
+    opened.sort(key=lambda t: (t.last_activity_at, t.created_at), reverse=True)
+    open_views = [task_view(t, vms.get(t.id, []), deps.clocks) for t in opened]
+    closed_views = [task_view(t, vms.get(t.id, []), deps.clocks) for t in closed]
+    blob = json.dumps([open_views, closed_views, len(found) > OPEN_MAX],
+                      sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return BoxesPage(user, open_views, closed_views, len(found) > OPEN_MAX, mark, digest)
