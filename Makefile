@@ -9,9 +9,12 @@ export RIFT_DATA_DIR ?= $(CURDIR)/var
 setup:
 	@scripts/setup.sh
 
-## run: install what is missing and start Rift on 127.0.0.1:8080 (SQLite in ./var)
+## run: install what is missing, start libvirtd, build the tiny image, and start Rift
+## on 127.0.0.1:8080 (SQLite in ./var, VMs on the local libvirt)
 run: setup
-	RIFT_HYPERVISOR_URI=$${RIFT_HYPERVISOR_URI:-test:///default} $(VENV)/bin/rift serve
+	@scripts/libvirt.sh
+	$(VENV)/bin/rift image build tiny
+	RIFT_HYPERVISOR_URI=$${RIFT_HYPERVISOR_URI:-qemu:///system} $(VENV)/bin/rift serve
 
 ## test: install what is missing and run the whole suite
 test: setup

@@ -26,6 +26,7 @@ class DomainSpec:
     cmdline: str | None = None
     ssh_port: int | None = None  # host loopback port forwarded to guest :22
     serial_log: str | None = None  # file the guest's serial console writes to
+    install: str | None = None  # the control plane that made it (reconciliation scope)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class DomainRecord:
     task_id: str | None  # from Rift metadata; None when the domain carries none
     vm_id: str | None
     active: bool
+    install: str | None = None  # the Rift installation that made it, from its metadata
 
 
 @dataclass(frozen=True)

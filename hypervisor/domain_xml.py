@@ -32,11 +32,10 @@ def build_domain_xml(spec: DomainSpec) -> str:
         root.set("xmlns:qemu", QEMU_XMLNS)
     ET.SubElement(root, "name").text = spec.name
     metadata = ET.SubElement(root, "metadata")
-    ET.SubElement(
-        metadata,
-        "rift:vm",
-        {"xmlns:rift": RIFT_XMLNS, "task": spec.task_id, "vm": spec.vm_id, "image": spec.image},
-    )
+    mark = {"xmlns:rift": RIFT_XMLNS, "task": spec.task_id, "vm": spec.vm_id, "image": spec.image}
+    if spec.install is not None:
+        mark["install"] = spec.install
+    ET.SubElement(metadata, "rift:vm", mark)
     ET.SubElement(root, "memory", unit="KiB").text = str(spec.memory_mib * 1024)
     ET.SubElement(root, "vcpu").text = str(spec.vcpus)
     os_el = ET.SubElement(root, "os")
@@ -122,27 +121,33 @@ def validate_spec(spec: DomainSpec) -> None:
 
 
 def parse_rift_metadata(xml: str) -> tuple[str | None, str | None]:
-    """(task id, VM id) from Rift metadata, or (None, None) when there is none.
+    """(task id, VM id) from Rift metadata, or (None, None) when there is none."""
+    task_id, vm_id, _install = parse_rift_mark(xml)
+    return task_id, vm_id
+
+
+def parse_rift_mark(xml: str) -> tuple[str | None, str | None, str | None]:
+    """(task id, VM id, installation) from Rift metadata; Nones when there is none.
 
     Takes a whole domain XML, or the bare metadata element that libvirt's
     virDomainGetMetadata returns (`<vm task=".." vm=".."/>`, namespace dropped).
     Unreadable XML counts as no metadata: such a domain is never taken for Rift's.
     """
     if "<!DOCTYPE" in xml:
-        return None, None  # no DTD, so no entities: libvirt never writes one
+        return None, None, None  # no DTD, so no entities: libvirt never writes one
     try:
         # Safe without defusedxml: a DTD (where entities live) is refused above, and
         # ElementTree never fetches external resources.
         root = ET.fromstring(xml)  # noqa: S314
     except ET.ParseError:
-        return None, None
+        return None, None, None
     if root.tag == "domain":
         found = root.find(f"metadata/{_RIFT_VM}")
         if found is None:
-            return None, None
+            return None, None, None
         element = found
     elif root.tag in (_RIFT_VM, "vm"):
         element = root
     else:
-        return None, None
-    return element.get("task"), element.get("vm")
+        return None, None, None
+    return element.get("task"), element.get("vm"), element.get("install")

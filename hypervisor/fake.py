@@ -23,6 +23,7 @@ class FakeDomain:
     vm_id: str | None
     active: bool = True
     spec: DomainSpec | None = None  # None for a domain made behind Rift's back
+    install: str | None = None  # a foreign domain's installation mark
     xml: str | None = None
 
 
@@ -53,11 +54,13 @@ class FakeHypervisor:
             self._destroy_failure = message
 
     def add_foreign_domain(
-        self, name: str, task_id: str | None, vm_id: str | None, active: bool = True
+        self, name: str, task_id: str | None, vm_id: str | None, active: bool = True,
+        install: str | None = None,
     ) -> None:
         """A running domain made behind Rift's back (after a crash, or by hand)."""
         with self._lock:
-            self.domains[name] = FakeDomain(name=name, task_id=task_id, vm_id=vm_id, active=active)
+            self.domains[name] = FakeDomain(name=name, task_id=task_id, vm_id=vm_id,
+                                            active=active, install=install)
 
     # the Hypervisor protocol
 
@@ -91,7 +94,8 @@ class FakeHypervisor:
         with self._lock:
             self._touch("list", "")
             return [
-                DomainRecord(name=d.name, task_id=d.task_id, vm_id=d.vm_id, active=d.active)
+                DomainRecord(name=d.name, task_id=d.task_id, vm_id=d.vm_id, active=d.active,
+                             install=d.spec.install if d.spec else d.install)
                 for d in self.domains.values()
             ]
 

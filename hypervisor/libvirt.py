@@ -16,7 +16,7 @@ from typing import Any
 import libvirt
 
 from hypervisor.base import DomainRecord, DomainSpec, HostInfo, HypervisorError
-from hypervisor.domain_xml import RIFT_XMLNS, build_domain_xml, parse_rift_metadata
+from hypervisor.domain_xml import RIFT_XMLNS, build_domain_xml, parse_rift_mark
 
 log = logging.getLogger(__name__)
 
@@ -186,21 +186,22 @@ class LibvirtHypervisor:
         with _translated("list"):
             name = str(dom.name())
             active = bool(dom.isActive())
-        task_id, vm_id = self._metadata(dom)
-        return DomainRecord(name=name, task_id=task_id, vm_id=vm_id, active=active)
+        task_id, vm_id, install = self._metadata(dom)
+        return DomainRecord(name=name, task_id=task_id, vm_id=vm_id, active=active,
+                            install=install)
 
-    def _metadata(self, dom: Any) -> tuple[str | None, str | None]:
+    def _metadata(self, dom: Any) -> tuple[str | None, str | None, str | None]:
         try:
             with _translated("metadata"):
                 element = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, RIFT_XMLNS, 0)
         except HypervisorError as err:
             if err.code == libvirt.VIR_ERR_NO_DOMAIN_METADATA:
-                return None, None
+                return None, None, None
             if err.code not in _METADATA_UNSUPPORTED:
                 raise
             with _translated("metadata"):
-                return parse_rift_metadata(str(dom.XMLDesc(0)))
-        return parse_rift_metadata(str(element))
+                return parse_rift_mark(str(dom.XMLDesc(0)))
+        return parse_rift_mark(str(element))
 
     def close(self) -> None:
         with self._lock:

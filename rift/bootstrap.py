@@ -6,16 +6,18 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from hypervisor import Hypervisor, open_hypervisor
 from rift.config import Settings
 from rift.domain.clock import Clock, SystemClock
 from rift.domain.errors import InvalidArgument
 from rift.domain.leases import Clocks
+from rift.guest.adapter import SshGuests
 from rift.images import DirectoryImages
 from rift.logs import setup_logging
 from rift.services import accounts, hosts
-from rift.services.context import Deps, Limits
+from rift.services.context import Deps, GuestRuntime, Limits
 from rift.services.ports import HostPool
 from rift.store.errors import DuplicateKey
 from rift.store.migrate import upgrade
@@ -50,7 +52,8 @@ def clocks_of(settings: Settings) -> Clocks:
 def limits_of(settings: Settings) -> Limits:
     return Limits(settings.max_open_tasks, settings.max_vms_per_task,
                   settings.rate_task_new_per_h, settings.rate_vm_new_per_h,
-                  settings.closed_retention_s)
+                  settings.closed_retention_s, settings.cpu_overcommit,
+                  settings.vm_creating_grace_s)
 
 
 def build_deps(settings: Settings, *, clock: Clock | None = None,
@@ -61,20 +64,66 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     url = settings.resolved_database_url()
     if migrate:
         upgrade(url)
+    pool = host_pool or CachedHostPool()
+    store = SqlStore(url)
+    with store.read() as tx:
+        install_id = tx.get_meta("install_id")
     deps = Deps(
-        store=SqlStore(url),
+        store=store,
+        install_id=install_id,
         clock=clock or SystemClock(),
-        hosts=host_pool or CachedHostPool(),
+        hosts=pool,
         images=DirectoryImages(settings.data_dir / "images"),
         clocks=clocks_of(settings),
         limits=limits_of(settings),
+        guests=SshGuests(private_dir(settings.data_dir / "keys")),
+        runtime=GuestRuntime(
+            images_dir=settings.data_dir / "images",
+            serial_dir=private_dir(settings.data_dir / "serial"),
+            boot_timeout_s=settings.vm_boot_timeout_s,
+            accel=Accelerators(settings.data_dir / "images"),
+        ),
     )
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
                             settings.host_memory_mib)
     return deps
 
 
+def private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+class Accelerators:
+    """`kvm` where a real boot under KVM works on that host, else `qemu` (TCG);
+    probed once per URI (and cached on disk by the probe)."""
+
+    def __init__(self, images_dir: Path) -> None:
+        self.images_dir = images_dir
+        self._known: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def verdict(self, uri: str) -> tuple[str, str]:
+        from hypervisor.images import ImageError, image_files
+        from hypervisor.kvm import probe_accel
+
+        try:
+            image = image_files(self.images_dir, "tiny")
+        except ImageError:
+            return "qemu", "no tiny image to probe KVM with (rift image build tiny); TCG"
+        return probe_accel(image, uri)
+
+    def __call__(self, uri: str) -> str:
+        with self._lock:
+            if uri not in self._known:
+                self._known[uri] = self.verdict(uri)[0]
+            return self._known[uri]
+
+
 def close_deps(deps: Deps) -> None:
+    if deps.guests is not None:
+        deps.guests.close()
     deps.hosts.close()
     deps.store.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -24,6 +24,9 @@ class Settings(BaseSettings):
         default=None, description="vCPUs the `local` host offers; default what libvirt reports.")
     host_memory_mib: int | None = Field(
         default=None, description="Memory (MiB) the `local` host offers; default from libvirt.")
+    cpu_overcommit: float = Field(
+        default=4.0, ge=1.0, le=64.0, description="vCPUs offered per host CPU when a host's "
+        "size comes from libvirt (idle guests use about 0.2% of a core).")
     activity_step_s: int = Field(
         default=60, ge=1, description="Any call under a good handle is activity; the stored clock "
         "moves at most once per this many seconds.")
@@ -40,7 +43,30 @@ class Settings(BaseSettings):
     rate_task_new_per_h: int = Field(default=120, ge=1,
         description="Task creations per user per hour.")
     rate_vm_new_per_h: int = Field(default=240, ge=1, description="VM creations per user per hour.")
+    session_ttl_s: int = Field(
+        default=43200, ge=60, description="How long a Boxes page login lasts (the session "
+        "cookie's and the stored session's expiry); logging out ends it at once.")
+    live_poll_s: float = Field(
+        default=1.0, ge=0.1, le=60, description="How often each open Boxes page's live stream "
+        "polls the store's change counter (one indexed query per tick).")
+    vm_boot_timeout_s: int = Field(
+        default=120, ge=5, le=3600, description="How long `rift_vm_new` waits for a real "
+        "guest to answer SSH before the VM is `failed`.")
+    vm_creating_grace_s: int = Field(
+        default=600, ge=1, description="How old a VM row still `creating` must be before "
+        "reconciliation takes it for a create its process never finished (a crash): the "
+        "row turns `failed` and its domain is destroyed. Must exceed "
+        "`RIFT_VM_BOOT_TIMEOUT_S`.")
     log_level: str = Field(default="INFO", description="Log level of the JSON logs on stderr.")
+
+    @model_validator(mode="after")
+    def _grace_outlasts_boot(self) -> Settings:
+        if self.vm_creating_grace_s <= self.vm_boot_timeout_s:
+            raise ValueError(
+                f"RIFT_VM_CREATING_GRACE_S ({self.vm_creating_grace_s}) must exceed "
+                f"RIFT_VM_BOOT_TIMEOUT_S ({self.vm_boot_timeout_s}): else reconciliation "
+                "fails VMs that are still booting")
+        return self
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -40,10 +40,17 @@ def _libvirt(settings: Settings) -> Check:
 
 
 def _kvm(settings: Settings) -> Check:
+    if settings.hypervisor_uri.startswith("test:"):
+        return ("kvm", True, "test driver: no guests, no accelerator needed")
     if not os.path.exists("/dev/kvm"):
-        return ("kvm", False, "no /dev/kvm: guests run under TCG (slower, works)")
-    return ("kvm", True, "/dev/kvm present; whether guests boot under it is probed when "
-            "real guests are built (TCG is the fallback)")
+        return ("kvm", True, "no /dev/kvm: guests run under TCG (domain type qemu; slower, "
+                "works)")
+    from rift.bootstrap import Accelerators
+
+    accel, why = Accelerators(settings.data_dir / "images").verdict(settings.hypervisor_uri)
+    if accel == "kvm":
+        return ("kvm", True, f"guests boot under KVM: {why}")
+    return ("kvm", True, f"guests run under TCG (domain type qemu): {why}")
 
 
 def _images(settings: Settings) -> Check:

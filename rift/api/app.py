@@ -1,6 +1,6 @@
 """create_app(settings): the one HTTP process. MCP at `/mcp`, REST at `/api/v1`,
-`/healthz`, `/metrics`. Nothing is built at import time; the lifespan starts and
-stops the engine, the sweep and the MCP session manager."""
+`/healthz`, `/metrics`, the Boxes page at `/`. Nothing is built at import time;
+the lifespan starts and stops the engine, the sweep and the MCP session manager."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.scheduler import start_scheduler
 from rift.services.context import Deps
-from rift.services.reconcile import reconcile
+from rift.services.heartbeat import resume
+from rift.services.sweeps import sweep
+from web.router import install as install_web
 
 log = logging.getLogger("rift.http")
 
@@ -65,7 +67,9 @@ def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = deps if deps is not None else await anyio.to_thread.run_sync(
             build_deps, settings)
-        await anyio.to_thread.run_sync(reconcile, engine)  # before any call is taken
+        await anyio.to_thread.run_sync(resume, engine, settings.sweep_interval_s)
+        # Before any call is taken: finish closes a crash cut off, then reconcile.
+        await anyio.to_thread.run_sync(sweep, engine)
         state.start(engine)
         scheduler = start_scheduler(engine, settings.sweep_interval_s)
         try:
@@ -84,6 +88,7 @@ def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
     app.state.rift = state
     install_error_handlers(app)
     app.include_router(router)
+    install_web(app)  # the Boxes page: /, /login, /logout, /live, /static
     mcp_lifespan = mount_mcp(app, state)
 
     @app.get("/healthz", include_in_schema=False)

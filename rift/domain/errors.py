@@ -170,10 +170,10 @@ class ImageNotFound(RiftError):
     code = "image_not_found"
     status = 404
 
-    def __init__(self, image: str, known: list[str]) -> None:
+    def __init__(self, image: str, known: list[str], hint: str | None = None) -> None:
         super().__init__(
-            f"no image {image!r}; the images there are: {', '.join(known)}",
-            "rift_vm_new with one of those images",
+            f"no image {image!r}; the images there are: {', '.join(known) or 'none'}",
+            hint or "rift_vm_new with one of those images",
             image=image,
             images=known,
         )
@@ -186,7 +186,7 @@ class InvalidArgument(RiftError):
     def __init__(self, field: str, why: str) -> None:
         super().__init__(
             f"{field}: {why}",
-            "correct the field and call again",
+            f"correct {field} and call again",
             field=field,
         )
 

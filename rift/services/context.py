@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rift.domain.clock import Clock
 from rift.domain.leases import Clocks
@@ -18,6 +19,8 @@ class Limits:
     rate_task_new_per_h: int = 120
     rate_vm_new_per_h: int = 240
     closed_retention_s: int = 30 * 24 * 3600
+    cpu_overcommit: float = 1.0
+    creating_grace_s: int = 600  # a row `creating` this old is a create that died
 
 
 @dataclass
@@ -33,6 +36,17 @@ class Observers:
 
 
 @dataclass(frozen=True)
+class GuestRuntime:
+    """What real guests need: where images and serial logs live, how long a boot
+    may take, and which accelerator each host URI uses (`kvm` or `qemu`)."""
+
+    images_dir: Path
+    serial_dir: Path
+    boot_timeout_s: float
+    accel: Callable[[str], str]
+
+
+@dataclass(frozen=True)
 class Deps:
     store: Store
     clock: Clock
@@ -43,6 +57,8 @@ class Deps:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("rift"))
     guests: GuestShell | None = None
     observers: Observers = field(default_factory=Observers)
+    runtime: GuestRuntime | None = None
+    install_id: str | None = None  # marks this control plane's domains on shared hosts
 
 
 @dataclass(frozen=True)

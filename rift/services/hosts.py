@@ -21,7 +21,8 @@ def _capacity(deps: Deps, uri: str, vcpus: int | None, memory_mib: int | None) -
         info = deps.hosts.hypervisor(uri).info()
     except HypervisorError as exc:
         raise HypervisorFailed(str(exc)) from exc
-    return vcpus or info.vcpus, memory_mib or info.memory_mib
+    offered = int(info.vcpus * deps.limits.cpu_overcommit)
+    return vcpus or offered, memory_mib or info.memory_mib
 
 
 def add_host(deps: Deps, name: str, uri: str, vcpus: int | None = None,

@@ -14,10 +14,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
+from rift.domain.errors import HypervisorFailed
 from rift.domain.model import NewEvent, Vm, VmStatus
-from rift.services.context import SWEEP, Deps
+from rift.services.context import SWEEP, Deps, Limits
+from rift.services.teardown import destroy_domain
 
-CREATING_GRACE_S = 600  # longer than any boot wait: a row still `creating` is a dead create
+# The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
+# still `creating` after it is a create whose process died.
+CREATING_GRACE_S = Limits.creating_grace_s
 
 
 @dataclass
@@ -26,10 +30,11 @@ class ReconcileReport:
     vanished: list[str] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.orphans_destroyed or self.vanished or self.interrupted
-                    or self.unreachable)
+                    or self.unreachable or self.stopped)
 
 
 def _live(deps: Deps, host: str) -> dict[str, Vm]:
@@ -56,7 +61,8 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
         deps.log.warning("host unreachable", extra={"host": host, "error": str(exc)})
         report.unreachable.append(host)
         return
-    ours = {d.vm_id: d for d in listed if d.vm_id is not None}
+    # Only this installation's domains: other control planes may share the host.
+    ours = {d.vm_id: d for d in listed if d.vm_id is not None and d.install == deps.install_id}
     after = _live(deps, host)
     for vm_id, domain in ours.items():
         if vm_id not in after:
@@ -69,14 +75,31 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
                 deps.log.warning("orphan destroy refused", extra={"domain": domain.name,
                                                                   "error": str(exc)})
     for vm in before.values():
-        if vm.status == "running" and vm.id not in ours and _fail(
-                deps, vm, "running", "the domain is gone: it was destroyed or lost outside "
-                "Rift (host restart, virsh)"):
-            report.vanished.append(vm.id)
-    stale = deps.clock.now() - timedelta(seconds=CREATING_GRACE_S)
+        if vm.status != "running":
+            continue
+        if vm.id not in ours:
+            if _fail(deps, vm, "running", "the domain is gone: it was destroyed or lost "
+                     "outside Rift (host restart, virsh)"):
+                report.vanished.append(vm.id)
+        elif not ours[vm.id].active:
+            _stopped(deps, vm, uri, report)
+    stale = deps.clock.now() - timedelta(seconds=deps.limits.creating_grace_s)
     for vm in after.values():
         if vm.status == "creating" and vm.created_at < stale:
             _interrupted(deps, vm, hv, vm.id in ours, report)
+
+
+def _stopped(deps: Deps, vm: Vm, uri: str, report: ReconcileReport) -> None:
+    """A `running` row whose domain is shut off (a poweroff inside the guest, a stop
+    outside Rift, a destroy whose undefine a crash cut off): undefine the domain,
+    fail the row."""
+    try:
+        destroy_domain(deps, vm, uri)
+    except HypervisorFailed:
+        return  # the next sweep tries again
+    if _fail(deps, vm, "running", "the guest stopped: its domain was shut off (a poweroff "
+             "inside the guest, or a stop outside Rift)"):
+        report.stopped.append(vm.id)
 
 
 def _interrupted(deps: Deps, vm: Vm, hv: Hypervisor, has_domain: bool,
@@ -100,5 +123,6 @@ def reconcile(deps: Deps) -> ReconcileReport:
     if report:
         deps.log.info("reconciled", extra={
             "orphans_destroyed": len(report.orphans_destroyed), "vanished": len(report.vanished),
+            "stopped": len(report.stopped),
             "interrupted": len(report.interrupted), "unreachable": report.unreachable})
     return report

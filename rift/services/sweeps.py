@@ -12,8 +12,9 @@ from datetime import timedelta
 
 from rift.domain.model import Vm
 from rift.services.context import SWEEP, Deps
+from rift.services.heartbeat import beat
 from rift.services.reconcile import ReconcileReport, reconcile
-from rift.services.teardown import close_in_tx, destroy_vms
+from rift.services.teardown import close_in_tx, destroy_vms, forget_task_key
 
 BATCH = 200
 
@@ -51,6 +52,10 @@ def finish_closing(deps: Deps, report: SweepReport) -> None:
         with deps.store.read() as tx:
             vms: list[Vm] = tx.live_vms_of_closed_tasks(BATCH)
         done, refused = destroy_vms(deps, vms, SWEEP)
+        for task_id in {vm.task_id for vm in vms if vm.id in done}:
+            with deps.store.read() as tx:
+                if tx.count_live_vms(task_id) == 0:
+                    forget_task_key(deps, task_id)
         report.destroyed.extend(done)
         report.refused.extend(refused)
         if len(vms) < BATCH or not done:
@@ -63,6 +68,8 @@ def purge_closed(deps: Deps, report: SweepReport) -> None:
     while True:
         with deps.store.write() as tx:
             gone = tx.purge_closed_before(cutoff, BATCH)
+        for task_id in gone:
+            forget_task_key(deps, task_id)
         report.purged += len(gone)
         if len(gone) < BATCH:
             return
@@ -74,6 +81,7 @@ def sweep(deps: Deps) -> SweepReport:
     finish_closing(deps, report)
     purge_closed(deps, report)
     report.reconciled = reconcile(deps)
+    beat(deps)
     if report.closed or report.destroyed or report.purged or report.refused:
         deps.log.info("sweep", extra={"closed": len(report.closed),
                                       "destroyed": len(report.destroyed),

@@ -34,7 +34,7 @@ from rift.services.leases import (
     take_lease,
 )
 from rift.services.ports import Tx
-from rift.services.teardown import close_in_tx, destroy_vms
+from rift.services.teardown import close_in_tx, destroy_vms, forget_task_key
 from rift.services.views import event_view, task_view
 from rift.store.errors import DuplicateKey
 
@@ -180,7 +180,9 @@ def task_events(deps: Deps, caller: Caller | None, task_id: str, after_id: int |
 def _finish_close(deps: Deps, task_id: str, actor: str) -> dict[str, Any]:
     with deps.store.read() as tx:
         vms: list[Vm] = tx.list_vms(task_id)
-    destroyed, _refused = destroy_vms(deps, vms, actor)
+    destroyed, refused = destroy_vms(deps, vms, actor)
+    if not refused:
+        forget_task_key(deps, task_id)
     with deps.store.read() as tx:
         task = tx.get_task(task_id)
         assert task is not None

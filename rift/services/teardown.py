@@ -26,12 +26,22 @@ def host_uri(tx: Tx, host_name: str) -> str | None:
 
 def destroy_domain(deps: Deps, vm: Vm, uri: str | None) -> None:
     """Destroy and undefine the VM's domain; absent is fine. Raises HypervisorFailed."""
+    if deps.guests is not None:
+        deps.guests.close_vm(vm.id)  # calls in flight end with guest_unreachable
     if uri is None:
         return
     try:
         deps.hosts.hypervisor(uri).destroy(vm.domain_name)
     except HypervisorError as exc:
         raise HypervisorFailed(str(exc), host=vm.host) from exc
+    if deps.runtime is not None:
+        (deps.runtime.serial_dir / f"{vm.id}.log").unlink(missing_ok=True)
+
+
+def forget_task_key(deps: Deps, task_id: str) -> None:
+    """The task's SSH key pair goes once no VM of the task can use it."""
+    if deps.guests is not None:
+        deps.guests.forget_task(task_id)
 
 
 def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = None) -> Vm:

@@ -10,7 +10,8 @@ from rift.domain.model import Event, Task, Vm
 
 
 def vm_view(vm: Vm) -> dict[str, Any]:
-    ssh = {"host": vm.ssh_host, "port": vm.ssh_port} if vm.ssh_port is not None else None
+    reachable = vm.status == "running" and vm.ssh_port is not None
+    ssh = {"host": vm.ssh_host, "port": vm.ssh_port} if reachable else None
     return {
         "id": vm.id,
         "task_id": vm.task_id,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from hypervisor.base import DomainSpec, HypervisorError
 from hypervisor.placement import HostLoad, choose_host, largest_free
 from rift.domain.errors import (
     IdempotencyConflict,
@@ -20,6 +18,7 @@ from rift.domain.ids import new_vm_id
 from rift.domain.model import Host, NewEvent, Task, Vm
 from rift.services import validate
 from rift.services.context import Caller, Deps
+from rift.services.launch import SSH_HOST, check_image, is_test_host, launch, pick_ssh_port
 from rift.services.leases import (
     check_handle,
     ensure_open,
@@ -30,7 +29,7 @@ from rift.services.leases import (
 )
 from rift.services.ports import Tx
 from rift.services.tasks import check_rate, request_digest
-from rift.services.teardown import destroy_domain, destroy_vm
+from rift.services.teardown import destroy_vm
 from rift.services.views import vm_view
 from rift.store.errors import DuplicateKey
 
@@ -74,12 +73,6 @@ def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: dateti
                lambda since: tx.oldest_vm_created_since(caller.user, since))
 
 
-def domain_spec(vm: Vm, uri: str) -> DomainSpec:
-    kind = "test" if uri.startswith("test:") else "qemu"
-    return DomainSpec(name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus,
-                      memory_mib=vm.memory_mib, image=vm.image, domain_type=kind)
-
-
 def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
            image: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
            idempotency_key: str | None = None) -> dict[str, Any]:
@@ -109,10 +102,13 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
             raise ImageNotFound(image, sorted(known))
         _check_vm_budget(deps, tx, caller, task, now)
         host = _place(tx, vcpus, memory_mib)
+        check_image(deps, image, host.uri)
+        port = None if is_test_host(host.uri) else pick_ssh_port(tx, host.name)
         vm_id = new_vm_id()
         vm = Vm(id=vm_id, task_id=task.id, owner=caller.user, name=name or vm_id, image=image,
                 status="creating", host=host.name, vcpus=vcpus, memory_mib=memory_mib,
-                created_at=now, idempotency_key=idempotency_key, request_digest=digest)
+                created_at=now, idempotency_key=idempotency_key, request_digest=digest,
+                ssh_host=SSH_HOST if port else None, ssh_port=port)
         tx.insert_vm(vm)
         tx.add_event(NewEvent(task.id, "vm_creating", now, caller.label,
                               {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
@@ -125,40 +121,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         vm, uri, replayed = in_write(deps.store, record)  # a racing twin won: replay it
     if replayed or uri is None:
         return vm_view(vm)
-    return vm_view(_launch(deps, caller, vm, uri))
-
-
-def _launch(deps: Deps, caller: Caller, vm: Vm, uri: str) -> Vm:
-    started = deps.clock.now()
-    try:
-        deps.hosts.hypervisor(uri).create(domain_spec(vm, uri))
-    except HypervisorError as exc:
-        now = deps.clock.now()
-        with deps.store.write() as tx:
-            if tx.update_vm(vm.id, ("creating",), status="failed", error=str(exc)):
-                tx.add_event(NewEvent(vm.task_id, "vm_failed", now, caller.label,
-                                      {"vm_id": vm.id, "error": str(exc)}))
-            return tx.get_vm(vm.id) or vm
-    now = deps.clock.now()
-    task: Task | None = None
-    with deps.store.write() as tx:
-        won = tx.update_vm(vm.id, ("creating",), status="running", ready_at=now)
-        if won:
-            tx.add_event(NewEvent(vm.task_id, "vm_running", now, caller.label,
-                                  {"vm_id": vm.id, "boot_s": (now - started).total_seconds()}))
-            task = tx.get_task(vm.task_id)
-    if not won or (task is not None and not task.is_open):
-        # The task closed (or the VM was destroyed) while libvirt was starting it:
-        # take the domain down again so nothing runs without a live row.
-        destroy_domain(deps, vm, uri)
-        with deps.store.read() as tx:
-            current = tx.get_vm(vm.id) or vm
-        if current.is_live:
-            return destroy_vm(deps, current, caller.label, {"reason": "task closed"})
-        return current
-    deps.observers.vm_booted((now - started).total_seconds())
-    deps.log.info("vm running", extra={"vm_id": vm.id, "task_id": vm.task_id, "host": vm.host})
-    return replace(vm, status="running", ready_at=now)
+    return vm_view(launch(deps, caller, vm, uri))
 
 
 def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,

@@ -69,12 +69,17 @@ def test_refusals_carry_their_code_status_and_hint(server: Server, api: httpx.Cl
                      json={"image": "windows"}), 404, "image_not_found")
     refusal(api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
                      json={"vcpus": 65}), 422, "invalid_argument")
-    whole = api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
-                     json={"vcpus": 64}).json()["vm"]  # the whole test host
-    error = refusal(api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
-                             json={"vcpus": 64}), 503, "no_capacity")
-    assert error["largest_free"] == {"vcpus": 0, "memory_mib": 262144 - 256}
-    api.delete(f"/vms/{whole['id']}", headers={"Rift-Handle": other["handle"]})
+    filled = []  # fill the test host (64 CPUs x RIFT_CPU_OVERCOMMIT) with 64-vCPU VMs
+    for _ in range(8):
+        made = api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
+                        json={"vcpus": 64})
+        if made.status_code != 201:
+            break
+        filled.append(made.json()["vm"]["id"])
+    error = refusal(made, 503, "no_capacity")
+    assert error["largest_free"] == {"vcpus": 0, "memory_mib": 262144 - 256 * len(filled)}
+    for vm_id in filled:
+        api.delete(f"/vms/{vm_id}", headers={"Rift-Handle": other["handle"]})
     refusal(api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
                      json={"surprise": 1}), 422, "invalid_argument")
     vm = api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]}).json()["vm"]

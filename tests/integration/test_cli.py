@@ -99,7 +99,8 @@ def test_hosts_are_added_listed_drained_and_removed(env: Settings, tmp_path: Pat
     assert rift(capsys, "host", "add", "second", second)[0] == 0
     code, out, _ = rift(capsys, "host", "list", "--json")
     rows = {h["name"]: h for h in json.loads(out)}
-    assert rows["second"]["memory_mib"] == 2048 and rows["local"]["vcpus"] == 8
+    assert rows["second"]["memory_mib"] == 2048 and rows["second"]["vcpus"] == 16  # 4 x 4
+    assert rows["local"]["vcpus"] == 8 * 4  # libvirt says 8 CPUs; RIFT_CPU_OVERCOMMIT is 4
     assert rift(capsys, "host", "add", "third", "test:///default", "--vcpus", "2",
                 "--memory-mib", "512")[0] == 0
     assert rift(capsys, "host", "drain", "second")[0] == 0

@@ -41,7 +41,7 @@ def _domains(deps: Deps, uri: str) -> dict[str, tuple[str | None, str | None]]:
 def test_the_local_host_takes_its_size_from_libvirt(engine: Deps) -> None:
     with engine.store.read() as tx:
         local = tx.get_host("local")
-    assert local is not None and (local.vcpus, local.memory_mib) == (8, 4096)
+    assert local is not None and (local.vcpus, local.memory_mib) == (8 * 4, 4096)  # overcommit 4
 
 
 def test_a_vm_is_a_libvirt_domain_carrying_rift_metadata(engine: Deps, host_uri: str) -> None:
@@ -143,13 +143,19 @@ def test_serve_destroys_a_domain_made_behind_its_back_before_taking_calls(
     try:
         hv = deps.hosts.hypervisor(host_uri)
         hv.create(DomainSpec(name="rift-vm_leakedaa", task_id="task_aaaaaaaa",
-                             vm_id="vm_leakedaa", vcpus=1, memory_mib=64, image="tiny"))
+                             vm_id="vm_leakedaa", vcpus=1, memory_mib=64, image="tiny",
+                             install=deps.install_id))
+        hv.create(DomainSpec(name="rift-vm_otherrrr", task_id="task_aaaaaaaa",
+                             vm_id="vm_otherrrr", vcpus=1, memory_mib=64, image="tiny",
+                             install="rift_another_control_plane"))
         assert "rift-vm_leakedaa" in _domains(deps, host_uri)
         app = create_app(Settings(data_dir=data_dir, hypervisor_uri=host_uri), deps)
 
         async def start_and_stop() -> None:
             async with app.router.lifespan_context(app):
-                assert "rift-vm_leakedaa" not in _domains(deps, host_uri)
+                left = _domains(deps, host_uri)
+                assert "rift-vm_leakedaa" not in left
+                assert "rift-vm_otherrrr" in left  # another installation's: not ours to touch
 
         asyncio.run(start_and_stop())
     finally:

@@ -75,3 +75,11 @@ def test_the_sweep_reconciles(deps: Deps, local_hv: FakeHypervisor) -> None:
     local_hv.add_foreign_domain("rift-vm_orphanbb", "task_aaaaaaaa", "vm_orphanbb")
     sweeps.sweep(deps)
     assert local_hv.domains == {}
+
+
+def test_another_installations_domains_are_left_alone(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    local_hv.add_foreign_domain("rift-vm_theirsaa", "task_aaaaaaaa", "vm_theirsaa",
+                                install="rift_someone_else")
+    assert not reconcile.reconcile(deps).orphans_destroyed
+    assert "rift-vm_theirsaa" in local_hv.domains

@@ -1,0 +1,62 @@
+"""The engine's GuestShell port over `SshGuestShell`: the per-task keys live in
+`<data dir>/keys`, and guest errors become Rift refusals at this boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from rift.domain.errors import GuestUnreachable, InvalidArgument
+from rift.domain.model import Vm
+from rift.guest.errors import GuestError, GuestFileError
+from rift.guest.keys import forget_task, key_for_task
+from rift.guest.shell import SshGuestShell
+from rift.services.ports import ExecResult
+
+T = TypeVar("T")
+
+
+@contextmanager
+def _refusals(vm_id: str) -> Iterator[None]:
+    try:
+        yield
+    except GuestFileError as exc:
+        raise InvalidArgument("path", str(exc)) from exc
+    except GuestError as exc:
+        raise GuestUnreachable(vm_id, str(exc)) from exc
+
+
+class SshGuests:
+    def __init__(self, keys_dir: Path, shell: SshGuestShell | None = None) -> None:
+        self.keys_dir = keys_dir
+        self.shell = shell or SshGuestShell(keys_dir)
+
+    def _call(self, vm: Vm, call: Callable[[], T]) -> T:
+        with _refusals(vm.id):
+            return call()
+
+    def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult:
+        return self._call(vm, lambda: self.shell.exec(vm, command, stdin, timeout_s))
+
+    def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
+        return self._call(vm, lambda: self.shell.write_file(vm, path, data, mode))
+
+    def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]:
+        return self._call(vm, lambda: self.shell.read_file(vm, path))
+
+    def task_key(self, task_id: str) -> str:
+        return key_for_task(self.keys_dir, task_id)[1]
+
+    def forget_task(self, task_id: str) -> None:
+        forget_task(self.keys_dir, task_id)
+
+    def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float) -> None:
+        self._call(vm, lambda: self.shell.connect_when_ready(vm, serial_log, timeout_s))
+
+    def close_vm(self, vm_id: str) -> None:
+        self.shell.close_vm(vm_id)
+
+    def close(self) -> None:
+        self.shell.close()
