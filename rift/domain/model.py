@@ -122,3 +122,5 @@ class Host:
     memory_mib: int
     drained: bool = False
     created_at: datetime | None = None
+    unreachable_since: datetime | None = None  # set while the host does not answer
+    last_error: str | None = None

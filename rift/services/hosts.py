@@ -74,7 +74,10 @@ def list_hosts(deps: Deps) -> list[dict[str, Any]]:
             "used_vcpus": used.vcpus if used else 0,
             "used_memory_mib": used.memory_mib if used else 0,
             "vms": used.vms if used else 0,
-            "state": "drained" if h.drained else "active",
+            "state": ("unreachable" if h.unreachable_since else
+                      "drained" if h.drained else "active"),
+            "unreachable_since": h.unreachable_since.isoformat() if h.unreachable_since else None,
+            "last_error": h.last_error,
         })
     return rows
 

@@ -60,7 +60,9 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
     except HypervisorError as exc:
         deps.log.warning("host unreachable", extra={"host": host, "error": str(exc)})
         report.unreachable.append(host)
+        mark_unreachable(deps, host, str(exc))
         return
+    mark_reachable(deps, host)
     # Only this installation's domains: other control planes may share the host.
     ours = {d.vm_id: d for d in listed if d.vm_id is not None and d.install == deps.install_id}
     after = _live(deps, host)
@@ -100,6 +102,38 @@ def _stopped(deps: Deps, vm: Vm, uri: str, report: ReconcileReport) -> None:
     if _fail(deps, vm, "running", "the guest stopped: its domain was shut off (a poweroff "
              "inside the guest, or a stop outside Rift)"):
         report.stopped.append(vm.id)
+
+
+def _unreachable_note(host: str) -> str:
+    return f"host {host} does not answer"
+
+
+def mark_unreachable(deps: Deps, host: str, error: str) -> None:
+    """The host takes no new VMs, and its live VMs say why they may not answer;
+    nothing else stops."""
+    now = deps.clock.now()
+    note = f"{_unreachable_note(host)} since {now.isoformat(timespec='seconds')}: {error}"
+    with deps.store.write() as tx:
+        current = tx.get_host(host)
+        if current is None or current.unreachable_since is not None:
+            return
+        tx.update_host(host, unreachable_since=now, last_error=error)
+        for vm in tx.live_vms_on_host(host):
+            if vm.error is None:
+                tx.update_vm(vm.id, (vm.status,), error=note)
+
+
+def mark_reachable(deps: Deps, host: str) -> None:
+    with deps.store.read() as tx:
+        current = tx.get_host(host)
+    if current is None or current.unreachable_since is None:
+        return
+    with deps.store.write() as tx:
+        tx.update_host(host, unreachable_since=None, last_error=None)
+        for vm in tx.live_vms_on_host(host):
+            if vm.error is not None and vm.error.startswith(_unreachable_note(host)):
+                tx.update_vm(vm.id, (vm.status,), error=None)
+    deps.log.info("host answers again", extra={"host": host})
 
 
 def _interrupted(deps: Deps, vm: Vm, hv: Hypervisor, has_domain: bool,

@@ -53,7 +53,8 @@ def _place(tx: Tx, vcpus: int, memory_mib: int) -> Host:
     loads = [
         HostLoad(h.name, h.vcpus, h.memory_mib,
                  usage[h.name].vcpus if h.name in usage else 0,
-                 usage[h.name].memory_mib if h.name in usage else 0, h.drained)
+                 usage[h.name].memory_mib if h.name in usage else 0,
+                 h.drained or h.unreachable_since is not None)
         for h in hosts.values()
     ]
     chosen = choose_host(loads, vcpus, memory_mib)

@@ -13,7 +13,8 @@ TASK_CHANGEABLE = frozenset({
 VM_CHANGEABLE = frozenset({
     "name", "status", "host", "ready_at", "destroyed_at", "error", "ssh_host", "ssh_port",
 })
-HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained"})
+HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachable_since",
+                             "last_error"})
 TASK_LIST_STATUSES = frozenset({"open", "closed", "all"})
 
 

@@ -131,6 +131,8 @@ hosts = Table(
     Column("memory_mib", Integer, nullable=False),
     Column("drained", Boolean, nullable=False),
     Column("created_at", UtcDateTime, nullable=True),
+    Column("unreachable_since", UtcDateTime, nullable=True),
+    Column("last_error", String, nullable=True),
 )
 
 # Boxes page logins (migration 0002): only the SHA-256 digest of a session id.

@@ -596,7 +596,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0003"
+    assert current_revision(empty_sql_url) == head_revision() == "0004"
 
 
 def test_counts_across_users_see_open_tasks_and_vms_by_status(store: Store) -> None:

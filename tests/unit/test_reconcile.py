@@ -83,3 +83,31 @@ def test_another_installations_domains_are_left_alone(
                                 install="rift_someone_else")
     assert not reconcile.reconcile(deps).orphans_destroyed
     assert "rift-vm_theirsaa" in local_hv.domains
+
+
+def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
+        deps: Deps, pool: object) -> None:
+    from hypervisor.base import HypervisorError
+    from rift.services import hosts
+
+    hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
+    opened = tasks.new_task(deps, ALICE)
+    there = vms.new_vm(deps, ALICE, str(opened.handle))
+    assert there["host"] == "far"
+    far = deps.hosts.hypervisor("fake:///far")
+    working = far.list_domains
+
+    def refuse() -> list[object]:
+        raise HypervisorError("list", "unable to connect to server: Connection refused")
+
+    far.list_domains = refuse  # type: ignore[method-assign]
+    reconcile.reconcile(deps)
+    listed = {h["name"]: h for h in hosts.list_hosts(deps)}
+    assert listed["far"]["state"] == "unreachable" and "refused" in listed["far"]["last_error"]
+    marked = vms.get_vm(deps, ALICE, there["id"])
+    assert marked["status"] == "running" and "does not answer" in marked["error"]
+    assert vms.new_vm(deps, ALICE, str(opened.handle))["host"] == "local"  # not "far"
+    far.list_domains = working  # type: ignore[method-assign]
+    reconcile.reconcile(deps)
+    assert {h["name"]: h for h in hosts.list_hosts(deps)}["far"]["state"] == "active"
+    assert vms.get_vm(deps, ALICE, there["id"])["error"] is None
