@@ -22,7 +22,9 @@ from rift.services import accounts
 from rift.services.context import Deps
 from rift.store.sql import SqlStore
 from tests.conftest import FakePool
-from tests.e2e.conftest import Server, free_port, start_server, stop_server
+from tests.e2e.conftest import Server, free_port, server, stop_server
+
+__all__ = ["server"]  # the e2e suite's module-scoped `rift serve`, shared
 from tests.e2e.test_mcp import call, mcp_session, run
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -78,15 +80,6 @@ def browser() -> Iterator[Any]:
             yield launched
         finally:
             launched.close()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_server(tmp_path_factory.mktemp("rift"))
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
 
 
 @pytest.fixture
