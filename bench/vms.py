@@ -7,7 +7,9 @@
    XML (`guest_spec` + `build_domain_xml`, as Rift plans it) defined and
    started with raw libvirt, then polled with raw paramiko (connect, auth,
    exec `true`; 0.5 s banner timeout, 50 ms between tries) until an exec
-   succeeds. Interleaved samples, medians (target: Rift at most 1.1x the floor);
+   succeeds. Samples interleaved (who goes first alternates), each domain
+   destroyed before the next is made; medians (target: Rift at most 1.1x the
+   floor);
 2. an exec round trip (`true`) on a running VM through the engine against raw
    paramiko on an open connection to the same guest (target: at most 1.5x);
 3. density: `tiny` guests of 128 MiB booted through the engine one after
@@ -22,6 +24,7 @@ the tests cache in var/cache/test-images (built when missing or stale).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import statistics
@@ -48,7 +51,7 @@ URI = "qemu:///system"
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "var" / "cache" / "test-images"
 CALLER = Caller("bench", "mcp:bench")
-BOOT_SAMPLES = 5
+BOOT_SAMPLES = 7
 EXEC_CALLS = 300
 EXEC_BLOCKS = 15
 FLOOR_POLL_S = 0.05
@@ -174,14 +177,23 @@ def bench_boot(deps: Deps, floor: Floor) -> list[tuple[str, ...]]:
     handle = tools.task_new(deps, CALLER, name="bench boot")["handle"]
     rift_s: list[float] = []
     floor_s: list[float] = []
-    for i in range(BOOT_SAMPLES + 1):  # the first pair warms caches and is dropped
+    def rift_once() -> None:
         took, vm_id = _rift_new_until_exec(deps, handle)
         tools.vm_destroy(deps, CALLER, vm_id, handle=handle)
-        f_took, name = floor.new_until_exec()
+        rift_s.append(took)
+
+    def floor_once() -> None:
+        took, name = floor.new_until_exec()
         floor.destroy(name)
-        if i:
-            rift_s.append(took)
-            floor_s.append(f_took)
+        floor_s.append(took)
+
+    rift_once()  # warm-up pair: caches, the task's key, the accelerator verdict
+    floor_once()
+    rift_s.clear()
+    floor_s.clear()
+    for i in range(BOOT_SAMPLES):  # alternate who goes first: drift hits both alike
+        for one in ((rift_once, floor_once) if i % 2 else (floor_once, rift_once)):
+            one()
     tools.task_close(deps, CALLER, handle=handle)
     rift_med, floor_med = statistics.median(rift_s), statistics.median(floor_s)
     ratio = rift_med / floor_med
@@ -258,12 +270,12 @@ def mem_available_mib() -> float:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
-def qemu_rss_mib(domain: str) -> float:
+def qemu_rss_mib(domain: str) -> tuple[float, float]:
+    """(RSS, its anonymous part) of the domain's QEMU process, in MiB."""
     pid = int(Path(f"/run/libvirt/qemu/{domain}.pid").read_text().strip())
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for QEMU of {domain}")
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return (int(fields["VmRSS"].split()[0]) / 1024, int(fields["RssAnon"].split()[0]) / 1024)
 
 
 def bench_density(deps: Deps) -> list[tuple[str, ...]]:
@@ -290,10 +302,12 @@ def bench_density(deps: Deps) -> list[tuple[str, ...]]:
         answered = sum(tools.vm_exec(deps, CALLER, handle, vm["id"], "true")["exit_code"] == 0
                        for vm in vms)
         after = mem_available_mib()
-        rss = [qemu_rss_mib(f"rift-{vm['id']}") for vm in vms]
+        measured = [qemu_rss_mib(f"rift-{vm['id']}") for vm in vms]
     finally:
         tools.task_close(deps, CALLER, handle=handle)
     n = len(vms)
+    rss = [whole for whole, _ in measured]
+    anon = [part for _, part in measured]
     return [
         ("guests running at once", str(n), f"stopped by {stopped}; {answered}/{n} answered "
          "an exec afterwards"),
@@ -301,7 +315,8 @@ def bench_density(deps: Deps) -> list[tuple[str, ...]]:
          f"first {boots[0]:.1f} s, last {boots[-1]:.1f} s, median "
          f"{statistics.median(boots):.1f} s"),
         ("QEMU RSS per guest (median)", f"{statistics.median(rss):.0f} MiB",
-         f"{min(rss):.0f}–{max(rss):.0f} MiB, {sum(rss):.0f} MiB in all"),
+         f"{min(rss):.0f}–{max(rss):.0f} MiB, {sum(rss):.0f} MiB in all; anonymous "
+         f"(not shared) {statistics.median(anon):.0f} MiB each"),
         ("MemAvailable before / after", f"{before:.0f} / {after:.0f} MiB",
          f"{(before - after) / n:.0f} MiB per guest"),
     ]
@@ -314,6 +329,8 @@ def main() -> None:
         print(f"\n## real guests: skipped, no libvirtd on {URI} ({exc}); "
               "scripts/libvirt.sh starts one")
         return
+    # The floor's failed polls (no guest yet) are expected: no tracebacks from paramiko.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory(prefix="rift-bench-vms-") as tmp:
         work = Path(tmp)
         deps = _deps(work / "data")

@@ -1,26 +1,34 @@
 """A real `rift serve` (uvicorn on a loopback port): on libvirt's test driver by
-default, or on `qemu:///system` with real guests (`start_real_server`)."""
+default, or on `qemu:///system` with real guests (`start_real_server`), and the
+witnesses the real-guest tests read: virsh, libvirt, the server's database."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 
 from hypervisor import write_test_host_xml
+from hypervisor.base import DomainRecord, DomainSpec
+from hypervisor.domain_xml import build_domain_xml
+from hypervisor.images import image_files
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_URI = "qemu:///system"
@@ -28,6 +36,7 @@ REAL_URI = "qemu:///system"
 # tests/integration/test_real_guest.py; the build is skipped when up to date).
 TEST_IMAGES = ROOT / "var" / "cache" / "test-images"
 START_S = 30
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -191,3 +200,138 @@ def start_real_server(tmp: Path, **env_extra: str) -> tuple[subprocess.Popen[str
     """`rift serve` on qemu:///system, its data dir seeded with the cached `tiny`."""
     seed_images(tmp / "data")
     return start_server(tmp, **{"RIFT_HYPERVISOR_URI": REAL_URI, **env_extra})
+
+
+LIVE = ("creating", "running")
+# The event each VM status is recorded with: the last event a VM's row may show.
+STATUS_EVENT = {"creating": "vm_creating", "running": "vm_running", "failed": "vm_failed",
+                "destroyed": "vm_destroyed"}
+
+
+# -- witnesses of real guests: libvirt, virsh and the server's database -------------------
+
+def virsh_names() -> set[str]:
+    """Every domain on the host, running or only defined (`virsh list --all`)."""
+    out = subprocess.run(["virsh", "-c", REAL_URI, "list", "--all", "--name"],
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+def virsh(*argv: str) -> None:
+    done = subprocess.run(["virsh", "-c", REAL_URI, *argv], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert done.returncode == 0, f"virsh {' '.join(argv)}: {done.stderr.strip()}"
+
+
+def rows(srv: Server, sql: str, *args: object) -> list[sqlite3.Row]:
+    """Read the server's SQLite store (read-only; works while it runs and after a crash)."""
+    conn = sqlite3.connect(f"file:{srv.data_dir / 'rift.db'}?mode=ro", uri=True, timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def install_id(srv: Server) -> str:
+    return str(rows(srv, "SELECT value FROM meta WHERE key = 'install_id'")[0]["value"])
+
+
+def vm_rows(srv: Server, task_id: str | None = None) -> dict[str, sqlite3.Row]:
+    found = (rows(srv, "SELECT * FROM vms WHERE task_id = ?", task_id) if task_id
+             else rows(srv, "SELECT * FROM vms"))
+    return {r["id"]: r for r in found}
+
+
+def events(srv: Server, task_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(type, actor, details) of a task's events, in order."""
+    return [(r["type"], r["actor"], json.loads(r["details"])) for r in
+            rows(srv, "SELECT type, actor, details FROM events WHERE task_id = ? ORDER BY id",
+                 task_id)]
+
+
+def our_domains(srv: Server) -> dict[str, DomainRecord]:
+    """This installation's domains on the host, by VM id (read from their metadata)."""
+    from hypervisor.libvirt import LibvirtHypervisor  # libvirt-python, only when used
+
+    hv = LibvirtHypervisor(REAL_URI)
+    try:
+        mine = install_id(srv)
+        return {d.vm_id: d for d in hv.list_domains() if d.vm_id and d.install == mine}
+    finally:
+        hv.close()
+
+
+def assert_rows_tell_the_truth(srv: Server) -> None:
+    """The promise: every domain of this installation has a live VM row, every
+    `running` row has its domain, and every row's state has its event. Rows are
+    read before the domains are listed: Rift takes a domain down before its row
+    says so, so a sweep running meanwhile cannot make this see a leak."""
+    vms = vm_rows(srv)
+    domains = our_domains(srv)
+    for vm_id, domain in domains.items():
+        assert vm_id in vms and vms[vm_id]["status"] in LIVE, (
+            f"leaked domain {domain.name}: its row is "
+            f"{vms[vm_id]['status'] if vm_id in vms else 'missing'}")
+        assert domain.name == f"rift-{vm_id}"
+    for vm_id, vm in vms.items():
+        if vm["status"] == "running":
+            assert vm_id in domains and domains[vm_id].active, f"{vm_id} runs without a domain"
+    tasks = {r["id"]: r["status"] for r in rows(srv, "SELECT id, status FROM tasks")}
+    for task_id, status in tasks.items():
+        told = events(srv, task_id)
+        kinds = [kind for kind, _, _ in told]
+        assert kinds[0] == "opened", told
+        assert kinds.count("closed") == (status == "closed"), told
+        for vm_id, vm in vm_rows(srv, task_id).items():
+            of_vm = [kind for kind, _, details in told if details.get("vm_id") == vm_id]
+            assert of_vm[0] == "vm_creating", (vm_id, of_vm)
+            assert of_vm[-1] == STATUS_EVENT[vm["status"]], (vm_id, vm["status"], of_vm)
+            assert of_vm.count(of_vm[-1]) == 1, (vm_id, of_vm)
+
+
+def wait_until(check: Callable[[], T | None], within_s: float, what: str,
+               every_s: float = 0.1) -> T:
+    deadline = time.monotonic() + within_s
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {within_s:.0f} s: {what}")
+        time.sleep(every_s)
+
+
+def foreign_domain(image_dir: Path, work: Path, install: str, vm_id: str) -> DomainSpec:
+    """A `tiny` domain with Rift metadata, made the way Rift makes them, but by no Rift."""
+    image = image_files(image_dir, "tiny")
+    return DomainSpec(name=f"rift-{vm_id}", task_id="task_zzzzzzzz", vm_id=vm_id, vcpus=1,
+                      memory_mib=128, image="tiny", domain_type="qemu",
+                      kernel=str(image.kernel), initrd=str(image.initrd),
+                      cmdline=image.cmdline_base, serial_log=str(work / f"{vm_id}.log"),
+                      install=install)
+
+
+def define_and_start(spec: DomainSpec, work: Path, *, persistent: bool = True) -> None:
+    """Behind Rift's back: `virsh define` + `virsh start`, or `virsh create` (a
+    transient domain, started as it is made: a sweep cannot come in between)."""
+    xml = work / f"{spec.name}.xml"
+    xml.write_text(build_domain_xml(spec))
+    if persistent:
+        virsh("define", str(xml))
+        virsh("start", spec.name)
+    else:
+        virsh("create", str(xml))
+
+
+def remove_domain(name: str) -> None:
+    if name in virsh_names():
+        subprocess.run(["virsh", "-c", REAL_URI, "destroy", name], capture_output=True,
+                       timeout=60, check=False)
+        subprocess.run(["virsh", "-c", REAL_URI, "undefine", name], capture_output=True,
+                       timeout=60, check=False)
+
+
+def new_vm_id() -> str:
+    alphabet = "abcdefghijklmnopqrstuvwxyz234567"
+    return "vm_" + "".join(secrets.choice(alphabet) for _ in range(8))
