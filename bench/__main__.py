@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import boxes, engine, mcp, vms
+from bench import boxes, engine, mcp, scale, vms
 
 
 def main() -> int:
@@ -12,6 +12,7 @@ def main() -> int:
     mcp.main()
     vms.main()
     boxes.main()
+    scale.main()
     return 0
 
 

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 
 from rift.config import Settings
+from rift.services.launch import is_test_host
 
 Check = tuple[str, bool, str]
 
@@ -40,7 +41,7 @@ def _libvirt(settings: Settings) -> Check:
 
 
 def _kvm(settings: Settings) -> Check:
-    if settings.hypervisor_uri.startswith("test:"):
+    if is_test_host(settings.hypervisor_uri):
         return ("kvm", True, "test driver: no guests, no accelerator needed")
     if not os.path.exists("/dev/kvm"):
         return ("kvm", True, "no /dev/kvm: guests run under TCG (domain type qemu; slower, "
@@ -58,7 +59,7 @@ def _images(settings: Settings) -> Check:
 
     images = DirectoryImages(settings.data_dir / "images")
     built = [n for n in images.names() if images.is_built(n)]
-    if settings.hypervisor_uri.startswith("test:"):
+    if is_test_host(settings.hypervisor_uri):
         return ("images", True, f"test driver: every known image is accepted ({images.names()})")
     if not built:
         return ("images", False, "no image is built; rift image build tiny")

@@ -6,6 +6,7 @@ import logging
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from rift.domain.errors import StoreUnavailable
 from rift.services.context import Deps
 from rift.services.sweeps import sweep
 
@@ -15,6 +16,8 @@ log = logging.getLogger("rift.scheduler")
 def _run(deps: Deps) -> None:
     try:
         sweep(deps)
+    except StoreUnavailable:  # said once per interval, without a traceback
+        log.warning("sweep skipped: the database did not answer")
     except Exception:  # the next run tries again; a sweep never takes the process down
         log.exception("sweep failed")
 

@@ -250,6 +250,22 @@ class HypervisorFailed(RiftError):
         )
 
 
+class StoreUnavailable(RiftError):
+    """The database did not answer (a restart, a network cut, a lock it gave up on).
+    Not a refusal of SPEC §4: the code stays `internal`, answered with 503 because
+    calling again shortly is the mend; the store reconnects by itself."""
+
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Rift's database did not answer; Rift reconnects by itself",
+            "call again in a few seconds (a change this call asked for may not have been "
+            "made: read before repeating it); if it keeps failing, tell the operator "
+            "(rift doctor)",
+        )
+
+
 ALL_ERRORS: tuple[type[RiftError], ...] = (
     HandleRequired, HandleInvalid, TaskNotFound, TaskClosed, TaskReleased, LeaseStale, TaskHeld,
     VmNotFound, VmNotRunning, QuotaExceeded, NoCapacity, ImageNotFound, InvalidArgument,

@@ -9,6 +9,7 @@ from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed, InvalidArgument
 from rift.domain.model import Host
 from rift.services.context import Deps
+from rift.store.errors import DuplicateKey
 
 LOCAL = "local"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -52,7 +53,7 @@ def ensure_local_host(deps: Deps, uri: str, vcpus: int | None = None,
     if current is None:
         try:
             return add_host(deps, LOCAL, uri, vcpus, memory_mib)
-        except InvalidArgument:  # another replica added it a moment ago
+        except (InvalidArgument, DuplicateKey):  # another replica added it a moment ago
             pass
     cpus, mem = _capacity(deps, uri, vcpus, memory_mib)
     with deps.store.write() as tx:

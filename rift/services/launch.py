@@ -25,8 +25,11 @@ PORTS = (20000, 60000)
 
 
 def is_test_host(uri: str) -> bool:
-    """libvirt's test driver (or the in-memory fake): domains with no guest behind them."""
-    return uri.startswith(("test:", "fake:"))
+    """libvirt's test driver (or the in-memory fake): domains with no guest behind them.
+    The driver is the URI scheme before any `+transport`: `test+unix:///default` is
+    the test driver inside libvirtd, one host that every client (replica) shares."""
+    driver = uri.split(":", 1)[0].split("+", 1)[0]
+    return driver in ("test", "fake")
 
 
 def serial_log(runtime: GuestRuntime, vm_id: str) -> Path:

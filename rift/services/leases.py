@@ -144,7 +144,12 @@ def attach(deps: Deps, caller: Caller, task_id: str, takeover: bool = False) -> 
             deps.log.info("task attached", extra={"task_id": task_id, "holder": caller.label,
                                                   "takeover": active})
             return won
-    raise TaskHeld(task_id, None, 0, "")  # every compare-and-set lost: others hold it now
+    # Every compare-and-set lost to other callers: one of them holds it now; say who.
+    with deps.store.read() as tx:
+        task = owned_task(tx, caller, task_id)
+    now = deps.clock.now()
+    raise TaskHeld(task_id, task.holder, deps.clocks.active_ago_s(task, now),
+                   iso(deps.clocks.lease_quiet_at(task)) or "")
 
 
 def release(deps: Deps, caller: Caller, handle_text: str | None) -> Task:

@@ -12,6 +12,8 @@ read-only, so a read sees one snapshot too.
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,12 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
 
+from rift.domain.errors import StoreUnavailable
 from rift.store.hot import HotStatements
 from rift.store.sql_tx import SqlTx
 
 if TYPE_CHECKING:
     from rift.services.ports import Store
+
+log = logging.getLogger("rift.store")
 
 BUSY_TIMEOUT_S = 30
 POOL_SIZE = 32
@@ -79,6 +85,9 @@ def make_engine(url: str, *, pool_size: int = POOL_SIZE) -> Engine:
         pool_timeout=BUSY_TIMEOUT_S,
         pool_pre_ping=True,
         isolation_level="READ COMMITTED",
+        # A database behind a network that drops packets answers in seconds, not
+        # after the operating system's TCP timeout.
+        connect_args={"connect_timeout": 10},
     )
 
 
@@ -106,8 +115,30 @@ class SqlStore:
         return self.engine.dialect.name
 
     @contextmanager
+    def _answered(self) -> Iterator[None]:
+        """When the database does not answer (down, restarting, a dropped
+        connection, a lock given up on), read() and write() raise
+        `StoreUnavailable` (503) instead of an internal error; the pool reconnects
+        (pre-ping) once it answers again. SQLite's hot path raises the driver's own
+        errors, so those count too."""
+        try:
+            yield
+        except DBAPIError as exc:
+            if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
+                raise
+            self._unavailable(exc.orig or exc)
+            raise StoreUnavailable() from exc
+        except sqlite3.OperationalError as exc:
+            self._unavailable(exc)
+            raise StoreUnavailable() from exc
+
+    def _unavailable(self, error: BaseException) -> None:
+        log.warning("database unavailable", extra={
+            "dialect": self.dialect, "error": str(error).strip()[:300]})
+
+    @contextmanager
     def read(self) -> Iterator[SqlTx]:
-        with self.engine.connect() as conn:
+        with self._answered(), self.engine.connect() as conn:
             if not self._sqlite:
                 conn.execution_options(isolation_level="REPEATABLE READ",
                                        postgresql_readonly=True)
@@ -118,7 +149,7 @@ class SqlStore:
 
     @contextmanager
     def write(self) -> Iterator[SqlTx]:
-        with self.engine.connect() as conn, conn.begin():
+        with self._answered(), self.engine.connect() as conn, conn.begin():
             if self._sqlite:
                 # Take the write lock now, so writers queue on busy_timeout instead
                 # of failing when a read would have to turn into a write half-way.

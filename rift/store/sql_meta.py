@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from rift.store.sql_base import SqlTxBase
 from rift.store.tables import meta, tasks
@@ -21,7 +22,11 @@ class MetaQueries(SqlTxBase):
         if expected is None:
             if self.get_meta(key) is not None:
                 return False
-            self._conn.execute(insert(meta).values(key=key, value=value))
+            try:  # a savepoint: another replica inserting it first leaves this tx usable
+                with self._conn.begin_nested():
+                    self._conn.execute(insert(meta).values(key=key, value=value))
+            except IntegrityError:
+                return False
             return True
         statement = update(meta).where(meta.c.key == key, meta.c.value == expected)
         return self._conn.execute(statement.values(value=value)).rowcount == 1

@@ -32,6 +32,7 @@ def select_tasks() -> Select[Any]:
 # Hot paths are built once with bind parameters: SQLAlchemy then skips building
 # the statement and its cache key on every call (most of an attach's cost).
 GET_TASK = select_tasks().where(tasks.c.id == bindparam("task_id"))
+GET_TASK_FOR_UPDATE = GET_TASK.with_for_update()
 
 
 @cache
@@ -63,7 +64,11 @@ class TaskQueries(SqlTxBase):
         if self._hot is not None:
             found = self._hot.get_task.first(self._conn, {"task_id": task_id})
             return None if found is None else Task(**found)
-        row = self._conn.execute(GET_TASK, {"task_id": task_id}).first()
+        # In a write transaction on PostgreSQL the row is locked (FOR UPDATE): racing
+        # writers of one task queue here, as SQLite's BEGIN IMMEDIATE makes them,
+        # so a contended takeover never loses every compare-and-set.
+        statement = GET_TASK_FOR_UPDATE if self._writable else GET_TASK
+        row = self._conn.execute(statement, {"task_id": task_id}).first()
         return None if row is None else task_of(row)
 
     def find_task_by_key(self, owner: str, key: str) -> Task | None:

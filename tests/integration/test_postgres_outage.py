@@ -1,0 +1,81 @@
+"""The SQL store when PostgreSQL does not answer: `StoreUnavailable` (code
+`internal`, HTTP 503, "call again"), never a raw driver error; connections the
+server cut are replaced on the next call, and a transaction cut half-way leaves
+nothing behind. (tests/e2e/test_replicas.py restarts the server under two replicas.)
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import create_engine, make_url, pool, text
+
+from rift.domain.errors import StoreUnavailable
+from rift.domain.model import User
+from rift.store.migrate import upgrade
+from rift.store.sql import SqlStore
+from tests.conftest_store import skip_without_postgres, wipe
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_store_whose_database_does_not_answer_says_unavailable() -> None:
+    pytest.importorskip("psycopg")
+    store = SqlStore(f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/rift",
+                     pool_size=1)
+    try:
+        for transaction in (store.read, store.write):
+            with pytest.raises(StoreUnavailable) as caught, transaction() as tx:
+                tx.count_users()
+            assert caught.value.code == "internal" and caught.value.status == 503
+            assert "database" in caught.value.message and "again" in caught.value.hint
+    finally:
+        store.close()
+
+
+APP = "rift-outage-test"  # names this test's store connections, and only those are cut
+
+
+def cut_store_connections(url: str) -> int:
+    """What a server restart does to a client's connections: the server ends them."""
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            return len(conn.execute(text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = :app"), {"app": APP}).all())
+    finally:
+        engine.dispose()
+
+
+def test_connections_the_server_cut_are_replaced_and_a_cut_transaction_leaves_nothing() -> None:
+    url = skip_without_postgres()
+    wipe(url)
+    upgrade(url)
+    store = SqlStore(str(make_url(url).update_query_dict({"application_name": APP})),
+                     pool_size=2)
+    try:
+        with store.read() as tx:
+            assert tx.count_users() == 0  # a pooled connection now
+        assert cut_store_connections(url) >= 1
+        with store.read() as tx:  # pre-ping finds it dead and opens another
+            assert tx.count_users() == 0
+
+        with pytest.raises(StoreUnavailable), store.write() as tx:
+            tx.add_user(User("ada", None, datetime.now(UTC)))
+            cut_store_connections(url)
+            tx.get_user("ada")
+        with store.read() as tx:
+            assert tx.list_users() == []
+        with store.write() as tx:
+            tx.add_user(User("ada", None, datetime.now(UTC)))
+        with store.read() as tx:
+            assert [u.name for u in tx.list_users()] == ["ada"]
+    finally:
+        store.close()
