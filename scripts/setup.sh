@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(pkg-config libvirt-dev gcc python3-dev python3-venv tini postgresql chromium openssh-server)
+APT_PACKAGES=(pkg-config libvirt-dev gcc python3-dev python3-venv tini postgresql chromium openssh-server debootstrap)
 [ "${RIFT_SETUP_NO_POSTGRES:-}" = 1 ] && APT_PACKAGES=("${APT_PACKAGES[@]/postgresql}")
 
 missing=()

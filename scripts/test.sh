@@ -11,4 +11,9 @@ if [ -z "${RIFT_TEST_POSTGRES_URL:-}" ] && [ "${RIFT_TEST_NO_POSTGRES:-}" != 1 ]
     echo "test: PostgreSQL could not start; its leg is skipped" >&2
   fi
 fi
+# Slow test inputs (guest images, debootstrap targets) are cached machine-wide, so
+# a fresh clone on a machine that ran the suite before starts warm.
+if [ -z "${RIFT_TEST_CACHE:-}" ] && mkdir -p /var/cache/rift-tests 2>/dev/null; then
+  export RIFT_TEST_CACHE=/var/cache/rift-tests
+fi
 .venv/bin/python -m pytest "$@"

@@ -29,12 +29,13 @@ from hypervisor import write_test_host_xml
 from hypervisor.base import DomainRecord, DomainSpec
 from hypervisor.domain_xml import build_domain_xml
 from hypervisor.images import image_files
+from tests.cache import CACHE as TEST_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_URI = "qemu:///system"
 # Where tests keep the `tiny` image between runs (shared with
 # tests/integration/test_real_guest.py; the build is skipped when up to date).
-TEST_IMAGES = ROOT / "var" / "cache" / "test-images"
+TEST_IMAGES = TEST_CACHE / "test-images"
 START_S = 30
 T = TypeVar("T")
 

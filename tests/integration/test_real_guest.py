@@ -29,10 +29,11 @@ from hypervisor.kvm import KVM, TCG, probe_accel
 from hypervisor.libvirt import LibvirtHypervisor
 from rift.domain.model import Vm
 from rift.guest import GuestError, GuestFileError, SshGuestShell, key_for_task
+from tests.cache import CACHE as TEST_CACHE
 
 URI = "qemu:///system"
 ROOT = Path(__file__).resolve().parents[2]
-IMAGES = ROOT / "var" / "cache" / "test-images"
+IMAGES = TEST_CACHE / "test-images"
 BOOT_TIMEOUT_S = 60
 
 

@@ -21,10 +21,11 @@ from hypervisor.libvirt import LibvirtHypervisor
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.services import guests, hosts, tasks, vms
+from tests.cache import CACHE as TEST_CACHE
 from tests.conftest import ALICE
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGES = ROOT / "var" / "cache" / "test-images"
+IMAGES = TEST_CACHE / "test-images"
 SSHD = "/usr/sbin/sshd"
 
 

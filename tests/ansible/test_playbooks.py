@@ -1,0 +1,478 @@
+"""The Ansible roles, run for real.
+
+Two throwaway Debian bookworm machines are made on this one: directories made
+with debootstrap, reached with Ansible's `community.general.chroot`
+connection, with no systemd inside (so the roles take their `tini` paths and
+the test turns starting long-running services off: `rift_start_services`).
+`site.yml` runs against them (`cp1` a control plane, `hv1` a hypervisor), what
+it wrote is checked, and a second run must report no change at all.
+
+What is real: every apt install (from a cache of .debs kept between runs), the
+venv install of a wheel built from this checkout (its dependencies from a
+cached wheelhouse, offline), PostgreSQL's role and database (the cluster runs
+inside the chroot, on its Unix socket only), the migration, `rift image build
+tiny`, the image's copy to the hypervisor, the SSH key and host key exchange,
+and `rift host add`. What is not: starting libvirtd and rift.service (no init
+in a chroot); the KVM check's script is run against this machine's own
+libvirt instead (test_kvm_probe_*).
+
+The first run builds the base system and the wheelhouse under
+var/cache/ansible-target; later runs copy them. Needs root (debootstrap,
+chroot); nothing of this machine's own /etc is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cache import CACHE as TEST_CACHE
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE = ROOT / "ansible"
+VENV_BIN = Path(sys.executable).parent
+CACHE = TEST_CACHE / "ansible-target"
+BASE_VERSION = "1"  # bump to rebuild the cached base system
+BASE_PACKAGES = "python3,python3-apt,sudo"
+SUITE = "bookworm"
+ADMIN_PASSWORD = "ansible-test-password-1"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: debootstrap and chroot"),
+]
+
+
+# the base system, the caches
+
+
+def debian_mirror() -> str:
+    """The Debian mirror this machine's apt uses (the only one reachable here)."""
+    found: list[str] = []
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        for stanza in path.read_text().split("\n\n"):
+            fields = dict(re.findall(r"^(\w[\w-]*):\s*(.*)$", stanza, re.M))
+            if SUITE in fields.get("Suites", "").split() and "main" in fields.get(
+                    "Components", "").split():
+                found += fields.get("URIs", "").split()
+    sources_list = Path("/etc/apt/sources.list")
+    if sources_list.exists():
+        found += re.findall(rf"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+{SUITE}\s.*\bmain\b",
+                            sources_list.read_text(), re.M)
+    return found[0] if found else "http://deb.debian.org/debian"
+
+
+def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, check=True, text=True, capture_output=True, **kwargs)
+
+
+def ensure_debootstrap() -> None:
+    if shutil.which("debootstrap"):
+        return
+    run(["apt-get", "update", "-qq"])
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap"],
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+@contextlib.contextmanager
+def cache_lock() -> Iterator[None]:
+    """One test session at a time builds the cached base and wheelhouse."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def base_system() -> Path:
+    """A minimal bookworm with Python (what Ansible needs of a host), made once."""
+    base = CACHE / f"base-{SUITE}-{BASE_VERSION}"
+    if (base / ".rift-complete").exists():
+        return base
+    ensure_debootstrap()
+    work = CACHE / f"base-{SUITE}-{BASE_VERSION}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    debs = CACHE / "debootstrap-debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}",
+         f"--cache-dir={debs}", SUITE, str(work), debian_mirror()], timeout=900)
+    # As in any container image: packages do not start services at install.
+    policy = work / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    (work / ".rift-complete").touch()
+    shutil.rmtree(base, ignore_errors=True)
+    work.rename(base)
+    return base
+
+
+def wheelhouse() -> Path:
+    """Wheels of Rift's dependencies (libvirt-python compiled once, here), so the
+    role's pip install runs offline: `--no-index --find-links`."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [project["dependencies"], project["optional-dependencies"]["postgres"]]
+    digest = hashlib.sha256(json.dumps(wanted).encode()).hexdigest()[:16]
+    wheels = CACHE / f"wheels-{digest}"
+    if (wheels / ".rift-complete").exists():
+        return wheels
+    work = wheels.with_suffix(".tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    run([str(VENV_BIN / "pip"), "wheel", "--quiet", "--disable-pip-version-check",
+         "--wheel-dir", str(work), f"{ROOT}[postgres]"], timeout=900)
+    for old in work.glob("rift-*.whl"):  # the role builds and copies its own
+        old.unlink()
+    (work / ".rift-complete").touch()
+    shutil.rmtree(wheels, ignore_errors=True)
+    work.rename(wheels)
+    return wheels
+
+
+def link_tree(src: Path, dest: Path, pattern: str = "*") -> None:
+    """Hard-link the files of `src` into `dest` (same filesystem: instant)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in src.glob(pattern):
+        target = dest / path.name
+        if path.is_file() and not target.exists():
+            with contextlib.suppress(FileExistsError):
+                os.link(path, target)
+
+
+# the targets
+
+
+def mounts_under(path: Path) -> list[str]:
+    prefix = str(path.resolve()) + "/"
+    with open("/proc/self/mounts") as mounts:
+        return [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+
+
+def processes_in(path: Path) -> list[int]:
+    """PIDs of processes whose root is inside `path`: the ones started in it."""
+    real = str(path.resolve())
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            root = os.readlink(entry / "root")
+            if root == real or root.startswith(real + "/"):
+                pids.append(int(entry.name))
+    return pids
+
+
+def stop_processes_in(path: Path) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        pids = processes_in(path)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while processes_in(path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not processes_in(path):
+            return
+
+
+def remove_target(path: Path) -> None:
+    if not path.exists():
+        return
+    stop_processes_in(path)
+    for mount in sorted(mounts_under(path), reverse=True):
+        subprocess.run(["umount", "-l", mount], check=False)
+    leftover = mounts_under(path)
+    assert not leftover, f"still mounted, not removing {path}: {leftover}"
+    shutil.rmtree(path)
+
+
+def remove_stale_targets() -> None:
+    """Targets left by test sessions that died (named after their process)."""
+    targets = CACHE / "targets"
+    for path in targets.iterdir() if targets.is_dir() else []:
+        pid = path.name.split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            remove_target(path)
+
+
+def make_target(name: str) -> Path:
+    # Named after this process: two sessions on one checkout do not meet.
+    path = CACHE / "targets" / f"{os.getpid()}-{name}"
+    remove_target(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run(["cp", "-a", "--reflink=auto", str(base_system()), str(path)])
+    (path / ".rift-complete").unlink()
+    # A fresh procfs of its own (facts, postinst scripts and PostgreSQL read it).
+    run(["mount", "-t", "proc", "proc", str(path / "proc")])
+    link_tree(CACHE / "apt-archives", path / "var/cache/apt/archives", "*.deb")
+    return path
+
+
+def keep_debs(target: Path) -> None:
+    """Keep the .debs apt fetched for the next run."""
+    link_tree(target / "var/cache/apt/archives", CACHE / "apt-archives", "*.deb")
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[dict[str, Path]]:
+    (CACHE / "apt-archives").mkdir(parents=True, exist_ok=True)
+    with cache_lock():
+        remove_stale_targets()
+        base_system()
+        wheels = wheelhouse()
+    targets: dict[str, Path] = {}
+    try:
+        for name in ("cp1", "hv1"):
+            targets[name] = make_target(name)
+        link_tree(wheels, targets["cp1"] / "var/cache/rift-wheels", "*.whl")
+        yield targets
+    finally:
+        for path in targets.values():
+            with contextlib.suppress(OSError):
+                keep_debs(path)
+            if os.environ.get("RIFT_KEEP_ANSIBLE_TARGETS") != "1":
+                remove_target(path)
+
+
+def snapshot_checkout(dest: Path) -> Path:
+    """What the wheel is built from, frozen for the test: the checkout may change
+    under a running test (an edit in another window), and a changed source is a
+    change that a second run must make."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dest / name)
+    for package in ("rift", "hypervisor", "web"):
+        shutil.copytree(ROOT / package, dest / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
+
+
+def write_inventory(fleet: dict[str, Path], work: Path) -> tuple[Path, Path]:
+    inventory = work / "inventory.ini"
+    inventory.write_text(
+        "[control_plane]\n"
+        f"cp1 ansible_host={fleet['cp1']}\n"
+        "[hypervisors]\n"
+        f"hv1 ansible_host={fleet['hv1']} hypervisor_address=hv1.rift.test\n"
+        "[all:vars]\n"
+        "ansible_connection=community.general.chroot\n"
+        "ansible_python_interpreter=/usr/bin/python3\n"
+    )
+    extra = work / "vars.json"
+    extra.write_text(json.dumps({
+        "rift_service_manager": "tini",
+        "rift_start_services": False,
+        "rift_stage_dir": str(work / "stage"),
+        "control_plane_source_dir": str(snapshot_checkout(work / "checkout")),
+        "control_plane_pip_args": ["--no-index", "--find-links", "/var/cache/rift-wheels"],
+        # No TCP at all: the chroot shares this machine's network.
+        "control_plane_postgres_listen_addresses": "",
+        "control_plane_admin_password": ADMIN_PASSWORD,
+        # The `local` host's size given, so the rift command needs no libvirtd.
+        "control_plane_settings": {"RIFT_HOST_VCPUS": 2, "RIFT_HOST_MEMORY_MIB": 2048,
+                                   "RIFT_TASK_IDLE_S": 7200},
+        "hypervisor_vcpus": 8,
+        "hypervisor_memory_mib": 4096,
+    }))
+    return inventory, extra
+
+
+def playbook(inventory: Path, extra: Path, work: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+        "ANSIBLE_HOME": str(work / "ansible-home"),
+        "ANSIBLE_LOCAL_TEMP": str(work / "ansible-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+    }
+    return subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-e", f"@{extra}",
+         str(ANSIBLE / "site.yml")],
+        cwd=ANSIBLE, env=env, text=True, capture_output=True, timeout=1200, check=False)
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP counts per host."""
+    hosts = {}
+    for host, counts in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.M):
+        hosts[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counts)}
+    return hosts
+
+
+def changed_tasks(output: str) -> list[str]:
+    found, task = [], ""
+    for line in output.splitlines():
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line.split("[", 1)[1].rsplit("]", 1)[0]
+        elif line.startswith("changed:"):
+            found.append(f"{task}: {line}")
+    return found
+
+
+def in_chroot(root: Path, *argv: str, user: str | None = None) -> str:
+    command = ["chroot", str(root)]
+    if user:
+        command += ["runuser", "-u", user, "--"]
+    return run([*command, *argv], timeout=120).stdout
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    pairs = re.findall(r"^(RIFT_\w+)='([^']*)'$", path.read_text(), re.M)
+    return dict(pairs)
+
+
+# the tests
+
+
+@pytest.mark.timeout(2400)
+def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
+        fleet: dict[str, Path], tmp_path: Path) -> None:
+    cp1, hv1 = fleet["cp1"], fleet["hv1"]
+    inventory, extra = write_inventory(fleet, tmp_path)
+
+    started = time.monotonic()
+    first = playbook(inventory, extra, tmp_path)
+    print(f"first run: {time.monotonic() - started:.0f} s")
+    (tmp_path / "first-run.log").write_text(first.stdout + first.stderr)
+    assert first.returncode == 0, first.stdout[-12000:] + first.stderr[-4000:]
+    counts = recap(first.stdout)
+    assert set(counts) == {"cp1", "hv1"}, first.stdout[-3000:]
+    assert all(c["failed"] == 0 and c["unreachable"] == 0 for c in counts.values())
+    assert counts["cp1"]["changed"] > 0 and counts["hv1"]["changed"] > 0
+
+    # the control plane: Rift in a venv, its settings, its unit, the wrapper
+    assert in_chroot(cp1, "/opt/rift/venv/bin/rift", "--help").startswith("usage: rift")
+    env_file = cp1 / "etc/rift/rift.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert env_file.stat().st_uid == 0
+    settings = read_env_file(env_file)
+    assert settings["RIFT_DATA_DIR"] == "/var/lib/rift"
+    assert settings["RIFT_DATABASE_URL"] == (
+        "postgresql+psycopg://rift@/rift?host=/var/run/postgresql")
+    assert settings["RIFT_HYPERVISOR_URI"] == "qemu:///system"
+    assert settings["RIFT_TASK_IDLE_S"] == "7200"
+    unit = (cp1 / "etc/systemd/system/rift.service").read_text()
+    assert "ExecStart=/opt/rift/venv/bin/rift serve --host 127.0.0.1 --port 8080\n" in unit
+    assert "EnvironmentFile=/etc/rift/rift.env\n" in unit
+    assert "User=rift\n" in unit
+    assert "[Install]\nWantedBy=multi-user.target" in unit
+    # The settings parse as systemd and sh read them: through the wrapper.
+    users = json.loads(in_chroot(cp1, "/usr/local/sbin/rift", "user", "list", "--json"))
+    assert [u["name"] for u in users] == ["admin"]
+
+    # PostgreSQL: the role and database exist, owned by rift, migrated to head
+    revisions = in_chroot(
+        cp1, "env", *(f"{k}={v}" for k, v in settings.items()),
+        "/opt/rift/venv/bin/python", "-c",
+        "from rift.config import Settings; "
+        "from rift.store.migrate import current_revision, head_revision; "
+        "print(current_revision(Settings().resolved_database_url()), head_revision())",
+        user="rift").split()
+    assert revisions[0] == revisions[1] != "None"
+    owner = in_chroot(cp1, "psql", "-tAc",
+                      "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname='rift'",
+                      user="postgres")
+    assert owner.strip() == "rift"
+
+    # the image: built on the control plane, the same bytes on the hypervisor
+    manifest = json.loads((cp1 / "var/lib/rift/images/tiny/manifest.json").read_text())
+    for name in (manifest["kernel"]["file"], manifest["initrd"]["file"], "manifest.json"):
+        built = (cp1 / "var/lib/rift/images/tiny" / name).read_bytes()
+        assert (hv1 / "var/lib/rift/images/tiny" / name).read_bytes() == built, name
+
+    # the hypervisor: libvirt as Rift needs it, started the tini way
+    qemu_conf = (hv1 / "etc/libvirt/qemu.conf").read_text()
+    assert ('# rift: begin\nuser = "root"\ngroup = "root"\nsecurity_driver = "none"\n'
+            'cgroup_controllers = [ ]\n# rift: end\n') in qemu_conf
+    assert not re.search(r'^(user|group|security_driver)\s*=(?! "(root|none)")', qemu_conf,
+                         re.M)
+    libvirtd_conf = (hv1 / "etc/libvirt/libvirtd.conf").read_text()
+    assert 'unix_sock_group = "libvirt"\nunix_sock_rw_perms = "0770"' in libvirtd_conf
+    assert os.access(hv1 / "usr/local/sbin/rift-libvirtd", os.X_OK)
+    assert (hv1 / "usr/bin/tini").exists() and (hv1 / "usr/sbin/libvirtd").exists()
+    assert not (hv1 / "lib/systemd/systemd").exists()
+    assert "libvirt" in in_chroot(hv1, "id", "-nG", "rift").split()
+
+    # SSH: the control plane's key on the hypervisor, its host key on the control plane
+    public_key = (cp1 / "var/lib/rift/.ssh/id_ed25519.pub").read_text().split()[:2]
+    authorized = (hv1 / "var/lib/rift/.ssh/authorized_keys").read_text()
+    assert " ".join(public_key) in authorized
+    host_key = (hv1 / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    known = (cp1 / "var/lib/rift/.ssh/known_hosts").read_text()
+    assert f"hv1.rift.test {' '.join(host_key)}" in known
+
+    # the hypervisor registered with Rift, with the size it was given
+    hosts = json.loads(in_chroot(cp1, "/usr/local/sbin/rift", "host", "list", "--json"))
+    hv = next(h for h in hosts if h["name"] == "hv1")
+    assert hv["uri"] == "qemu+ssh://rift@hv1.rift.test/system"
+    assert (hv["vcpus"], hv["memory_mib"]) == (8, 4096)
+
+    started = time.monotonic()
+    second = playbook(inventory, extra, tmp_path)
+    print(f"second run: {time.monotonic() - started:.0f} s")
+    (tmp_path / "second-run.log").write_text(second.stdout + second.stderr)
+    assert second.returncode == 0, second.stdout[-12000:] + second.stderr[-4000:]
+    counts = recap(second.stdout)
+    assert set(counts) == {"cp1", "hv1"}
+    assert all(c["changed"] == 0 for c in counts.values()), (
+        "not idempotent; changed on the second run:\n" + "\n".join(changed_tasks(second.stdout)))
+
+
+def test_ansible_lint_and_yamllint_are_clean() -> None:
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "NO_COLOR": "1"}
+    for argv in (["ansible-lint", "--offline", "--profile", "production", "--nocolor"],
+                 ["yamllint", "--strict", "."]):
+        done = subprocess.run([str(VENV_BIN / argv[0]), *argv[1:]], cwd=ANSIBLE, text=True,
+                              capture_output=True, timeout=600, check=False, env=env)
+        assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-8000:]
+
+
+def test_the_role_knows_every_rift_setting() -> None:
+    import yaml
+
+    from rift.config import Settings
+
+    known = yaml.safe_load(
+        (ANSIBLE / "roles/control_plane/vars/main.yml").read_text())["control_plane_known_settings"]
+    assert sorted(known) == sorted(f"RIFT_{name.upper()}" for name in Settings.model_fields)
+
+
+def test_kvm_probe_says_kvm_or_tcg_on_this_machine() -> None:
+    """The hypervisor role's KVM check, against this machine's own libvirtd."""
+    if subprocess.run(["virsh", "-c", "qemu:///system", "version"], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("no libvirtd answers on qemu:///system (make test starts one)")
+    from hypervisor.images import ImageError, build_tiny, image_files
+
+    images = TEST_CACHE / "test-images"  # shared with the guest tests
+    try:
+        build_tiny(images)
+    except ImageError as exc:
+        pytest.fail(f"cannot build tiny: {exc}")
+    tiny = image_files(images, "tiny")
+    done = subprocess.run(
+        ["sh", str(ANSIBLE / "roles/hypervisor/files/kvm-probe"), str(tiny.kernel),
+         str(tiny.initrd)], text=True, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    verdict = done.stdout.strip()
+    assert re.fullmatch(r"(kvm|tcg): .+", verdict), verdict
+    assert not subprocess.run(["virsh", "-c", "qemu:///system", "list", "--name"],
+                              capture_output=True, text=True, check=True
+                              ).stdout.count("rift-kvm-probe-")
