@@ -26,6 +26,8 @@ class DomainSpec:
     cmdline: str | None = None
     ssh_port: int | None = None  # host loopback port forwarded to guest :22
     serial_log: str | None = None  # file the guest's serial console writes to
+    disk: str | None = None  # a qcow2 file as vda; the guest boots from it when no kernel
+    seed: str | None = None  # a read-only vdb beside it (a cloud-init NoCloud seed)
     install: str | None = None  # the control plane that made it (reconciliation scope)
 
 

@@ -55,7 +55,7 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
             ET.SubElement(os_el, "initrd").text = spec.initrd
         if spec.cmdline is not None:
             ET.SubElement(os_el, "cmdline").text = spec.cmdline
-    else:
+    elif spec.disk is None:
         ET.SubElement(os_el, "boot", dev="hd")
     features = ET.SubElement(root, "features")
     ET.SubElement(features, "acpi")
@@ -75,6 +75,21 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
     ET.SubElement(devices, "memballoon", model="none")
     rng = ET.SubElement(devices, "rng", model="virtio")
     ET.SubElement(rng, "backend", model="random").text = "/dev/urandom"
+    if spec.disk is not None:
+        disk = ET.SubElement(devices, "disk", type="file", device="disk")
+        ET.SubElement(disk, "driver", name="qemu", type="qcow2", discard="unmap")
+        ET.SubElement(disk, "source", file=spec.disk)
+        ET.SubElement(disk, "target", dev="vda", bus="virtio")
+        if spec.kernel is None:
+            ET.SubElement(disk, "boot", order="1")  # never the seed
+    if spec.seed is not None:
+        # A read-only virtio disk, not a CD-ROM: cloud kernels (Debian's
+        # linux-image-cloud-amd64) have virtio-blk but no SATA (AHCI) driver.
+        seed = ET.SubElement(devices, "disk", type="file", device="disk")
+        ET.SubElement(seed, "driver", name="qemu", type="raw")
+        ET.SubElement(seed, "source", file=spec.seed)
+        ET.SubElement(seed, "target", dev="vdb", bus="virtio")
+        ET.SubElement(seed, "readonly")
     if spec.serial_log is not None:
         serial = ET.SubElement(devices, "serial", type="file")
         ET.SubElement(serial, "source", path=spec.serial_log)
@@ -110,11 +125,13 @@ def validate_spec(spec: DomainSpec) -> None:
         "initrd": spec.initrd,
         "cmdline": spec.cmdline,
         "serial_log": spec.serial_log,
+        "disk": spec.disk,
+        "seed": spec.seed,
     }
     for field, value in texts.items():
         if value is not None and _NOT_XML.search(value):
             raise ValueError(f"{field} holds a character XML cannot carry")
-    for field in ("kernel", "initrd", "serial_log"):
+    for field in ("kernel", "initrd", "serial_log", "disk", "seed"):
         path = texts[field]
         if path is not None and not path.startswith("/"):
             raise ValueError(f"{field} must be an absolute path, not {path!r}")

@@ -80,6 +80,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         runtime=GuestRuntime(
             images_dir=settings.data_dir / "images",
             serial_dir=private_dir(settings.data_dir / "serial"),
+            disks_dir=private_dir(settings.data_dir / "disks"),
             boot_timeout_s=settings.vm_boot_timeout_s,
             accel=Accelerators(settings.data_dir / "images"),
         ),

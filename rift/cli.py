@@ -162,8 +162,35 @@ def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
             return 1
         print(f"built tiny in {folder} ({time.monotonic() - started:.1f} s)")
         return 0
-    rows = [{"name": n, "built": "yes" if images.is_built(n) else "no"} for n in images.names()]
-    _print(rows, ("name", "built"), args.json)
+    if args.action == "add":
+        return _image_add(settings, args)
+    if args.action == "remove":
+        from rift.services.images import remove_image
+
+        remove_image(_deps(settings), args.name)
+        print(f"removed image {args.name}")
+        return 0
+    rows = [{"name": n, "kind": images.kind(n), "built": "yes" if images.is_built(n) else "no"}
+            for n in images.names()]
+    _print(rows, ("name", "kind", "built"), args.json)
+    return 0
+
+
+def _image_add(settings: Settings, args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from hypervisor.images import ImageError
+    from hypervisor.qcow2 import add_qcow2
+
+    started = time.monotonic()
+    try:
+        folder = add_qcow2(settings.data_dir / "images", args.name, Path(args.path))
+    except ImageError as exc:
+        print(f"image add failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"added {args.name} (qcow2) in {folder} ({time.monotonic() - started:.1f} s); "
+          f"rift_vm_new with image={args.name} boots it")
     return 0
 
 
@@ -235,7 +262,13 @@ def parser() -> argparse.ArgumentParser:
     ib.add_argument("name", choices=["tiny"])
     il = i.add_parser("list")
     il.add_argument("--json", action="store_true")
-    for x in (ib, il):
+    iadd = i.add_parser("add", help="register a qcow2 image (cloud-init NoCloud, root by key, "
+                        "SSH on 22)")
+    iadd.add_argument("name")
+    iadd.add_argument("path", help="the qcow2 file; it is copied")
+    irm = i.add_parser("remove", help="delete an image no live VM uses")
+    irm.add_argument("name")
+    for x in (ib, il, iadd, irm):
         x.set_defaults(run=cmd_image)
 
     d = sub.add_parser("doctor", help="what works here and what to do about what does not")

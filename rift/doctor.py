@@ -63,7 +63,18 @@ def _images(settings: Settings) -> Check:
         return ("images", True, f"test driver: every known image is accepted ({images.names()})")
     if not built:
         return ("images", False, "no image is built; rift image build tiny")
-    return ("images", True, f"built: {', '.join(built)}")
+    qcow2 = [n for n in built if images.kind(n) == "qcow2"]
+    if qcow2:
+        from hypervisor.images import ImageError
+        from hypervisor.qcow2 import iso_maker
+
+        try:
+            iso_maker()
+        except ImageError as exc:
+            return ("images", False, f"VMs of {', '.join(qcow2)} cannot get their cloud-init "
+                    f"seed: {exc}")
+    return ("images", True, "built: " + ", ".join(
+        f"{n} (qcow2)" if n in qcow2 else n for n in built))
 
 
 CHECKS: tuple[Callable[[Settings], Check], ...] = (_database, _libvirt, _kvm, _images)

@@ -1,10 +1,12 @@
 """The image catalog: `tiny` is always known; further images are folders
-under `<data dir>/images/<name>/` (built or registered by the operator)."""
+under `<data dir>/images/<name>/` (built, or registered with `rift image add`)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from hypervisor.qcow2 import KIND_KERNEL, image_kind
 
 BUILTIN = ("tiny",)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -22,6 +24,11 @@ class DirectoryImages:
 
     def is_built(self, name: str) -> bool:
         return (self.root / name).is_dir()
+
+    def kind(self, name: str) -> str:
+        """`qcow2` (registered with `rift image add`) or `kernel` (direct kernel boot,
+        as `tiny`; also what an image not built yet will be)."""
+        return image_kind(self.root, name) or KIND_KERNEL
 
 
 class StaticImages:

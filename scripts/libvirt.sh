@@ -17,8 +17,9 @@ WAIT_S=${RIFT_LIBVIRT_WAIT_S:-30}
 QEMU_CONF=/etc/libvirt/qemu.conf
 LOG_DIR=/var/log/libvirt
 # libvirt-daemon-system is skipped on purpose: it pulls in systemd.
+# genisoimage writes the cloud-init seed of VMs of qcow2 images (`rift image add`).
 APT_PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
-              libvirt-clients busybox-static dropbear-bin cpio lz4 tini)
+              libvirt-clients busybox-static dropbear-bin cpio lz4 tini genisoimage)
 
 say() { echo "libvirt: $*"; }
 

@@ -52,8 +52,10 @@ class SshGuests:
     def forget_task(self, task_id: str) -> None:
         forget_task(self.keys_dir, task_id)
 
-    def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float) -> None:
-        self._call(vm, lambda: self.shell.connect_when_ready(vm, serial_log, timeout_s))
+    def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float,
+                   markers: bool = True) -> None:
+        self._call(vm, lambda: self.shell.connect_when_ready(vm, serial_log, timeout_s,
+                                                             markers=markers))
 
     def close_vm(self, vm_id: str) -> None:
         self.shell.close_vm(vm_id)

@@ -31,7 +31,7 @@ from rift.domain.model import Vm
 from rift.guest.errors import GuestError, GuestFileError
 from rift.guest.keys import key_path, load_key
 from rift.guest.pool import ConnectionPool
-from rift.guest.ready import same_key, wait_for_marker
+from rift.guest.ready import same_key, serial_tail, wait_for_marker
 from rift.guest.run import Collected, collect, command_line, feed_stdin, kill_line
 from rift.services.ports import ExecResult
 
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 _FAILURES = (paramiko.SSHException, OSError, EOFError, ConnectionError)
 _KILL_WAIT_S = 5.0
+_LOGIN_RETRY_S = 0.5  # between SSH logins to a guest that prints no ready marker
 _IS_DIRECTORY = 21
 _NO_SUCH_FILE = 20
 _SHELL_PREFIX = re.compile(r"^(?:\S*sh: )?(?:eval: line \d+: )?")
@@ -109,23 +110,42 @@ class SshGuestShell:
 
     # life cycle
 
-    def connect_when_ready(self, vm: Vm, serial_log: Path, timeout_s: float) -> None:
+    def connect_when_ready(self, vm: Vm, serial_log: Path, timeout_s: float, *,
+                           markers: bool = True) -> None:
         """Wait for the guest's ready marker, pin the host key it printed, and
         open a pooled connection, so the first call finds one open.
-        GuestError after `timeout_s` seconds."""
+        GuestError after `timeout_s` seconds.
+
+        Without `markers` (an image Rift did not build, e.g. a qcow2 with
+        cloud-init, prints none), only SSH counts: log in again and again, each
+        try bounded, until one succeeds. The host key of the first login that
+        succeeds is pinned; a failed try pins nothing (sshd may answer before
+        cloud-init has installed the key, or with host keys it replaces).
+        """
         deadline = time.monotonic() + timeout_s
-        host_key = wait_for_marker(serial_log, deadline)
-        if host_key is not None:
-            self.pin_host_key(vm.id, host_key)
+        if markers:
+            host_key = wait_for_marker(serial_log, deadline)
+            if host_key is not None:
+                self.pin_host_key(vm.id, host_key)
         address = _address(vm)
         self._remember(vm)
         while True:
+            remaining = deadline - time.monotonic()
             try:
-                transport = self._connect(vm.id, address)
-            except GuestError:
+                transport = self._connect(vm.id, address, timeout_s=None if markers else
+                                          max(1.0, min(self.connect_timeout_s, remaining)))
+            except GuestError as exc:
+                if not markers:
+                    with self._lock:
+                        self._host_keys.pop(vm.id, None)
                 if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.1)
+                    if markers:
+                        raise
+                    tail = serial_tail(serial_log)
+                    raise GuestError(f"no SSH login succeeded (last: {exc.message})"
+                                     + (f"; the serial console ends with: {tail!r}"
+                                        if tail else ""), vm_id=vm.id) from exc
+                time.sleep(0.1 if markers else _LOGIN_RETRY_S)
                 continue
             self._pool.add(vm.id, address, transport)
             return
@@ -158,7 +178,9 @@ class SshGuestShell:
         with self._lock:
             self._task_of[vm.id] = vm.task_id
 
-    def _connect(self, vm_id: str, address: tuple[str, int]) -> paramiko.Transport:
+    def _connect(self, vm_id: str, address: tuple[str, int], *,
+                 timeout_s: float | None = None) -> paramiko.Transport:
+        timeout = self.connect_timeout_s if timeout_s is None else timeout_s
         with self._lock:
             task_id = self._task_of.get(vm_id)
         if task_id is None:
@@ -169,16 +191,16 @@ class SshGuestShell:
             raise GuestError(f"task {task_id} has no usable key ({type(exc).__name__})",
                              vm_id=vm_id) from exc
         try:
-            sock = socket.create_connection(address, timeout=self.connect_timeout_s)
+            sock = socket.create_connection(address, timeout=timeout)
         except OSError as exc:
             raise GuestError(f"cannot connect to {address[0]}:{address[1]}: {exc}",
                              vm_id=vm_id) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # else ~40 ms per call
         transport = paramiko.Transport(sock, default_window_size=self.window_bytes)
         try:
-            transport.banner_timeout = self.connect_timeout_s
-            transport.auth_timeout = self.connect_timeout_s
-            transport.start_client(timeout=self.connect_timeout_s)
+            transport.banner_timeout = timeout
+            transport.auth_timeout = timeout
+            transport.start_client(timeout=timeout)
             self._check_host_key(vm_id, transport.get_remote_server_key())
             transport.auth_publickey(self.user, pkey)
         except GuestError:

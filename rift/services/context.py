@@ -37,13 +37,20 @@ class Observers:
 
 @dataclass(frozen=True)
 class GuestRuntime:
-    """What real guests need: where images and serial logs live, how long a boot
-    may take, and which accelerator each host URI uses (`kvm` or `qemu`)."""
+    """What real guests need: where images, serial logs and the per-VM disks of
+    qcow2 images live, how long a boot may take, and which accelerator each host
+    URI uses (`kvm` or `qemu`)."""
 
     images_dir: Path
     serial_dir: Path
     boot_timeout_s: float
     accel: Callable[[str], str]
+    disks_dir: Path | None = None  # default: `disks` beside `images_dir`
+
+    @property
+    def vm_disks_dir(self) -> Path:
+        """Where each VM of a qcow2 image keeps its overlay and its cloud-init seed."""
+        return self.disks_dir or self.images_dir.parent / "disks"
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,18 @@ from pathlib import Path
 from hypervisor.base import DomainSpec, HypervisorError
 from hypervisor.images import ImageError, image_files
 from hypervisor.images import guest_spec as real_guest_spec
+from hypervisor.qcow2 import (
+    KIND_QCOW2,
+    image_kind,
+    prepare_vm_disks,
+    qcow2_guest_spec,
+    qcow2_image,
+)
 from rift.domain.errors import GuestUnreachable, HypervisorFailed, ImageNotFound
 from rift.domain.model import NewEvent, Task, Vm
 from rift.services.context import Caller, Deps, GuestRuntime
 from rift.services.ports import GuestShell, Tx
-from rift.services.teardown import destroy_domain, destroy_vm
+from rift.services.teardown import destroy_domain, destroy_vm, remove_disks
 
 SSH_HOST = "127.0.0.1"
 PORTS = (20000, 60000)
@@ -41,7 +48,7 @@ def check_image(deps: Deps, image: str, uri: str) -> None:
     if is_test_host(uri) or deps.runtime is None:
         return
     try:
-        image_files(deps.runtime.images_dir, image)
+        _check_built(deps.runtime, image)
     except ImageError as exc:
         built = [n for n in deps.images.names() if _built(deps.runtime, n)]
         raise ImageNotFound(image, built, hint=f"the operator builds it: rift image build "
@@ -51,10 +58,23 @@ def check_image(deps: Deps, image: str, uri: str) -> None:
 
 def _built(runtime: GuestRuntime, name: str) -> bool:
     try:
-        image_files(runtime.images_dir, name)
+        _check_built(runtime, name)
     except ImageError:
         return False
     return True
+
+
+def _is_qcow2(runtime: GuestRuntime, name: str) -> bool:
+    return image_kind(runtime.images_dir, name) == KIND_QCOW2
+
+
+def _check_built(runtime: GuestRuntime, name: str) -> None:
+    """ImageError unless the image's files are there: a registered qcow2's disk, or
+    a kernel and an initramfs."""
+    if _is_qcow2(runtime, name):
+        qcow2_image(runtime.images_dir, name)
+    else:
+        image_files(runtime.images_dir, name)
 
 
 def pick_ssh_port(tx: Tx, host: str) -> int:
@@ -85,6 +105,15 @@ def _plan(deps: Deps, vm: Vm, uri: str) -> DomainSpec:
                           domain_type="test")
     runtime, guests = _real(deps, vm)
     assert vm.ssh_port is not None
+    if _is_qcow2(runtime, vm.image):
+        # Its own overlay on the image and a cloud-init seed with the task's key.
+        image = qcow2_image(runtime.images_dir, vm.image)
+        disks = prepare_vm_disks(image, runtime.vm_disks_dir, vm_id=vm.id,
+                                 public_key_line=guests.task_key(vm.task_id))
+        return qcow2_guest_spec(
+            image, disks, name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id,
+            vcpus=vm.vcpus, memory_mib=vm.memory_mib, domain_type=runtime.accel(uri),
+            ssh_port=vm.ssh_port, serial_log=serial_log(runtime, vm.id))
     return real_guest_spec(
         image_files(runtime.images_dir, vm.image), name=vm.domain_name, task_id=vm.task_id,
         vm_id=vm.id, vcpus=vm.vcpus, memory_mib=vm.memory_mib, domain_type=runtime.accel(uri),
@@ -112,14 +141,15 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str) -> Vm:
     started = deps.clock.now()
     try:
         deps.hosts.hypervisor(uri).create(plan(deps, vm, uri))
-    except HypervisorError as exc:
-        return _failed(deps, caller, vm, str(exc))
-    except (ImageError, HypervisorFailed) as exc:
+    except (HypervisorError, ImageError, HypervisorFailed) as exc:
+        remove_disks(deps, vm.id)  # nothing was defined: the overlay and seed are unused
         return _failed(deps, caller, vm, str(exc))
     if not is_test_host(uri):
         runtime, guests = _real(deps, vm)
         try:
-            guests.wait_ready(vm, serial_log(runtime, vm.id), runtime.boot_timeout_s)
+            # A qcow2 image's cloud-init prints no ready marker: only SSH counts.
+            guests.wait_ready(vm, serial_log(runtime, vm.id), runtime.boot_timeout_s,
+                              markers=not _is_qcow2(runtime, vm.image))
         except GuestUnreachable as exc:
             guests.close_vm(vm.id)
             # If libvirt refuses, the row still turns failed (not live), so the

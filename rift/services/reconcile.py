@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
+from hypervisor.qcow2 import remove_vm_disks, vm_ids_with_disks
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import NewEvent, Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
@@ -31,10 +32,11 @@ class ReconcileReport:
     interrupted: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
+    disks_removed: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.orphans_destroyed or self.vanished or self.interrupted
-                    or self.unreachable or self.stopped)
+                    or self.unreachable or self.stopped or self.disks_removed)
 
 
 def _live(deps: Deps, host: str) -> dict[str, Vm]:
@@ -154,9 +156,29 @@ def reconcile(deps: Deps) -> ReconcileReport:
         hosts = tx.list_hosts()
     for host in hosts:
         reconcile_host(deps, host.name, host.uri, report)
+    remove_dead_disks(deps, report)
     if report:
         deps.log.info("reconciled", extra={
             "orphans_destroyed": len(report.orphans_destroyed), "vanished": len(report.vanished),
-            "stopped": len(report.stopped),
+            "stopped": len(report.stopped), "disks_removed": len(report.disks_removed),
             "interrupted": len(report.interrupted), "unreachable": report.unreachable})
     return report
+
+
+def remove_dead_disks(deps: Deps, report: ReconcileReport) -> None:
+    """Delete the overlays and seeds (qcow2 images) of VMs with no live row: those
+    a crash, an orphan's destroy or a vanished domain left behind. Files are listed
+    before rows are read, and a row is live before its files are made, so a VM
+    being created keeps its files."""
+    if deps.runtime is None:
+        return
+    disks_dir = deps.runtime.vm_disks_dir
+    found = vm_ids_with_disks(disks_dir)
+    if not found:
+        return
+    with deps.store.read() as tx:
+        dead = sorted(vm_id for vm_id in found
+                      if (vm := tx.get_vm(vm_id)) is None or not vm.is_live)
+    for vm_id in dead:
+        remove_vm_disks(disks_dir, vm_id)
+        report.disks_removed.append(vm_id)

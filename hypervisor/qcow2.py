@@ -1,0 +1,322 @@
+"""Operator-registered qcow2 images, and the per-VM files that boot them.
+
+`add_qcow2` checks that a file is a standalone qcow2 (`qemu-img info`), copies
+it (a reflink where the filesystem can) to `<images dir>/<name>/disk.qcow2`,
+read-only, and writes `manifest.json` beside it: `kind: qcow2`, the virtual
+size, the sha256 and when it was added. The image must boot from its own disk
+(a boot loader on it), run cloud-init with the NoCloud data source, let root in
+by key and serve SSH on port 22 of its first NIC, which gets its address by
+DHCP (QEMU's user-mode network). `scripts/debian-image.sh` makes such an image
+from Debian packages.
+
+Per VM (`prepare_vm_disks`): a copy-on-write overlay backed by the image (the
+image itself is never written) and a NoCloud seed, an ISO 9660 volume labelled
+`cidata` (attached as a read-only virtio disk) whose `user-data` authorizes the
+task's key for root and turns password logins off, both under the data dir's
+`disks/`, named after the VM id, and removed with the VM (`remove_vm_disks`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from hypervisor.base import DomainSpec
+from hypervisor.images import ImageError
+
+KIND_KERNEL = "kernel"  # `tiny` and images like it: kernel + initramfs, booted directly
+KIND_QCOW2 = "qcow2"
+DISK_FILE = "disk.qcow2"
+MANIFEST = "manifest.json"
+RESERVED = ("tiny",)  # built by `rift image build`, never added or removed by hand
+SEED_LABEL = "cidata"  # the volume label cloud-init's NoCloud looks for
+SSHD_DROP_IN = "/etc/ssh/sshd_config.d/60-rift.conf"  # read first: sshd's first value wins
+SSHD_NO_PASSWORDS = "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # as rift.images lists them
+_VM_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+# ISO 9660 makers, in order of preference; each takes mkisofs's options.
+_ISO_MAKERS = (("genisoimage",), ("mkisofs",), ("xorrisofs",), ("xorriso", "-as", "mkisofs"))
+_TIMEOUT_S = 600  # copying a large image may take a while
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Qcow2Image:
+    """A registered qcow2 image: the read-only base every VM's overlay points at."""
+
+    name: str
+    disk: Path
+    virtual_size: int
+
+
+@dataclass(frozen=True)
+class VmDisks:
+    """One VM's own files: its overlay (vda) and its NoCloud seed (vdb, read-only)."""
+
+    overlay: Path
+    seed: Path
+
+
+def image_kind(images_dir: Path, name: str) -> str | None:
+    """`qcow2` or `kernel` from the image's manifest; None when it has no readable one."""
+    try:
+        manifest = json.loads((images_dir / name / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    return str(manifest.get("kind", KIND_KERNEL))
+
+
+def qcow2_image(images_dir: Path, name: str) -> Qcow2Image:
+    """The registered qcow2 image `name`; ImageError when there is none."""
+    folder = images_dir / name
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        if manifest.get("kind") != KIND_QCOW2:
+            raise ValueError(f"its kind is {manifest.get('kind', KIND_KERNEL)!r}")
+        disk = folder / str(manifest["disk"]["file"])
+        size = int(manifest["disk"]["virtual_size"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ImageError(f"image {name!r} is no qcow2 image in {images_dir} ({exc}); "
+                         f"`rift image add {name} FILE.qcow2` registers one") from exc
+    if not disk.is_file():
+        raise ImageError(f"image {name!r} lacks {disk}; `rift image remove {name}` and "
+                         "`rift image add` again")
+    return Qcow2Image(name=name, disk=disk.resolve(), virtual_size=size)
+
+
+def add_qcow2(images_dir: Path, name: str, source: Path) -> Path:
+    """Register `source` as image `name` and answer its folder.
+
+    Refuses (ImageError) a name that is reserved, malformed or taken, and a file
+    that is not qcow2 or has a backing file. The folder appears whole or not at all.
+    """
+    if name in RESERVED:
+        raise ImageError(f"{name!r} is built by Rift (`rift image build {name}`); "
+                         "choose another name")
+    if not _NAME.fullmatch(name):
+        raise ImageError(f"image name {name!r} must match [a-z0-9][a-z0-9_.-]* "
+                         "(at most 64 characters)")
+    images_dir = images_dir.resolve()
+    target = images_dir / name
+    if target.exists() or target.is_symlink():
+        raise ImageError(f"image {name!r} exists already; `rift image remove {name}` first")
+    if not source.is_file():
+        raise ImageError(f"{source} is not a file")
+    _standalone_qcow2(source)  # refuse early, before copying anything
+    images_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".add-{name}-", dir=images_dir))
+    try:
+        disk = work / DISK_FILE
+        _run(["cp", "--reflink=auto", "--sparse=always", str(source), str(disk)])
+        disk.chmod(0o444)
+        virtual_size = _standalone_qcow2(disk)  # what is kept, not what was looked at
+        manifest = {
+            "name": name,
+            "kind": KIND_QCOW2,
+            "added_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "source": str(source.resolve()),
+            "disk": {"file": DISK_FILE, "format": KIND_QCOW2,
+                     "virtual_size": virtual_size,
+                     "bytes": disk.stat().st_size, "sha256": _sha256_file(disk)},
+        }
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        work.chmod(0o755)
+        try:
+            work.rename(target)  # atomic; fails when a racing add took the name
+        except OSError as exc:
+            raise ImageError(f"image {name!r} exists already") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def remove_image(images_dir: Path, name: str) -> None:
+    """Delete image `name`'s folder (out of the catalog at once, then from the disk).
+    Whether a VM still uses it is the caller's question."""
+    if name in RESERVED:
+        raise ImageError(f"{name!r} is Rift's own image; it is not removed")
+    if not _NAME.fullmatch(name):
+        raise ImageError(f"no image {name!r}")
+    folder = images_dir / name
+    if not folder.exists() and not folder.is_symlink():
+        raise ImageError(f"no image {name!r} in {images_dir}")
+    if folder.is_symlink() or not folder.is_dir():
+        folder.unlink()
+        return
+    doomed = Path(tempfile.mkdtemp(prefix=f".remove-{name}-", dir=images_dir))
+    folder.rename(doomed / name)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _standalone_qcow2(path: Path) -> int:
+    """The virtual size of a qcow2 file with no backing file; ImageError otherwise."""
+    info = qemu_img_info(path)
+    if info.get("format") != KIND_QCOW2:
+        raise ImageError(f"{path} is {info.get('format', 'not an image')}, not qcow2 "
+                         "(`qemu-img convert -O qcow2` makes one)")
+    if info.get("backing-filename"):
+        raise ImageError(f"{path} has a backing file ({info['backing-filename']}); "
+                         "`qemu-img convert -O qcow2` flattens it")
+    virtual_size = info.get("virtual-size")
+    if not isinstance(virtual_size, int) or virtual_size <= 0:
+        raise ImageError(f"qemu-img info gives {path} no virtual size")
+    return virtual_size
+
+
+def qemu_img_info(path: Path) -> dict[str, object]:
+    """`qemu-img info --output=json` of a file; ImageError when it is no image at all."""
+    out = _run(["qemu-img", "info", "--output=json", str(path)])
+    try:
+        info = json.loads(out)
+    except ValueError as exc:
+        raise ImageError(f"qemu-img info said something unreadable about {path}") from exc
+    if not isinstance(info, dict):
+        raise ImageError(f"qemu-img info said something unreadable about {path}")
+    return info
+
+
+# per VM
+
+
+def seed_files(vm_id: str, public_key_line: str) -> dict[str, bytes]:
+    """The NoCloud `meta-data` and `user-data` of one VM: its id is the instance id
+    (so cloud-init runs its first boot), root logs in with the task's key, and
+    password logins are off from sshd's first start. Values go in as JSON strings,
+    which YAML reads as is."""
+    key = public_key_line.strip()
+    if "\n" in key or not key:
+        raise ImageError("the public key must be one OpenSSH line")
+    hostname = vm_id.replace("_", "-").lower()
+    meta = f"instance-id: {json.dumps(vm_id)}\nlocal-hostname: {json.dumps(hostname)}\n"
+    user = (
+        "#cloud-config\n"
+        "# Written by Rift: root logs in with the task's key; no passwords.\n"
+        "disable_root: false\n"
+        f"ssh_authorized_keys:\n  - {json.dumps(key)}\n"
+        "# Only an ed25519 host key: RSA takes some 20 s to make under TCG.\n"
+        "ssh_genkeytypes: [ed25519]\n"
+        "# Passwords off before sshd first starts (write_files runs in cloud-init's\n"
+        "# init stage; ssh_pwauth only later, in its config stage, after Rift is in).\n"
+        "write_files:\n"
+        f"  - path: {SSHD_DROP_IN}\n"
+        "    permissions: '0644'\n"
+        f"    content: {json.dumps(SSHD_NO_PASSWORDS)}\n"
+        "ssh_pwauth: false\n"
+    )
+    return {"meta-data": meta.encode(), "user-data": user.encode()}
+
+
+def vm_disks(disks_dir: Path, vm_id: str) -> VmDisks:
+    """Where a VM's overlay and seed live (whether or not they exist)."""
+    if not _VM_ID.fullmatch(vm_id):
+        raise ImageError(f"VM id {vm_id!r} cannot name a file")
+    return VmDisks(overlay=disks_dir / f"{vm_id}.qcow2", seed=disks_dir / f"{vm_id}-seed.iso")
+
+
+def prepare_vm_disks(image: Qcow2Image, disks_dir: Path, *, vm_id: str,
+                     public_key_line: str) -> VmDisks:
+    """Make the VM's overlay on `image` and its seed; ImageError (and nothing left
+    behind) when either cannot be made."""
+    disks = vm_disks(disks_dir.resolve(), vm_id)
+    disks_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        _run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2",
+              "-b", str(image.disk), str(disks.overlay)])
+        make_seed(disks.seed, seed_files(vm_id, public_key_line))
+    except ImageError:
+        remove_vm_disks(disks_dir, vm_id)
+        raise
+    return disks
+
+
+def make_seed(path: Path, files: dict[str, bytes]) -> None:
+    """An ISO 9660 volume labelled `cidata` holding `files`, written to `path`."""
+    maker = iso_maker()
+    with tempfile.TemporaryDirectory(prefix=".seed-", dir=path.parent) as tmp:
+        for file_name, data in files.items():
+            (Path(tmp) / file_name).write_bytes(data)
+        partial = Path(tmp) / "seed.iso"
+        _run([*maker, "-quiet", "-output", str(partial), "-volid", SEED_LABEL,
+              "-joliet", "-rock", *sorted(files)], cwd=Path(tmp))
+        partial.replace(path)
+
+
+def iso_maker() -> tuple[str, ...]:
+    """The first ISO 9660 maker installed; ImageError naming the package when none is."""
+    for argv in _ISO_MAKERS:
+        if shutil.which(argv[0]) is not None:
+            return argv
+    raise ImageError("no genisoimage (or xorriso) to write the cloud-init seed; "
+                     "apt-get install genisoimage (scripts/libvirt.sh installs it)")
+
+
+def remove_vm_disks(disks_dir: Path, vm_id: str) -> None:
+    """Delete the VM's overlay and seed; absent is fine."""
+    disks = vm_disks(disks_dir, vm_id)
+    disks.overlay.unlink(missing_ok=True)
+    disks.seed.unlink(missing_ok=True)
+
+
+def vm_ids_with_disks(disks_dir: Path) -> set[str]:
+    """The VM ids that have an overlay or a seed in `disks_dir`."""
+    if not disks_dir.is_dir():
+        return set()
+    found: set[str] = set()
+    for path in disks_dir.iterdir():
+        if path.name.endswith("-seed.iso"):
+            found.add(path.name.removesuffix("-seed.iso"))
+        elif path.name.endswith(".qcow2"):
+            found.add(path.name.removesuffix(".qcow2"))
+    return {vm_id for vm_id in found if _VM_ID.fullmatch(vm_id)}
+
+
+def qcow2_guest_spec(
+    image: Qcow2Image,
+    disks: VmDisks,
+    *,
+    name: str,
+    task_id: str,
+    vm_id: str,
+    vcpus: int,
+    memory_mib: int,
+    domain_type: str,
+    ssh_port: int,
+    serial_log: Path,
+) -> DomainSpec:
+    """The DomainSpec that boots the VM's overlay of `image`, seed attached, with SSH
+    on 127.0.0.1:`ssh_port`."""
+    return DomainSpec(
+        name=name, task_id=task_id, vm_id=vm_id, vcpus=vcpus, memory_mib=memory_mib,
+        image=image.name, domain_type=domain_type, ssh_port=ssh_port,
+        serial_log=str(serial_log), disk=str(disks.overlay), seed=str(disks.seed),
+    )
+
+
+def _run(argv: list[str], *, cwd: Path | None = None) -> str:
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,  # noqa: S603
+                              check=False, timeout=_TIMEOUT_S)
+    except FileNotFoundError as exc:
+        raise ImageError(f"{argv[0]} is not installed (scripts/libvirt.sh installs it)") from exc
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ImageError(f"{argv[0]} could not run: {exc}") from exc
+    if done.returncode != 0:
+        raise ImageError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
