@@ -160,3 +160,33 @@ def test_serve_destroys_a_domain_made_behind_its_back_before_taking_calls(
         asyncio.run(start_and_stop())
     finally:
         close_deps(deps)
+
+
+def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
+        engine: Deps, tmp_path: Path) -> None:
+    """Each host is its own libvirt test-driver node of a chosen size."""
+    from rift.services import hosts
+
+    small = write_test_host_xml(str(tmp_path / "small.xml"), 2, 1024)
+    large = write_test_host_xml(str(tmp_path / "large.xml"), 4, 6144)
+    hosts.add_host(engine, "small", small, vcpus=2, memory_mib=1024)
+    hosts.add_host(engine, "large", large, vcpus=4, memory_mib=6144)
+    opened = tasks.new_task(engine, ALICE)
+    handle = str(opened.handle)
+    placed = [vms.new_vm(engine, ALICE, handle, memory_mib=1024)["host"] for _ in range(6)]
+    # Free memory before each pick (large, local, small): 6144/4096/1024 → large;
+    # 5120/4096 → large; 4096/4096 tie → large (by name); 3072/4096 → local;
+    # 3072/3072 tie → large; 2048/3072 → local. small never has the most.
+    assert placed == ["large", "large", "large", "local", "large", "local"]
+    on_large = {d.name for d in engine.hosts.hypervisor(large).list_domains()}
+    assert len(on_large) == placed.count("large")
+    hosts.drain_host(engine, "large")
+    after_drain = vms.new_vm(engine, ALICE, handle, memory_mib=512)["host"]
+    assert after_drain != "large"
+    with pytest.raises(RiftError) as info:
+        vms.new_vm(engine, ALICE, handle, memory_mib=4096)
+    assert info.value.code == "no_capacity"
+    assert info.value.details["largest_free"]["memory_mib"] < 4096
+    listed = {h["name"]: h for h in hosts.list_hosts(engine)}
+    assert listed["large"]["state"] == "drained"
+    assert listed["large"]["used_memory_mib"] == 1024 * placed.count("large")
