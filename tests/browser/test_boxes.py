@@ -242,3 +242,32 @@ def extra_shots() -> Path | None:
     """`RIFT_BOXES_SHOTS=dir` also keeps the dark and phone screenshots, to look at."""
     where = os.environ.get("RIFT_BOXES_SHOTS")
     return Path(where) if where else None
+
+
+def test_on_postgresql_a_change_through_one_replica_shows_live_on_the_other(
+        browser: Any, tmp_path: Path) -> None:
+    """Two `rift serve` replicas on one PostgreSQL database: the page on B follows
+    a task made through A and its takeover, with no reload."""
+    from tests.conftest_store import skip_without_postgres, wipe
+    from tests.e2e.conftest import start_server
+
+    url = skip_without_postgres()
+    wipe(url)
+    (tmp_path / "a").mkdir()
+    proc_a, a = start_server(tmp_path / "a", RIFT_DATABASE_URL=url)
+    proc_b, b = start_replica(a, tmp_path / "b.log")
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        log_in(page, b, "admin", a.password)
+        made = Agent(a.url, a.token, "claude-code").call(
+            "rift_task_new", name="made through replica A")
+        expect(card(page, made["task"]["id"])).to_have_count(1)
+        expect(card(page, made["task"]["id"])).to_contain_text("mcp:claude-code")
+        Agent(a.url, a.token, "cursor").call("rift_task_attach", task_id=made["task"]["id"],
+                                             takeover=True)
+        expect(card(page, made["task"]["id"])).to_contain_text("mcp:cursor")
+    finally:
+        context.close()
+        stop_server(proc_b)
+        stop_server(proc_a)
