@@ -15,6 +15,8 @@
 # are kept in OUT_DIR/debs, so a rebuild downloads nothing new. The tests call
 # it once and keep the result in var/cache/test-images/debian/.
 set -euo pipefail
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 if [ "$(id -u)" -ne 0 ]; then
   exec sudo -E "$0" "$@"
@@ -40,17 +42,7 @@ mirror() {
 }
 MIRROR=${RIFT_DEBIAN_MIRROR:-$(mirror)}
 
-missing=()
-for pkg in "${HOST_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
-    || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+ensure_packages debian-image "${HOST_PACKAGES[@]}"
 
 started=$SECONDS
 mkdir -p "$OUT/debs"

@@ -7,6 +7,8 @@
 # Safe to run again: it skips what is already there. Runs as root (re-executes
 # itself through sudo otherwise).
 set -euo pipefail
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 if [ "$(id -u)" -ne 0 ]; then
   exec sudo -E "$0" "$@"
@@ -34,17 +36,7 @@ running() {
 }
 
 # 1. packages
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
-    || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+ensure_packages libvirt "${APT_PACKAGES[@]}"
 
 # 2. what libvirtd needs when started by hand
 mkdir -p "$LOG_DIR" /var/lib/libvirt/qemu /var/cache/libvirt/qemu /run/libvirt

@@ -3,24 +3,14 @@
 # packages (apt, as root), a virtualenv in .venv, and the project with its
 # dev dependencies. Safe to run again: it skips what is already there.
 set -euo pipefail
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(pkg-config libvirt-dev gcc python3-dev python3-venv tini postgresql chromium openssh-server debootstrap)
 [ "${RIFT_SETUP_NO_POSTGRES:-}" = 1 ] && APT_PACKAGES=("${APT_PACKAGES[@]/postgresql}")
 
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  [ -n "$pkg" ] || continue
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
-    || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+ensure_packages setup "${APT_PACKAGES[@]}"
 
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
