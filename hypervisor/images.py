@@ -141,7 +141,7 @@ def build_tiny(images_dir: Path, *, cache_dir: Path | None = None, force: bool =
     work = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=images_dir))
     try:
         unpacked = work / "deb"
-        _run(["dpkg-deb", "-x", str(deb), str(unpacked)])
+        run_command(["dpkg-deb", "-x", str(deb), str(unpacked)])
         release, vmlinuz = _kernel_file(unpacked)
         out = work / "out"
         out.mkdir()
@@ -176,10 +176,14 @@ def build_tiny(images_dir: Path, *, cache_dir: Path | None = None, force: bool =
 # inputs
 
 
-def _run(argv: list[str], *, cwd: Path | None = None) -> str:
+def run_command(argv: list[str], *, cwd: Path | None = None,
+                timeout_s: float = _COMMAND_TIMEOUT_S) -> str:
+    """Run a tool the image code needs; its stdout, or ImageError in its own words."""
     try:
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False,  # noqa: S603
-                              timeout=_COMMAND_TIMEOUT_S)
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,  # noqa: S603
+                              check=False, timeout=timeout_s)
+    except FileNotFoundError as exc:
+        raise ImageError(f"{argv[0]} is not installed (scripts/libvirt.sh installs it)") from exc
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ImageError(f"{argv[0]} could not run: {exc}") from exc
     if done.returncode != 0:
@@ -189,7 +193,7 @@ def _run(argv: list[str], *, cwd: Path | None = None) -> str:
 
 def _package_version(package: str) -> str:
     try:
-        out = _run(["dpkg-query", "-W", "-f=${Status}\t${Version}", package])
+        out = run_command(["dpkg-query", "-W", "-f=${Status}\t${Version}", package])
     except ImageError:
         out = ""
     status, _, version = out.partition("\t")
@@ -219,7 +223,7 @@ def _kernel_package() -> tuple[str, str]:
     """The versioned cloud kernel package and its version, as the meta package pins them."""
     for attempt in range(2):
         try:
-            shown = _run(["apt-cache", "show", "--no-all-versions", KERNEL_META_PACKAGE])
+            shown = run_command(["apt-cache", "show", "--no-all-versions", KERNEL_META_PACKAGE])
         except ImageError:
             if attempt:
                 raise
@@ -229,18 +233,19 @@ def _kernel_package() -> tuple[str, str]:
         if match:
             return match.group(1), match.group(2)
         if attempt == 0:
-            _run(["apt-get", "update", "-qq"])  # apt knows no packages before its first update
+            # apt knows no packages before its first update
+            run_command(["apt-get", "update", "-qq"])
     raise ImageError(f"apt knows no {KERNEL_META_PACKAGE}; check the Debian sources")
 
 
 def _download(package: str, version: str, cache: Path) -> Path:
     for deb in cache.glob(f"{package}_*.deb"):
-        if _run(["dpkg-deb", "-f", str(deb), "Version"]).strip() == version:
+        if run_command(["dpkg-deb", "-f", str(deb), "Version"]).strip() == version:
             return deb
-    _run(["apt-get", "download", "-qq", "-o", "APT::Sandbox::User=root",
+    run_command(["apt-get", "download", "-qq", "-o", "APT::Sandbox::User=root",
           f"{package}={version}"], cwd=cache)
     for deb in cache.glob(f"{package}_*.deb"):
-        if _run(["dpkg-deb", "-f", str(deb), "Version"]).strip() == version:
+        if run_command(["dpkg-deb", "-f", str(deb), "Version"]).strip() == version:
             return deb
     raise ImageError(f"apt-get download {package}={version} left no .deb in {cache}")
 
@@ -249,7 +254,7 @@ def _shared_libs(binaries: Iterable[Path]) -> set[Path]:
     """The shared libraries (and the loader) that `ldd` says the binaries need."""
     found: set[Path] = set()
     for binary in binaries:
-        out = _run(["ldd", str(binary)])
+        out = run_command(["ldd", str(binary)])
         for line in out.splitlines():
             match = re.search(r"(?:=>\s*)?(/\S+)\s+\(0x", line)
             if match:
@@ -414,7 +419,7 @@ def _add_root(archive: _Archive, busybox: Path, binaries: list[Path], libs: list
     archive.char_device("dev/console", 5, 1)
     archive.char_device("dev/null", 1, 3, 0o666)
     archive.file("bin/busybox", busybox.read_bytes(), 0o755)
-    applets = _run([str(busybox), "--list-full"]).split()
+    applets = run_command([str(busybox), "--list-full"]).split()
     for applet in applets:
         if applet != "bin/busybox":
             archive.symlink(applet, "/bin/busybox")

@@ -22,14 +22,13 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from hypervisor.base import DomainSpec
-from hypervisor.images import ImageError
+from hypervisor.images import ImageError, run_command
 
 KIND_KERNEL = "kernel"  # `tiny` and images like it: kernel + initramfs, booted directly
 KIND_QCOW2 = "qcow2"
@@ -302,16 +301,7 @@ def qcow2_guest_spec(
 
 
 def _run(argv: list[str], *, cwd: Path | None = None) -> str:
-    try:
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True,  # noqa: S603
-                              check=False, timeout=_TIMEOUT_S)
-    except FileNotFoundError as exc:
-        raise ImageError(f"{argv[0]} is not installed (scripts/libvirt.sh installs it)") from exc
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ImageError(f"{argv[0]} could not run: {exc}") from exc
-    if done.returncode != 0:
-        raise ImageError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
-    return done.stdout
+    return run_command(argv, cwd=cwd, timeout_s=_TIMEOUT_S)
 
 
 def _sha256_file(path: Path) -> str:
