@@ -88,15 +88,9 @@ def postgres() -> Iterator[str]:
 
 
 def _wipe(url: str) -> None:
-    from sqlalchemy import MetaData, create_engine, pool
+    from tests.conftest_store import wipe  # the suite's own: drop every table
 
-    engine = create_engine(url, poolclass=pool.NullPool)
-    try:
-        found = MetaData()
-        found.reflect(engine)
-        found.drop_all(engine)
-    finally:
-        engine.dispose()
+    wipe(url)
 
 
 # -- replicas -----------------------------------------------------------------------
