@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export RIFT_DATA_DIR ?= $(CURDIR)/var
 
-.PHONY: setup run test check bench clean
+.PHONY: setup run test soak check bench clean
 
 setup:
 	@scripts/setup.sh
@@ -20,6 +20,14 @@ run: setup
 test: setup
 	@scripts/libvirt.sh
 	@scripts/test.sh
+
+## soak: the reliability campaign's long form (not in CI): 10,000 fuzz cases per door,
+## 50+ kill -9 trials, a minute of 32 agents; prints the table and keeps it as JSON
+soak: setup
+	@scripts/libvirt.sh
+	@mkdir -p $(RIFT_DATA_DIR)
+	RIFT_SOAK=1 RIFT_RELIABILITY_REPORT=$(RIFT_DATA_DIR)/reliability-soak.json \
+	  scripts/test.sh tests/reliability --timeout=3600
 
 ## check: ruff and mypy
 check: setup

@@ -16,7 +16,7 @@ from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
 from rift.store.memory import MemoryStore
 
-pytest_plugins = ["tests.conftest_store"]
+pytest_plugins = ["tests.conftest_store", "tests.e2e.replicas"]
 
 ALICE = Caller("alice", "mcp:claude-code")
 ALICE_2 = Caller("alice", "mcp:cursor")
