@@ -39,6 +39,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from rift.api.app import create_app
+    from rift.api.guard import guarded_h11
     from rift.bootstrap import close_deps, ensure_admin
 
     deps = _deps(settings)
@@ -48,8 +49,10 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         print(f"  password: {first.password}", flush=True)
         print(f"  token:    {first.token}", flush=True)
     try:
+        # The request head's deadline is the protocol's (RIFT_HEADER_TIMEOUT_S); the
+        # body's is the app's (rift.api.guard).
         uvicorn.run(create_app(settings, deps), host=args.host, port=args.port,
-                    log_level="warning")
+                    log_level="warning", http=guarded_h11(settings.header_timeout_s))
     finally:
         close_deps(deps)
     return 0

@@ -57,6 +57,13 @@ class Settings(BaseSettings):
         "reconciliation takes it for a create its process never finished (a crash): the "
         "row turns `failed` and its domain is destroyed. Must exceed "
         "`RIFT_VM_BOOT_TIMEOUT_S`.")
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600, description="How long a connection may take to send a "
+        "request's line and headers (counted from its opening, or from its previous answer); "
+        "then it is closed, with a 408 if part of a head came.")
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600, description="How long a request's whole body may take to "
+        "arrive once the server reads it; then the request is refused with 408.")
     log_level: str = Field(default="INFO", description="Log level of the JSON logs on stderr.")
 
     @model_validator(mode="after")

@@ -17,7 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rift.api.auth import rest_caller
 from rift.api.errors import install_error_handlers
+from rift.api.guard import BodyGuard
 from rift.api.mcp import mount_mcp
+from rift.api.metrics import Metrics, door_of
 from rift.api.rest import router
 from rift.api.state import AppState
 from rift.bootstrap import build_deps, close_deps
@@ -33,15 +35,29 @@ log = logging.getLogger("rift.http")
 
 class AccessLog:
     """One JSON line per request: method, path, status, milliseconds. Never
-    headers or query strings (a handle or token could ride in either)."""
+    headers or query strings (a handle or token could ride in either). It also
+    keeps the gauge of requests in flight, by door: a stream whose client went
+    away must leave it."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.metrics is not None:
+            in_flight = self.metrics.in_flight.labels(door_of(scope["path"]))
+            in_flight.inc()
+            try:
+                await self._logged(scope, receive, send)
+            finally:
+                in_flight.dec()
+        else:
+            await self._logged(scope, receive, send)
+
+    async def _logged(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         status = 500
 
@@ -107,5 +123,6 @@ def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
         return Response(state.metrics.render(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.add_middleware(AccessLog)
+    app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(AccessLog, metrics=state.metrics)  # outermost: it logs the guard's refusals
     return app

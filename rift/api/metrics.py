@@ -26,9 +26,27 @@ class StoreGauges(Collector):
         ]
 
 
+DOORS = ("mcp", "rest", "live", "other")
+
+
+def door_of(path: str) -> str:
+    """The door a request came through: `/mcp`, REST, the Boxes page's live stream."""
+    if path == "/mcp":
+        return "mcp"
+    if path.startswith("/api/"):
+        return "rest"
+    return "live" if path == "/live" else "other"
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.in_flight = Gauge(
+            "rift_http_requests_in_flight", "HTTP requests being served now, by door (mcp, "
+            "rest, live: the Boxes pages' open streams, other).", ["door"],
+            registry=self.registry)
+        for door in DOORS:
+            self.in_flight.labels(door)
         self.tool_calls = Counter(
             "rift_tool_calls", "Tool and REST calls by tool and outcome code (ok or a refusal).",
             ["door", "tool", "outcome"], registry=self.registry)
