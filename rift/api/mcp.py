@@ -33,7 +33,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 
 from rift.api.mcp_door import McpDoor
@@ -152,9 +152,25 @@ def build_server(state: AppState) -> Server[Any]:
     return server
 
 
+class ClientGone(logging.Filter):
+    """The SDK logs a client that went away before its body's end (or whose body
+    Rift's guard refused: too large, too slow) as an error with a traceback; it is
+    the client's doing, so it becomes one info line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ClientDisconnect):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "the client went away before its request's end", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def mount_mcp(app: FastAPI, state: AppState) -> Callable[[], AbstractAsyncContextManager[None]]:
     """Mount the door at exactly `/mcp` (no redirect) and answer the factory of the
     context manager that the app's lifespan enters: it runs the SDK's managers."""
+    sdk_log = logging.getLogger("mcp.server.streamable_http")
+    if not any(isinstance(f, ClientGone) for f in sdk_log.filters):
+        sdk_log.addFilter(ClientGone())
     server = build_server(state)
     door = McpDoor(server, frozenset(t.name for t in TOOLS.values() if not t.slow))
     guarded = AuthenticationMiddleware(

@@ -9,6 +9,14 @@ tool that touches no hypervisor or guest, a listing, the handshake) goes to a
 JSON-answering manager, and the rest (VM boots, execs, files, teardown, which may
 run for minutes) to the streaming one, whose pings keep proxies and client
 timeouts from cutting a long call.
+
+Malformed input gets a JSON-RPC error with a clear message, never an empty or
+plain-text body: a wrong `Content-Type` (415), a request whose `id` is neither a
+string nor an integer (400; the handshake era's SDK took it for a notification
+and answered 202, so the client waited forever), and the SDK's own body-less or
+plain-text 4xx answers (405 for GET, 406 for a missing `Accept`). Oversized and
+trickling bodies are refused in front of every route (`rift.api.guard`); the SDK's
+own limit stays as a second fence.
 """
 
 from __future__ import annotations
@@ -25,9 +33,9 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from rift.api.guard import JSONRPC_INVALID_REQUEST, MAX_BODY
 from rift.api.mcp_names import initialize_name, with_session_id
 
-MAX_BODY = 40 * 1024 * 1024  # 16 MiB of content, base64-encoded and JSON-escaped, fits
 _PEEK_LIMIT = 64 * 1024  # larger bodies are file writes: streamed, never read twice
 
 
@@ -60,18 +68,24 @@ class McpDoor:
             await Response("MCP is not running", 503)(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        send = _clear_errors(send)
+        if scope["method"] != "POST":
+            # Rift sends nothing unasked (no GET stream) and keeps no session to end (the
+            # spec allows 405).
+            await _jsonrpc_error(send, 405, "Method Not Allowed: POST /mcp only; Rift opens "
+                                 "no GET stream and keeps no session", {"Allow": "POST"})
+            return
+        if not _is_json(headers.get("content-type", "")):
+            await _jsonrpc_error(send, 415, _WHY[415])
+            return
         era = headers.get("mcp-protocol-version")
         if era is not None and era not in HANDSHAKE_PROTOCOL_VERSIONS:
             await streaming.handle_request(scope, receive, send)
             return
-        if scope["method"] in ("GET", "DELETE"):
-            # Rift sends nothing unasked and keeps no session to end (the spec allows 405).
-            await Response(status_code=405, headers={"Allow": "POST"})(scope, receive, send)
-            return
-        if scope["method"] != "POST":
-            await streaming.handle_request(scope, receive, send)
-            return
         receive, message = await _peek(headers, receive)
+        if _bad_id(message):
+            await _jsonrpc_error(send, 400, "Invalid Request: id must be a string or an integer")
+            return
         if "mcp-session-id" not in headers and (name := initialize_name(message)):
             send = with_session_id(send, name)
         manager = quick if self._is_quick(message) else streaming
@@ -111,5 +125,64 @@ async def _peek(headers: Headers, receive: Receive) -> tuple[Receive, object]:
 
     try:
         return replay, json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: deep nesting
         return replay, None
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type.partition(";")[0].strip().lower() == "application/json"
+
+
+def _bad_id(message: object) -> bool:
+    """A request (it has a method) whose id is not a string or an integer."""
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return False
+    ident = message["id"]
+    return not isinstance(ident, str) and (not isinstance(ident, int) or isinstance(ident, bool))
+
+
+async def _jsonrpc_error(send: Send, status: int, message: str,
+                         headers: list[tuple[bytes, bytes]] | dict[str, str] | None = None
+                         ) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": None,
+                       "error": {"code": JSONRPC_INVALID_REQUEST, "message": message}}).encode()
+    raw = ([(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+           if isinstance(headers, dict) else list(headers or []))
+    raw += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+_WHY = {405: "Method Not Allowed: POST /mcp only",
+        406: "Not Acceptable: the Accept header must list application/json and "
+             "text/event-stream",
+        415: "Unsupported Media Type: POST /mcp takes Content-Type: application/json"}
+
+
+def _clear_errors(send: Send) -> Send:
+    """Turn the SDK's body-less or plain-text 4xx answers into JSON-RPC errors that
+    say what was wrong (its JSON answers pass unchanged)."""
+    held: Message | None = None
+    chunks: list[bytes] = []
+
+    async def sending(message: Message) -> None:
+        nonlocal held
+        if message["type"] == "http.response.start":
+            kind = Headers(raw=message.get("headers", [])).get("content-type", "")
+            if 400 <= message["status"] < 500 and not kind.startswith("application/json"):
+                held = message
+                return
+        elif held is not None and message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            status = held["status"]
+            said = b"".join(chunks).decode("utf-8", "replace").strip()[:300]
+            why = _WHY.get(status) or said or f"HTTP {status}"
+            kept = [(k, v) for k, v in held.get("headers", [])
+                    if k.lower() not in (b"content-type", b"content-length")]
+            await _jsonrpc_error(send, status, why, kept)
+            return
+        await send(message)
+
+    return sending
