@@ -1,0 +1,925 @@
+"""Bad input (issue 7), against a real `rift serve` on libvirt's test driver:
+
+1. Hypothesis over every MCP tool's input (through the SDK client) and
+   schemathesis over every REST operation: no internal error, every refusal with
+   a code and a hint. The short form runs 40 cases per tool and per operation;
+   the soak (RIFT_SOAK=1) 10,000 over the tools and 10,000 over REST.
+2. Malformed JSON-RPC bodies to `POST /mcp`: each gets a JSON-RPC error (or a 4xx
+   with a clear JSON body), never a 5xx, and the server answers afterwards.
+3. Bodies over the limit, declared or chunked, on REST and MCP: a 413 with the
+   usual error object, sent while the client is still sending (nothing buffered).
+4. Slow clients: silent, half a head, a head or a body byte by byte; each is cut
+   off by its deadline, and 50 of them held do not slow a normal call.
+5. Streams left by clients that vanished (the Boxes page's live stream, MCP calls
+   cut mid-request): the server notices, its in-flight gauge returns to zero and
+   its open files and memory to their baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import select
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import schemathesis
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
+
+from rift.api.app import create_app
+from rift.api.guard import MAX_BODY
+from rift.api.mcp_schema import Field
+from rift.api.mcp_tools import TOOLS
+from rift.config import Settings
+from tests.e2e.conftest import Server, start_server, stop_server
+from tests.e2e.test_mcp import REFUSAL_CODES, call, mcp_session
+from tests.reliability import campaign
+
+SECTION = "Bad input"
+HEAD_TIMEOUT_S = 2.0  # the test server's RIFT_HEADER_TIMEOUT_S
+BODY_TIMEOUT_S = 3.0  # and RIFT_BODY_TIMEOUT_S
+CUT_SLACK_S = 1.5  # how late after its deadline a slow client may still be cut off
+MCP_CASES = campaign.scale(40 * len(TOOLS), 10_000)
+EXAMPLES_PER_TOOL = math.ceil(MCP_CASES / len(TOOLS))
+REST_OPERATIONS = sorted(
+    f"{method.upper()} {path}"
+    for path, item in create_app(Settings()).openapi()["paths"].items() for method in item)
+EXAMPLES_PER_OPERATION = math.ceil(campaign.scale(40 * len(REST_OPERATIONS), 10_000)
+                                   / len(REST_OPERATIONS))
+INTENDED_5XX = {"no_capacity", "guest_unreachable", "hypervisor_error"}
+MIB = 1024 * 1024
+MODERN = {"MCP-Protocol-Version": "2026-07-28"}
+HANDSHAKE = {"MCP-Protocol-Version": "2025-06-18"}
+ERAS = {"2026-07-28": MODERN, "2025-06-18": HANDSHAKE, "no version header": {}}
+# An internal error, or any error the server logs: bad input is the client's doing.
+INTERNAL_LOG = re.compile(r'"level": "(error|critical)"|Exception in ASGI application')
+
+
+@dataclass
+class Running:
+    server: Server
+    proc: subprocess.Popen[str]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@dataclass
+class Tally:
+    """What one fuzzer saw, summed over its tests."""
+
+    cases: int = 0
+    internal: int = 0  # MCP: refusals `internal`; REST: HTTP 500
+    unclear: int = 0  # refusals without a code, a message or a hint
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: Tally) -> None:
+        self.cases += other.cases
+        self.internal += other.internal
+        self.unclear += other.unclear
+        self.outcomes.update(other.outcomes)
+
+    def shown(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
+
+
+MCP_TALLY = Tally()
+REST_TALLY = Tally()
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    proc, srv = start_server(
+        tmp_path_factory.mktemp("bad-input"), RIFT_HEADER_TIMEOUT_S=str(HEAD_TIMEOUT_S),
+        RIFT_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S), RIFT_LIVE_POLL_S="0.2",
+        # Budgets would turn most soak cases into rate_limited: let the fuzz reach the tools.
+        RIFT_RATE_TASK_NEW_PER_H="1000000", RIFT_RATE_VM_NEW_PER_H="1000000")
+    campaign.enlist(srv.data_dir, srv.log, srv.token, srv.password)
+    try:
+        yield Running(srv, proc)
+    finally:
+        stop_server(proc)
+        for name, tally, goal in (
+                ("MCP tools", MCP_TALLY, f"{EXAMPLES_PER_TOOL} x {len(TOOLS)} tools"),
+                ("REST", REST_TALLY,
+                 f"{EXAMPLES_PER_OPERATION} x {len(REST_OPERATIONS)} operations")):
+            if tally.cases:
+                campaign.record(SECTION, f"{name} fuzz: cases run", tally.cases, goal)
+                campaign.record(SECTION, f"{name} fuzz: internal errors", tally.internal, "0")
+                campaign.record(SECTION, f"{name} fuzz: refusals lacking code or hint",
+                                tally.unclear, "0")
+                campaign.record(SECTION, f"{name} fuzz: outcomes", tally.shown())
+
+
+@pytest.fixture(scope="module")
+def server(running: Running) -> Server:
+    return running.server
+
+
+def internal_errors(srv: Server) -> int:
+    """Lines of the server's log that tell of an error (internal or not)."""
+    return sum(1 for line in srv.log.read_text().splitlines() if INTERNAL_LOG.search(line))
+
+
+def answers(srv: Server) -> None:
+    """The server still serves: health, REST and an MCP call."""
+    assert httpx.get(srv.url + "/healthz", timeout=10).status_code == 200
+    listed = httpx.get(srv.url + "/api/v1/tasks", timeout=10,
+                       headers={"Authorization": f"Bearer {srv.token}"})
+    assert listed.status_code == 200 and "tasks" in listed.json(), listed.text
+
+    async def one() -> None:
+        with anyio.fail_after(30):
+            async with mcp_session(srv.url, srv.token, "after-bad-input") as session:
+                result = await session.call_tool("rift_task_list", {})
+        assert not result.is_error and "tasks" in (result.structured_content or {})
+
+    anyio.run(one)
+
+
+# -- 1. Hypothesis over every MCP tool's input ---------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                 max_size=3),
+    max_leaves=5)
+
+
+class Live:
+    """One fuzz user's session, with real ids and a real handle to aim at."""
+
+    def __init__(self, portal: BlockingPortal, session: ClientSession,
+                 handle: str, task_id: str, vm_id: str) -> None:
+        self.portal, self.session = portal, session
+        self.handle, self.task_id, self.vm_id = handle, task_id, vm_id
+
+
+@pytest.fixture(scope="module")
+def live(server: Server) -> Iterator[Live]:
+    token = server.new_token("fuzz", "hypothesis")
+    campaign.secret(token)
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(
+            mcp_session(server.url, token, "fuzzer")) as session:
+        opened = portal.call(lambda: call(session, "rift_task_new", name="fuzz"))
+        campaign.handle_secret(opened["handle"])
+        vm = portal.call(lambda: call(session, "rift_vm_new", handle=opened["handle"]))
+        yield Live(portal, session, opened["handle"], opened["task"]["id"], vm["vm"]["id"])
+
+
+def near(field: Field, live: Live, name: str) -> st.SearchStrategy[Any]:
+    """Values at and around the field's edges, and real ones."""
+    real = {"handle": [live.handle, live.handle + "x", "task_aaaaaaaa." + "A" * 43],
+            "task_id": [live.task_id], "after": [live.task_id], "vm_id": [live.vm_id]}
+    options: list[st.SearchStrategy[Any]] = [st.sampled_from(real.get(name, [None]))]
+    if field.kind == "integer":
+        low = -(2**70) if field.low is None else field.low
+        high = 2**70 if field.high is None else field.high
+        options += [st.integers(low - 2, low + 2), st.integers(high - 2, high + 2),
+                    st.integers(low, high), st.floats(allow_nan=True)]
+    elif field.kind == "string":
+        high = field.high or 50
+        options += [st.text(max_size=high + 2 if high <= 250 else 30),
+                    st.sampled_from(list(field.enum or ("",)))]
+        if high <= 100_000:
+            options.append(st.just("x" * (high + 1)))
+    else:
+        options.append(st.booleans())
+    return st.one_of(*options)
+
+
+def arguments(tool_name: str, live: Live) -> st.SearchStrategy[dict[str, Any]]:
+    fields = TOOLS[tool_name].fields
+    known = st.fixed_dictionaries({}, optional={
+        name: st.one_of(near(field, live, name), JSON) for name, field in fields.items()})
+    stray = st.dictionaries(st.text(min_size=1, max_size=12), JSON, max_size=2)
+    return st.one_of(known, st.builds(lambda a, b: {**b, **a}, known, stray))
+
+
+@pytest.mark.parametrize("tool_name", sorted(TOOLS))
+def test_any_tool_input_is_answered_or_refused_never_an_internal_error(
+        live: Live, server: Server, tool_name: str) -> None:
+    tally = Tally()
+    errors_before = internal_errors(server)
+
+    @settings(max_examples=EXAMPLES_PER_TOOL, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(data=st.data())
+    def probe(data: st.DataObject) -> None:
+        args = data.draw(arguments(tool_name, live))
+
+        async def one_call() -> None:
+            tally.cases += 1
+            try:
+                with anyio.fail_after(30):
+                    result = await live.session.call_tool(tool_name, args)
+            except MCPError:
+                tally.outcomes["protocol error"] += 1
+                raise
+            if result.is_error:
+                error = (result.structured_content or {}).get("error", {})
+                code = str(error.get("code"))
+                tally.outcomes[code] += 1
+                tally.internal += code == "internal"
+                tally.unclear += not (error.get("code") and error.get("message")
+                                      and error.get("hint"))
+                assert code in REFUSAL_CODES, (args, error)
+                assert error.get("message") and error.get("hint"), (args, error)
+            else:
+                tally.outcomes["ok"] += 1
+                out = result.structured_content
+                assert isinstance(out, dict), args
+                if isinstance(out.get("handle"), str):
+                    campaign.handle_secret(out["handle"])
+
+        live.portal.call(one_call)
+
+    try:
+        probe()
+    finally:
+        MCP_TALLY.add(tally)
+    assert tally.cases >= EXAMPLES_PER_TOOL // 2, tally
+    assert internal_errors(server) == errors_before, "the server logged an internal error"
+
+
+# -- 1b. schemathesis over every REST operation ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def rest_operations(server: Server) -> dict[str, Any]:
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    operations = {op.label: op for op in (r.ok() for r in schema.get_all_operations())}
+    assert sorted(operations) == REST_OPERATIONS
+    return operations
+
+
+def _rest_check(case: Any, server: Server, tally: Tally) -> None:
+    response = case.call(headers={"Authorization": f"Bearer {server.token}"}, timeout=30)
+    tally.cases += 1
+    status = response.status_code
+    tally.outcomes[str(status)] += 1
+    where = f"{case.method} {case.formatted_path}: {status} {response.text[:300]}"
+    tally.internal += status == 500
+    assert status != 500, where
+    if status < 400:
+        with contextlib.suppress(ValueError):
+            handle = response.json().get("handle")
+            if isinstance(handle, str):
+                campaign.handle_secret(handle)
+        return
+    try:
+        error = response.json()["error"]
+        clear = bool(error["code"] and error["message"] and error["hint"])
+    except (ValueError, KeyError, TypeError):
+        error, clear = {}, False
+    tally.unclear += not clear
+    assert clear, where
+    if status >= 500:
+        assert error["code"] in INTENDED_5XX, where
+
+
+def _operation_id(label: str) -> str:
+    """`POST /api/v1/tasks/{task_id}/attach` → `POST-tasks-task_id-attach`."""
+    return re.sub(r"[{}]", "", label.replace(" /api/v1/", "-").replace("/", "-"))
+
+
+@pytest.mark.parametrize("operation", REST_OPERATIONS, ids=_operation_id)
+def test_no_rest_operation_answers_an_internal_error(
+        server: Server, rest_operations: dict[str, Any], operation: str) -> None:
+    tally = Tally()
+    errors_before = internal_errors(server)
+
+    @given(case=rest_operations[operation].as_strategy())
+    @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    def run(case: Any) -> None:
+        _rest_check(case, server, tally)
+
+    try:
+        run()
+    finally:
+        REST_TALLY.add(tally)
+    assert tally.cases >= min(10, EXAMPLES_PER_OPERATION), tally
+    assert internal_errors(server) == errors_before, "the server logged an internal error"
+
+
+def test_rest_fuzz_reached_both_successes_and_refusals() -> None:
+    if not REST_TALLY.cases:
+        pytest.skip("the REST fuzz did not run in this selection")
+    assert any(s.startswith("2") for s in REST_TALLY.outcomes), REST_TALLY
+    assert "422" in REST_TALLY.outcomes, REST_TALLY
+
+
+# -- 2. malformed JSON-RPC bodies --------------------------------------------------------------
+
+def _deep(levels: int, open_: bytes = b"[", close: bytes = b"]") -> bytes:
+    return open_ * levels + close * levels
+
+
+def _rpc(rest: bytes) -> bytes:
+    return b'{"jsonrpc":"2.0",' + rest + b"}"
+
+
+# name → (body, what it may be answered with). "error": a JSON-RPC error (HTTP 4xx, or
+# 200 for errors the SDK sends as a result of a well-formed request); "accepted": a
+# notification, 202 with no answer.
+MALFORMED: dict[str, tuple[bytes, str]] = {
+    "not JSON": (b"hello {", "error"),
+    "empty body": (b"", "error"),
+    "JSON string": (b'"tools/list"', "error"),
+    "JSON number": (b"42", "error"),
+    "JSON null": (b"null", "error"),
+    "empty array": (b"[]", "error"),
+    "batch array": (b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"},'
+                    b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}]', "error"),
+    "no jsonrpc": (b'{"id":1,"method":"tools/list"}', "error"),
+    "jsonrpc 1.0": (b'{"jsonrpc":"1.0","id":1,"method":"tools/list"}', "error"),
+    "no method": (_rpc(b'"id":1'), "error"),
+    "no id (a notification)": (_rpc(b'"method":"tools/list"'), "accepted"),
+    "method a number": (_rpc(b'"id":1,"method":5'), "error"),
+    "id an object": (_rpc(b'"id":{"a":1},"method":"tools/list"'), "error"),
+    "id a float": (_rpc(b'"id":1.5,"method":"tools/list"'), "error"),
+    "id true": (_rpc(b'"id":true,"method":"tools/list"'), "error"),
+    "id NaN": (_rpc(b'"id":NaN,"method":"tools/list"'), "error"),
+    "params a string": (_rpc(b'"id":1,"method":"tools/call","params":"x"'), "error"),
+    "params an array": (_rpc(b'"id":1,"method":"tools/call","params":[1]'), "error"),
+    "call without a name": (_rpc(b'"id":1,"method":"tools/call","params":{}'), "error"),
+    "arguments an array": (_rpc(b'"id":1,"method":"tools/call","params":{"name":'
+                                b'"rift_task_list","arguments":[]}'), "error"),
+    "unknown tool": (_rpc(b'"id":1,"method":"tools/call","params":{"name":"rm_rf",'
+                          b'"arguments":{}}'), "error"),
+    "unknown method": (_rpc(b'"id":1,"method":"nope/nothing"'), "error"),
+    "huge integer id": (_rpc(b'"id":' + b"9" * 5000 + b',"method":"tools/list"'), "error"),
+    "deep nesting, small": (_rpc(b'"id":1,"method":"tools/call","params":{"name":'
+                                 b'"rift_task_list","arguments":'
+                                 + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}"), "error"),
+    "deep nesting, large": (_rpc(b'"id":1,"method":"tools/list","params":'
+                                 + _deep(200_000)), "error"),
+    "invalid UTF-8 in a string": (_rpc(b'"id":1,"method":"tools/list\xff\xfe"'), "error"),
+    "invalid UTF-8 first": (b"\xff\xfe" + _rpc(b'"id":1,"method":"tools/list"'), "error"),
+    "lone surrogate escape": (_rpc(b'"id":"\\ud800","method":"nope/\\udfff"'), "error"),
+}
+BAD_CONTENT_TYPES = ["text/plain", "", "application/x-www-form-urlencoded",
+                     "multipart/form-data; boundary=x", "application/jsonx"]
+
+
+def _jsonrpc_error_in(response: httpx.Response) -> dict[str, Any] | None:
+    """The JSON-RPC error a response carries (JSON, or the last event of a stream)."""
+    text = response.text
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+        text = data[-1] if data else ""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return None
+    error = message.get("error")
+    return error if isinstance(error, dict) else None
+
+
+def _clear_jsonrpc_error(error: dict[str, Any] | None) -> bool:
+    return (error is not None and isinstance(error.get("code"), int)
+            and isinstance(error.get("message"), str) and len(error["message"]) >= 5)
+
+
+def test_malformed_jsonrpc_bodies_get_a_clear_error_never_a_5xx(server: Server) -> None:
+    headers = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    statuses: Counter[int] = Counter()
+    failures: list[str] = []
+    errors_before = internal_errors(server)
+    cases = 0
+    with httpx.Client(timeout=30) as client:
+        for era, era_headers in ERAS.items():
+            for name, (body, expected) in MALFORMED.items():
+                cases += 1
+                response = client.post(server.url + "/mcp", content=body,
+                                       headers=headers | era_headers)
+                statuses[response.status_code] += 1
+                where = f"{era} / {name}: {response.status_code} {response.text[:200]!r}"
+                if response.status_code >= 500:
+                    failures.append(where)
+                elif expected == "accepted":
+                    if response.status_code != 202:
+                        failures.append(where)
+                elif not _clear_jsonrpc_error(_jsonrpc_error_in(response)):
+                    failures.append(where)
+            for content_type in BAD_CONTENT_TYPES:
+                cases += 1
+                response = client.post(server.url + "/mcp",
+                                       content=_rpc(b'"id":1,"method":"tools/list"'),
+                                       headers=headers | era_headers
+                                       | {"Content-Type": content_type})
+                statuses[response.status_code] += 1
+                if response.status_code != 415 or not _clear_jsonrpc_error(
+                        _jsonrpc_error_in(response)):
+                    failures.append(f"{era} / content type {content_type!r}: "
+                                    f"{response.status_code} {response.text[:200]!r}")
+            for method in ("GET", "PUT", "DELETE", "PATCH"):
+                cases += 1
+                response = client.request(method, server.url + "/mcp",
+                                          headers=headers | era_headers)
+                statuses[response.status_code] += 1
+                if response.status_code != 405 or not _clear_jsonrpc_error(
+                        _jsonrpc_error_in(response)):
+                    failures.append(f"{era} / {method}: {response.status_code} "
+                                    f"{response.text[:200]!r}")
+            cases += 1
+            response = client.post(server.url + "/mcp", content=_rpc(b'"id":1,"method":"x"'),
+                                   headers=headers | era_headers | {"Accept": "text/html"})
+            statuses[response.status_code] += 1
+            if response.status_code != 406 or not _clear_jsonrpc_error(
+                    _jsonrpc_error_in(response)):
+                failures.append(f"{era} / Accept text/html: {response.status_code} "
+                                f"{response.text[:200]!r}")
+    campaign.record(SECTION, "malformed JSON-RPC bodies sent (3 eras)", cases)
+    campaign.record(SECTION, "malformed JSON-RPC: unclear or 5xx answers", len(failures), "0")
+    campaign.record(SECTION, "malformed JSON-RPC: statuses",
+                    ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+    assert not failures, "\n".join(failures)
+    assert internal_errors(server) == errors_before, "the server logged an internal error"
+    answers(server)
+
+
+# -- raw sockets ------------------------------------------------------------------------------
+
+def _address(srv: Server) -> tuple[str, int]:
+    host, _, port = srv.url.removeprefix("http://").partition(":")
+    return host, int(port)
+
+
+def _connect(srv: Server) -> socket.socket:
+    sock = socket.create_connection(_address(srv), timeout=30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _request_head(srv: Server, method: str, path: str, **headers: str) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {_address(srv)[0]}"]
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _read_to_close(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes (or `limit_s` passes: then
+    `inf`), and when it closed, in seconds from now."""
+    start = time.monotonic()
+    data = b""
+    sock.settimeout(limit_s)
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data, time.monotonic() - start
+            data += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        return data, time.monotonic() - start
+    except TimeoutError:
+        return data, math.inf
+
+
+def _read_answer(sock: socket.socket, limit_s: float) -> bytes:
+    """One whole answer with a Content-Length (the connection may stay open)."""
+    sock.settimeout(limit_s)
+    data = b""
+    while True:
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if sep:
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            if length and len(body) >= int(length.group(1)):
+                return data
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1]) if lines[0].startswith("HTTP/") else 0
+    headers = {k.strip().lower(): v.strip()
+               for k, _, v in (line.partition(":") for line in lines[1:])}
+    return status, headers, body
+
+
+def _reset(sock: socket.socket) -> None:
+    """Vanish: close with an RST (SO_LINGER 0), no FIN."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _rest_error(body: bytes) -> dict[str, Any]:
+    error = json.loads(body)["error"]
+    assert error["code"] and error["message"] and error["hint"], error
+    return dict(error)
+
+
+def _mcp_error(body: bytes) -> dict[str, Any]:
+    message = json.loads(body)
+    assert message["jsonrpc"] == "2.0" and message["id"] is None, message
+    error = message["error"]
+    assert isinstance(error["code"], int) and error["message"], error
+    data = error["data"]
+    assert data["code"] and data["message"] and data["hint"], error
+    return dict(data)
+
+
+def _rss_mib(pid: int) -> float:
+    found = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+    assert found is not None
+    return int(found.group(1)) / 1024
+
+
+def _open_sockets(pid: int) -> int:
+    """The server's open sockets (its other files, such as the database connections
+    its pool opens as worker threads first need them, are not the clients')."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += Path.readlink(fd).as_posix().startswith("socket:")
+    return count
+
+
+# -- 3. bodies over the limit ------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/api/v1/tasks", "/mcp"])
+def test_a_body_declared_over_the_limit_is_refused_at_once(server: Server, path: str) -> None:
+    sock = _connect(server)
+    started = time.monotonic()
+    sock.sendall(_request_head(server, "POST", path, Authorization=f"Bearer {server.token}",
+                               Content_Type="application/json",
+                               Accept="application/json, text/event-stream",
+                               Content_Length=str(MAX_BODY + 1)))
+    raw = _read_answer(sock, 10)
+    answered_s = time.monotonic() - started
+    rest, closed_after = _read_to_close(sock, 10)
+    sock.close()
+    assert rest == b"", rest[:200]
+    status, headers, body = _parse(raw)
+    assert status == 413, raw[:300]
+    assert headers["content-type"] == "application/json"
+    error = _mcp_error(body) if path == "/mcp" else _rest_error(body)
+    assert error["code"] == "invalid_argument" and error["limit_bytes"] == MAX_BODY
+    assert "40 MiB" in error["message"] and "40 MiB" in error["hint"], error
+    # The body's rest is drained, not waited for: the next head's deadline closes it.
+    assert HEAD_TIMEOUT_S - 0.2 < closed_after < HEAD_TIMEOUT_S + CUT_SLACK_S, closed_after
+    campaign.record(SECTION, f"413 for a declared {MAX_BODY // MIB + 1} MiB body ({path}), "
+                    "seconds", answered_s, "< 1, nothing read")
+    assert answered_s < 1
+
+
+@pytest.mark.parametrize("path", ["/api/v1/tasks", "/mcp"])
+def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(
+        server: Server, running: Running, path: str) -> None:
+    """No Content-Length: the guard counts bytes as they come and refuses as soon as
+    they pass the limit, while the client is still sending (nothing is buffered)."""
+    sock = _connect(server)
+    sock.sendall(_request_head(server, "POST", path, Authorization=f"Bearer {server.token}",
+                               Content_Type="application/json",
+                               Accept="application/json, text/event-stream",
+                               Transfer_Encoding="chunked"))
+    chunk = b"%x\r\n" % MIB + b" " * MIB + b"\r\n"
+    total_mib = 200
+    sent_mib = 0
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        for _ in range(total_mib):
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                break
+            sock.sendall(chunk)
+            sent_mib += 1
+    raw, _ = _read_to_close(sock, 10)
+    sock.close()
+    status, _, body = _parse(raw)
+    assert status == 413, (sent_mib, raw[:300])
+    error = _mcp_error(body) if path == "/mcp" else _rest_error(body)
+    assert error["code"] == "invalid_argument" and error["limit_bytes"] == MAX_BODY
+    # Refused once 40 MiB had come, not after the 200 MiB the client meant to send
+    # (socket buffers hold a few MiB more).
+    assert sent_mib < MAX_BODY // MIB + 24, sent_mib
+    campaign.record(SECTION, f"chunked {total_mib} MiB body to {path}: MiB sent when "
+                    "refused", sent_mib, f"about {MAX_BODY // MIB} (the limit)")
+    answers(server)
+    assert running.proc.poll() is None
+
+
+def test_an_mcp_client_is_told_why_its_call_was_too_large(server: Server) -> None:
+    """What an agent sees: the SDK client surfaces the 413's JSON-RPC error as it is."""
+    async def too_large() -> None:
+        async with mcp_session(server.url, server.token, "too-large") as session:
+            with pytest.raises(MCPError) as raised:
+                await session.call_tool("rift_vm_write_file", {
+                    "handle": "task_aaaaaaaa." + "A" * 43, "vm_id": "vm_aaaaaaaa",
+                    "path": "/tmp/big", "content": "x" * (MAX_BODY + 1)})
+            said = str(raised.value)
+            assert "invalid_argument" in said and "40 MiB" in said, said
+            # and the session goes on
+            assert not (await session.call_tool("rift_task_list", {})).is_error
+
+    anyio.run(too_large)
+
+
+def test_a_body_just_under_the_limit_passes_the_guard(server: Server) -> None:
+    """The limit is where it says: 40 MiB less a few bytes reach the route (and are
+    refused for what they say), one byte over does not."""
+    name = b"x" * (MAX_BODY - 20)
+    body = b'{"name": "' + name + b'"}'
+    assert len(body) <= MAX_BODY
+    response = httpx.post(server.url + "/api/v1/tasks", content=body, timeout=60,
+                          headers={"Authorization": f"Bearer {server.token}",
+                                   "Content-Type": "application/json"})
+    assert response.status_code == 422, response.text[:300]
+    assert response.json()["error"]["field"] == "name"
+    over = httpx.post(server.url + "/api/v1/tasks", content=body + b" " * (
+        MAX_BODY + 1 - len(body)), timeout=60,
+        headers={"Authorization": f"Bearer {server.token}",
+                 "Content-Type": "application/json"})
+    assert over.status_code == 413, over.text[:300]
+    assert over.json()["error"]["code"] == "invalid_argument"
+
+
+# -- 4. slow clients ---------------------------------------------------------------------------
+
+def _drip(sock: socket.socket, data: bytes, every_s: float) -> threading.Thread:
+    def run() -> None:
+        for byte in data:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                return
+            time.sleep(every_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+SlowClient = Callable[[Server], socket.socket]
+
+
+def _silent(srv: Server) -> socket.socket:
+    return _connect(srv)
+
+
+def _half_head(srv: Server) -> socket.socket:
+    sock = _connect(srv)
+    sock.sendall(b"GET /api/v1/tasks HTTP/1.1\r\nHost: x\r\nAuthor")
+    return sock
+
+
+def _head_dripped(srv: Server) -> socket.socket:
+    sock = _connect(srv)
+    _drip(sock, _request_head(srv, "GET", "/healthz"), 0.25)
+    return sock
+
+
+def _body_dripped(path: str) -> SlowClient:
+    def open_(srv: Server) -> socket.socket:
+        sock = _connect(srv)
+        sock.sendall(_request_head(srv, "POST", path, Authorization=f"Bearer {srv.token}",
+                                   Content_Type="application/json",
+                                   Accept="application/json, text/event-stream",
+                                   Content_Length="100"))
+        _drip(sock, b" " * 100, 1.0)
+        return sock
+
+    return open_
+
+
+# name → (client, its deadline, status it gets when cut off: 0 for none)
+SLOW_CLIENTS: dict[str, tuple[SlowClient, float, int]] = {
+    "connects and sends nothing": (_silent, HEAD_TIMEOUT_S, 0),
+    "sends half a head and stalls": (_half_head, HEAD_TIMEOUT_S, 408),
+    "sends its head a byte per 0.25 s": (_head_dripped, HEAD_TIMEOUT_S, 408),
+    "sends a REST body a byte per second": (_body_dripped("/api/v1/tasks"),
+                                            BODY_TIMEOUT_S, 408),
+    "sends an MCP body a byte per second": (_body_dripped("/mcp"), BODY_TIMEOUT_S, 408),
+}
+
+
+def test_slow_clients_are_cut_off_by_their_deadline(server: Server) -> None:
+    opened = {name: (client(server), time.monotonic())
+              for name, (client, _, _) in SLOW_CLIENTS.items()}
+    results: dict[str, tuple[bytes, float]] = {}
+
+    def wait(name: str) -> None:
+        sock, since = opened[name]
+        raw, _ = _read_to_close(sock, 20)
+        results[name] = raw, time.monotonic() - since
+        sock.close()
+
+    threads = [threading.Thread(target=wait, args=(name,)) for name in opened]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    worst = 0.0
+    for name, (_, deadline, expected) in SLOW_CLIENTS.items():
+        raw, after = results[name]
+        worst = max(worst, after - deadline)
+        assert deadline - 0.2 <= after <= deadline + CUT_SLACK_S, (name, after, raw[:200])
+        status, headers, body = _parse(raw)
+        assert status == expected, (name, raw[:300])
+        if expected:
+            assert headers.get("connection") == "close", (name, headers)
+            error = _mcp_error(body) if "MCP" in name else _rest_error(body)
+            assert error["code"] == "invalid_argument", error
+            assert "TIMEOUT_S" in error["hint"], error
+        campaign.record(SECTION, f"slow client that {name}: cut off after, s", after,
+                        f"{deadline:g} (its deadline)")
+    campaign.record(SECTION, "slow clients: latest cut-off past its deadline, s", worst,
+                    f"<= {CUT_SLACK_S}")
+    answers(server)
+
+
+def test_fifty_slow_clients_do_not_hold_up_a_normal_call(server: Server) -> None:
+    slow = [_half_head(server) if i % 2 else _body_dripped("/api/v1/tasks")(server)
+            for i in range(50)]
+    opened = time.monotonic()
+    latencies: list[float] = []
+    try:
+        with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {server.token}"}
+                          ) as client:
+            for _ in range(5):
+                start = time.monotonic()
+                assert client.get(server.url + "/api/v1/tasks").status_code == 200
+                assert client.get(server.url + "/healthz").status_code == 200
+                latencies.append(time.monotonic() - start)
+
+        async def mcp_call() -> None:
+            start = time.monotonic()
+            async with mcp_session(server.url, server.token, "beside-slowloris") as session:
+                result = await session.call_tool("rift_task_list", {})
+            assert not result.is_error
+            latencies.append(time.monotonic() - start)
+
+        anyio.run(mcp_call)
+        # The slow clients were all still held meanwhile: nothing had come back to them.
+        for sock in slow:
+            readable, _, _ = select.select([sock], [], [], 0)
+            assert not readable, "a slow client was answered before its deadline"
+        worst_ms = max(latencies) * 1000
+        campaign.record(SECTION, "normal call (REST, MCP) while 50 slow clients are held, "
+                        "worst ms", worst_ms, "< 500")
+        assert worst_ms < 500, latencies
+        cut = [_read_to_close(sock, 20)[1] for sock in slow]
+        assert all(c != math.inf for c in cut), cut
+        campaign.record(SECTION, "50 slow clients all cut off within, s",
+                        time.monotonic() - opened, f"<= {BODY_TIMEOUT_S + CUT_SLACK_S}")
+        assert time.monotonic() - opened <= BODY_TIMEOUT_S + CUT_SLACK_S + 1
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+# -- 5. streams left by clients that vanished -------------------------------------------------
+
+def _in_flight(srv: Server) -> dict[str, float]:
+    text = httpx.get(srv.url + "/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {srv.token}"}).text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^rift_http_requests_in_flight\{door="(\w+)"\} (\S+)$', text, re.MULTILINE)}
+
+
+def _settled(check: Callable[[], bool], within_s: float) -> float:
+    """Seconds until `check` holds (`inf` if it did not within `within_s`)."""
+    start = time.monotonic()
+    while time.monotonic() - start < within_s:
+        if check():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    return math.inf
+
+
+@pytest.fixture(scope="module")
+def session_cookie(server: Server) -> str:
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        page = client.get("/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert token is not None
+        done = client.post("/login", data={"user": "admin", "password": server.password,
+                                           "csrf": token.group(1)},
+                           headers={"Origin": server.url})
+        assert done.status_code == 303, done.text[:300]
+        cookie = client.cookies.get("rift_session")
+    assert cookie
+    campaign.secret(cookie)
+    return cookie
+
+
+def _open_live(srv: Server, cookie: str) -> socket.socket:
+    sock = _connect(srv)
+    sock.sendall(_request_head(srv, "GET", "/live", Cookie=f"rift_session={cookie}",
+                               Accept="text/event-stream"))
+    data = b""
+    while b"retry:" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
+    return sock
+
+
+def _vanish_streams(srv: Server, cookie: str, count: int) -> float:
+    """Open `count` live streams, see them counted, drop them (RST and FIN, half
+    each); answers the seconds until the server had let them all go."""
+    streams = [_open_live(srv, cookie) for _ in range(count)]
+    assert _in_flight(srv)["live"] == count
+    for i, sock in enumerate(streams):
+        if i % 2:
+            _reset(sock)
+        else:
+            sock.close()
+    return _settled(lambda: _in_flight(srv)["live"] == 0, 15)
+
+
+def test_vanished_live_streams_are_noticed_and_freed(
+        server: Server, running: Running, session_cookie: str) -> None:
+    assert _in_flight(server)["live"] == 0
+    for _ in range(2):  # warm-up: the first streams' worker threads grow their arenas
+        _vanish_streams(server, session_cookie, 50)
+    base_sockets = _open_sockets(running.pid)
+    base_rss = _rss_mib(running.pid)
+    rounds = campaign.scale(2, 10)
+    worst = 0.0
+    for _ in range(rounds):
+        freed_s = _vanish_streams(server, session_cookie, 50)
+        assert freed_s != math.inf, "vanished live streams are still being served"
+        worst = max(worst, freed_s)
+    sockets_back = _settled(lambda: _open_sockets(running.pid) <= base_sockets + 1, 10)
+    sockets = _open_sockets(running.pid)
+    growth = _rss_mib(running.pid) - base_rss
+    campaign.record(SECTION, f"{rounds} x 50 vanished live streams: freed within, s", worst,
+                    "< 5")
+    campaign.record(SECTION, "vanished live streams: server's open sockets after vs before",
+                    f"{sockets} vs {base_sockets}", "no growth")
+    campaign.record(SECTION, f"{rounds} x 50 vanished live streams: RSS growth, MiB", growth,
+                    "< 16")
+    assert sockets_back != math.inf, (sockets, base_sockets)
+    # A stream kept alive would keep its task, buffers and socket: caught above; this
+    # bounds anything smaller that each vanished stream might leave behind.
+    assert growth < 16, growth
+    assert worst < 5
+
+
+def test_mcp_holds_no_stream_and_forgets_callers_that_vanished(
+        server: Server, running: Running) -> None:
+    """Rift's MCP opens no listen stream: GET /mcp is a prompt 405 in every era, and
+    `subscriptions/listen` is not served. A caller that vanishes in the middle of
+    its request (half a body, then RST) leaves nothing in flight."""
+    auth = {"Authorization": f"Bearer {server.token}",
+            "Accept": "application/json, text/event-stream"}
+    for era_headers in ERAS.values():
+        start = time.monotonic()
+        got = httpx.get(server.url + "/mcp", headers=auth | era_headers, timeout=10)
+        assert got.status_code == 405 and time.monotonic() - start < 1
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "listener", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    listen = httpx.post(server.url + "/mcp", timeout=10, headers=auth | MODERN | {
+        "Content-Type": "application/json", "Mcp-Method": "subscriptions/listen"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
+              "params": {"_meta": meta, "notifications": {"toolsListChanged": True}}})
+    error = _jsonrpc_error_in(listen)
+    assert error is not None and error["code"] == -32601, listen.text
+    errors_before = internal_errors(server)
+    base_sockets = _open_sockets(running.pid)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                       "params": {"name": "rift_task_list", "arguments": {}}}).encode()
+    for _ in range(50):
+        sock = _connect(server)
+        sock.sendall(_request_head(server, "POST", "/mcp", Authorization=f"Bearer "
+                                   f"{server.token}", Content_Type="application/json",
+                                   Accept="application/json, text/event-stream",
+                                   Content_Length=str(len(body))) + body[: len(body) // 2])
+        _reset(sock)
+    freed = _settled(lambda: _in_flight(server)["mcp"] == 0, 10)
+    sockets_back = _settled(lambda: _open_sockets(running.pid) <= base_sockets + 1, 10)
+    campaign.record(SECTION, "50 MCP callers vanished mid-body: s until none in flight",
+                    freed, "< 5")
+    campaign.record(SECTION, "50 MCP callers vanished mid-body: server's open sockets "
+                    "after vs before", f"{_open_sockets(running.pid)} vs {base_sockets}",
+                    "no growth")
+    assert math.inf not in (freed, sockets_back), (_in_flight(server), base_sockets)
+    assert internal_errors(server) == errors_before, "the server logged an error"
+    answers(server)
