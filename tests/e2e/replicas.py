@@ -2,8 +2,10 @@
 libvirt's test driver inside libvirtd (`test+unix:///default`), which every
 client of the daemon sees alike. A plain `test:///…` URI would not do: that
 driver lives inside each process, so replica B's reconciliation would find none
-of the domains replica A made. The shared host also outlives a `kill -9` of the
-server that made its domains. Each replica has its own data dir; the database
+of the domains replica A made. libvirtd keeps the test driver's domains only
+while some client is connected: a test that kills its only server keeps a
+connection of its own open (tests/reliability/test_crashes.py). Each replica
+has its own data dir; the database
 is the throwaway one `make test` starts (RIFT_TEST_POSTGRES_URL), wiped first."""
 
 from __future__ import annotations

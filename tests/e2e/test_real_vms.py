@@ -4,7 +4,7 @@ database are the witnesses. A VM's life (command, 10 MiB file, destroy), exec an
 files at their limits (stdin, a command that never ends, output that never stops,
 missing paths), a VM destroyed under an exec, a guest that powers itself off, a
 guest that never answers SSH, and a domain made behind Rift's back. The
-`kill -9` cases are in test_real_crashes.py.
+`kill -9` cases are in tests/reliability/test_crashes.py.
 
 Needs qemu-system-x86_64 and a libvirtd answering on qemu:///system
 (scripts/libvirt.sh; `make test` runs it first). Each server has its own data
