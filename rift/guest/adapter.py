@@ -11,7 +11,7 @@ from typing import TypeVar
 from rift.domain.errors import GuestUnreachable, InvalidArgument
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError, GuestFileError
-from rift.guest.keys import forget_task, key_for_task
+from rift.guest.keys import forget_task, key_for_task, tidy
 from rift.guest.shell import SshGuestShell
 from rift.services.ports import ExecResult
 
@@ -51,6 +51,9 @@ class SshGuests:
 
     def forget_task(self, task_id: str) -> None:
         forget_task(self.keys_dir, task_id)
+
+    def tidy_keys(self, needed: Callable[[str], bool]) -> int:
+        return tidy(self.keys_dir, needed)
 
     def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float,
                    markers: bool = True) -> None:

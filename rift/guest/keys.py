@@ -12,6 +12,8 @@ import contextlib
 import os
 import re
 import secrets
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
@@ -54,6 +56,29 @@ def forget_task(keys_dir: Path, task_id: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def tidy(keys_dir: Path, needed: Callable[[str], bool], aside_age_s: float = 60) -> int:
+    """Delete the key of every task `needed` says no to, and every key a crash left
+    written aside (older than `aside_age_s`: a younger one may be in the making).
+    Answers how many files went."""
+    gone = 0
+    try:
+        entries = list(keys_dir.iterdir())
+    except FileNotFoundError:
+        return 0
+    for path in entries:
+        if path.name.startswith(".") and path.name.endswith(".tmp"):
+            try:
+                stale = time.time() - path.stat().st_mtime > aside_age_s
+            except FileNotFoundError:
+                continue
+            if stale:
+                path.unlink(missing_ok=True)
+                gone += 1
+        elif _TASK_ID.fullmatch(path.name) and not needed(path.name):
+            gone += forget_task(keys_dir, path.name)
+    return gone
 
 
 def _create(keys_dir: Path, path: Path) -> None:

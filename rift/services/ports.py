@@ -7,7 +7,7 @@ at all); ``with store.read() as tx:`` reads a consistent snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -206,6 +206,10 @@ class GuestShell(Protocol):
         """The OpenSSH public key line of the task's key pair (made on first use)."""
         ...
     def forget_task(self, task_id: str) -> None: ...
+    def tidy_keys(self, needed: Callable[[str], bool]) -> int:
+        """Delete the key of every task `needed(task_id)` says no to, and any key a
+        crash left half made; answers how many went."""
+        ...
     def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float,
                    markers: bool = True) -> None:
         """Return once the new guest answers SSH; `guest_unreachable` after the wait.

@@ -25,6 +25,7 @@ class SweepReport:
     destroyed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     purged: int = 0
+    keys_forgotten: int = 0
     reconciled: ReconcileReport = field(default_factory=ReconcileReport)
 
 
@@ -75,11 +76,27 @@ def purge_closed(deps: Deps, report: SweepReport) -> None:
             return
 
 
+def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
+    """A task's key pair goes once the task is closed with no live VM (or gone):
+    a task closed for being idle with no VM, a close a crash cut before its key
+    went, a key a crash left half written."""
+    if deps.guests is None:
+        return
+
+    def needed(task_id: str) -> bool:
+        with deps.store.read() as tx:
+            task = tx.get_task(task_id)
+            return task is not None and (task.is_open or tx.count_live_vms(task_id) > 0)
+
+    report.keys_forgotten = deps.guests.tidy_keys(needed)
+
+
 def sweep(deps: Deps) -> SweepReport:
     report = SweepReport()
     close_idle(deps, report)
     finish_closing(deps, report)
     purge_closed(deps, report)
+    forget_unneeded_keys(deps, report)
     report.reconciled = reconcile(deps)
     beat(deps)
     if report.closed or report.destroyed or report.purged or report.refused:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import base64
+import os
 import stat
 import threading
+import time
 from pathlib import Path
 
 import paramiko
 import pytest
 
-from rift.guest.keys import forget_task, key_for_task, key_path, load_key
+from rift.guest.keys import forget_task, key_for_task, key_path, load_key, tidy
 
 
 def _mode(path: Path) -> int:
@@ -78,3 +80,18 @@ def test_the_key_never_shows_in_a_repr(tmp_path: Path) -> None:
     assert "PRIVATE KEY" in secret
     body = "".join(secret.splitlines()[1:-1])
     assert body[:20] not in repr(load_key(private))
+
+
+def test_tidy_deletes_unneeded_keys_and_stale_halves_but_keeps_the_rest(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    kept, dropped = key_path(keys, "task_keep0000"), key_path(keys, "task_drop0000")
+    key_for_task(keys, "task_keep0000")
+    key_for_task(keys, "task_drop0000")
+    stale, young = keys / ".task_x.00aa.tmp", keys / ".task_y.00bb.tmp"
+    for half in (stale, young):
+        half.write_text("half a key")
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    assert tidy(keys, lambda task_id: task_id == "task_keep0000") == 2
+    assert kept.exists() and young.exists()
+    assert not dropped.exists() and not stale.exists()
+    assert tidy(tmp_path / "none", lambda _: False) == 0

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
+from pathlib import Path
 
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
+from rift.guest.adapter import SshGuests
 from rift.services import sweeps, tasks, vms
 from rift.services.context import Deps
 from rift.services.teardown import close_in_tx
@@ -94,3 +97,20 @@ def test_the_sweep_closes_many_due_tasks_in_batches(make_deps, clock: FakeClock)
         tasks.new_task(deps, ALICE, name="old")
     clock.advance(timedelta(hours=5).total_seconds())
     assert len(sweeps.sweep(deps).closed) == sweeps.BATCH + 5
+
+
+def test_the_sweep_forgets_the_key_of_a_task_closed_idle_without_a_vm(
+        deps: Deps, clock: FakeClock, tmp_path: Path) -> None:
+    """An idle close destroys no VM, so nothing else would delete the key; one of
+    an open task, or of a closed task whose VM still lives, stays."""
+    deps = dataclasses.replace(deps, guests=SshGuests(tmp_path / "keys"))
+    idle, busy = tasks.new_task(deps, ALICE), tasks.new_task(deps, ALICE)
+    for opened in (idle, busy):
+        assert deps.guests is not None
+        deps.guests.task_key(opened.task["id"])
+    clock.advance(14000)
+    tasks.get_task(deps, ALICE, handle=str(busy.handle))
+    clock.advance(400)
+    report = sweeps.sweep(deps)
+    assert report.closed == [idle.task["id"]] and report.keys_forgotten == 1
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == [busy.task["id"]]
