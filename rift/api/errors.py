@@ -32,6 +32,12 @@ def _field(loc: tuple[Any, ...]) -> str:
 
 def validation_refusal(exc: RequestValidationError) -> InvalidArgument:
     first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "malformed"}
+    if first.get("type") == "json_invalid":  # its loc ends with a character position
+        where = tuple(first.get("loc", ()))[-1:]
+        ctx = first.get("ctx")
+        why = str(ctx.get("error", "malformed")) if isinstance(ctx, dict) else "malformed"
+        at = f" at character {where[0]}" if where and isinstance(where[0], int) else ""
+        return InvalidArgument("body", f"is not valid JSON: {why}{at}")
     field = _field(tuple(first.get("loc", ())))
     why = str(first.get("msg", "invalid"))
     if first.get("type") == "extra_forbidden":
@@ -50,6 +56,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI could not read the body (not UTF-8, say)
+            answer = error_response(InvalidArgument(
+                "body", f"could not be read ({exc.detail}): send a JSON object in UTF-8"))
+            answer.status_code = 400
+            return answer
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return JSONResponse({"error": {"code": code, "message": str(exc.detail),
                                        "hint": "GET /openapi.json lists the routes"}},
