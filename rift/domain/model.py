@@ -83,6 +83,9 @@ class Vm:
     ssh_port: int | None = None
     idempotency_key: str | None = None
     request_digest: str | None = None
+    # Set before a destroy touches libvirt, so a crash in between is finished as a
+    # destroy by reconciliation. Kept inside Rift: no view shows it.
+    destroy_requested_at: datetime | None = None
 
     @property
     def domain_name(self) -> str:

@@ -6,6 +6,10 @@ domains that vanished (a row already `running` then had its domain before the
 listing began), and again after it to find orphans (a domain is made only
 after its row exists, so a domain with no live row after the listing is one
 nobody will ever account for).
+
+A live row whose destroy was asked for (`destroy_requested_at`, recorded before
+libvirt is) is a destroy that a crash or a libvirt refusal cut short: it is
+finished as one (`destroyed`, with its `vm_destroyed` event), never failed.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from hypervisor.qcow2 import remove_vm_disks, vm_ids_with_disks
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import NewEvent, Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
-from rift.services.teardown import destroy_domain
+from rift.services.teardown import destroy_domain, destroy_vm
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
 # still `creating` after it is a create whose process died.
 CREATING_GRACE_S = Limits.creating_grace_s
+
+FINISHED_DESTROY = {"reason": "finishing a destroy that a crash or a libvirt refusal cut short"}
 
 
 @dataclass
@@ -33,10 +39,12 @@ class ReconcileReport:
     unreachable: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     disks_removed: list[str] = field(default_factory=list)
+    destroys_finished: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.orphans_destroyed or self.vanished or self.interrupted
-                    or self.unreachable or self.stopped or self.disks_removed)
+                    or self.unreachable or self.stopped or self.disks_removed
+                    or self.destroys_finished)
 
 
 def _live(deps: Deps, host: str) -> dict[str, Vm]:
@@ -45,8 +53,14 @@ def _live(deps: Deps, host: str) -> dict[str, Vm]:
 
 
 def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
+    """Fail the row (compare-and-set on `expected`), unless its destroy was asked
+    for since it was read: that destroy finishes it (the call under way, or the
+    next sweep), so nothing outside Rift is blamed for a domain Rift took down."""
     now = deps.clock.now()
     with deps.store.write() as tx:
+        current = tx.get_vm(vm.id)
+        if current is None or current.destroy_requested_at is not None:
+            return False
         won = tx.update_vm(vm.id, (expected,), status="failed", error=error)
         if won:
             tx.add_event(NewEvent(vm.task_id, "vm_failed", now, SWEEP,
@@ -79,24 +93,50 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
                 deps.log.warning("orphan destroy refused", extra={"domain": domain.name,
                                                                   "error": str(exc)})
     for vm in before.values():
-        if vm.status != "running":
-            continue
-        if vm.id not in ours:
-            if _fail(deps, vm, "running", "the domain is gone: it was destroyed or lost "
-                     "outside Rift (host restart, virsh)"):
-                report.vanished.append(vm.id)
-        elif not ours[vm.id].active:
-            _stopped(deps, vm, uri, report)
+        if vm.status == "running":
+            _check_running(deps, vm, ours.get(vm.id), uri, report)
     stale = deps.clock.now() - timedelta(seconds=deps.limits.creating_grace_s)
     for vm in after.values():
         if vm.status == "creating" and vm.created_at < stale:
-            _interrupted(deps, vm, hv, vm.id in ours, report)
+            if vm.destroy_requested_at is not None:
+                _finish_destroy(deps, vm, report)
+            else:
+                _interrupted(deps, vm, hv, vm.id in ours, report)
+
+
+def _check_running(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+                   report: ReconcileReport) -> None:
+    """A `running` row (read before the listing) against its domain in the listing."""
+    if vm.destroy_requested_at is not None:
+        _finish_destroy(deps, vm, report)
+    elif domain is None:
+        if _fail(deps, vm, "running", "the domain is gone: it was destroyed or lost "
+                 "outside Rift (host restart, virsh)"):
+            report.vanished.append(vm.id)
+    elif not domain.active:
+        _stopped(deps, vm, uri, report)
+
+
+def _finish_destroy(deps: Deps, vm: Vm, report: ReconcileReport) -> None:
+    """A live row whose destroy was asked for: the destroy a crash (or a libvirt
+    refusal) cut short, finished as `rift_vm_destroy` would have (the domain
+    destroyed if still there, the row `destroyed` with its event). A destroy
+    still under way elsewhere may race this: the compare-and-set on the row's
+    status gives one event between them."""
+    try:
+        done = destroy_vm(deps, vm, SWEEP, FINISHED_DESTROY)
+    except HypervisorFailed as exc:
+        deps.log.warning("destroy refused", extra={"vm_id": vm.id, "error": exc.message})
+        return  # the row stays live; the next sweep tries again
+    if done.status == "destroyed":
+        report.destroys_finished.append(vm.id)
 
 
 def _stopped(deps: Deps, vm: Vm, uri: str, report: ReconcileReport) -> None:
     """A `running` row whose domain is shut off (a poweroff inside the guest, a stop
-    outside Rift, a destroy whose undefine a crash cut off): undefine the domain,
-    fail the row."""
+    outside Rift): undefine the domain, fail the row. (A destroy of Rift's own that
+    a crash cut off between the stop and the undefine has its request on the row
+    and is finished as a destroy instead.)"""
     try:
         destroy_domain(deps, vm, uri)
     except HypervisorFailed:
@@ -160,6 +200,7 @@ def reconcile(deps: Deps) -> ReconcileReport:
     if report:
         deps.log.info("reconciled", extra={
             "orphans_destroyed": len(report.orphans_destroyed), "vanished": len(report.vanished),
+            "destroys_finished": len(report.destroys_finished),
             "stopped": len(report.stopped), "disks_removed": len(report.disks_removed),
             "interrupted": len(report.interrupted), "unreachable": report.unreachable})
     return report

@@ -1,8 +1,11 @@
-"""Putting VMs away: destroy the domain, then mark the row with its event.
+"""Putting VMs away: record the request, destroy the domain, then mark the row
+with its event.
 
 Used by `rift_vm_destroy`, by every close, and by the sweep that finishes
-closes a crash interrupted. The row turns `destroyed` only after libvirt said
-the domain is gone, so a row never claims less than what runs.
+closes and destroys a crash interrupted. The row turns `destroyed` only after
+libvirt said the domain is gone, so a row never claims less than what runs;
+the request recorded first tells reconciliation that a domain gone under a
+live row was Rift's own destroy, cut short.
 """
 
 from __future__ import annotations
@@ -52,10 +55,31 @@ def forget_task_key(deps: Deps, task_id: str) -> None:
         deps.guests.forget_task(task_id)
 
 
+def request_destroy(deps: Deps, vm: Vm) -> bool:
+    """Record that the VM is to be destroyed (compare-and-set on a destroyable
+    status), before libvirt is asked: a crash after the domain's destroy is then
+    finished as a destroy by reconciliation. False when the row is no longer
+    destroyable (another caller destroyed it meanwhile)."""
+    with deps.store.write() as tx:
+        current = tx.get_vm(vm.id)
+        if current is None or current.status not in _DESTROYABLE:
+            return False
+        if current.destroy_requested_at is not None:
+            return True  # asked before (a cut destroy, a refusal): keep the first time
+        return tx.update_vm(vm.id, _DESTROYABLE, destroy_requested_at=deps.clock.now())
+
+
 def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = None) -> Vm:
-    """Destroy one VM's domain and record it; a VM already destroyed is answered as is."""
+    """Destroy one VM's domain and record it; a VM already destroyed is answered as is.
+
+    Three steps: the request on the row, the domain, then the row `destroyed` with
+    its event. Each row step is a compare-and-set, so callers racing (an agent,
+    a close, the sweep) make one event between them."""
     if vm.status == "destroyed":
         return vm
+    if not request_destroy(deps, vm):
+        with deps.store.read() as tx:
+            return tx.get_vm(vm.id) or vm
     with deps.store.read() as tx:
         uri = host_uri(tx, vm.host)
     destroy_domain(deps, vm, uri)

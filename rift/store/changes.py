@@ -12,6 +12,7 @@ TASK_CHANGEABLE = frozenset({
 })
 VM_CHANGEABLE = frozenset({
     "name", "status", "host", "ready_at", "destroyed_at", "error", "ssh_host", "ssh_port",
+    "destroy_requested_at",
 })
 HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachable_since",
                              "last_error"})

@@ -102,6 +102,8 @@ vms = Table(
     Column("ssh_port", Integer, nullable=True),
     Column("idempotency_key", String, nullable=True),
     Column("request_digest", String, nullable=True),
+    # When a destroy was asked for, before libvirt was (migration 0005).
+    Column("destroy_requested_at", UtcDateTime, nullable=True),
     Index("ux_vms_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     Index("ix_vms_task_id", "task_id"),
     Index("ix_vms_status_host", "status", "host"),

@@ -338,6 +338,30 @@ def test_update_vm_is_a_compare_and_set_on_status(store: Store) -> None:
         assert tx.count_live_vms(task.id) == 0
 
 
+def test_a_destroy_request_round_trips_and_is_set_only_on_a_destroyable_status(
+        store: Store) -> None:
+    task = a_task()
+    vm = a_vm(task, status="running")
+    asked_before = a_vm(task, status="failed", destroy_requested_at=at(1))
+    insert(store, task, vm, asked_before)
+    with store.read() as tx:
+        assert tx.get_vm(vm.id) == vm and vm.destroy_requested_at is None
+        assert tx.get_vm(asked_before.id) == asked_before
+    asked = datetime(2026, 1, 1, 14, 0, 0, 123_456, tzinfo=timezone(timedelta(hours=2)))
+    with store.write() as tx:
+        assert tx.update_vm(vm.id, ["creating", "running", "failed"],
+                            destroy_requested_at=asked) is True
+        assert tx.update_vm(vm.id, ["destroyed"], destroy_requested_at=at(5)) is False
+    with store.read() as tx:
+        got = tx.get_vm(vm.id)
+        assert got == dataclasses.replace(vm, destroy_requested_at=asked)
+        assert got is not None and got.destroy_requested_at is not None
+        assert got.destroy_requested_at.tzinfo is not None
+        assert got.destroy_requested_at.utcoffset() == timedelta(0)
+        assert got.status == "running" and got.is_live  # a request alone changes no status
+        assert [v.id for v in tx.live_vms_on_host("local")] == [vm.id]
+
+
 def test_vms_of_many_tasks_come_in_one_answer_with_every_task_asked(store: Store) -> None:
     one, two, empty = a_task(), a_task(), a_task()
     vms = [a_vm(one), a_vm(two), a_vm(one)]
@@ -596,7 +620,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0004"
+    assert current_revision(empty_sql_url) == head_revision() == "0005"
 
 
 def test_counts_across_users_see_open_tasks_and_vms_by_status(store: Store) -> None:

@@ -1,10 +1,14 @@
-"""Reconciliation against fakes: orphans go, vanished domains fail their rows."""
+"""Reconciliation against fakes: orphans go, vanished domains fail their rows,
+destroys a crash cut short are finished."""
 
 from __future__ import annotations
 
+import pytest
+
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
-from rift.services import reconcile, sweeps, tasks, vms
+from rift.domain.model import Vm
+from rift.services import reconcile, sweeps, tasks, teardown, vms
 from rift.services.context import Deps
 from tests.conftest import ALICE
 from tests.unit.helpers import event_types
@@ -111,3 +115,138 @@ def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
     reconcile.reconcile(deps)
     assert {h["name"]: h for h in hosts.list_hosts(deps)}["far"]["state"] == "active"
     assert vms.get_vm(deps, ALICE, there["id"])["error"] is None
+
+
+class Killed(Exception):
+    """`kill -9` of the server: nothing after this point of a call happens."""
+
+
+def _events(deps: Deps, task_id: str) -> list[tuple[str, str, dict[str, object]]]:
+    with deps.store.read() as tx:
+        return [(e.type, e.actor, e.details) for e in tx.list_events(task_id, 0, 1000)]
+
+
+def _cut_after_the_domain(monkeypatch: pytest.MonkeyPatch, stop: bool = False) -> None:
+    """The next destroy dies once libvirt answered and before its row is marked:
+    the domain is gone (or, with `stop`, shut off but still defined)."""
+    real = teardown.destroy_domain
+
+    def cut(deps: Deps, vm: Vm, uri: str | None) -> None:
+        monkeypatch.setattr(teardown, "destroy_domain", real)
+        if stop:
+            assert uri is not None
+            hv = deps.hosts.hypervisor(uri)
+            assert isinstance(hv, FakeHypervisor)
+            hv.domains[vm.domain_name].active = False
+        else:
+            real(deps, vm, uri)
+        raise Killed
+
+    monkeypatch.setattr(teardown, "destroy_domain", cut)
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["domain gone", "domain shut off"])
+def test_a_destroy_a_crash_cut_after_libvirt_is_finished_as_a_destroy(
+        deps: Deps, local_hv: FakeHypervisor, monkeypatch: pytest.MonkeyPatch,
+        stop: bool) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    task_id, handle = opened.task["id"], str(opened.handle)
+    doomed = vms.new_vm(deps, ALICE, handle)
+    kept = vms.new_vm(deps, ALICE, handle)
+    _cut_after_the_domain(monkeypatch, stop)
+    with pytest.raises(Killed):
+        vms.destroy(deps, ALICE, doomed["id"], handle=handle)
+    at_kill = vms.get_vm(deps, ALICE, doomed["id"])
+    assert at_kill["status"] == "running"  # the row was never marked
+    assert set(at_kill) == set(kept)  # the request stays inside Rift: the view is unchanged
+    report = reconcile.reconcile(deps)  # the restart's pass
+    assert report.destroys_finished == [doomed["id"]]
+    assert not report.vanished and not report.stopped
+    got = vms.get_vm(deps, ALICE, doomed["id"])
+    assert got["status"] == "destroyed" and got["destroyed_at"] is not None
+    assert got["error"] is None
+    assert set(local_hv.domains) == {f"rift-{kept['id']}"}
+    told = _events(deps, task_id)
+    assert [kind for kind, _, _ in told].count("vm_destroyed") == 1
+    assert "vm_failed" not in [kind for kind, _, _ in told]
+    assert told[-1] == ("vm_destroyed", "sweep",
+                        {"vm_id": doomed["id"], "host": "local", **reconcile.FINISHED_DESTROY})
+    assert vms.get_vm(deps, ALICE, kept["id"])["status"] == "running"
+    assert not reconcile.reconcile(deps)  # a second pass finds nothing
+    assert vms.destroy(deps, ALICE, doomed["id"], handle=handle)["status"] == "destroyed"
+    assert [kind for kind, _, _ in _events(deps, task_id)].count("vm_destroyed") == 1
+
+
+def test_a_destroy_libvirt_refused_is_finished_by_a_later_sweep(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    from rift.domain.errors import RiftError
+
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    local_hv.fail_destroy("internal error: busy")
+    with pytest.raises(RiftError):
+        vms.destroy(deps, ALICE, vm["id"], handle=str(opened.handle))
+    assert not reconcile.reconcile(deps).destroys_finished  # still refused: stays running
+    assert vms.get_vm(deps, ALICE, vm["id"])["status"] == "running"
+    local_hv.fail_destroy(None)
+    assert reconcile.reconcile(deps).destroys_finished == [vm["id"]]
+    assert vms.get_vm(deps, ALICE, vm["id"])["status"] == "destroyed"
+    assert local_hv.domains == {}
+    assert event_types(deps, opened.task["id"]).count("vm_destroyed") == 1
+
+
+def test_a_creating_row_whose_destroy_was_cut_is_destroyed_after_the_grace(
+        deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    stuck = Vm(id="vm_stuckbbb", task_id=opened.task["id"], owner="alice", name="s",
+               image="tiny", status="creating", host="local", vcpus=1, memory_mib=64,
+               created_at=clock.now())
+    with deps.store.write() as tx:
+        tx.insert_vm(stuck)
+    local_hv.add_foreign_domain(stuck.domain_name, stuck.task_id, stuck.id)
+    assert teardown.request_destroy(deps, stuck)  # then the process died
+    assert not reconcile.reconcile(deps)  # within the grace: a create may be under way
+    clock.advance(reconcile.CREATING_GRACE_S + 1)
+    assert reconcile.reconcile(deps).destroys_finished == [stuck.id]
+    assert local_hv.domains == {}
+    assert vms.get_vm(deps, ALICE, stuck.id)["status"] == "destroyed"
+    assert event_types(deps, stuck.task_id) == ["opened", "vm_destroyed"]
+
+
+def test_a_sweep_racing_a_live_destroy_makes_one_event(
+        deps: Deps, local_hv: FakeHypervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep runs while `rift_vm_destroy` is between libvirt and its row: one of
+    the two marks the row, with one `vm_destroyed`, and no one fails it."""
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    real = teardown.destroy_domain
+    swept: list[reconcile.ReconcileReport] = []
+
+    def with_a_sweep_meanwhile(deps_: Deps, vm_: Vm, uri: str | None) -> None:
+        real(deps_, vm_, uri)
+        monkeypatch.setattr(teardown, "destroy_domain", real)  # the sweep's own destroy
+        swept.append(reconcile.reconcile(deps_))
+
+    monkeypatch.setattr(teardown, "destroy_domain", with_a_sweep_meanwhile)
+    gone = vms.destroy(deps, ALICE, vm["id"], handle=str(opened.handle))
+    assert gone["status"] == "destroyed"
+    assert swept[0].destroys_finished == [vm["id"]] and not swept[0].vanished
+    assert event_types(deps, opened.task["id"]).count("vm_destroyed") == 1
+    assert "vm_failed" not in event_types(deps, opened.task["id"])
+
+
+def test_a_row_whose_destroy_was_asked_after_it_was_read_is_not_failed(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    """Reconciliation read the row before the destroy asked for it, and the listing
+    then missed the domain that destroy took down: the row is not blamed."""
+    opened = tasks.new_task(deps, ALICE)
+    made = vms.new_vm(deps, ALICE, str(opened.handle))
+    with deps.store.read() as tx:
+        read_before = tx.get_vm(made["id"])
+    assert read_before is not None
+    assert teardown.request_destroy(deps, read_before)
+    del local_hv.domains[read_before.domain_name]
+    assert not reconcile._fail(deps, read_before, "running", "the domain is gone")
+    assert vms.get_vm(deps, ALICE, made["id"])["status"] == "running"
+    assert reconcile.reconcile(deps).destroys_finished == [made["id"]]
+    assert event_types(deps, opened.task["id"])[-1] == "vm_destroyed"
