@@ -14,6 +14,7 @@ the first; a leak would grow the second half as much again.
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
@@ -259,6 +260,17 @@ def servers(tmp_path: Path) -> Iterator[tuple[Served, Served | None]]:
                 stop_server(served.proc)
 
 
+def log_lines(log: Path) -> list[dict[str, Any]]:
+    """A server's JSON log lines (anything else on its stderr is skipped)."""
+    lines = []
+    for text in log.read_text().splitlines():
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            continue
+    return lines
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -326,6 +338,15 @@ def test_thirty_two_agents_for_a_minute_make_no_error_and_leak_nothing(
         campaign.record("Load", f"{tool} p50 / p99 ({len(took)} calls)",
                         f"{statistics.median(took) * 1000:.1f} / "
                         f"{percentile(took, 0.99) * 1000:.1f} ms")
+    for served in everyone:
+        # The server's own time per MCP request (its access log), apart from the
+        # 32 clients' share of the 2 cores: every tool together.
+        kind = "real guests" if served is real else "test driver"
+        took = [float(line["ms"]) for line in log_lines(served.server.log)
+                if line.get("msg") == "request" and line.get("path") == "/mcp"]
+        campaign.record("Load", f"rift serve ({kind}): server-side ms per MCP request, "
+                        f"p50 / p99 ({len(took)})",
+                        f"{statistics.median(took):.1f} / {percentile(took, 0.99):.1f} ms")
     locked = sum(s.server.log.read_text().count("database is locked") for s in everyone)
     campaign.record("Load", "`database is locked` in the logs", locked, "0")
     growth: dict[str, tuple[int, int]] = {}
