@@ -64,17 +64,20 @@ def head_too_slow(timeout_s: float) -> dict[str, Any]:
         "(RIFT_HEADER_TIMEOUT_S)", field="request", timeout_s=timeout_s)
 
 
+def jsonrpc_error_body(message: str, data: dict[str, Any] | None = None) -> bytes:
+    """A JSON-RPC error answering a request Rift could not take (so its id is null)."""
+    error: dict[str, Any] = {"code": JSONRPC_INVALID_REQUEST, "message": message}
+    if data is not None:
+        error["data"] = data
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
 def error_body(error: dict[str, Any], mcp: bool) -> bytes:
     """REST's `{"error": ...}`, or for `/mcp` a JSON-RPC error whose `data` is it."""
     if mcp:
-        answer: dict[str, Any] = {
-            "jsonrpc": "2.0", "id": None,
-            "error": {"code": JSONRPC_INVALID_REQUEST,
-                      "message": f"{error['code']}: {error['message']}; hint: {error['hint']}",
-                      "data": error}}
-    else:
-        answer = {"error": error}
-    return json.dumps(answer).encode()
+        return jsonrpc_error_body(
+            f"{error['code']}: {error['message']}; hint: {error['hint']}", error)
+    return json.dumps({"error": error}).encode()
 
 
 async def send_refusal(send: Send, status: int, error: dict[str, Any], mcp: bool) -> None:

@@ -33,7 +33,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from rift.api.guard import JSONRPC_INVALID_REQUEST, MAX_BODY
+from rift.api.guard import MAX_BODY, jsonrpc_error_body
 from rift.api.mcp_names import initialize_name, with_session_id
 
 _PEEK_LIMIT = 64 * 1024  # larger bodies are file writes: streamed, never read twice
@@ -73,7 +73,7 @@ class McpDoor:
             # Rift sends nothing unasked (no GET stream) and keeps no session to end (the
             # spec allows 405).
             await _jsonrpc_error(send, 405, "Method Not Allowed: POST /mcp only; Rift opens "
-                                 "no GET stream and keeps no session", {"Allow": "POST"})
+                                 "no GET stream and keeps no session", [(b"allow", b"POST")])
             return
         if not _is_json(headers.get("content-type", "")):
             await _jsonrpc_error(send, 415, _WHY[415])
@@ -142,13 +142,10 @@ def _bad_id(message: object) -> bool:
 
 
 async def _jsonrpc_error(send: Send, status: int, message: str,
-                         headers: list[tuple[bytes, bytes]] | dict[str, str] | None = None
-                         ) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": None,
-                       "error": {"code": JSONRPC_INVALID_REQUEST, "message": message}}).encode()
-    raw = ([(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-           if isinstance(headers, dict) else list(headers or []))
-    raw += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                         headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = jsonrpc_error_body(message)
+    raw = [*(headers or []), (b"content-type", b"application/json"),
+           (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
