@@ -105,6 +105,8 @@ def _free_port() -> int:
 def replicas(n: int, database_url: str | None) -> Iterator[tuple[list[str], str]]:
     """`n` `rift serve` processes on one database (SQLite in the first data dir when
     `database_url` is None); answers their URLs and the admin's token."""
+    from tests.e2e.conftest import stop_server  # the suite's own: terminate, then kill
+
     procs: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="rift-bench-") as tmp:
         try:
@@ -138,14 +140,7 @@ def replicas(n: int, database_url: str | None) -> Iterator[tuple[list[str], str]
             yield urls, token
         finally:
             for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                if proc.stdout is not None:
-                    proc.stdout.close()
+                stop_server(proc)
 
 
 def _wait_healthy(proc: subprocess.Popen[str], url: str) -> None:

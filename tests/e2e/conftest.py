@@ -369,6 +369,17 @@ def assert_rows_tell_the_truth(srv: Server, uri: str = REAL_URI) -> None:
     assert not found.unrecorded, f"rows without their event: {found.unrecorded}"
 
 
+def log_lines(log: Path) -> list[dict[str, Any]]:
+    """A server's JSON log lines (anything else on its stderr is skipped)."""
+    lines = []
+    for text in log.read_text().splitlines():
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            continue
+    return lines
+
+
 def wait_until(check: Callable[[], T | None], within_s: float, what: str,
                every_s: float = 0.1) -> T:
     deadline = time.monotonic() + within_s

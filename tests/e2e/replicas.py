@@ -91,3 +91,10 @@ def replicas(pg_url: str, tmp_path: Path) -> Iterator[Callable[..., list[Server]
             stop_server(proc)
 
 
+
+
+def shared_domains() -> set[str]:
+    """Every domain on the shared host, running or only defined."""
+    listed = subprocess.run(["virsh", "-c", SHARED_URI, "list", "--all", "--name"],
+                            capture_output=True, text=True, timeout=30, check=True)
+    return {line.strip() for line in listed.stdout.splitlines() if line.strip()}

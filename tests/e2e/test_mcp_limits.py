@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.conftest import Server, start_server
+from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.test_mcp import call, mcp_session, refused, run
 
 VMS_PER_TASK = 2
@@ -22,13 +21,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     try:
         yield srv
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        stop_server(proc)
 
 
 def test_more_vms_than_a_task_may_have_is_quota_exceeded(limited: Server) -> None:

@@ -9,7 +9,6 @@ The replicas and their shared host are tests/e2e/replicas.py.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import select
 import shlex
@@ -29,8 +28,13 @@ from mcp.shared.exceptions import MCPError
 from sqlalchemy import create_engine, pool, text
 
 from tests.conftest_store import wipe
-from tests.e2e.conftest import Server, _launch, _wait_healthy, stop_server
-from tests.e2e.replicas import SHARED_URI, admin_of, replica_env, shared_host_missing
+from tests.e2e.conftest import Server, _launch, _wait_healthy, log_lines, stop_server
+from tests.e2e.replicas import (
+    admin_of,
+    replica_env,
+    shared_domains,
+    shared_host_missing,
+)
 from tests.e2e.test_mcp import ERAS, call, mcp_session, refused, run
 from tests.e2e.test_mcp_race import CLIENTS, race
 
@@ -41,22 +45,6 @@ SETTLE_S = 20
 def rest(server: Server) -> httpx.Client:
     return httpx.Client(base_url=server.url + "/api/v1", timeout=30,
                         headers={"Authorization": f"Bearer {server.token}"})
-
-
-def shared_domains() -> set[str]:
-    listed = subprocess.run(["virsh", "-c", SHARED_URI, "list", "--all", "--name"],
-                            capture_output=True, text=True, timeout=30, check=True)
-    return {line.strip() for line in listed.stdout.splitlines() if line.strip()}
-
-
-def log_lines(server: Server) -> list[dict[str, Any]]:
-    lines = []
-    for line in server.log.read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            continue
-    return lines
 
 
 def wait_until(what: str, check: Callable[[], bool], limit_s: float = SETTLE_S) -> None:
@@ -183,7 +171,7 @@ def test_sweeps_run_on_every_replica_and_close_each_idle_task_once(
             assert api.get(f"/vms/{vm_id}").json()["vm"]["status"] == "destroyed"
     assert not {f"rift-{vm_id}" for vm_id in made.values()} & shared_domains()
 
-    logs = {s.url: log_lines(s) for s in (a, b)}
+    logs = {s.url: log_lines(s.log) for s in (a, b)}
     # Each replica swept (each met the unreachable host, every second) ...
     for url, lines in logs.items():
         tried = [x for x in lines if x["msg"] == "host unreachable" and x.get("host") == "ghost"]
@@ -334,7 +322,7 @@ def test_postgresql_restarted_mid_run_rift_reconnects_and_loses_nothing(
 
     run(scenario, limit_s=90)
     for server in (a, b):
-        unexpected = [x for x in log_lines(server) if x.get("level") == "error"
+        unexpected = [x for x in log_lines(server.log) if x.get("level") == "error"
                       and x["msg"] != "sweep failed"]
         assert not unexpected, unexpected
 

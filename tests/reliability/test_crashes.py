@@ -60,6 +60,7 @@ from tests.e2e.conftest import (
     new_vm_id,
     our_domains,
     real_vms_missing,
+    remove_domain,
     restart_server,
     rows,
     start_real_server,
@@ -710,7 +711,7 @@ def real_vm_new(home: Home, trial: str) -> bool:
         srv = home.recover(trial)
         assert stray.name not in {d.name for d in our_domains(srv).values()}
     finally:
-        put_away_named(stray.name)
+        remove_domain(stray.name)
     wait_until(lambda: vm_rows(srv)[vm_id]["status"] not in LIVE if cut else True, 30,
                "the interrupted create turns failed")
     vm = vm_rows(srv)[vm_id]
@@ -733,16 +734,6 @@ def real_vm_new(home: Home, trial: str) -> bool:
 
     run(still_usable, LIMIT_S)
     return cut
-
-
-def put_away_named(name: str) -> None:
-    from hypervisor.libvirt import LibvirtHypervisor
-
-    hv = LibvirtHypervisor(REAL_URI)
-    try:
-        hv.destroy(name)
-    finally:
-        hv.close()
 
 
 def real_task_close(home: Home, trial: str) -> bool:

@@ -14,7 +14,6 @@ the first; a leak would grow the second half as much again.
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -32,6 +31,7 @@ from mcp.client.session import ClientSession
 from rift.store.sql import POOL_SIZE
 from tests.e2e.conftest import (
     Server,
+    log_lines,
     real_vms_missing,
     start_real_server,
     start_server,
@@ -258,17 +258,6 @@ def servers(tmp_path: Path) -> Iterator[tuple[Served, Served | None]]:
         for served in (plain, real):
             if served is not None:
                 stop_server(served.proc)
-
-
-def log_lines(log: Path) -> list[dict[str, Any]]:
-    """A server's JSON log lines (anything else on its stderr is skipped)."""
-    lines = []
-    for text in log.read_text().splitlines():
-        try:
-            lines.append(json.loads(text))
-        except ValueError:
-            continue
-    return lines
 
 
 def percentile(values: list[float], q: float) -> float:

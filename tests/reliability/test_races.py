@@ -17,7 +17,6 @@ test reads the host the servers placed their domains on.
 from __future__ import annotations
 
 import random
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -29,7 +28,7 @@ import pytest
 from mcp.client.session import ClientSession
 
 from tests.e2e.conftest import Server, start_server, stop_server
-from tests.e2e.replicas import SHARED_URI, shared_host_missing
+from tests.e2e.replicas import SHARED_URI, shared_domains, shared_host_missing
 from tests.e2e.test_mcp import ERAS, call, mcp_session, run
 from tests.reliability import campaign
 
@@ -66,12 +65,6 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[Ser
 
 def backend(servers: list[Server]) -> str:
     return "SQLite, 1 server" if len(servers) == 1 else "PostgreSQL, 2 replicas"
-
-
-def host_domains() -> set[str]:
-    listed = subprocess.run(["virsh", "-c", SHARED_URI, "list", "--all", "--name"],
-                            capture_output=True, text=True, timeout=30, check=True)
-    return {line.strip() for line in listed.stdout.splitlines() if line.strip()}
 
 
 async def sessions(stack: AsyncExitStack, servers: list[Server], prefix: str,
@@ -186,7 +179,7 @@ def test_vm_new_racing_task_close_never_leaves_a_vm_in_a_closed_task(
                     made.add(vm["id"])
                     if vm["status"] in ("creating", "running"):
                         alive_in_closed.append(vm["id"])
-            on_host = host_domains()
+            on_host = shared_domains()
             domains_left.extend(vm for vm in made if f"rift-{vm}" in on_host)
 
     run(scenario, limit_s=900)
