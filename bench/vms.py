@@ -40,7 +40,9 @@ import paramiko
 
 from bench.common import print_table
 from hypervisor.domain_xml import build_domain_xml
-from hypervisor.images import ImageFiles, build_tiny, guest_spec, image_files
+from hypervisor.image_files import ImageFiles, image_files
+from hypervisor.kernel_boot import guest_spec
+from hypervisor.tiny import build_tiny
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.guest.keys import key_for_task, key_path, load_key

@@ -5,7 +5,14 @@ Imports no rift module. libvirt itself is imported only by
 libvirt URI.
 """
 
-from hypervisor.base import DomainRecord, DomainSpec, HostInfo, Hypervisor, HypervisorError
+from hypervisor.base import (
+    DomainRecord,
+    DomainSpec,
+    HostInfo,
+    Hypervisor,
+    HypervisorError,
+    ImageError,
+)
 from hypervisor.domain_xml import (
     QEMU_XMLNS,
     RIFT_XMLNS,
@@ -29,6 +36,7 @@ __all__ = [
     "HostLoad",
     "Hypervisor",
     "HypervisorError",
+    "ImageError",
     "build_domain_xml",
     "choose_host",
     "largest_free",

@@ -66,6 +66,10 @@ class HypervisorError(Exception):
         self.code = code
 
 
+class ImageError(Exception):
+    """An image could not be built or found; the message says what to do."""
+
+
 class Hypervisor(Protocol):
     """One connection to one host."""
 

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from hypervisor.base import DomainSpec, HypervisorError
-from hypervisor.images import INIT_MARKER, ImageFiles
+from hypervisor.image_files import ImageFiles
+from hypervisor.kernel_boot import INIT_MARKER
 
 KVM = "kvm"
 TCG = "qemu"

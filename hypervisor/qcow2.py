@@ -1,4 +1,4 @@
-"""Operator-registered qcow2 images, and the per-VM files that boot them.
+"""Operator-registered qcow2 images, and the per-VM disks that boot them.
 
 `add_qcow2` checks that a file is a standalone qcow2 (`qemu-img info`), copies
 it (a reflink where the filesystem can) to `<images dir>/<name>/disk.qcow2`,
@@ -9,11 +9,8 @@ by key and serve SSH on port 22 of its first NIC, which gets its address by
 DHCP (QEMU's user-mode network). `scripts/debian-image.sh` makes such an image
 from Debian packages.
 
-Per VM (`prepare_vm_disks`): a copy-on-write overlay backed by the image (the
-image itself is never written) and a NoCloud seed, an ISO 9660 volume labelled
-`cidata` (attached as a read-only virtio disk) whose `user-data` authorizes the
-task's key for root and turns password logins off, both under the data dir's
-`disks/`, named after the VM id, and removed with the VM (`remove_vm_disks`).
+Per VM (`prepare_vm_disks`): a copy-on-write overlay backed by the image and a
+NoCloud seed with the task's key (hypervisor.disks).
 """
 
 from __future__ import annotations
@@ -27,22 +24,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hypervisor.base import DomainSpec
-from hypervisor.images import ImageError, run_command
+from hypervisor.base import DomainSpec, ImageError
+from hypervisor.commands import run_command
+from hypervisor.disks import (
+    DISK_TIMEOUT_S,
+    VmDisks,
+    make_overlay,
+    make_seed,
+    remove_vm_disks,
+    seed_files,
+    vm_disks,
+)
 
 KIND_KERNEL = "kernel"  # `tiny` and images like it: kernel + initramfs, booted directly
 KIND_QCOW2 = "qcow2"
 DISK_FILE = "disk.qcow2"
 MANIFEST = "manifest.json"
 RESERVED = ("tiny",)  # built by `rift image build`, never added or removed by hand
-SEED_LABEL = "cidata"  # the volume label cloud-init's NoCloud looks for
-SSHD_DROP_IN = "/etc/ssh/sshd_config.d/60-rift.conf"  # read first: sshd's first value wins
-SSHD_NO_PASSWORDS = "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # as rift.images lists them
-_VM_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-# ISO 9660 makers, in order of preference; each takes mkisofs's options.
-_ISO_MAKERS = (("genisoimage",), ("mkisofs",), ("xorrisofs",), ("xorriso", "-as", "mkisofs"))
-_TIMEOUT_S = 600  # copying a large image may take a while
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # as rift.catalog lists them
 _CHUNK = 1 << 20
 
 
@@ -53,14 +52,6 @@ class Qcow2Image:
     name: str
     disk: Path
     virtual_size: int
-
-
-@dataclass(frozen=True)
-class VmDisks:
-    """One VM's own files: its overlay (vda) and its NoCloud seed (vdb, read-only)."""
-
-    overlay: Path
-    seed: Path
 
 
 def image_kind(images_dir: Path, name: str) -> str | None:
@@ -186,41 +177,6 @@ def qemu_img_info(path: Path) -> dict[str, object]:
 # per VM
 
 
-def seed_files(vm_id: str, public_key_line: str) -> dict[str, bytes]:
-    """The NoCloud `meta-data` and `user-data` of one VM: its id is the instance id
-    (so cloud-init runs its first boot), root logs in with the task's key, and
-    password logins are off from sshd's first start. Values go in as JSON strings,
-    which YAML reads as is."""
-    key = public_key_line.strip()
-    if "\n" in key or not key:
-        raise ImageError("the public key must be one OpenSSH line")
-    hostname = vm_id.replace("_", "-").lower()
-    meta = f"instance-id: {json.dumps(vm_id)}\nlocal-hostname: {json.dumps(hostname)}\n"
-    user = (
-        "#cloud-config\n"
-        "# Written by Rift: root logs in with the task's key; no passwords.\n"
-        "disable_root: false\n"
-        f"ssh_authorized_keys:\n  - {json.dumps(key)}\n"
-        "# Only an ed25519 host key: RSA takes some 20 s to make under TCG.\n"
-        "ssh_genkeytypes: [ed25519]\n"
-        "# Passwords off before sshd first starts (write_files runs in cloud-init's\n"
-        "# init stage; ssh_pwauth only later, in its config stage, after Rift is in).\n"
-        "write_files:\n"
-        f"  - path: {SSHD_DROP_IN}\n"
-        "    permissions: '0644'\n"
-        f"    content: {json.dumps(SSHD_NO_PASSWORDS)}\n"
-        "ssh_pwauth: false\n"
-    )
-    return {"meta-data": meta.encode(), "user-data": user.encode()}
-
-
-def vm_disks(disks_dir: Path, vm_id: str) -> VmDisks:
-    """Where a VM's overlay and seed live (whether or not they exist)."""
-    if not _VM_ID.fullmatch(vm_id):
-        raise ImageError(f"VM id {vm_id!r} cannot name a file")
-    return VmDisks(overlay=disks_dir / f"{vm_id}.qcow2", seed=disks_dir / f"{vm_id}-seed.iso")
-
-
 def prepare_vm_disks(image: Qcow2Image, disks_dir: Path, *, vm_id: str,
                      public_key_line: str) -> VmDisks:
     """Make the VM's overlay on `image` and its seed; ImageError (and nothing left
@@ -228,54 +184,12 @@ def prepare_vm_disks(image: Qcow2Image, disks_dir: Path, *, vm_id: str,
     disks = vm_disks(disks_dir.resolve(), vm_id)
     disks_dir.mkdir(parents=True, exist_ok=True)
     try:
-        _run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2",
-              "-b", str(image.disk), str(disks.overlay)])
+        make_overlay(image.disk, disks.overlay)
         make_seed(disks.seed, seed_files(vm_id, public_key_line))
     except ImageError:
         remove_vm_disks(disks_dir, vm_id)
         raise
     return disks
-
-
-def make_seed(path: Path, files: dict[str, bytes]) -> None:
-    """An ISO 9660 volume labelled `cidata` holding `files`, written to `path`."""
-    maker = iso_maker()
-    with tempfile.TemporaryDirectory(prefix=".seed-", dir=path.parent) as tmp:
-        for file_name, data in files.items():
-            (Path(tmp) / file_name).write_bytes(data)
-        partial = Path(tmp) / "seed.iso"
-        _run([*maker, "-quiet", "-output", str(partial), "-volid", SEED_LABEL,
-              "-joliet", "-rock", *sorted(files)], cwd=Path(tmp))
-        partial.replace(path)
-
-
-def iso_maker() -> tuple[str, ...]:
-    """The first ISO 9660 maker installed; ImageError naming the package when none is."""
-    for argv in _ISO_MAKERS:
-        if shutil.which(argv[0]) is not None:
-            return argv
-    raise ImageError("no genisoimage (or xorriso) to write the cloud-init seed; "
-                     "apt-get install genisoimage (scripts/libvirt.sh installs it)")
-
-
-def remove_vm_disks(disks_dir: Path, vm_id: str) -> None:
-    """Delete the VM's overlay and seed; absent is fine."""
-    disks = vm_disks(disks_dir, vm_id)
-    disks.overlay.unlink(missing_ok=True)
-    disks.seed.unlink(missing_ok=True)
-
-
-def vm_ids_with_disks(disks_dir: Path) -> set[str]:
-    """The VM ids that have an overlay or a seed in `disks_dir`."""
-    if not disks_dir.is_dir():
-        return set()
-    found: set[str] = set()
-    for path in disks_dir.iterdir():
-        if path.name.endswith("-seed.iso"):
-            found.add(path.name.removesuffix("-seed.iso"))
-        elif path.name.endswith(".qcow2"):
-            found.add(path.name.removesuffix(".qcow2"))
-    return {vm_id for vm_id in found if _VM_ID.fullmatch(vm_id)}
 
 
 def qcow2_guest_spec(
@@ -301,7 +215,7 @@ def qcow2_guest_spec(
 
 
 def _run(argv: list[str], *, cwd: Path | None = None) -> str:
-    return run_command(argv, cwd=cwd, timeout_s=_TIMEOUT_S)
+    return run_command(argv, cwd=cwd, timeout_s=DISK_TIMEOUT_S)
 
 
 def _sha256_file(path: Path) -> str:

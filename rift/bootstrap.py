@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypervisor import Hypervisor, open_hypervisor
+from rift.catalog import DirectoryImages
 from rift.config import Settings
 from rift.domain.clock import Clock, SystemClock
 from rift.domain.errors import InvalidArgument
 from rift.domain.leases import Clocks
 from rift.guest.adapter import SshGuests
-from rift.images import DirectoryImages
 from rift.logs import setup_logging
 from rift.services import accounts, hosts
 from rift.services.context import Deps, GuestRuntime, Limits
@@ -106,7 +106,8 @@ class Accelerators:
         self._lock = threading.Lock()
 
     def verdict(self, uri: str) -> tuple[str, str]:
-        from hypervisor.images import ImageError, image_files
+        from hypervisor.base import ImageError
+        from hypervisor.image_files import image_files
         from hypervisor.kvm import probe_accel
 
         try:

@@ -148,13 +148,14 @@ def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
-    from rift.images import DirectoryImages
+    from rift.catalog import DirectoryImages
 
     images = DirectoryImages(settings.data_dir / "images")
     if args.action == "build":
         import time
 
-        from hypervisor.images import ImageError, build_tiny
+        from hypervisor.base import ImageError
+        from hypervisor.tiny import build_tiny
 
         started = time.monotonic()
         print("building tiny from Debian packages (kernel, busybox, dropbear)…", flush=True)
@@ -168,7 +169,7 @@ def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "add":
         return _image_add(settings, args)
     if args.action == "remove":
-        from rift.services.images import remove_image
+        from rift.services.image_removal import remove_image
 
         remove_image(_deps(settings), args.name)
         print(f"removed image {args.name}")
@@ -183,7 +184,7 @@ def _image_add(settings: Settings, args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from hypervisor.images import ImageError
+    from hypervisor.base import ImageError
     from hypervisor.qcow2 import add_qcow2
 
     started = time.monotonic()

@@ -55,7 +55,7 @@ def _kvm(settings: Settings) -> Check:
 
 
 def _images(settings: Settings) -> Check:
-    from rift.images import DirectoryImages
+    from rift.catalog import DirectoryImages
 
     images = DirectoryImages(settings.data_dir / "images")
     built = [n for n in images.names() if images.is_built(n)]
@@ -65,8 +65,8 @@ def _images(settings: Settings) -> Check:
         return ("images", False, "no image is built; rift image build tiny")
     qcow2 = [n for n in built if images.kind(n) == "qcow2"]
     if qcow2:
-        from hypervisor.images import ImageError
-        from hypervisor.qcow2 import iso_maker
+        from hypervisor.base import ImageError
+        from hypervisor.disks import iso_maker
 
         try:
             iso_maker()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hypervisor.fake import FakeHypervisor
+from rift.catalog import StaticImages
 from rift.domain.clock import FakeClock
 from rift.domain.leases import Clocks
-from rift.images import StaticImages
 from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
 from rift.store.memory import MemoryStore

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import paramiko
 
-from hypervisor.images import FAILED_MARKER, HOSTKEY_MARKER, READY_MARKER
+from hypervisor.kernel_boot import FAILED_MARKER, HOSTKEY_MARKER, READY_MARKER
 from rift.guest.errors import GuestError
 
 _POLL_S = 0.02

@@ -11,9 +11,9 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-from hypervisor.base import DomainSpec, HypervisorError
-from hypervisor.images import ImageError, image_files
-from hypervisor.images import guest_spec as real_guest_spec
+from hypervisor.base import DomainSpec, HypervisorError, ImageError
+from hypervisor.image_files import image_files
+from hypervisor.kernel_boot import guest_spec as real_guest_spec
 from hypervisor.qcow2 import (
     KIND_QCOW2,
     image_kind,

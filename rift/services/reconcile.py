@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
-from hypervisor.qcow2 import remove_vm_disks, vm_ids_with_disks
+from hypervisor.disks import remove_vm_disks, vm_ids_with_disks
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import NewEvent, Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hypervisor.base import HypervisorError
-from hypervisor.qcow2 import remove_vm_disks
+from hypervisor.disks import remove_vm_disks
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import LIVE_VM_STATUSES, NewEvent, Task, Vm
 from rift.services.context import Deps

@@ -459,7 +459,9 @@ def test_kvm_probe_says_kvm_or_tcg_on_this_machine() -> None:
     if subprocess.run(["virsh", "-c", "qemu:///system", "version"], capture_output=True,
                       check=False).returncode != 0:
         pytest.skip("no libvirtd answers on qemu:///system (make test starts one)")
-    from hypervisor.images import ImageError, build_tiny, image_files
+    from hypervisor.base import ImageError
+    from hypervisor.image_files import image_files
+    from hypervisor.tiny import build_tiny
 
     images = TEST_CACHE / "test-images"  # shared with the guest tests
     try:

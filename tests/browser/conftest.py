@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+from rift.catalog import StaticImages
 from rift.domain.clock import SystemClock
-from rift.images import StaticImages
 from rift.services import accounts
 from rift.services.context import Deps
 from rift.store.sql import SqlStore

@@ -28,7 +28,7 @@ import pytest
 from hypervisor import write_test_host_xml
 from hypervisor.base import DomainRecord, DomainSpec
 from hypervisor.domain_xml import build_domain_xml
-from hypervisor.images import image_files
+from hypervisor.image_files import image_files
 from tests.cache import CACHE as TEST_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def real_vms_missing() -> str | None:
 def cached_tiny() -> Path:
     """The `tiny` image folder, built once into the test cache (skipped when its
     inputs have not changed)."""
-    from hypervisor.images import build_tiny
+    from hypervisor.tiny import build_tiny
 
     return build_tiny(TEST_IMAGES)
 

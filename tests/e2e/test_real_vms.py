@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import pytest
 
-from hypervisor.images import image_files
+from hypervisor.image_files import image_files
 from tests.e2e.conftest import (
     Server,
     assert_rows_tell_the_truth,

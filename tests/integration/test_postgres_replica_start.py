@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from rift.bootstrap import ensure_admin
+from rift.catalog import StaticImages
 from rift.domain.clock import SystemClock
-from rift.images import StaticImages
 from rift.services.context import Deps
 from rift.services.heartbeat import HEARTBEAT, beat, resume
 from rift.services.hosts import ensure_local_host

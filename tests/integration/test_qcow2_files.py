@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.images import ImageError
+from hypervisor.base import ImageError
+from hypervisor.disks import iso_maker, seed_files
 from hypervisor.qcow2 import (
     add_qcow2,
-    iso_maker,
     prepare_vm_disks,
     qcow2_image,
     qemu_img_info,
     remove_image,
-    seed_files,
 )
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBItiKMb60WRZYHdNAnTB9p/iehwos+LVjLTxu2yyPzL rift"

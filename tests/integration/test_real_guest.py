@@ -24,9 +24,11 @@ from pathlib import Path
 import pytest
 
 from hypervisor.base import HypervisorError
-from hypervisor.images import ImageFiles, build_tiny, guest_spec, image_files
+from hypervisor.image_files import ImageFiles, image_files
+from hypervisor.kernel_boot import guest_spec
 from hypervisor.kvm import KVM, TCG, probe_accel
 from hypervisor.libvirt import LibvirtHypervisor
+from hypervisor.tiny import build_tiny
 from rift.domain.model import Vm
 from rift.guest import GuestError, GuestFileError, SshGuestShell, key_for_task
 from tests.cache import CACHE as TEST_CACHE

@@ -16,8 +16,8 @@ import pytest
 
 from hypervisor import write_test_host_xml
 from hypervisor.base import HypervisorError
-from hypervisor.images import build_tiny
 from hypervisor.libvirt import LibvirtHypervisor
+from hypervisor.tiny import build_tiny
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.services import guests, hosts, tasks, vms

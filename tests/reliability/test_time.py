@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from rift.catalog import StaticImages
 from rift.domain.clock import FakeClock
 from rift.domain.errors import TaskHeld
 from rift.domain.leases import Clocks
-from rift.images import StaticImages
 from rift.services import leases, sweeps, tasks
 from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host

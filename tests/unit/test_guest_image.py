@@ -13,17 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from hypervisor.base import ImageError
+from hypervisor.cloud_kernel import module_order
+from hypervisor.cpio import Archive
 from hypervisor.domain_xml import TCG_TB_CACHE_MIB, build_domain_xml
-from hypervisor.images import (
-    ImageError,
-    ImageFiles,
-    _Archive,
-    _module_order,
-    guest_cmdline,
-    guest_spec,
-    image_files,
-)
+from hypervisor.image_files import ImageFiles, image_files
+from hypervisor.kernel_boot import guest_cmdline, guest_spec
 from hypervisor.kvm import TCG, _read_cache, _write_cache, probe_accel
+from hypervisor.tiny import MODULE_ROOTS
 from rift.guest.errors import GuestError
 from rift.guest.ready import read_markers, wait_for_marker
 
@@ -50,7 +47,7 @@ def parse_newc(data: bytes) -> dict[str, tuple[int, bytes, int, int]]:
 
 
 def test_the_archive_holds_files_links_folders_and_devices_owned_by_root() -> None:
-    archive = _Archive()
+    archive = Archive()
     archive.file("init", b"#!/bin/sh\n", 0o755)
     archive.symlink("bin/sh", "/bin/busybox")
     archive.directory("root", 0o700)
@@ -66,7 +63,7 @@ def test_the_archive_holds_files_links_folders_and_devices_owned_by_root() -> No
 
 def test_the_archive_lists_parents_before_children_and_is_reproducible() -> None:
     def make() -> bytes:
-        archive = _Archive()
+        archive = Archive()
         archive.file("a/b/c", b"x")
         archive.file("a-b", b"y")
         return archive.finish()
@@ -92,7 +89,7 @@ def test_modules_load_after_what_they_depend_on_and_built_ins_are_skipped(tmp_pa
     _module(tmp_path, "drivers/net/virtio_net.ko", "virtio_ring,virtio,net_failover")
     _module(tmp_path, "drivers/char/hw_random/virtio-rng.ko", "virtio,virtio_ring")
     (tmp_path / "modules.builtin").write_text("kernel/drivers/virtio/virtio_pci_modern_dev.ko\n")
-    order = [name for name, _ in _module_order(tmp_path)]
+    order = [name for name, _ in module_order(tmp_path, MODULE_ROOTS)]
     assert sorted(order) == sorted(["virtio_ring", "virtio", "virtio_pci", "failover",
                                     "net_failover", "virtio_net", "virtio_rng"])
     for before, after in [("virtio_ring", "virtio"), ("virtio", "virtio_pci"),
@@ -104,7 +101,7 @@ def test_modules_load_after_what_they_depend_on_and_built_ins_are_skipped(tmp_pa
 def test_a_missing_module_is_named(tmp_path: Path) -> None:
     _module(tmp_path, "drivers/virtio/virtio_pci.ko", "virtio_ring")
     with pytest.raises(ImageError, match="virtio_ring"):
-        _module_order(tmp_path)
+        module_order(tmp_path, MODULE_ROOTS)
 
 
 def _manifest(folder: Path) -> None:

@@ -16,24 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hypervisor.base import DomainSpec
+from hypervisor.base import DomainSpec, ImageError
+from hypervisor.disks import VmDisks, remove_vm_disks, seed_files, vm_disks, vm_ids_with_disks
 from hypervisor.domain_xml import build_domain_xml, validate_spec
-from hypervisor.images import ImageError
-from hypervisor.qcow2 import (
-    Qcow2Image,
-    VmDisks,
-    image_kind,
-    qcow2_guest_spec,
-    qcow2_image,
-    remove_vm_disks,
-    seed_files,
-    vm_disks,
-    vm_ids_with_disks,
-)
+from hypervisor.qcow2 import Qcow2Image, image_kind, qcow2_guest_spec, qcow2_image
+from rift.catalog import DirectoryImages
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError
 from rift.guest.shell import SshGuestShell
-from rift.images import DirectoryImages
 from rift.services import reconcile, tasks, vms
 from rift.services.context import Deps, GuestRuntime
 from tests.conftest import ALICE

@@ -1,5 +1,6 @@
-"""The image catalog: `tiny` is always known; further images are folders
-under `<data dir>/images/<name>/` (built, or registered with `rift image add`)."""
+"""The image catalog (the ImageCatalog port's adapters): `tiny` is always
+known; further images are folders under `<data dir>/images/<name>/` (built, or
+registered with `rift image add`)."""
 
 from __future__ import annotations
 

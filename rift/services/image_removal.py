@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypervisor.images import ImageError
+from hypervisor.base import ImageError
 from hypervisor.qcow2 import remove_image as remove_image_files
 from rift.domain.errors import InvalidArgument
 from rift.services.context import Deps
