@@ -1,11 +1,11 @@
 """Guest access over SSH (paramiko): commands, files and the per-task keys.
 
-`SshGuestShell` is the real GuestShell; `wait_ready` waits for a new guest.
+`SshGuestShell` is the real GuestShell; its `connect_when_ready` waits for a new
+guest.
 """
 
 from rift.guest.errors import GuestError, GuestFileError
 from rift.guest.keys import forget_task, key_for_task
-from rift.guest.ready import wait_ready
 from rift.guest.shell import SshGuestShell
 
 __all__ = [
@@ -14,5 +14,4 @@ __all__ = [
     "SshGuestShell",
     "forget_task",
     "key_for_task",
-    "wait_ready",
 ]

@@ -1,13 +1,13 @@
-"""Waiting for a new guest: its init's marker on the serial log, then SSH.
+"""Waiting for a new guest: its init's marker on the serial log.
 
 Connecting before the guest's network is up hangs, so the serial log (a file
 QEMU writes) is watched first. The markers are those `hypervisor/guest_init.sh`
-prints; other images may print none, and then only the SSH handshake counts.
+prints (hypervisor.kernel_boot names them); other images may print none, and
+then only an SSH login counts (SshGuestShell.connect_when_ready).
 """
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,47 +66,6 @@ def wait_for_marker(serial_log: Path, deadline: float, *,
             raise GuestError(f"no {READY_MARKER} on the serial console"
                              + (f"; it ends with: {tail!r}" if tail else " (it is empty)"))
         time.sleep(_POLL_S)
-
-
-def handshake(host: str, port: int, timeout_s: float) -> paramiko.PKey:
-    """One SSH key exchange (no login); answers the server's host key."""
-    try:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
-    except OSError as exc:
-        raise GuestError(f"cannot connect to {host}:{port}: {exc}") from exc
-    transport = paramiko.Transport(sock)
-    try:
-        transport.banner_timeout = timeout_s
-        transport.start_client(timeout=timeout_s)
-        return transport.get_remote_server_key()
-    except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise GuestError(f"no SSH handshake with {host}:{port}: {exc}") from exc
-    finally:
-        transport.close()
-
-
-def wait_ready(serial_log: Path, host: str, port: int, timeout_s: float) -> str | None:
-    """Return once the marker is on the serial log and an SSH handshake succeeds.
-
-    Answers the host key line the guest printed (None when it printed none).
-    Raises GuestError after `timeout_s` seconds in all, or at once when the
-    guest's init reports a failure.
-    """
-    deadline = time.monotonic() + timeout_s
-    host_key = wait_for_marker(serial_log, deadline)
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            key = handshake(host, port, max(0.5, min(remaining, 5.0)))
-        except GuestError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.1)
-            continue
-        if host_key is not None and not same_key(key, host_key):
-            raise GuestError(f"{host}:{port} answers with another host key than the guest "
-                             "printed: is another process on that port?")
-        return host_key
 
 
 def same_key(key: paramiko.PKey, line: str) -> bool:
