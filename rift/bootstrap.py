@@ -77,17 +77,24 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         clocks=clocks_of(settings),
         limits=limits_of(settings),
         guests=SshGuests(private_dir(settings.data_dir / "keys")),
-        runtime=GuestRuntime(
-            images_dir=settings.data_dir / "images",
-            serial_dir=private_dir(settings.data_dir / "serial"),
-            disks_dir=private_dir(settings.data_dir / "disks"),
-            boot_timeout_s=settings.vm_boot_timeout_s,
-            accel=Accelerators(settings.data_dir / "images"),
-        ),
+        runtime=guest_runtime(settings),
     )
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
                             settings.host_memory_mib)
     return deps
+
+
+def guest_runtime(settings: Settings, *, make_dirs: bool = True) -> GuestRuntime:
+    """Where real guests' files live and how they boot; `make_dirs` makes the
+    private folders for serial logs and disks (`rift doctor` only looks)."""
+    made = private_dir if make_dirs else (lambda path: path)
+    return GuestRuntime(
+        images_dir=settings.data_dir / "images",
+        serial_dir=made(settings.data_dir / "serial"),
+        disks_dir=made(settings.data_dir / "disks"),
+        boot_timeout_s=settings.vm_boot_timeout_s,
+        accel=Accelerators(settings.data_dir / "images"),
+    )
 
 
 def private_dir(path: Path) -> Path:

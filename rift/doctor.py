@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from rift.config import Settings
-from rift.services.launch import is_test_host
+from rift.services.guest_kinds import GuestKind, guest_kind, usable
 
 Check = tuple[str, bool, str]
 
@@ -40,41 +39,38 @@ def _libvirt(settings: Settings) -> Check:
             f"{info.vcpus} vCPUs, {info.memory_mib} MiB")
 
 
+def _kind(settings: Settings, image: str) -> GuestKind:
+    """The kind of VMs of `image` on the `local` host, as `rift serve` would pick it."""
+    from rift.bootstrap import guest_runtime
+
+    return guest_kind(settings.hypervisor_uri, image, guest_runtime(settings, make_dirs=False),
+                      None)
+
+
 def _kvm(settings: Settings) -> Check:
-    if is_test_host(settings.hypervisor_uri):
-        return ("kvm", True, "test driver: no guests, no accelerator needed")
-    if not os.path.exists("/dev/kvm"):
-        return ("kvm", True, "no /dev/kvm: guests run under TCG (domain type qemu; slower, "
-                "works)")
     from rift.bootstrap import Accelerators
 
-    accel, why = Accelerators(settings.data_dir / "images").verdict(settings.hypervisor_uri)
-    if accel == "kvm":
-        return ("kvm", True, f"guests boot under KVM: {why}")
-    return ("kvm", True, f"guests run under TCG (domain type qemu): {why}")
+    verdict = Accelerators(settings.data_dir / "images").verdict
+    return ("kvm", True, _kind(settings, "tiny").accelerator(verdict))
 
 
 def _images(settings: Settings) -> Check:
     from rift.catalog import DirectoryImages
 
-    images = DirectoryImages(settings.data_dir / "images")
-    built = [n for n in images.names() if images.is_built(n)]
-    if is_test_host(settings.hypervisor_uri):
-        return ("images", True, f"test driver: every known image is accepted ({images.names()})")
-    if not built:
+    kinds = {n: _kind(settings, n) for n in DirectoryImages(settings.data_dir / "images").names()}
+    ready = [n for n, kind in kinds.items() if usable(kind)]
+    if not ready:
         return ("images", False, "no image is built; rift image build tiny")
-    qcow2 = [n for n in built if images.kind(n) == "qcow2"]
-    if qcow2:
-        from hypervisor.base import ImageError
-        from hypervisor.disks import iso_maker
-
-        try:
-            iso_maker()
-        except ImageError as exc:
-            return ("images", False, f"VMs of {', '.join(qcow2)} cannot get their cloud-init "
-                    f"seed: {exc}")
-    return ("images", True, "built: " + ", ".join(
-        f"{n} (qcow2)" if n in qcow2 else n for n in built))
+    lacking: dict[str, list[str]] = {}
+    for name in ready:
+        missing = kinds[name].missing_tools()
+        if missing is not None:
+            lacking.setdefault(missing, []).append(name)
+    if lacking:
+        return ("images", False, "; ".join(f"VMs of {', '.join(names)} cannot start: {why}"
+                                           for why, names in lacking.items()))
+    return ("images", True, "usable here: " + ", ".join(f"{n} ({kinds[n].label})"
+                                                         for n in ready))
 
 
 CHECKS: tuple[Callable[[Settings], Check], ...] = (_database, _libvirt, _kvm, _images)

@@ -8,10 +8,11 @@ import base64
 import binascii
 from typing import Any
 
-from rift.domain.errors import GuestUnreachable, InvalidArgument, VmNotFound, VmNotRunning
+from rift.domain.errors import InvalidArgument, VmNotFound, VmNotRunning
 from rift.domain.model import Vm
 from rift.services import validate
 from rift.services.context import Caller, Deps
+from rift.services.guest_kinds import reach
 from rift.services.leases import check_handle, in_write, parse_handle
 from rift.services.ports import GuestShell, Tx
 
@@ -35,12 +36,7 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
     vm = in_write(deps.store, work)
     if vm.status != "running":
         raise VmNotRunning(vm_id, vm.status)
-    if vm.ssh_port is None:
-        raise GuestUnreachable(vm_id, f"host {vm.host} runs no guest behind its domains "
-                               "(libvirt's test driver)")
-    if deps.guests is None:
-        raise GuestUnreachable(vm_id, "this control plane has no guest access configured")
-    return vm, deps.guests
+    return vm, reach(vm, deps.guests)
 
 
 def _path(path: str) -> str:

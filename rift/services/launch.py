@@ -1,6 +1,6 @@
-"""Starting a VM's domain: plan it (test driver, or a real guest with its image,
-accelerator, task key and SSH port), create it, wait until the guest answers,
-and record `running` or `failed` (libvirt's or the guest's own words)."""
+"""Starting a VM's domain: its kind of guest (rift.services.guest_kinds) plans
+it, Rift creates it, the kind waits until the guest answers, and the row turns
+`running` or `failed` (libvirt's or the guest's own words)."""
 
 from __future__ import annotations
 
@@ -9,72 +9,29 @@ import socket
 from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime
-from pathlib import Path
 
-from hypervisor.base import DomainSpec, HypervisorError, ImageError
-from hypervisor.image_files import image_files
-from hypervisor.kernel_boot import guest_spec as real_guest_spec
-from hypervisor.qcow2 import (
-    KIND_QCOW2,
-    image_kind,
-    prepare_vm_disks,
-    qcow2_guest_spec,
-    qcow2_image,
-)
-from rift.domain.errors import GuestUnreachable, HypervisorFailed, ImageNotFound
+from hypervisor.base import HypervisorError, ImageError
+from rift.domain.errors import HypervisorFailed, ImageNotFound
 from rift.domain.model import NewEvent, Task, Vm
-from rift.services.context import Caller, Deps, GuestRuntime
-from rift.services.ports import GuestShell, Tx
-from rift.services.teardown import destroy_domain, destroy_vm, remove_disks
+from rift.services.context import Caller, Deps
+from rift.services.guest_kinds import GuestKind, NotReady, kind_on, usable
+from rift.services.ports import Tx
+from rift.services.teardown import destroy_domain, destroy_vm
 
 SSH_HOST = "127.0.0.1"
 PORTS = (20000, 60000)
 
 
-def is_test_host(uri: str) -> bool:
-    """libvirt's test driver (or the in-memory fake): domains with no guest behind them.
-    The driver is the URI scheme before any `+transport`: `test+unix:///default` is
-    the test driver inside libvirtd, one host that every client (replica) shares."""
-    driver = uri.split(":", 1)[0].split("+", 1)[0]
-    return driver in ("test", "fake")
-
-
-def serial_log(runtime: GuestRuntime, vm_id: str) -> Path:
-    return runtime.serial_dir / f"{vm_id}.log"
-
-
-def check_image(deps: Deps, image: str, uri: str) -> None:
-    """On a real host the image must be built, not only known."""
-    if is_test_host(uri) or deps.runtime is None:
-        return
+def check_image(deps: Deps, kind: GuestKind, image: str, uri: str) -> None:
+    """ImageNotFound unless `image` can start on the host at `uri` (on a real host it
+    must be built, not only known), naming the images that can."""
     try:
-        _check_built(deps.runtime, image)
+        kind.check()
     except ImageError as exc:
-        built = [n for n in deps.images.names() if _built(deps.runtime, n)]
-        raise ImageNotFound(image, built, hint=f"the operator builds it: rift image build "
+        ready = [n for n in deps.images.names() if usable(kind_on(deps, uri, n))]
+        raise ImageNotFound(image, ready, hint=f"the operator builds it: rift image build "
                             f"{image}" if image == "tiny" else "rift_vm_new with one of those "
                             "images") from exc
-
-
-def _built(runtime: GuestRuntime, name: str) -> bool:
-    try:
-        _check_built(runtime, name)
-    except ImageError:
-        return False
-    return True
-
-
-def _is_qcow2(runtime: GuestRuntime, name: str) -> bool:
-    return image_kind(runtime.images_dir, name) == KIND_QCOW2
-
-
-def _check_built(runtime: GuestRuntime, name: str) -> None:
-    """ImageError unless the image's files are there: a registered qcow2's disk, or
-    a kernel and an initramfs."""
-    if _is_qcow2(runtime, name):
-        qcow2_image(runtime.images_dir, name)
-    else:
-        image_files(runtime.images_dir, name)
 
 
 def pick_ssh_port(tx: Tx, host: str) -> int:
@@ -93,41 +50,6 @@ def pick_ssh_port(tx: Tx, host: str) -> int:
     raise HypervisorFailed("no free loopback port for the guest's SSH", host=host)
 
 
-def plan(deps: Deps, vm: Vm, uri: str) -> DomainSpec:
-    """The domain for ``vm``, marked with this installation (reconciliation's scope)."""
-    return replace(_plan(deps, vm, uri), install=deps.install_id)
-
-
-def _plan(deps: Deps, vm: Vm, uri: str) -> DomainSpec:
-    if is_test_host(uri):
-        return DomainSpec(name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id,
-                          vcpus=vm.vcpus, memory_mib=vm.memory_mib, image=vm.image,
-                          domain_type="test")
-    runtime, guests = _real(deps, vm)
-    assert vm.ssh_port is not None
-    if _is_qcow2(runtime, vm.image):
-        # Its own overlay on the image and a cloud-init seed with the task's key.
-        image = qcow2_image(runtime.images_dir, vm.image)
-        disks = prepare_vm_disks(image, runtime.vm_disks_dir, vm_id=vm.id,
-                                 public_key_line=guests.task_key(vm.task_id))
-        return qcow2_guest_spec(
-            image, disks, name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id,
-            vcpus=vm.vcpus, memory_mib=vm.memory_mib, domain_type=runtime.accel(uri),
-            ssh_port=vm.ssh_port, serial_log=serial_log(runtime, vm.id))
-    return real_guest_spec(
-        image_files(runtime.images_dir, vm.image), name=vm.domain_name, task_id=vm.task_id,
-        vm_id=vm.id, vcpus=vm.vcpus, memory_mib=vm.memory_mib, domain_type=runtime.accel(uri),
-        public_key_line=guests.task_key(vm.task_id), ssh_port=vm.ssh_port,
-        serial_log=serial_log(runtime, vm.id))
-
-
-def _real(deps: Deps, vm: Vm) -> tuple[GuestRuntime, GuestShell]:
-    if deps.runtime is None or deps.guests is None:
-        raise HypervisorFailed("this control plane runs no real guests (no guest runtime)",
-                               host=vm.host)
-    return deps.runtime, deps.guests
-
-
 def _failed(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
     now = deps.clock.now()
     with deps.store.write() as tx:
@@ -137,27 +59,22 @@ def _failed(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
         return tx.get_vm(vm.id) or vm
 
 
-def launch(deps: Deps, caller: Caller, vm: Vm, uri: str) -> Vm:
+def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind) -> Vm:
     started = deps.clock.now()
     try:
-        deps.hosts.hypervisor(uri).create(plan(deps, vm, uri))
+        # Marked with this installation: reconciliation's scope.
+        deps.hosts.hypervisor(uri).create(replace(kind.plan(vm), install=deps.install_id))
     except (HypervisorError, ImageError, HypervisorFailed) as exc:
-        remove_disks(deps, vm.id)  # nothing was defined: the overlay and seed are unused
+        kind.clean_up(vm.id)  # nothing was defined: the VM's files are unused
         return _failed(deps, caller, vm, str(exc))
-    if not is_test_host(uri):
-        runtime, guests = _real(deps, vm)
-        try:
-            # A qcow2 image's cloud-init prints no ready marker: only SSH counts.
-            guests.wait_ready(vm, serial_log(runtime, vm.id), runtime.boot_timeout_s,
-                              markers=not _is_qcow2(runtime, vm.image))
-        except GuestUnreachable as exc:
-            guests.close_vm(vm.id)
-            # If libvirt refuses, the row still turns failed (not live), so the
-            # next sweep's reconciliation destroys the orphaned domain.
-            with suppress(HypervisorFailed):
-                destroy_domain(deps, vm, uri)
-            return _failed(deps, caller, vm, f"the guest did not answer SSH within "
-                           f"{runtime.boot_timeout_s:.0f}s: {exc.message}")
+    try:
+        kind.wait_ready(vm)
+    except NotReady as exc:
+        # If libvirt refuses, the row still turns failed (not live), so the
+        # next sweep's reconciliation destroys the orphaned domain.
+        with suppress(HypervisorFailed):
+            destroy_domain(deps, vm, uri)
+        return _failed(deps, caller, vm, str(exc))
     return _running(deps, caller, vm, uri, started)
 
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
-from hypervisor.disks import remove_vm_disks, vm_ids_with_disks
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import NewEvent, Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
+from rift.services.guest_kinds import vm_files
 from rift.services.teardown import destroy_domain, destroy_vm
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
@@ -207,19 +207,17 @@ def reconcile(deps: Deps) -> ReconcileReport:
 
 
 def remove_dead_disks(deps: Deps, report: ReconcileReport) -> None:
-    """Delete the overlays and seeds (qcow2 images) of VMs with no live row: those
-    a crash, an orphan's destroy or a vanished domain left behind. Files are listed
-    before rows are read, and a row is live before its files are made, so a VM
-    being created keeps its files."""
-    if deps.runtime is None:
-        return
-    disks_dir = deps.runtime.vm_disks_dir
-    found = vm_ids_with_disks(disks_dir)
+    """Delete the files (overlays, seeds, serial logs) of VMs with no live row that
+    have disks: those a crash, an orphan's destroy or a vanished domain left behind.
+    Files are listed before rows are read, and a row is live before its files are
+    made, so a VM being created keeps its files."""
+    files = vm_files(deps)
+    found = files.with_disks()
     if not found:
         return
     with deps.store.read() as tx:
         dead = sorted(vm_id for vm_id in found
                       if (vm := tx.get_vm(vm_id)) is None or not vm.is_live)
     for vm_id in dead:
-        remove_vm_disks(disks_dir, vm_id)
+        files.remove(vm_id)
         report.disks_removed.append(vm_id)

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from hypervisor.base import HypervisorError
-from hypervisor.disks import remove_vm_disks
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import LIVE_VM_STATUSES, NewEvent, Task, Vm
 from rift.services.context import Deps
+from rift.services.guest_kinds import kind_on
 from rift.services.ports import Tx
 
 _DESTROYABLE = (*LIVE_VM_STATUSES, "failed")
@@ -38,15 +38,7 @@ def destroy_domain(deps: Deps, vm: Vm, uri: str | None) -> None:
         deps.hosts.hypervisor(uri).destroy(vm.domain_name)
     except HypervisorError as exc:
         raise HypervisorFailed(str(exc), host=vm.host) from exc
-    if deps.runtime is not None:
-        (deps.runtime.serial_dir / f"{vm.id}.log").unlink(missing_ok=True)
-    remove_disks(deps, vm.id)
-
-
-def remove_disks(deps: Deps, vm_id: str) -> None:
-    """The VM's own overlay and cloud-init seed (a qcow2 image's); absent is fine."""
-    if deps.runtime is not None:
-        remove_vm_disks(deps.runtime.vm_disks_dir, vm_id)
+    kind_on(deps, uri, vm.image).clean_up(vm.id)
 
 
 def forget_task_key(deps: Deps, task_id: str) -> None:

@@ -18,7 +18,8 @@ from rift.domain.ids import new_vm_id
 from rift.domain.model import Host, NewEvent, Task, Vm
 from rift.services import validate
 from rift.services.context import Caller, Deps
-from rift.services.launch import SSH_HOST, check_image, is_test_host, launch, pick_ssh_port
+from rift.services.guest_kinds import GuestKind, kind_on
+from rift.services.launch import SSH_HOST, check_image, launch, pick_ssh_port
 from rift.services.leases import (
     check_handle,
     ensure_open,
@@ -89,7 +90,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
                             memory_mib=memory_mib)
 
-    def record(tx: Tx) -> tuple[Vm, str | None, bool]:
+    def record(tx: Tx) -> tuple[Vm, str | None, GuestKind | None, bool]:
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
         if idempotency_key is not None:
@@ -97,14 +98,15 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
             if existing is not None:
                 if existing.request_digest != digest:
                     raise IdempotencyConflict("rift_vm_new")
-                return existing, None, True
+                return existing, None, None, True
         known = deps.images.names()
         if image not in known:
             raise ImageNotFound(image, sorted(known))
         _check_vm_budget(deps, tx, caller, task, now)
         host = _place(tx, vcpus, memory_mib)
-        check_image(deps, image, host.uri)
-        port = None if is_test_host(host.uri) else pick_ssh_port(tx, host.name)
+        kind = kind_on(deps, host.uri, image)
+        check_image(deps, kind, image, host.uri)
+        port = kind.ssh_port(lambda: pick_ssh_port(tx, host.name))
         vm_id = new_vm_id()
         vm = Vm(id=vm_id, task_id=task.id, owner=caller.user, name=name or vm_id, image=image,
                 status="creating", host=host.name, vcpus=vcpus, memory_mib=memory_mib,
@@ -114,15 +116,15 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         tx.add_event(NewEvent(task.id, "vm_creating", now, caller.label,
                               {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
                                "vcpus": vcpus, "memory_mib": memory_mib}))
-        return vm, host.uri, False
+        return vm, host.uri, kind, False
 
     try:
-        vm, uri, replayed = in_write(deps.store, record)
+        vm, uri, kind, replayed = in_write(deps.store, record)
     except DuplicateKey:
-        vm, uri, replayed = in_write(deps.store, record)  # a racing twin won: replay it
-    if replayed or uri is None:
+        vm, uri, kind, replayed = in_write(deps.store, record)  # a racing twin won: replay it
+    if replayed or uri is None or kind is None:
         return vm_view(vm)
-    return vm_view(launch(deps, caller, vm, uri))
+    return vm_view(launch(deps, caller, vm, uri, kind))
 
 
 def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,

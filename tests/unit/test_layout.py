@@ -25,6 +25,16 @@ ONLY_IN = {
     "fastapi": ("rift/api/", "web/"),
     "mcp": ("rift/api/",),
 }
+# What kind of guest a host or an image has is asked in one place: the engine's
+# kinds of guest (rift/services/guest_kinds/) know the image formats and the
+# test driver; the rest of the engine only calls a kind's methods.
+GUEST_KINDS = "rift/services/guest_kinds/"
+IMAGE_FORMATS = {
+    "hypervisor.image_files": (GUEST_KINDS,),
+    "hypervisor.kernel_boot": (GUEST_KINDS,),
+    "hypervisor.disks": (GUEST_KINDS,),
+    "hypervisor.qcow2": (GUEST_KINDS, "rift/services/image_removal.py"),
+}
 
 
 def _imports(path: Path) -> set[str]:
@@ -60,6 +70,20 @@ def test_each_library_is_imported_only_by_its_adapter() -> None:
             for lib, allowed in ONLY_IN.items():
                 if _matches(name, lib):
                     assert rel.startswith(allowed), f"{rel} imports {name}"
+
+
+def test_only_the_guest_kinds_ask_what_a_host_or_an_image_is() -> None:
+    for path in (ROOT / "rift" / "services").rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        for name in _imports(path):
+            for module, allowed in IMAGE_FORMATS.items():
+                if _matches(name, module):
+                    assert rel.startswith(allowed), f"{rel} imports {name}"
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith(GUEST_KINDS):
+            assert "is_test_host" not in path.read_text(), f"{rel} asks whether a host is " \
+                "the test driver; a kind of guest (rift.services.guest_kinds) answers instead"
 
 
 def test_every_setting_is_described_and_documented_in_the_readme() -> None:

@@ -1,0 +1,103 @@
+"""What every kind of guest answers to (`GuestKind`), and each VM's own files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from hypervisor.base import DomainSpec
+from hypervisor.disks import remove_vm_disks, vm_ids_with_disks
+from rift.domain.errors import GuestUnreachable
+from rift.domain.model import Vm
+from rift.services.context import Deps, GuestRuntime
+from rift.services.ports import GuestShell
+
+NO_SHELL = "this control plane has no guest access configured"
+NO_RUNTIME = "this control plane runs no real guests (no guest runtime)"
+
+# How `rift doctor` learns which accelerator a host's guests get, and why.
+Verdict = Callable[[str], tuple[str, str]]
+
+
+class NotReady(Exception):
+    """The guest did not answer within its boot wait; the text is the VM's error."""
+
+
+class GuestKind(Protocol):
+    """How VMs of one image start on one host, are waited for, reached and put away."""
+
+    label: str  # what `rift doctor` shows beside the image: `test driver`, `kernel`, `qcow2`
+
+    def check(self) -> None:
+        """ImageError unless the image can start on this host (built, registered)."""
+        ...
+
+    def ssh_port(self, free_port: Callable[[], int]) -> int | None:
+        """The host loopback port forwarded to the guest's SSH (`free_port()` picks
+        one), or None when no guest will answer there."""
+        ...
+
+    def plan(self, vm: Vm) -> DomainSpec:
+        """Make the VM's own files and answer the domain that starts it.
+        Raises ImageError or HypervisorFailed (its files are then the caller's to
+        clean up)."""
+        ...
+
+    def wait_ready(self, vm: Vm) -> None:
+        """Return once the guest of the started domain answers; NotReady after the
+        boot wait."""
+        ...
+
+    def clean_up(self, vm_id: str) -> None:
+        """Remove the VM's own files (serial log, overlay, seed); absent is fine."""
+        ...
+
+    def accelerator(self, verdict: Verdict) -> str:
+        """What runs such guests on this host, in words for `rift doctor`."""
+        ...
+
+    def missing_tools(self) -> str | None:
+        """What this host lacks to start such guests (`rift doctor`), or None."""
+        ...
+
+
+def reach(vm: Vm, guests: GuestShell | None) -> GuestShell:
+    """The shell that reaches a running VM's guest, at the SSH address its kind gave
+    it when it was made (`GuestKind.ssh_port`); GuestUnreachable when it has none
+    (the test driver's VMs) or this control plane has no shell."""
+    if vm.ssh_port is None:
+        raise GuestUnreachable(vm.id, f"host {vm.host} runs no guest behind its domains "
+                               "(libvirt's test driver)")
+    if guests is None:
+        raise GuestUnreachable(vm.id, NO_SHELL)
+    return guests
+
+
+def serial_log(runtime: GuestRuntime, vm_id: str) -> Path:
+    """The file the VM's serial console writes to."""
+    return runtime.serial_dir / f"{vm_id}.log"
+
+
+class VmFiles:
+    """Each VM's own files on this control plane, named after the VM id: its
+    serial log and, for images that need them, its overlay and seed. There are
+    none without a guest runtime."""
+
+    def __init__(self, runtime: GuestRuntime | None) -> None:
+        self.runtime = runtime
+
+    def remove(self, vm_id: str) -> None:
+        """Delete the VM's files; absent is fine."""
+        if self.runtime is None:
+            return
+        serial_log(self.runtime, vm_id).unlink(missing_ok=True)
+        remove_vm_disks(self.runtime.vm_disks_dir, vm_id)
+
+    def with_disks(self) -> set[str]:
+        """The ids of the VMs that have an overlay or a seed here."""
+        return set() if self.runtime is None else vm_ids_with_disks(self.runtime.vm_disks_dir)
+
+
+def vm_files(deps: Deps) -> VmFiles:
+    return VmFiles(deps.runtime)

@@ -1,0 +1,124 @@
+"""Kinds with a real guest behind the domain: kernel images booted with Rift's
+own init, and operators' qcow2 images with cloud-init."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from hypervisor.base import DomainSpec, ImageError
+from hypervisor.disks import iso_maker as seed_maker
+from hypervisor.image_files import image_files
+from hypervisor.kernel_boot import guest_spec
+from hypervisor.qcow2 import prepare_vm_disks, qcow2_guest_spec, qcow2_image
+from rift.domain.errors import GuestUnreachable, HypervisorFailed
+from rift.domain.model import Vm
+from rift.services.context import GuestRuntime
+from rift.services.guest_kinds.base import (
+    NO_RUNTIME,
+    NotReady,
+    Verdict,
+    VmFiles,
+    serial_log,
+)
+from rift.services.ports import GuestShell
+
+
+class _RealGuest:
+    """What every kind with a real guest shares: a forwarded SSH port, the task's
+    key, the boot wait, and the VM's files."""
+
+    label = "real"
+    markers = True  # the guest's init prints a ready marker on the serial console
+
+    def __init__(self, uri: str, image: str, runtime: GuestRuntime,
+                 guests: GuestShell | None, files: VmFiles) -> None:
+        self.uri = uri
+        self.image = image
+        self.runtime = runtime
+        self.guests = guests
+        self.files = files
+
+    def ssh_port(self, free_port: Callable[[], int]) -> int | None:
+        return free_port()
+
+    def _guests(self, vm: Vm) -> GuestShell:
+        if self.guests is None:
+            raise HypervisorFailed(NO_RUNTIME, host=vm.host)
+        return self.guests
+
+    def _serial_log(self, vm: Vm) -> Path:
+        return serial_log(self.runtime, vm.id)
+
+    def wait_ready(self, vm: Vm) -> None:
+        timeout_s = self.runtime.boot_timeout_s
+        try:
+            self._guests(vm).wait_ready(vm, self._serial_log(vm), timeout_s,
+                                        markers=self.markers)
+        except GuestUnreachable as exc:
+            raise NotReady(f"the guest did not answer SSH within {timeout_s:.0f}s: "
+                           f"{exc.message}") from exc
+
+    def clean_up(self, vm_id: str) -> None:
+        self.files.remove(vm_id)
+
+    def accelerator(self, verdict: Verdict) -> str:
+        if not os.path.exists("/dev/kvm"):
+            return "no /dev/kvm: guests run under TCG (domain type qemu; slower, works)"
+        accel, why = verdict(self.uri)
+        if accel == "kvm":
+            return f"guests boot under KVM: {why}"
+        return f"guests run under TCG (domain type qemu): {why}"
+
+    def missing_tools(self) -> str | None:
+        return None
+
+
+class KernelGuest(_RealGuest):
+    """A kernel image booted directly with Rift's init; the key rides on the
+    kernel command line, and the init prints its ready marker."""
+
+    label = "kernel"
+
+    def check(self) -> None:
+        image_files(self.runtime.images_dir, self.image)
+
+    def plan(self, vm: Vm) -> DomainSpec:
+        guests = self._guests(vm)
+        assert vm.ssh_port is not None
+        return guest_spec(
+            image_files(self.runtime.images_dir, self.image), name=vm.domain_name,
+            task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus, memory_mib=vm.memory_mib,
+            domain_type=self.runtime.accel(self.uri),
+            public_key_line=guests.task_key(vm.task_id), ssh_port=vm.ssh_port,
+            serial_log=self._serial_log(vm))
+
+
+class Qcow2Guest(_RealGuest):
+    """An operator's qcow2 image with cloud-init: its own overlay and a seed with
+    the task's key. Its cloud-init prints no ready marker: only SSH counts."""
+
+    label = "qcow2"
+    markers = False
+
+    def check(self) -> None:
+        qcow2_image(self.runtime.images_dir, self.image)
+
+    def plan(self, vm: Vm) -> DomainSpec:
+        guests = self._guests(vm)
+        assert vm.ssh_port is not None
+        image = qcow2_image(self.runtime.images_dir, self.image)
+        disks = prepare_vm_disks(image, self.runtime.vm_disks_dir, vm_id=vm.id,
+                                 public_key_line=guests.task_key(vm.task_id))
+        return qcow2_guest_spec(
+            image, disks, name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id,
+            vcpus=vm.vcpus, memory_mib=vm.memory_mib, domain_type=self.runtime.accel(self.uri),
+            ssh_port=vm.ssh_port, serial_log=self._serial_log(vm))
+
+    def missing_tools(self) -> str | None:
+        try:
+            seed_maker()
+        except ImageError as exc:
+            return str(exc)  # names the package that writes the cloud-init seed
+        return None
