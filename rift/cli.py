@@ -103,8 +103,8 @@ def cmd_tasks(settings: Settings, args: argparse.Namespace) -> int:
     after = None
     while True:
         page = tasks.list_tasks(deps, None, "all" if args.all else "open", 100, after)
-        rows += page["tasks"]
-        after = page["next_after"]
+        rows += [t.model_dump(mode="json") for t in page.tasks]
+        after = page.next_after
         if after is None:
             break
     if not args.json:
@@ -120,10 +120,10 @@ def cmd_task(settings: Settings, args: argparse.Namespace) -> int:
     deps = _deps(settings)
     if args.action == "close":
         result = tasks.close_as_operator(deps, args.id, operator_label())
-        print(f"closed {args.id}; destroyed {len(result['destroyed'])} VMs")
+        print(f"closed {args.id}; destroyed {len(result.destroyed)} VMs")
         return 0
     view = tasks.operator_view(deps, args.id)
-    print(json.dumps(view, indent=2))
+    print(json.dumps(view.model_dump(mode="json"), indent=2))
     return 0
 
 

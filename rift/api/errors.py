@@ -1,16 +1,19 @@
 """One error tree, rendered once: RiftError → `{"error": {...}}` with its status;
-FastAPI's own validation errors become `invalid_argument` naming the field."""
+validation errors (FastAPI's of a body, query or path, or a tool's input model)
+become `invalid_argument` naming the field, through the contract's `refusal_of`,
+the same mapping the MCP door uses."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from rift.contract.base import refusal_of
 from rift.domain.errors import InvalidArgument, RateLimited, RiftError, Unauthorized
 
 log = logging.getLogger("rift.api")
@@ -25,24 +28,16 @@ def error_response(err: RiftError) -> JSONResponse:
     return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
 
 
-def _field(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
-
-
-def validation_refusal(exc: RequestValidationError) -> InvalidArgument:
-    first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "malformed"}
+def validation_refusal(exc: RequestValidationError | ValidationError) -> InvalidArgument:
+    errors = list(exc.errors())
+    first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":  # its loc ends with a character position
         where = tuple(first.get("loc", ()))[-1:]
         ctx = first.get("ctx")
         why = str(ctx.get("error", "malformed")) if isinstance(ctx, dict) else "malformed"
         at = f" at character {where[0]}" if where and isinstance(where[0], int) else ""
         return InvalidArgument("body", f"is not valid JSON: {why}{at}")
-    field = _field(tuple(first.get("loc", ())))
-    why = str(first.get("msg", "invalid"))
-    if first.get("type") == "extra_forbidden":
-        why = "unknown field"
-    return InvalidArgument(field, why)
+    return refusal_of(errors, located=isinstance(exc, RequestValidationError))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -52,6 +47,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_refusal(exc))
+
+    @app.exception_handler(ValidationError)
+    async def invalid_input(_request: Request, exc: ValidationError) -> JSONResponse:
         return error_response(validation_refusal(exc))
 
     @app.exception_handler(HTTPException)

@@ -1,12 +1,13 @@
 """The MCP door: `POST /mcp` on the official SDK's streamable-HTTP transport.
 
-One lowlevel `Server` serves the thirteen tools of `mcp_tools` (inputs checked by
-`mcp_schema`). The SDK's session managers run stateless (`mcp_door`), so any
-replica answers any request in either era: protocol `2026-07-28` (one
-self-contained POST) and the `initialize` handshake of `2025-11-25`, `2025-06-18`
-and `2025-03-26`; `mcp_names` finds the client's name in each. Rift tokens are
-checked by the SDK's own bearer middleware through a `TokenVerifier`; a missing or
-revoked token is the SDK's 401 and touches nothing.
+One lowlevel `Server` serves the thirteen tools of `mcp_tools`, each checked
+against its contract's input model and answered as a `CallToolResult`. The SDK's
+session managers run stateless (`mcp_door`), so any replica answers any request
+in either era: protocol `2026-07-28` (one self-contained POST) and the
+`initialize` handshake of `2025-11-25`, `2025-06-18` and `2025-03-26`;
+`mcp_names` finds the client's name in each. Rift tokens are checked by the SDK's
+own bearer middleware through a `TokenVerifier`; a missing or revoked token is
+the SDK's 401 and touches nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from functools import partial
 from importlib.metadata import version as package_version
 from typing import Any
 
@@ -38,9 +38,9 @@ from starlette.routing import Route
 
 from rift.api.mcp_door import McpDoor
 from rift.api.mcp_names import client_name
-from rift.api.mcp_schema import check_arguments
 from rift.api.mcp_tools import TOOLS, Tool
 from rift.api.state import AppState
+from rift.contract.base import parse
 from rift.domain.errors import RiftError, Unauthorized
 from rift.services import accounts
 from rift.services.context import Caller
@@ -84,12 +84,12 @@ def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
 
 # -- results --------------------------------------------------------------------------
 
-def _result(text: str, structured: dict[str, Any], is_error: bool) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "structuredContent": structured,
-            "isError": is_error, "resultType": "complete"}
+def _result(text: str, structured: dict[str, Any], is_error: bool) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                structured_content=structured, is_error=is_error)
 
 
-def refusal(error: dict[str, Any]) -> dict[str, Any]:
+def refusal(error: dict[str, Any]) -> types.CallToolResult:
     text = f"{error['code']}: {error['message']}\nhint: {error['hint']}"
     return _result(text, {"error": error}, True)
 
@@ -98,7 +98,7 @@ INTERNAL = {"code": "internal", "message": "Rift failed unexpectedly; the error 
             "hint": "call again; if it keeps failing, tell the operator (rift doctor)"}
 
 
-def success(tool: Tool, out: dict[str, Any], protocol_version: str) -> dict[str, Any]:
+def success(tool: Tool, out: dict[str, Any], protocol_version: str) -> types.CallToolResult:
     text = tool.render(out)
     if protocol_version in _NO_STRUCTURED_CONTENT:
         text += "\n" + json.dumps(out, ensure_ascii=False, separators=(",", ":"))
@@ -115,16 +115,15 @@ def build_server(state: AppState) -> Server[Any]:
         return listing
 
     async def call_tool(ctx: ServerRequestContext[Any, Any],
-                        params: types.CallToolRequestParams) -> dict[str, Any]:
+                        params: types.CallToolRequestParams) -> types.CallToolResult:
         tool = TOOLS.get(params.name)
         if tool is None:  # a protocol fault, as the MCP spec has it
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name[:100]}")
         caller: Caller | None = None
         try:
             caller = caller_of(ctx)
-            args = check_arguments(tool.name, tool.fields, tool.required, params.arguments)
-            out = await anyio.to_thread.run_sync(
-                partial(tool.call, state.deps, caller, **args))
+            args = parse(tool.contract.input, params.arguments, tool.name)
+            answer = await anyio.to_thread.run_sync(tool.call, state.deps, caller, args)
         except RiftError as exc:
             state.metrics.record("mcp", tool.name, exc.code)
             log.info("refused", extra={"door": "mcp", "tool": tool.name, "code": exc.code,
@@ -136,11 +135,11 @@ def build_server(state: AppState) -> Server[Any]:
             log.exception("tool call failed", extra={"door": "mcp", "tool": tool.name})
             return refusal(dict(INTERNAL))
         state.metrics.record("mcp", tool.name, "ok")
-        return success(tool, out, ctx.protocol_version)
+        return success(tool, answer.model_dump(mode="json"), ctx.protocol_version)
 
     def input_schema_of(name: str) -> dict[str, Any] | None:
         tool = TOOLS.get(name)
-        return tool.input_schema if tool else None
+        return tool.contract.input_schema if tool else None
 
     server: Server[Any] = Server("rift", version=package_version("rift"),
                                  instructions=INSTRUCTIONS, on_list_tools=list_tools,
@@ -172,7 +171,7 @@ def mount_mcp(app: FastAPI, state: AppState) -> Callable[[], AbstractAsyncContex
     if not any(isinstance(f, ClientGone) for f in sdk_log.filters):
         sdk_log.addFilter(ClientGone())
     server = build_server(state)
-    door = McpDoor(server, frozenset(t.name for t in TOOLS.values() if not t.slow))
+    door = McpDoor(server, frozenset(t.name for t in TOOLS.values() if not t.contract.slow))
     guarded = AuthenticationMiddleware(
         AuthContextMiddleware(RequireAuthMiddleware(door, required_scopes=[])),
         backend=BearerAuthBackend(RiftTokenVerifier(state)))

@@ -11,10 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from rift.contract.views import TaskView
 from rift.services.context import Deps
-from rift.services.views import task_view
 
 OPEN_MAX = 1000  # a person has at most RIFT_MAX_OPEN_TASKS (32 by default)
 CLOSED_MAX = 10
@@ -23,8 +22,8 @@ CLOSED_MAX = 10
 @dataclass(frozen=True)
 class BoxesPage:
     user: str
-    open: list[dict[str, Any]]
-    closed: list[dict[str, Any]]
+    open: list[TaskView]
+    closed: list[TaskView]
     more_open: bool  # more than OPEN_MAX open tasks: the page says so
     mark: str  # the change mark when this was read
     digest: str  # of what the page shows; equal digests render the same page
@@ -50,9 +49,10 @@ def read_page(deps: Deps, user: str) -> BoxesPage:
         closed = tx.list_recently_closed(user, CLOSED_MAX)
         vms = tx.list_vms_of_tasks([t.id for t in opened + closed])
     opened.sort(key=lambda t: (t.last_activity_at, t.created_at), reverse=True)
-    open_views = [task_view(t, vms.get(t.id, []), deps.clocks) for t in opened]
-    closed_views = [task_view(t, vms.get(t.id, []), deps.clocks) for t in closed]
-    blob = json.dumps([open_views, closed_views, len(found) > OPEN_MAX],
+    open_views = [TaskView.of(t, vms.get(t.id, []), deps.clocks) for t in opened]
+    closed_views = [TaskView.of(t, vms.get(t.id, []), deps.clocks) for t in closed]
+    shown = [[v.model_dump() for v in open_views], [v.model_dump() for v in closed_views]]
+    blob = json.dumps([*shown, len(found) > OPEN_MAX],
                       sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     return BoxesPage(user, open_views, closed_views, len(found) > OPEN_MAX, mark, digest)

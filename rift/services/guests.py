@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
 
+from rift.contract.tools import ExecOut, FileReadOut, FileWrittenOut
 from rift.domain.errors import InvalidArgument, VmNotFound, VmNotRunning
 from rift.domain.model import Vm
 from rift.services import validate
@@ -69,36 +69,31 @@ def _decode(content: str, encoding: str) -> bytes:
 
 
 def exec_command(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: str,
-                 stdin: str | None = None, timeout_s: int | None = None) -> dict[str, Any]:
+                 stdin: str | None = None, timeout_s: int | None = None) -> ExecOut:
     validate.text("command", command, max_len=validate.MAX_COMMAND)
     if stdin is not None and len(stdin) > validate.MAX_CONTENT:
         raise InvalidArgument("stdin", "at most 16 MiB")
     timeout = validate.integer("timeout_s", 60 if timeout_s is None else timeout_s, 1, 3600)
     vm, shell = _guest_vm(deps, caller, handle, vm_id)
     result = shell.exec(vm, command, stdin.encode() if stdin is not None else None, timeout)
-    return {
-        "exit_code": result.exit_code,
-        "stdout": result.stdout.decode("utf-8", "replace"),
-        "stderr": result.stderr.decode("utf-8", "replace"),
-        "timed_out": result.timed_out,
-        "truncated": result.truncated,
-        "duration_ms": result.duration_ms,
-    }
+    return ExecOut(exit_code=result.exit_code, stdout=result.stdout.decode("utf-8", "replace"),
+                   stderr=result.stderr.decode("utf-8", "replace"), timed_out=result.timed_out,
+                   truncated=result.truncated, duration_ms=result.duration_ms)
 
 
 def write_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
                content: str, encoding: str | None = None,
-               mode: int | None = None) -> dict[str, Any]:
+               mode: int | None = None) -> FileWrittenOut:
     _path(path)
     data = _decode(content, _encoding(encoding))
     if mode is not None:
         validate.integer("mode", mode, 0, 0o7777)
     vm, shell = _guest_vm(deps, caller, handle, vm_id)
-    return {"path": path, "bytes": shell.write_file(vm, path, data, mode)}
+    return FileWrittenOut(path=path, bytes=shell.write_file(vm, path, data, mode))
 
 
 def read_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
-              encoding: str | None = None) -> dict[str, Any]:
+              encoding: str | None = None) -> FileReadOut:
     _path(path)
     chosen = _encoding(encoding)
     vm, shell = _guest_vm(deps, caller, handle, vm_id)
@@ -111,4 +106,4 @@ def read_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: 
                                   "encoding base64") from exc
     else:
         content = base64.b64encode(data).decode("ascii")
-    return {"path": path, "content": content, "bytes": len(data), "truncated": truncated}
+    return FileReadOut(path=path, content=content, bytes=len(data), truncated=truncated)

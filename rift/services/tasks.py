@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from rift.contract.tools import TaskCloseOut, TaskEventsOut, TaskListOut
+from rift.contract.views import EventView, TaskView
 from rift.domain.errors import (
     IdempotencyConflict,
     InvalidArgument,
@@ -35,7 +37,6 @@ from rift.services.leases import (
 )
 from rift.services.ports import Tx
 from rift.services.teardown import close_in_tx, destroy_vms, forget_task_key
-from rift.services.views import event_view, task_view
 from rift.store.errors import DuplicateKey
 
 HOUR = timedelta(hours=1)
@@ -48,13 +49,13 @@ def request_digest(**fields: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def view(deps: Deps, tx: Tx, task: Task) -> dict[str, Any]:
-    return task_view(task, tx.list_vms(task.id), deps.clocks)
+def view(deps: Deps, tx: Tx, task: Task) -> TaskView:
+    return TaskView.of(task, tx.list_vms(task.id), deps.clocks)
 
 
 @dataclass(frozen=True)
 class Opened:
-    task: dict[str, Any]
+    task: TaskView
     handle: Handle
     replayed: bool = False
 
@@ -96,7 +97,7 @@ def new_task(deps: Deps, caller: Caller, name: str | None = None,
                 tx.insert_task(task)
                 tx.add_event(NewEvent(task_id, "opened", now, caller.label,
                                       {"name": task.name, "holder": caller.label}))
-                opened = Opened(task_view(task, [], deps.clocks), handle)
+                opened = Opened(TaskView.of(task, [], deps.clocks), handle)
         except DuplicateKey:
             continue  # a concurrent create with the same key won; replay it
         deps.log.info("task opened", extra={"task_id": task_id, "holder": caller.label})
@@ -126,7 +127,7 @@ def _check_task_budget(deps: Deps, tx: Tx, caller: Caller, now: datetime) -> Non
 
 
 def get_task(deps: Deps, caller: Caller, task_id: str | None = None,
-             handle: str | None = None) -> dict[str, Any]:
+             handle: str | None = None) -> TaskView:
     """A task's view; with a handle this is a touch (activity on the task)."""
     if handle is not None:
         task = hold(deps, caller, handle)
@@ -140,7 +141,7 @@ def get_task(deps: Deps, caller: Caller, task_id: str | None = None,
 
 
 def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
-               limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+               limit: int | None = None, after: str | None = None) -> TaskListOut:
     """The caller's tasks, newest first (``caller=None``: every user's, for operators)."""
     status = status or "open"
     if status not in STATUSES:
@@ -153,12 +154,12 @@ def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
         more = len(page) > size
         page = page[:size]
         vms = tx.list_vms_of_tasks([t.id for t in page])
-    views = [task_view(t, vms.get(t.id, []), deps.clocks) for t in page]
-    return {"tasks": views, "next_after": page[-1].id if more and page else None}
+    views = [TaskView.of(t, vms.get(t.id, []), deps.clocks) for t in page]
+    return TaskListOut(tasks=views, next_after=page[-1].id if more and page else None)
 
 
 def task_events(deps: Deps, caller: Caller | None, task_id: str, after_id: int | None = None,
-                limit: int | None = None) -> dict[str, Any]:
+                limit: int | None = None) -> TaskEventsOut:
     validate.task_id(task_id)
     start = 0 if after_id is None else validate.integer("after_id", after_id, 0, 2**62)
     size = validate.limit(limit)
@@ -169,15 +170,11 @@ def task_events(deps: Deps, caller: Caller | None, task_id: str, after_id: int |
         events = tx.list_events(task_id, start, size + 1)
     more = len(events) > size
     events = events[:size]
-    return {
-        "task_id": task_id,
-        "events": [event_view(e) for e in events],
-        "next_after": events[-1].id if events else start,
-        "has_more": more,
-    }
+    return TaskEventsOut(task_id=task_id, events=[EventView.of(e) for e in events],
+                         next_after=events[-1].id if events else start, has_more=more)
 
 
-def _finish_close(deps: Deps, task_id: str, actor: str) -> dict[str, Any]:
+def _finish_close(deps: Deps, task_id: str, actor: str) -> TaskCloseOut:
     with deps.store.read() as tx:
         vms: list[Vm] = tx.list_vms(task_id)
     destroyed, refused = destroy_vms(deps, vms, actor)
@@ -188,11 +185,11 @@ def _finish_close(deps: Deps, task_id: str, actor: str) -> dict[str, Any]:
         assert task is not None
         deps.log.info("task closed", extra={"task_id": task_id, "actor": actor,
                                             "reason": task.close_reason})
-        return {"task": view(deps, tx, task), "destroyed": destroyed}
+        return TaskCloseOut(task=view(deps, tx, task), destroyed=destroyed)
 
 
 def close_task(deps: Deps, caller: Caller, handle: str | None = None,
-               task_id: str | None = None, takeover: bool = False) -> dict[str, Any]:
+               task_id: str | None = None, takeover: bool = False) -> TaskCloseOut:
     """Close by handle, or by id under attach's rules; its VMs are destroyed."""
     if handle is None and task_id is None:
         raise InvalidArgument("handle", "give handle, or task_id (+ takeover)")
@@ -223,7 +220,7 @@ def close_task(deps: Deps, caller: Caller, handle: str | None = None,
     return _finish_close(deps, target, caller.label)
 
 
-def operator_view(deps: Deps, task_id: str) -> dict[str, Any]:
+def operator_view(deps: Deps, task_id: str) -> TaskView:
     """`rift task show ID`: any user's task, for the local operator."""
     validate.task_id(task_id)
     with deps.store.read() as tx:
@@ -233,7 +230,7 @@ def operator_view(deps: Deps, task_id: str) -> dict[str, Any]:
         return view(deps, tx, task)
 
 
-def close_as_operator(deps: Deps, task_id: str, by: str | None = None) -> dict[str, Any]:
+def close_as_operator(deps: Deps, task_id: str, by: str | None = None) -> TaskCloseOut:
     """`rift task close ID`: the local operator closes any task, reason `operator`."""
     validate.task_id(task_id)
     details = {"by": by} if by else {}

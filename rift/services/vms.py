@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from hypervisor.placement import HostLoad, choose_host, largest_free
+from rift.contract.views import VmView
 from rift.domain.errors import (
     IdempotencyConflict,
     ImageNotFound,
@@ -31,7 +31,6 @@ from rift.services.leases import (
 from rift.services.ports import Tx
 from rift.services.tasks import check_rate, request_digest
 from rift.services.teardown import destroy_vm
-from rift.services.views import vm_view
 from rift.store.errors import DuplicateKey
 
 
@@ -42,10 +41,10 @@ def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
     return vm
 
 
-def get_vm(deps: Deps, caller: Caller, vm_id: str) -> dict[str, Any]:
+def get_vm(deps: Deps, caller: Caller, vm_id: str) -> VmView:
     validate.vm_id(vm_id)
     with deps.store.read() as tx:
-        return vm_view(owned_vm(tx, caller, vm_id))
+        return VmView.of(owned_vm(tx, caller, vm_id))
 
 
 def _place(tx: Tx, vcpus: int, memory_mib: int) -> Host:
@@ -77,7 +76,7 @@ def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: dateti
 
 def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
            image: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
-           idempotency_key: str | None = None) -> dict[str, Any]:
+           idempotency_key: str | None = None) -> VmView:
     """Place, record (`creating`), create the domain, and answer once it runs or failed."""
     parsed = parse_handle(handle)
     validate.text("name", name)
@@ -123,12 +122,12 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     except DuplicateKey:
         vm, uri, kind, replayed = in_write(deps.store, record)  # a racing twin won: replay it
     if replayed or uri is None or kind is None:
-        return vm_view(vm)
-    return vm_view(launch(deps, caller, vm, uri, kind))
+        return VmView.of(vm)
+    return VmView.of(launch(deps, caller, vm, uri, kind))
 
 
 def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,
-            takeover: bool = False) -> dict[str, Any]:
+            takeover: bool = False) -> VmView:
     """Destroy one VM: under the task's handle, or by id under attach's rules."""
     if not isinstance(vm_id, str):
         raise InvalidArgument("vm_id", "must be a string")
@@ -150,8 +149,8 @@ def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,
             vm = owned_vm(tx, caller, vm_id)
             task = owned_task(tx, caller, vm.task_id)
         if vm.status == "destroyed":
-            return vm_view(vm)
+            return VmView.of(vm)
         if task.is_open:
             ensure_open(task)
             refuse_if_held(deps, task, now, takeover)
-    return vm_view(destroy_vm(deps, vm, caller.label, {"takeover": takeover}))
+    return VmView.of(destroy_vm(deps, vm, caller.label, {"takeover": takeover}))

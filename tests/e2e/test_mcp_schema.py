@@ -20,10 +20,10 @@ from mcp.server.auth.provider import AccessToken
 
 from rift.api.mcp import build_server
 from rift.api.mcp_names import name_in_session_id, name_in_user_agent, session_id_for
-from rift.api.mcp_schema import check_arguments
 from rift.api.mcp_tools import TOOLS
 from rift.api.state import AppState
 from rift.config import Settings
+from rift.contract.base import parse
 from rift.domain.errors import InvalidArgument
 from rift.services.context import Deps
 from tests.e2e.test_mcp import run
@@ -38,9 +38,10 @@ VALUES = st.one_of(
 
 @pytest.mark.parametrize("tool_name", sorted(TOOLS))
 def test_the_argument_check_agrees_with_the_published_schema(tool_name: str) -> None:
-    tool = TOOLS[tool_name]
-    validator = Draft202012Validator(tool.input_schema)
-    keys = st.sampled_from([*tool.fields, "extra"])
+    contract = TOOLS[tool_name].contract
+    validator = Draft202012Validator(contract.input_schema)
+    fields = list(contract.input_schema["properties"])
+    keys = st.sampled_from([*fields, "extra"])
 
     @settings(max_examples=150, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow])
@@ -50,11 +51,11 @@ def test_the_argument_check_agrees_with_the_published_schema(tool_name: str) -> 
         # before a final newline, which the jsonschema library inherits.
         assume(not any(isinstance(v, str) and v.endswith("\n") for v in args.values()))
         try:
-            check_arguments(tool.name, tool.fields, tool.required, args)
+            parse(contract.input, args, contract.name)
             accepted = True
         except InvalidArgument as exc:
             accepted = False
-            assert exc.details["field"] in (*tool.fields, "extra")
+            assert exc.details["field"] in (*fields, "extra")
         assert accepted == validator.is_valid(args), (args, list(validator.iter_errors(args)))
 
     agree()

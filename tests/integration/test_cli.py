@@ -74,11 +74,11 @@ def test_the_operator_lists_shows_and_closes_tasks(env: Settings,
         vm = vms.new_vm(deps, caller, str(opened.handle))
     finally:
         close_deps(deps)
-    task_id = opened.task["id"]
+    task_id = opened.task.id
     code, out, _ = rift(capsys, "tasks")
     assert code == 0 and task_id in out and "api:ci" in out and "HOLDER" in out
     code, out, _ = rift(capsys, "tasks", "--json")
-    assert json.loads(out)[0]["vms"][0]["id"] == vm["id"]
+    assert json.loads(out)[0]["vms"][0]["id"] == vm.id
     code, out, _ = rift(capsys, "task", "show", task_id)
     assert json.loads(out)["name"] == "nightly"
     code, out, _ = rift(capsys, "task", "close", task_id)

@@ -47,17 +47,17 @@ def test_the_local_host_takes_its_size_from_libvirt(engine: Deps) -> None:
 def test_a_vm_is_a_libvirt_domain_carrying_rift_metadata(engine: Deps, host_uri: str) -> None:
     opened = tasks.new_task(engine, ALICE)
     vm = vms.new_vm(engine, ALICE, str(opened.handle), memory_mib=512)
-    assert vm["status"] == "running" and vm["ssh"] is None
-    assert _domains(engine, host_uri) == {f"rift-{vm['id']}": (opened.task["id"], vm["id"])}
+    assert vm.status == "running" and vm.ssh is None
+    assert _domains(engine, host_uri) == {f"rift-{vm.id}": (opened.task.id, vm.id)}
     hv = engine.hosts.hypervisor(host_uri)
     conn = hv._connection()  # type: ignore[attr-defined]
-    xml = conn.lookupByName(f"rift-{vm['id']}").XMLDesc()
-    assert parse_rift_metadata(xml) == (opened.task["id"], vm["id"])
+    xml = conn.lookupByName(f"rift-{vm.id}").XMLDesc()
+    assert parse_rift_metadata(xml) == (opened.task.id, vm.id)
     closed = tasks.close_task(engine, ALICE, handle=str(opened.handle))
-    assert closed["destroyed"] == [vm["id"]]
+    assert closed.destroyed == [vm.id]
     assert _domains(engine, host_uri) == {}
     with pytest.raises(libvirt.libvirtError):
-        conn.lookupByName(f"rift-{vm['id']}")
+        conn.lookupByName(f"rift-{vm.id}")
 
 
 def test_the_test_hosts_memory_is_accounted_by_placement(engine: Deps) -> None:
@@ -78,12 +78,12 @@ def test_an_idle_task_is_closed_by_the_sweep_and_its_domains_destroyed(
         opened = tasks.new_task(deps, ALICE)
         vms.new_vm(deps, ALICE, str(opened.handle))
         with deps.store.write() as tx:  # make it quiet without sleeping
-            task = tx.get_task(opened.task["id"])
+            task = tx.get_task(opened.task.id)
             assert task is not None
             earlier = task.last_activity_at.replace(year=2020)
             assert tx.update_task(task.id, task.lease_gen, last_activity_at=earlier)
         report = sweeps.sweep(deps)
-        assert report.closed == [opened.task["id"]] and len(report.destroyed) == 1
+        assert report.closed == [opened.task.id] and len(report.destroyed) == 1
         assert _domains(deps, host_uri) == {}
     finally:
         close_deps(deps)
@@ -92,7 +92,7 @@ def test_an_idle_task_is_closed_by_the_sweep_and_its_domains_destroyed(
 def test_twenty_threads_attaching_one_released_task_give_exactly_one_winner(
         engine: Deps) -> None:
     opened = tasks.new_task(engine, ALICE)
-    task_id = opened.task["id"]
+    task_id = opened.task.id
     handle = str(opened.handle)
     for round_ in range(50):
         leases.release(engine, ALICE, handle)
@@ -124,9 +124,9 @@ def test_twenty_threads_attaching_one_released_task_give_exactly_one_winner(
     after = 0
     while True:
         page = tasks.task_events(engine, ALICE, task_id, after_id=after, limit=100)
-        types += [e["type"] for e in page["events"]]
-        after = page["next_after"]
-        if not page["has_more"]:
+        types += [e.type for e in page.events]
+        after = page.next_after
+        if not page.has_more:
             break
     assert types.count("attached") == 50 and types.count("released") == 50
 
@@ -173,7 +173,7 @@ def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
     hosts.add_host(engine, "large", large, vcpus=4, memory_mib=6144)
     opened = tasks.new_task(engine, ALICE)
     handle = str(opened.handle)
-    placed = [vms.new_vm(engine, ALICE, handle, memory_mib=1024)["host"] for _ in range(6)]
+    placed = [vms.new_vm(engine, ALICE, handle, memory_mib=1024).host for _ in range(6)]
     # Free memory before each pick (large, local, small): 6144/4096/1024 → large;
     # 5120/4096 → large; 4096/4096 tie → large (by name); 3072/4096 → local;
     # 3072/3072 tie → large; 2048/3072 → local. small never has the most.
@@ -181,7 +181,7 @@ def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
     on_large = {d.name for d in engine.hosts.hypervisor(large).list_domains()}
     assert len(on_large) == placed.count("large")
     hosts.drain_host(engine, "large")
-    after_drain = vms.new_vm(engine, ALICE, handle, memory_mib=512)["host"]
+    after_drain = vms.new_vm(engine, ALICE, handle, memory_mib=512).host
     assert after_drain != "large"
     with pytest.raises(RiftError) as info:
         vms.new_vm(engine, ALICE, handle, memory_mib=4096)

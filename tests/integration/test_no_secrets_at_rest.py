@@ -34,7 +34,7 @@ def test_no_secret_appears_in_the_database_files_or_the_logs(tmp_path: Path) -> 
             opened = tasks.new_task(deps, caller, name="secret keeping")
             secrets.append(opened.handle.secret)
             vms.new_vm(deps, caller, str(opened.handle))
-            won = leases.attach(deps, other, opened.task["id"], takeover=True)
+            won = leases.attach(deps, other, opened.task.id, takeover=True)
             secrets.append(won.handle.secret)
             try:  # a stale handle is logged as an event: with the holder, never the secret
                 tasks.get_task(deps, caller, handle=str(opened.handle))

@@ -96,16 +96,16 @@ def test_a_vm_placed_on_a_remote_host_boots_and_answers_over_libvirts_ssh_transp
         hosts.drain_host(deps, "local")
         opened = tasks.new_task(deps, ALICE)
         vm = vms.new_vm(deps, ALICE, str(opened.handle), memory_mib=256)
-        assert vm["status"] == "running", vm["error"]
-        assert vm["host"] == "remote"
-        out = guests.exec_command(deps, ALICE, str(opened.handle), vm["id"], "uname -sr")
-        assert out["exit_code"] == 0 and out["stdout"].startswith("Linux ")
+        assert vm.status == "running", vm.error
+        assert vm.host == "remote"
+        out = guests.exec_command(deps, ALICE, str(opened.handle), vm.id, "uname -sr")
+        assert out.exit_code == 0 and out.stdout.startswith("Linux ")
         names = [d.name for d in deps.hosts.hypervisor(remote_uri).list_domains()]
-        assert f"rift-{vm['id']}" in names
+        assert f"rift-{vm.id}" in names
         closed = tasks.close_task(deps, ALICE, handle=str(opened.handle))
-        assert closed["destroyed"] == [vm["id"]]
+        assert closed.destroyed == [vm.id]
         names = [d.name for d in LibvirtHypervisor("qemu:///system").list_domains()]
-        assert f"rift-{vm['id']}" not in names
+        assert f"rift-{vm.id}" not in names
         listed = {h["name"]: h for h in hosts.list_hosts(deps)}
         assert listed["remote"]["state"] == "active" and listed["local"]["state"] == "drained"
     finally:

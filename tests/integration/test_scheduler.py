@@ -20,7 +20,7 @@ def test_the_scheduler_closes_an_idle_task_within_a_few_intervals(tmp_path: Path
     try:
         opened = tasks.new_task(deps, ALICE)
         with deps.store.write() as tx:  # quiet since 2020
-            task = tx.get_task(opened.task["id"])
+            task = tx.get_task(opened.task.id)
             assert task is not None
             tx.update_task(task.id, task.lease_gen,
                            last_activity_at=task.last_activity_at.replace(year=2020))
@@ -28,9 +28,9 @@ def test_the_scheduler_closes_an_idle_task_within_a_few_intervals(tmp_path: Path
         status = "open"
         while status == "open" and time.monotonic() < deadline:
             time.sleep(0.2)
-            status = tasks.get_task(deps, ALICE, task_id=opened.task["id"])["status"]
-        view = tasks.get_task(deps, ALICE, task_id=opened.task["id"])
-        assert (view["status"], view["close_reason"]) == ("closed", "idle")
+            status = tasks.get_task(deps, ALICE, task_id=opened.task.id).status
+        view = tasks.get_task(deps, ALICE, task_id=opened.task.id)
+        assert (view.status, view.close_reason) == ("closed", "idle")
     finally:
         scheduler.shutdown(wait=True)
         close_deps(deps)

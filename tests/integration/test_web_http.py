@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 
 from rift.api.app import create_app
 from rift.config import Settings
+from rift.contract import tools as c
 from rift.domain.clock import FakeClock
 from rift.domain.secrets import digest
 from rift.services import accounts, tasks, tools
@@ -20,7 +21,7 @@ from rift.services.context import Caller, Deps
 from web.security import LOGIN_COOKIE, SESSION_COOKIE
 
 PASSWORD = "correct horse battery"
-ORIGIN = {"Origin": "http://testserver"}
+ORIGIN = {"Origin": "http://127.0.0.1"}
 ADA = Caller("ada", "mcp:claude-code")
 
 
@@ -29,7 +30,8 @@ def client(deps: Deps, tmp_path: Path) -> Iterator[TestClient]:
     accounts.add_user(deps, "ada", PASSWORD)
     accounts.add_user(deps, "bob", PASSWORD)
     settings = Settings(data_dir=tmp_path, hypervisor_uri="fake:///local", session_ttl_s=3600)
-    with TestClient(create_app(settings, deps), follow_redirects=False) as made:
+    with TestClient(create_app(settings, deps), base_url="http://127.0.0.1",
+                    follow_redirects=False) as made:
         yield made
 
 
@@ -79,7 +81,7 @@ def test_the_session_cookie_is_secure_over_https(client: TestClient) -> None:
     client.base_url = client.base_url.copy_with(scheme="https")
     token = form_token(client)
     answer = client.post("/login", data={"user": "ada", "password": PASSWORD, "csrf": token},
-                         headers={"Origin": "https://testserver"})
+                         headers={"Origin": "https://127.0.0.1"})
     assert answer.status_code == 303
     cookie = next(c for c in answer.headers.get_list("set-cookie")
                   if c.startswith(SESSION_COOKIE + "="))
@@ -165,26 +167,27 @@ def test_a_session_expires(client: TestClient, clock: FakeClock) -> None:
 
 def test_the_page_shows_only_the_users_tasks_with_hostile_names_as_text(
         client: TestClient, deps: Deps) -> None:
-    hostile = tools.task_new(deps, ADA, name="<script>alert(1)</script>")
-    tools.vm_new(deps, ADA, handle=hostile["handle"], name='"><img src=x onerror=alert(2)>')
-    tools.task_new(deps, Caller("bob", "mcp:bob-agent"), name="bob's plan")
+    hostile = tools.task_new(deps, ADA, c.TaskNewIn(name="<script>alert(1)</script>"))
+    tools.vm_new(deps, ADA, c.VmNewIn(handle=hostile.handle,
+                                      name='"><img src=x onerror=alert(2)>'))
+    tools.task_new(deps, Caller("bob", "mcp:bob-agent"), c.TaskNewIn(name="bob's plan"))
     assert log_in(client) == 303
     page = client.get("/").text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<script>alert" not in page and "<img src=x" not in page
     assert "bob&#39;s plan" not in page and "bob's plan" not in page
-    assert hostile["handle"] not in page and hostile["handle"].split(".")[1] not in page
+    assert hostile.handle not in page and hostile.handle.split(".")[1] not in page
 
 
 def test_the_page_lists_newest_activity_first_and_recently_closed_with_reason(
         client: TestClient, deps: Deps, clock: FakeClock) -> None:
-    first = tools.task_new(deps, ADA, name="first")
+    first = tools.task_new(deps, ADA, c.TaskNewIn(name="first"))
     clock.advance(120)
-    tools.task_new(deps, ADA, name="second")
+    tools.task_new(deps, ADA, c.TaskNewIn(name="second"))
     clock.advance(120)
-    tools.task_get(deps, ADA, handle=first["handle"])  # a touch: first is newest again
-    gone = tools.task_new(deps, ADA, name="gone")
-    tasks.close_task(deps, ADA, handle=gone["handle"])
+    tools.task_get(deps, ADA, c.TaskGetIn(handle=first.handle))  # a touch: first is newest again
+    gone = tools.task_new(deps, ADA, c.TaskNewIn(name="gone"))
+    tasks.close_task(deps, ADA, handle=gone.handle)
     assert log_in(client) == 303
     page = client.get("/").text
     live, closed = page.split('id="closed-h"')
@@ -196,7 +199,7 @@ def test_with_no_tasks_the_page_says_how_to_connect_an_agent(client: TestClient)
     assert log_in(client) == 303
     page = client.get("/").text
     assert "rift token new ada --label laptop" in page
-    assert "claude mcp add --transport http rift http://testserver/mcp" in page
+    assert "claude mcp add --transport http rift http://127.0.0.1/mcp" in page
 
 
 def test_unknown_routes_answer_an_html_404_and_the_api_keeps_its_json(

@@ -56,9 +56,9 @@ from schemathesis.checks import response_schema_conformance
 
 from rift.api.app import create_app
 from rift.api.guard import MAX_BODY
-from rift.api.mcp_schema import OUTPUTS, Field
 from rift.api.mcp_tools import TOOLS
 from rift.config import Settings
+from rift.contract.base import inline
 from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.test_mcp import REFUSAL_CODES, mcp_session
 from tests.reliability import campaign
@@ -409,6 +409,32 @@ def mostly(percent: int, usual: st.SearchStrategy[Any],
     return chance(percent).flatmap(lambda yes: usual if yes else other)
 
 
+@dataclass(frozen=True)
+class Field:
+    """What the fuzz needs of an input field, read off the tool's published schema."""
+
+    kind: str
+    low: int | None
+    high: int | None
+    enum: tuple[str, ...] | None
+
+    @classmethod
+    def of(cls, schema: dict[str, Any]) -> Field:
+        kind = schema["type"]
+        low, high = ("minLength", "maxLength") if kind == "string" else ("minimum", "maximum")
+        enum = tuple(schema["enum"]) if "enum" in schema else None
+        return cls(kind, schema.get(low), schema.get(high), enum)
+
+
+def fields_of(tool_name: str) -> dict[str, Field]:
+    schema = TOOLS[tool_name].contract.input_schema
+    return {name: Field.of(prop) for name, prop in schema["properties"].items()}
+
+
+def required_of(tool_name: str) -> tuple[str, ...]:
+    return tuple(TOOLS[tool_name].contract.input_schema.get("required", ()))
+
+
 def near(field: Field, view: View, name: str) -> st.SearchStrategy[Any]:
     """Values at and around the field's edges, and real ones."""
     handle = view.held[-1][1] if view.held else UNKNOWN_HANDLE
@@ -434,7 +460,7 @@ def near(field: Field, view: View, name: str) -> st.SearchStrategy[Any]:
 
 def arguments(tool_name: str, view: View) -> st.SearchStrategy[dict[str, Any]]:
     """Plain fuzz: any field, any JSON, strays."""
-    fields = TOOLS[tool_name].fields
+    fields = fields_of(tool_name)
     known = st.fixed_dictionaries({}, optional={
         name: st.one_of(near(field, view, name), JSON) for name, field in fields.items()})
     stray = st.dictionaries(st.text(min_size=1, max_size=12), JSON, max_size=2)
@@ -490,7 +516,7 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View) -> dict[str, Any]:
     handle and one of its VMs; one time in five a field takes another real value
     instead (a stale handle, a released or closed task, another task's or a destroyed
     VM) or an id no one has."""
-    tool = TOOLS[tool_name]
+    required = required_of(tool_name)
     unknown_task, unknown_vm = draw(TASK_IDS), draw(VM_IDS)
 
     def vms_of(task: str) -> list[str]:
@@ -509,9 +535,9 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View) -> dict[str, Any]:
             "after": other(task, [unknown_task]),
             "vm_id": other(vm, [v for v, _ in view.vms], view.gone, [unknown_vm])}
     args: dict[str, Any] = {}
-    for name, spec in tool.fields.items():
+    for name, spec in fields_of(tool_name).items():
         usually = {"handle": 95, "takeover": 80}.get(name, 50)
-        if name in tool.required or draw(chance(GIVEN.get((tool_name, name), usually))):
+        if name in required or draw(chance(GIVEN.get((tool_name, name), usually))):
             args[name] = real[name] if name in real else draw(valid(name, spec))
     if tool_name in ("rift_task_get", "rift_task_close"):
         # by handle or by id: mostly one of them, now and then both
@@ -582,7 +608,7 @@ def test_any_tool_input_is_answered_or_refused_never_an_internal_error(
         live: Live, server: Server, tool_name: str) -> None:
     tally = Tally()
     errors_before = internal_errors(server)
-    output = OUTPUTS[TOOLS[tool_name].output]
+    output = inline(TOOLS[tool_name].contract.output.model_json_schema())
 
     def probe(data: st.DataObject, aim: bool) -> None:
         live.pool.ready()

@@ -61,7 +61,7 @@ def test_takeover_needs_takeover_until_exactly_thirty_quiet_minutes(
         engine: tuple[Deps, FakeClock], store_kind: str) -> None:
     deps, clock = engine
     opened = tasks.new_task(deps, ALICE, name="quiet")
-    task_id, start = opened.task["id"], clock.now()
+    task_id, start = opened.task.id, clock.now()
     # Calls within one activity step do not move the stored clock; one at the
     # step does: the quiet period counts from there.
     clock.advance(ACTIVITY_S - 1)
@@ -87,12 +87,12 @@ def test_a_task_closes_at_exactly_four_quiet_hours_by_the_first_sweep(
         engine: tuple[Deps, FakeClock], store_kind: str) -> None:
     deps, clock = engine
     opened = tasks.new_task(deps, ALICE, name="idle")
-    task_id = opened.task["id"]
+    task_id = opened.task.id
     clock.advance(ACTIVITY_S * 3 + 0.5)
     tasks.get_task(deps, ALICE, handle=str(opened.handle))  # a touch
     closes_at = stored(deps, task_id).last_activity_at + timedelta(seconds=IDLE_S)
     view = tasks.get_task(deps, ALICE, task_id=task_id)
-    assert view["closes_at"] == closes_at.isoformat().replace("+00:00", "Z")
+    assert view.closes_at == closes_at.isoformat().replace("+00:00", "Z")
     set_clock(clock, closes_at - STEP)
     assert not sweeps.sweep(deps).closed
     assert stored(deps, task_id).is_open
@@ -102,7 +102,7 @@ def test_a_task_closes_at_exactly_four_quiet_hours_by_the_first_sweep(
     assert closed.close_reason == "idle" and closed.closed_at == closes_at
     assert not sweeps.sweep(deps).closed  # once
     told = tasks.task_events(deps, ALICE, task_id)["events"]
-    assert [e["type"] for e in told].count("closed") == 1
+    assert [e.type for e in told].count("closed") == 1
     campaign.record("Time", f"idle close: open one µs before 4 h, closed at it ({store_kind})",
                     "yes", "yes")
 
@@ -117,7 +117,7 @@ def test_with_sweeps_on_a_fixed_beat_each_task_closes_at_the_first_beat_after_du
     due: dict[str, datetime] = {}
     for n in range(12):
         opened = tasks.new_task(deps, ALICE, name=f"t{n}")
-        due[opened.task["id"]] = clock.now() + timedelta(seconds=IDLE_S)
+        due[opened.task.id] = clock.now() + timedelta(seconds=IDLE_S)
         clock.advance(rng.uniform(0, 300))
     beat = clock.now()
     closed_at: dict[str, datetime] = {}

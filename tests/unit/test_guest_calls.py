@@ -34,8 +34,8 @@ def _vm(deps: Deps, ssh: bool = True) -> tuple[str, str]:
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     if ssh:
         with deps.store.write() as tx:
-            tx.update_vm(vm["id"], ("running",), ssh_host="127.0.0.1", ssh_port=2222)
-    return str(opened.handle), vm["id"]
+            tx.update_vm(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+    return str(opened.handle), vm.id
 
 
 def test_on_a_host_with_no_guest_exec_and_files_refuse_with_guest_unreachable(
@@ -53,7 +53,7 @@ def test_a_vm_that_is_not_running_refuses_with_its_status(deps: Deps,
     local_hv.fail_next_create("boom")
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     err = refused("vm_not_running", guests.exec_command, deps, ALICE, str(opened.handle),
-                  vm["id"], "true")
+                  vm.id, "true")
     assert err.details["vm_status"] == "failed" and "rift_vm_new" in err.hint
 
 
@@ -64,13 +64,13 @@ def test_exec_and_files_go_through_the_guest_shell(make_deps) -> None:  # type: 
     deps = replace(make_deps(), guests=shell)
     handle, vm_id = _vm(deps)
     out = guests.exec_command(deps, ALICE, handle, vm_id, "cat", stdin="hi")
-    assert out["exit_code"] == 0 and out["stdout"] == "cathi" and not out["timed_out"]
+    assert out.exit_code == 0 and out.stdout == "cathi" and not out.timed_out
     blob = bytes(range(256))
     wrote = guests.write_file(deps, ALICE, handle, vm_id, "/tmp/b", base64.b64encode(blob)
                               .decode(), encoding="base64", mode=0o600)
-    assert wrote == {"path": "/tmp/b", "bytes": 256}
+    assert (wrote.path, wrote.bytes) == ("/tmp/b", 256)
     back = guests.read_file(deps, ALICE, handle, vm_id, "/tmp/b", encoding="base64")
-    assert base64.b64decode(back["content"]) == blob
+    assert base64.b64decode(back.content) == blob
     refused("invalid_argument", guests.read_file, deps, ALICE, handle, vm_id, "/tmp/b")
 
 

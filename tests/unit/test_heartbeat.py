@@ -18,16 +18,16 @@ def test_a_restart_after_a_long_gap_moves_the_task_clocks_by_the_gap(
     sweeps.sweep(deps)
     clock.advance(5 * 3600)  # then 5 hours down: no sweep, no call could be made
     assert heartbeat.resume(deps, sweep_interval_s=60) == 5 * 3600
-    view = tasks.get_task(deps, ALICE, task_id=opened.task["id"])
-    assert view["status"] == "open"
+    view = tasks.get_task(deps, ALICE, task_id=opened.task.id)
+    assert view.status == "open"
     before, after = (datetime.fromisoformat(v.replace("Z", "+00:00")) for v in (
-        opened.task["closes_at"], view["closes_at"]))
+        opened.task.closes_at, view.closes_at))
     assert (after - before).total_seconds() == 5 * 3600
     assert sweeps.sweep(deps).closed == []  # 3 h of real quiet: not yet 4
     clock.advance(3599)
     assert sweeps.sweep(deps).closed == []
     clock.advance(1)
-    assert sweeps.sweep(deps).closed == [opened.task["id"]]  # 4 h of quiet while up
+    assert sweeps.sweep(deps).closed == [opened.task.id]  # 4 h of quiet while up
 
 
 def test_a_short_gap_is_no_downtime_and_a_second_replica_does_not_shift_again(

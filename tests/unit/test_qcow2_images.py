@@ -138,8 +138,8 @@ def test_the_sweep_removes_the_disks_of_vms_that_are_gone_and_keeps_the_live_one
                            disks_dir=tmp_path / "disks")
     deps = replace(deps, runtime=runtime)
     opened = tasks.new_task(deps, ALICE)
-    live = vms.new_vm(deps, ALICE, str(opened.handle))["id"]
-    gone = vms.new_vm(deps, ALICE, str(opened.handle))["id"]
+    live = vms.new_vm(deps, ALICE, str(opened.handle)).id
+    gone = vms.new_vm(deps, ALICE, str(opened.handle)).id
     vms.destroy(deps, ALICE, gone, handle=str(opened.handle))
     runtime.vm_disks_dir.mkdir()
     for vm_id in (live, gone, "vm_zzzzzzzz"):  # the last has no row at all

@@ -18,23 +18,23 @@ def test_a_domain_with_rift_metadata_and_no_live_row_is_destroyed(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     opened = tasks.new_task(deps, ALICE)
     kept = vms.new_vm(deps, ALICE, str(opened.handle))
-    local_hv.add_foreign_domain("rift-vm_zzzzzzzz", opened.task["id"], "vm_zzzzzzzz")
+    local_hv.add_foreign_domain("rift-vm_zzzzzzzz", opened.task.id, "vm_zzzzzzzz")
     local_hv.add_foreign_domain("not-rifts", None, None)
     report = reconcile.reconcile(deps)
     assert report.orphans_destroyed == ["rift-vm_zzzzzzzz"]
-    assert set(local_hv.domains) == {f"rift-{kept['id']}", "not-rifts"}
+    assert set(local_hv.domains) == {f"rift-{kept.id}", "not-rifts"}
 
 
 def test_a_running_row_whose_domain_vanished_becomes_failed_with_an_event(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     opened = tasks.new_task(deps, ALICE)
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
-    del local_hv.domains[f"rift-{vm['id']}"]  # virsh destroy behind Rift's back
+    del local_hv.domains[f"rift-{vm.id}"]  # virsh destroy behind Rift's back
     report = reconcile.reconcile(deps)
-    assert report.vanished == [vm["id"]]
-    got = vms.get_vm(deps, ALICE, vm["id"])
-    assert got["status"] == "failed" and "gone" in got["error"]
-    assert event_types(deps, opened.task["id"])[-1] == "vm_failed"
+    assert report.vanished == [vm.id]
+    got = vms.get_vm(deps, ALICE, vm.id)
+    assert got.status == "failed" and "gone" in got.error
+    assert event_types(deps, opened.task.id)[-1] == "vm_failed"
     assert not reconcile.reconcile(deps)  # a second pass finds nothing
 
 
@@ -44,7 +44,7 @@ def test_a_create_that_died_half_way_is_failed_after_the_grace_period(
 
     opened = tasks.new_task(deps, ALICE)
     now = clock.now()
-    stuck = Vm(id="vm_stuckaaa", task_id=opened.task["id"], owner="alice", name="s",
+    stuck = Vm(id="vm_stuckaaa", task_id=opened.task.id, owner="alice", name="s",
                image="tiny", status="creating", host="local", vcpus=1, memory_mib=64,
                created_at=now)
     with deps.store.write() as tx:  # the row and its event, then the process died
@@ -55,7 +55,7 @@ def test_a_create_that_died_half_way_is_failed_after_the_grace_period(
     clock.advance(reconcile.CREATING_GRACE_S + 1)
     assert reconcile.reconcile(deps).interrupted == [stuck.id]
     assert local_hv.domains == {}
-    assert vms.get_vm(deps, ALICE, stuck.id)["status"] == "failed"
+    assert vms.get_vm(deps, ALICE, stuck.id).status == "failed"
 
 
 def test_an_unreachable_host_is_reported_and_the_rest_goes_on(
@@ -97,7 +97,7 @@ def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
     hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
     opened = tasks.new_task(deps, ALICE)
     there = vms.new_vm(deps, ALICE, str(opened.handle))
-    assert there["host"] == "far"
+    assert there.host == "far"
     far = deps.hosts.hypervisor("fake:///far")
     working = far.list_domains
 
@@ -108,13 +108,13 @@ def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
     reconcile.reconcile(deps)
     listed = {h["name"]: h for h in hosts.list_hosts(deps)}
     assert listed["far"]["state"] == "unreachable" and "refused" in listed["far"]["last_error"]
-    marked = vms.get_vm(deps, ALICE, there["id"])
-    assert marked["status"] == "running" and "does not answer" in marked["error"]
-    assert vms.new_vm(deps, ALICE, str(opened.handle))["host"] == "local"  # not "far"
+    marked = vms.get_vm(deps, ALICE, there.id)
+    assert marked.status == "running" and "does not answer" in marked.error
+    assert vms.new_vm(deps, ALICE, str(opened.handle)).host == "local"  # not "far"
     far.list_domains = working  # type: ignore[method-assign]
     reconcile.reconcile(deps)
     assert {h["name"]: h for h in hosts.list_hosts(deps)}["far"]["state"] == "active"
-    assert vms.get_vm(deps, ALICE, there["id"])["error"] is None
+    assert vms.get_vm(deps, ALICE, there.id).error is None
 
 
 class Killed(Exception):
@@ -150,30 +150,30 @@ def test_a_destroy_a_crash_cut_after_libvirt_is_finished_as_a_destroy(
         deps: Deps, local_hv: FakeHypervisor, monkeypatch: pytest.MonkeyPatch,
         stop: bool) -> None:
     opened = tasks.new_task(deps, ALICE)
-    task_id, handle = opened.task["id"], str(opened.handle)
+    task_id, handle = opened.task.id, str(opened.handle)
     doomed = vms.new_vm(deps, ALICE, handle)
     kept = vms.new_vm(deps, ALICE, handle)
     _cut_after_the_domain(monkeypatch, stop)
     with pytest.raises(Killed):
-        vms.destroy(deps, ALICE, doomed["id"], handle=handle)
-    at_kill = vms.get_vm(deps, ALICE, doomed["id"])
-    assert at_kill["status"] == "running"  # the row was never marked
-    assert set(at_kill) == set(kept)  # the request stays inside Rift: the view is unchanged
+        vms.destroy(deps, ALICE, doomed.id, handle=handle)
+    at_kill = vms.get_vm(deps, ALICE, doomed.id)
+    assert at_kill.status == "running"  # the row was never marked
+    assert set(at_kill.model_dump()) == set(kept.model_dump())  # the view is unchanged
     report = reconcile.reconcile(deps)  # the restart's pass
-    assert report.destroys_finished == [doomed["id"]]
+    assert report.destroys_finished == [doomed.id]
     assert not report.vanished and not report.stopped
-    got = vms.get_vm(deps, ALICE, doomed["id"])
-    assert got["status"] == "destroyed" and got["destroyed_at"] is not None
-    assert got["error"] is None
-    assert set(local_hv.domains) == {f"rift-{kept['id']}"}
+    got = vms.get_vm(deps, ALICE, doomed.id)
+    assert got.status == "destroyed" and got.destroyed_at is not None
+    assert got.error is None
+    assert set(local_hv.domains) == {f"rift-{kept.id}"}
     told = _events(deps, task_id)
     assert [kind for kind, _, _ in told].count("vm_destroyed") == 1
     assert "vm_failed" not in [kind for kind, _, _ in told]
     assert told[-1] == ("vm_destroyed", "sweep",
-                        {"vm_id": doomed["id"], "host": "local", **reconcile.FINISHED_DESTROY})
-    assert vms.get_vm(deps, ALICE, kept["id"])["status"] == "running"
+                        {"vm_id": doomed.id, "host": "local", **reconcile.FINISHED_DESTROY})
+    assert vms.get_vm(deps, ALICE, kept.id).status == "running"
     assert not reconcile.reconcile(deps)  # a second pass finds nothing
-    assert vms.destroy(deps, ALICE, doomed["id"], handle=handle)["status"] == "destroyed"
+    assert vms.destroy(deps, ALICE, doomed.id, handle=handle).status == "destroyed"
     assert [kind for kind, _, _ in _events(deps, task_id)].count("vm_destroyed") == 1
 
 
@@ -185,20 +185,20 @@ def test_a_destroy_libvirt_refused_is_finished_by_a_later_sweep(
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     local_hv.fail_destroy("internal error: busy")
     with pytest.raises(RiftError):
-        vms.destroy(deps, ALICE, vm["id"], handle=str(opened.handle))
+        vms.destroy(deps, ALICE, vm.id, handle=str(opened.handle))
     assert not reconcile.reconcile(deps).destroys_finished  # still refused: stays running
-    assert vms.get_vm(deps, ALICE, vm["id"])["status"] == "running"
+    assert vms.get_vm(deps, ALICE, vm.id).status == "running"
     local_hv.fail_destroy(None)
-    assert reconcile.reconcile(deps).destroys_finished == [vm["id"]]
-    assert vms.get_vm(deps, ALICE, vm["id"])["status"] == "destroyed"
+    assert reconcile.reconcile(deps).destroys_finished == [vm.id]
+    assert vms.get_vm(deps, ALICE, vm.id).status == "destroyed"
     assert local_hv.domains == {}
-    assert event_types(deps, opened.task["id"]).count("vm_destroyed") == 1
+    assert event_types(deps, opened.task.id).count("vm_destroyed") == 1
 
 
 def test_a_creating_row_whose_destroy_was_cut_is_destroyed_after_the_grace(
         deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
     opened = tasks.new_task(deps, ALICE)
-    stuck = Vm(id="vm_stuckbbb", task_id=opened.task["id"], owner="alice", name="s",
+    stuck = Vm(id="vm_stuckbbb", task_id=opened.task.id, owner="alice", name="s",
                image="tiny", status="creating", host="local", vcpus=1, memory_mib=64,
                created_at=clock.now())
     with deps.store.write() as tx:
@@ -209,7 +209,7 @@ def test_a_creating_row_whose_destroy_was_cut_is_destroyed_after_the_grace(
     clock.advance(reconcile.CREATING_GRACE_S + 1)
     assert reconcile.reconcile(deps).destroys_finished == [stuck.id]
     assert local_hv.domains == {}
-    assert vms.get_vm(deps, ALICE, stuck.id)["status"] == "destroyed"
+    assert vms.get_vm(deps, ALICE, stuck.id).status == "destroyed"
     assert event_types(deps, stuck.task_id) == ["opened", "vm_destroyed"]
 
 
@@ -228,11 +228,11 @@ def test_a_sweep_racing_a_live_destroy_makes_one_event(
         swept.append(reconcile.reconcile(deps_))
 
     monkeypatch.setattr(teardown, "destroy_domain", with_a_sweep_meanwhile)
-    gone = vms.destroy(deps, ALICE, vm["id"], handle=str(opened.handle))
-    assert gone["status"] == "destroyed"
-    assert swept[0].destroys_finished == [vm["id"]] and not swept[0].vanished
-    assert event_types(deps, opened.task["id"]).count("vm_destroyed") == 1
-    assert "vm_failed" not in event_types(deps, opened.task["id"])
+    gone = vms.destroy(deps, ALICE, vm.id, handle=str(opened.handle))
+    assert gone.status == "destroyed"
+    assert swept[0].destroys_finished == [vm.id] and not swept[0].vanished
+    assert event_types(deps, opened.task.id).count("vm_destroyed") == 1
+    assert "vm_failed" not in event_types(deps, opened.task.id)
 
 
 def test_a_row_whose_destroy_was_asked_after_it_was_read_is_not_failed(
@@ -242,11 +242,11 @@ def test_a_row_whose_destroy_was_asked_after_it_was_read_is_not_failed(
     opened = tasks.new_task(deps, ALICE)
     made = vms.new_vm(deps, ALICE, str(opened.handle))
     with deps.store.read() as tx:
-        read_before = tx.get_vm(made["id"])
+        read_before = tx.get_vm(made.id)
     assert read_before is not None
     assert teardown.request_destroy(deps, read_before)
     del local_hv.domains[read_before.domain_name]
     assert not reconcile._fail(deps, read_before, "running", "the domain is gone")
-    assert vms.get_vm(deps, ALICE, made["id"])["status"] == "running"
-    assert reconcile.reconcile(deps).destroys_finished == [made["id"]]
-    assert event_types(deps, opened.task["id"])[-1] == "vm_destroyed"
+    assert vms.get_vm(deps, ALICE, made.id).status == "running"
+    assert reconcile.reconcile(deps).destroys_finished == [made.id]
+    assert event_types(deps, opened.task.id)[-1] == "vm_destroyed"

@@ -24,12 +24,12 @@ def test_a_task_closes_itself_at_the_idle_period_not_a_second_before(
     assert sweeps.sweep(deps).closed == []
     clock.advance(1)
     report = sweeps.sweep(deps)
-    assert report.closed == [opened.task["id"]] and len(report.destroyed) == 1
-    view = tasks.get_task(deps, ALICE, task_id=opened.task["id"])
-    assert view["status"] == "closed" and view["close_reason"] == "idle"
+    assert report.closed == [opened.task.id] and len(report.destroyed) == 1
+    view = tasks.get_task(deps, ALICE, task_id=opened.task.id)
+    assert view.status == "closed" and view.close_reason == "idle"
     assert local_hv.domains == {}
     with deps.store.read() as tx:
-        closed = [e for e in tx.list_events(opened.task["id"], 0, 100) if e.type == "closed"]
+        closed = [e for e in tx.list_events(opened.task.id, 0, 100) if e.type == "closed"]
     assert closed[0].actor == "sweep" and closed[0].details["quiet_s"] == 14400
 
 
@@ -40,7 +40,7 @@ def test_a_touch_restarts_the_idle_timer(deps: Deps, clock: FakeClock) -> None:
     clock.advance(14000)
     assert sweeps.sweep(deps).closed == []
     clock.advance(400)
-    assert sweeps.sweep(deps).closed == [opened.task["id"]]
+    assert sweeps.sweep(deps).closed == [opened.task.id]
 
 
 def test_a_second_sweep_changes_nothing(deps: Deps, clock: FakeClock) -> None:
@@ -49,7 +49,7 @@ def test_a_second_sweep_changes_nothing(deps: Deps, clock: FakeClock) -> None:
     sweeps.sweep(deps)
     again = sweeps.sweep(deps)
     assert again.closed == [] and again.destroyed == []
-    assert event_types(deps, opened.task["id"]).count("closed") == 1
+    assert event_types(deps, opened.task.id).count("closed") == 1
 
 
 def test_the_sweep_finishes_a_close_interrupted_before_its_vms_were_destroyed(
@@ -57,13 +57,13 @@ def test_the_sweep_finishes_a_close_interrupted_before_its_vms_were_destroyed(
     opened = tasks.new_task(deps, ALICE)
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     with deps.store.write() as tx:  # the process died right after this commit
-        task = tx.get_task(opened.task["id"])
+        task = tx.get_task(opened.task.id)
         assert task is not None
         close_in_tx(tx, task, "mcp:claude-code", "closed", deps.clock.now())
     assert len(local_hv.domains) == 1
-    assert sweeps.sweep(deps).destroyed == [vm["id"]]
+    assert sweeps.sweep(deps).destroyed == [vm.id]
     assert local_hv.domains == {}
-    assert vms.get_vm(deps, ALICE, vm["id"])["status"] == "destroyed"
+    assert vms.get_vm(deps, ALICE, vm.id).status == "destroyed"
 
 
 def test_a_refused_destroy_is_retried_by_the_next_sweep(
@@ -72,10 +72,10 @@ def test_a_refused_destroy_is_retried_by_the_next_sweep(
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     local_hv.fail_destroy("cannot acquire state change lock")
     closed = tasks.close_task(deps, ALICE, handle=str(opened.handle))
-    assert closed["destroyed"] == [] and closed["task"]["vms"][0]["status"] == "running"
-    assert sweeps.sweep(deps).refused == [vm["id"]]
+    assert closed.destroyed == [] and closed.task.vms[0].status == "running"
+    assert sweeps.sweep(deps).refused == [vm.id]
     local_hv.fail_destroy(None)
-    assert sweeps.sweep(deps).destroyed == [vm["id"]]
+    assert sweeps.sweep(deps).destroyed == [vm.id]
     assert local_hv.domains == {}
 
 
@@ -85,10 +85,10 @@ def test_closed_tasks_are_readable_until_their_retention_passes(
     tasks.close_task(deps, ALICE, handle=str(opened.handle))
     clock.advance(deps.limits.closed_retention_s - 1)
     sweeps.sweep(deps)
-    assert tasks.get_task(deps, ALICE, task_id=opened.task["id"])["status"] == "closed"
+    assert tasks.get_task(deps, ALICE, task_id=opened.task.id).status == "closed"
     clock.advance(2)
     assert sweeps.sweep(deps).purged == 1
-    refused("task_not_found", tasks.get_task, deps, ALICE, task_id=opened.task["id"])
+    refused("task_not_found", tasks.get_task, deps, ALICE, task_id=opened.task.id)
 
 
 def test_the_sweep_closes_many_due_tasks_in_batches(make_deps, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
@@ -107,10 +107,10 @@ def test_the_sweep_forgets_the_key_of_a_task_closed_idle_without_a_vm(
     idle, busy = tasks.new_task(deps, ALICE), tasks.new_task(deps, ALICE)
     for opened in (idle, busy):
         assert deps.guests is not None
-        deps.guests.task_key(opened.task["id"])
+        deps.guests.task_key(opened.task.id)
     clock.advance(14000)
     tasks.get_task(deps, ALICE, handle=str(busy.handle))
     clock.advance(400)
     report = sweeps.sweep(deps)
-    assert report.closed == [idle.task["id"]] and report.keys_forgotten == 1
-    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == [busy.task["id"]]
+    assert report.closed == [idle.task.id] and report.keys_forgotten == 1
+    assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == [busy.task.id]

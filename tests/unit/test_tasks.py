@@ -12,42 +12,42 @@ from tests.unit.helpers import event_types, refused, snapshot
 def test_a_new_task_is_held_by_its_creator_with_every_countdown(deps: Deps) -> None:
     opened = tasks.new_task(deps, ALICE, name="fix the build")
     view = opened.task
-    assert view["id"].startswith("task_") and view["name"] == "fix the build"
-    assert view["owner"] == "alice" and view["status"] == "open"
-    assert view["holder"] == "mcp:claude-code"
-    assert view["held_since"] == view["last_activity_at"] == view["created_at"]
-    assert view["lease_quiet_at"] > view["last_activity_at"]
-    assert view["closes_at"] > view["lease_quiet_at"]
-    assert view["closed_at"] is None and view["close_reason"] is None and view["vms"] == []
-    assert str(opened.handle).startswith(view["id"] + ".")
-    assert event_types(deps, view["id"]) == ["opened"]
+    assert view.id.startswith("task_") and view.name == "fix the build"
+    assert view.owner == "alice" and view.status == "open"
+    assert view.holder == "mcp:claude-code"
+    assert view.held_since == view.last_activity_at == view.created_at
+    assert view.lease_quiet_at > view.last_activity_at
+    assert view.closes_at > view.lease_quiet_at
+    assert view.closed_at is None and view.close_reason is None and view.vms == []
+    assert str(opened.handle).startswith(view.id + ".")
+    assert event_types(deps, view.id) == ["opened"]
 
 
 def test_a_handle_reads_its_task_and_touches_it_once_per_step(deps: Deps,
                                                               clock: FakeClock) -> None:
     opened = tasks.new_task(deps, ALICE)
-    first = opened.task["last_activity_at"]
+    first = opened.task.last_activity_at
     clock.advance(59)
-    assert tasks.get_task(deps, ALICE, handle=str(opened.handle))["last_activity_at"] == first
+    assert tasks.get_task(deps, ALICE, handle=str(opened.handle)).last_activity_at == first
     clock.advance(1)
-    moved = tasks.get_task(deps, ALICE, handle=str(opened.handle))["last_activity_at"]
+    moved = tasks.get_task(deps, ALICE, handle=str(opened.handle)).last_activity_at
     assert moved > first
     clock.advance(30)
-    assert tasks.get_task(deps, ALICE, task_id=opened.task["id"])["last_activity_at"] == moved
+    assert tasks.get_task(deps, ALICE, task_id=opened.task.id).last_activity_at == moved
 
 
 def test_reading_by_id_is_not_activity(deps: Deps, clock: FakeClock) -> None:
     opened = tasks.new_task(deps, ALICE)
     clock.advance(600)
-    view = tasks.get_task(deps, ALICE, task_id=opened.task["id"])
-    assert view["last_activity_at"] == opened.task["last_activity_at"]
+    view = tasks.get_task(deps, ALICE, task_id=opened.task.id)
+    assert view.last_activity_at == opened.task.last_activity_at
 
 
 def test_attaching_an_active_lease_without_takeover_is_refused(deps: Deps,
                                                                clock: FakeClock) -> None:
     opened = tasks.new_task(deps, ALICE)
     clock.advance(1799)
-    err = refused("task_held", leases.attach, deps, ALICE_2, opened.task["id"])
+    err = refused("task_held", leases.attach, deps, ALICE_2, opened.task.id)
     assert err.details["holder"] == "mcp:claude-code"
     assert err.details["active_ago_s"] == 1799
     assert "takeover" in err.hint
@@ -56,15 +56,15 @@ def test_attaching_an_active_lease_without_takeover_is_refused(deps: Deps,
 def test_a_quiet_lease_is_attached_without_takeover(deps: Deps, clock: FakeClock) -> None:
     opened = tasks.new_task(deps, ALICE)
     clock.advance(1800)
-    won = leases.attach(deps, ALICE_2, opened.task["id"])
+    won = leases.attach(deps, ALICE_2, opened.task.id)
     assert won.previous_holder == "mcp:claude-code"
     assert won.task.holder == "mcp:cursor"
-    assert event_types(deps, opened.task["id"]) == ["opened", "attached"]
+    assert event_types(deps, opened.task.id) == ["opened", "attached"]
 
 
 def test_takeover_mints_a_new_handle_and_the_old_one_goes_stale(deps: Deps) -> None:
     opened = tasks.new_task(deps, ALICE)
-    won = leases.attach(deps, ALICE_2, opened.task["id"], takeover=True)
+    won = leases.attach(deps, ALICE_2, opened.task.id, takeover=True)
     assert won.handle != opened.handle and won.previous_holder == "mcp:claude-code"
     before = snapshot(deps)
     err = refused("lease_stale", tasks.get_task, deps, ALICE, handle=str(opened.handle))
@@ -72,33 +72,33 @@ def test_takeover_mints_a_new_handle_and_the_old_one_goes_stale(deps: Deps) -> N
     assert "rift_task_attach" in err.hint and "takeover" in err.hint
     after = snapshot(deps)
     assert after[0] == before[0] and after[1] == before[1]  # tasks and VMs unchanged
-    assert event_types(deps, opened.task["id"]) == ["opened", "taken_over", "stale_rejected"]
-    assert tasks.get_task(deps, ALICE, handle=str(won.handle))["holder"] == "mcp:cursor"
+    assert event_types(deps, opened.task.id) == ["opened", "taken_over", "stale_rejected"]
+    assert tasks.get_task(deps, ALICE, handle=str(won.handle)).holder == "mcp:cursor"
 
 
 def test_release_frees_the_task_and_a_repeat_answers_task_released(deps: Deps) -> None:
     opened = tasks.new_task(deps, ALICE)
     released = leases.release(deps, ALICE, str(opened.handle))
     assert released.holder is None and released.is_open
-    view = tasks.get_task(deps, ALICE, task_id=opened.task["id"])
-    assert view["holder"] is None and view["held_since"] is None and view["status"] == "open"
+    view = tasks.get_task(deps, ALICE, task_id=opened.task.id)
+    assert view.holder is None and view.held_since is None and view.status == "open"
     before = snapshot(deps)
     refused("task_released", leases.release, deps, ALICE, str(opened.handle))
     assert snapshot(deps) == before
-    won = leases.attach(deps, ALICE_2, opened.task["id"])
+    won = leases.attach(deps, ALICE_2, opened.task.id)
     assert won.previous_holder is None
 
 
 def test_another_users_task_is_answered_like_a_missing_one(deps: Deps) -> None:
     opened = tasks.new_task(deps, ALICE)
-    foreign = refused("task_not_found", tasks.get_task, deps, BOB, task_id=opened.task["id"])
+    foreign = refused("task_not_found", tasks.get_task, deps, BOB, task_id=opened.task.id)
     missing = refused("task_not_found", tasks.get_task, deps, BOB, task_id="task_aaaaaaaa")
     assert foreign.hint == missing.hint
-    assert foreign.message.replace(opened.task["id"], "X") == missing.message.replace(
+    assert foreign.message.replace(opened.task.id, "X") == missing.message.replace(
         "task_aaaaaaaa", "X")
-    refused("task_not_found", leases.attach, deps, BOB, opened.task["id"], takeover=True)
+    refused("task_not_found", leases.attach, deps, BOB, opened.task.id, takeover=True)
     refused("task_not_found", tasks.get_task, deps, BOB, handle=str(opened.handle))
-    assert event_types(deps, opened.task["id"]) == ["opened"]
+    assert event_types(deps, opened.task.id) == ["opened"]
 
 
 def test_handles_are_required_and_must_be_well_formed(deps: Deps) -> None:
@@ -114,42 +114,42 @@ def test_closing_by_handle_destroys_every_vm_and_a_repeat_answers_task_closed(
     from rift.services import vms
 
     opened = tasks.new_task(deps, ALICE)
-    made = [vms.new_vm(deps, ALICE, str(opened.handle))["id"] for _ in range(3)]
+    made = [vms.new_vm(deps, ALICE, str(opened.handle)).id for _ in range(3)]
     closed = tasks.close_task(deps, ALICE, handle=str(opened.handle))
-    assert sorted(closed["destroyed"]) == sorted(made)
-    assert closed["task"]["status"] == "closed" and closed["task"]["close_reason"] == "closed"
-    assert closed["task"]["holder"] is None and closed["task"]["closes_at"] is None
-    assert all(vm["status"] == "destroyed" for vm in closed["task"]["vms"])
+    assert sorted(closed.destroyed) == sorted(made)
+    assert closed.task.status == "closed" and closed.task.close_reason == "closed"
+    assert closed.task.holder is None and closed.task.closes_at is None
+    assert all(vm.status == "destroyed" for vm in closed.task.vms)
     err = refused("task_closed", tasks.close_task, deps, ALICE, handle=str(opened.handle))
     assert err.details["close_reason"] == "closed" and "rift_task_new" in err.hint
-    refused("task_closed", tasks.close_task, deps, ALICE, task_id=opened.task["id"])
-    refused("task_closed", leases.attach, deps, ALICE_2, opened.task["id"], takeover=True)
-    types = event_types(deps, opened.task["id"])
+    refused("task_closed", tasks.close_task, deps, ALICE, task_id=opened.task.id)
+    refused("task_closed", leases.attach, deps, ALICE_2, opened.task.id, takeover=True)
+    types = event_types(deps, opened.task.id)
     assert types.count("closed") == 1 and types.count("vm_destroyed") == 3
 
 
 def test_closing_by_id_follows_attachs_rules(deps: Deps, clock: FakeClock) -> None:
     held = tasks.new_task(deps, ALICE)
-    refused("task_held", tasks.close_task, deps, ALICE_2, task_id=held.task["id"])
-    assert tasks.get_task(deps, ALICE, task_id=held.task["id"])["status"] == "open"
-    closed = tasks.close_task(deps, ALICE_2, task_id=held.task["id"], takeover=True)
-    assert closed["task"]["status"] == "closed"
+    refused("task_held", tasks.close_task, deps, ALICE_2, task_id=held.task.id)
+    assert tasks.get_task(deps, ALICE, task_id=held.task.id).status == "open"
+    closed = tasks.close_task(deps, ALICE_2, task_id=held.task.id, takeover=True)
+    assert closed.task.status == "closed"
     released = tasks.new_task(deps, ALICE)
     leases.release(deps, ALICE, str(released.handle))
-    assert tasks.close_task(deps, ALICE_2, task_id=released.task["id"])["task"]["status"] == (
+    assert tasks.close_task(deps, ALICE_2, task_id=released.task.id).task.status == (
         "closed")
     quiet = tasks.new_task(deps, ALICE)
     clock.advance(1800)
-    assert tasks.close_task(deps, ALICE_2, task_id=quiet.task["id"])["task"]["status"] == (
+    assert tasks.close_task(deps, ALICE_2, task_id=quiet.task.id).task.status == (
         "closed")
 
 
 def test_the_operator_closes_any_task_with_reason_operator(deps: Deps) -> None:
     opened = tasks.new_task(deps, BOB)
-    closed = tasks.close_as_operator(deps, opened.task["id"], "cli:root")
-    assert closed["task"]["close_reason"] == "operator"
+    closed = tasks.close_as_operator(deps, opened.task.id, "cli:root")
+    assert closed.task.close_reason == "operator"
     with deps.store.read() as tx:
-        last = tx.list_events(opened.task["id"], 0, 10)[-1]
+        last = tx.list_events(opened.task.id, 0, 10)[-1]
     assert last.type == "closed" and last.actor == "operator" and last.details["by"] == "cli:root"
 
 
@@ -157,18 +157,18 @@ def test_lists_show_the_callers_tasks_newest_first_in_pages(deps: Deps,
                                                            clock: FakeClock) -> None:
     mine = []
     for i in range(5):
-        mine.append(tasks.new_task(deps, ALICE, name=f"t{i}").task["id"])
+        mine.append(tasks.new_task(deps, ALICE, name=f"t{i}").task.id)
         clock.advance(1)
     tasks.new_task(deps, BOB)
     page = tasks.list_tasks(deps, ALICE, limit=2)
-    assert [t["id"] for t in page["tasks"]] == mine[::-1][:2]
-    page2 = tasks.list_tasks(deps, ALICE, limit=2, after=page["next_after"])
-    page3 = tasks.list_tasks(deps, ALICE, limit=2, after=page2["next_after"])
-    seen = [t["id"] for p in (page, page2, page3) for t in p["tasks"]]
-    assert seen == mine[::-1] and page3["next_after"] is None
+    assert [t.id for t in page.tasks] == mine[::-1][:2]
+    page2 = tasks.list_tasks(deps, ALICE, limit=2, after=page.next_after)
+    page3 = tasks.list_tasks(deps, ALICE, limit=2, after=page2.next_after)
+    seen = [t.id for p in (page, page2, page3) for t in p.tasks]
+    assert seen == mine[::-1] and page3.next_after is None
     tasks.close_task(deps, ALICE, task_id=mine[0], takeover=True)
-    assert [t["id"] for t in tasks.list_tasks(deps, ALICE, status="closed")["tasks"]] == [mine[0]]
-    assert len(tasks.list_tasks(deps, ALICE, status="all")["tasks"]) == 5
+    assert [t.id for t in tasks.list_tasks(deps, ALICE, status="closed").tasks] == [mine[0]]
+    assert len(tasks.list_tasks(deps, ALICE, status="all").tasks) == 5
     refused("invalid_argument", tasks.list_tasks, deps, ALICE, status="gone")
     refused("invalid_argument", tasks.list_tasks, deps, ALICE, limit=101)
     refused("invalid_argument", tasks.list_tasks, deps, ALICE, limit=0)
@@ -177,19 +177,19 @@ def test_lists_show_the_callers_tasks_newest_first_in_pages(deps: Deps,
 def test_events_page_with_increasing_ids(deps: Deps) -> None:
     opened = tasks.new_task(deps, ALICE)
     for _ in range(4):
-        leases.attach(deps, ALICE, opened.task["id"], takeover=True)
-    first = tasks.task_events(deps, ALICE, opened.task["id"], limit=3)
-    assert [e["type"] for e in first["events"]] == ["opened", "taken_over", "taken_over"]
-    assert first["has_more"]
-    rest = tasks.task_events(deps, ALICE, opened.task["id"], after_id=first["next_after"])
-    assert len(rest["events"]) == 2 and not rest["has_more"]
-    ids = [e["id"] for e in first["events"] + rest["events"]]
+        leases.attach(deps, ALICE, opened.task.id, takeover=True)
+    first = tasks.task_events(deps, ALICE, opened.task.id, limit=3)
+    assert [e.type for e in first.events] == ["opened", "taken_over", "taken_over"]
+    assert first.has_more
+    rest = tasks.task_events(deps, ALICE, opened.task.id, after_id=first.next_after)
+    assert len(rest.events) == 2 and not rest.has_more
+    ids = [e.id for e in first.events + rest.events]
     assert ids == sorted(ids) and len(set(ids)) == 5
-    event = first["events"][1]
-    assert set(event) == {"id", "type", "at", "actor", "details"}
-    assert event["details"]["previous_holder"] == "mcp:claude-code"
-    refused("task_not_found", tasks.task_events, deps, BOB, opened.task["id"])
-    refused("invalid_argument", tasks.task_events, deps, ALICE, opened.task["id"], limit=101)
+    event = first.events[1]
+    assert set(event.model_dump()) == {"id", "type", "at", "actor", "details"}
+    assert event.details["previous_holder"] == "mcp:claude-code"
+    refused("task_not_found", tasks.task_events, deps, BOB, opened.task.id)
+    refused("invalid_argument", tasks.task_events, deps, ALICE, opened.task.id, limit=101)
 
 
 def test_open_tasks_are_capped_per_user(make_deps) -> None:  # type: ignore[no-untyped-def]
@@ -216,14 +216,14 @@ def test_task_creation_is_rate_limited_per_hour(make_deps, clock: FakeClock) -> 
 def test_a_keyed_create_replays_and_other_input_conflicts(deps: Deps) -> None:
     first = tasks.new_task(deps, ALICE, name="a", idempotency_key="k1")
     again = tasks.new_task(deps, ALICE, name="a", idempotency_key="k1")
-    assert again.task["id"] == first.task["id"] and again.replayed
-    assert tasks.get_task(deps, ALICE, handle=str(again.handle))["id"] == first.task["id"]
+    assert again.task.id == first.task.id and again.replayed
+    assert tasks.get_task(deps, ALICE, handle=str(again.handle)).id == first.task.id
     before = snapshot(deps)
     refused("idempotency_conflict", tasks.new_task, deps, ALICE, name="b", idempotency_key="k1")
     assert snapshot(deps) == before
     other = tasks.new_task(deps, BOB, name="a", idempotency_key="k1")  # keys are per user
-    assert other.task["id"] != first.task["id"]
-    assert len(tasks.list_tasks(deps, ALICE)["tasks"]) == 1
+    assert other.task.id != first.task.id
+    assert len(tasks.list_tasks(deps, ALICE).tasks) == 1
 
 
 def test_names_and_keys_out_of_range_are_refused(deps: Deps) -> None:
@@ -231,5 +231,5 @@ def test_names_and_keys_out_of_range_are_refused(deps: Deps) -> None:
         err = refused("invalid_argument", tasks.new_task, deps, ALICE, name=bad)
         assert err.details["field"] == "name"
         refused("invalid_argument", tasks.new_task, deps, ALICE, idempotency_key=bad)
-    assert tasks.new_task(deps, ALICE, name="x" * 200).task["name"] == "x" * 200
+    assert tasks.new_task(deps, ALICE, name="x" * 200).task.name == "x" * 200
     refused("invalid_argument", leases.attach, deps, ALICE, "task_bad")

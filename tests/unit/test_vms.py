@@ -14,20 +14,20 @@ from tests.unit.helpers import event_types, refused, snapshot
 
 def _task(deps: Deps) -> tuple[str, str]:
     opened = tasks.new_task(deps, ALICE)
-    return opened.task["id"], str(opened.handle)
+    return opened.task.id, str(opened.handle)
 
 
 def test_a_new_vm_runs_on_the_host_with_its_metadata(deps: Deps,
                                                      local_hv: FakeHypervisor) -> None:
     task_id, handle = _task(deps)
     vm = vms.new_vm(deps, ALICE, handle, name="builder", vcpus=2, memory_mib=512)
-    assert vm["status"] == "running" and vm["task_id"] == task_id and vm["name"] == "builder"
-    assert (vm["image"], vm["vcpus"], vm["memory_mib"], vm["host"]) == ("tiny", 2, 512, "local")
-    assert vm["ready_at"] is not None and vm["error"] is None and vm["ssh"] is None
-    domain = local_hv.domains[f"rift-{vm['id']}"]
-    assert (domain.task_id, domain.vm_id) == (task_id, vm["id"])
+    assert vm.status == "running" and vm.task_id == task_id and vm.name == "builder"
+    assert (vm.image, vm.vcpus, vm.memory_mib, vm.host) == ("tiny", 2, 512, "local")
+    assert vm.ready_at is not None and vm.error is None and vm.ssh is None
+    domain = local_hv.domains[f"rift-{vm.id}"]
+    assert (domain.task_id, domain.vm_id) == (task_id, vm.id)
     assert event_types(deps, task_id) == ["opened", "vm_creating", "vm_running"]
-    assert vms.get_vm(deps, ALICE, vm["id"]) == vm
+    assert vms.get_vm(deps, ALICE, vm.id) == vm
 
 
 def test_bad_sizes_and_unknown_images_are_refused_and_change_nothing(
@@ -45,7 +45,7 @@ def test_bad_sizes_and_unknown_images_are_refused_and_change_nothing(
 
 def test_every_image_the_store_knows_is_accepted(deps: Deps) -> None:
     _, handle = _task(deps)
-    assert vms.new_vm(deps, ALICE, handle, image="debian")["image"] == "debian"
+    assert vms.new_vm(deps, ALICE, handle, image="debian").image == "debian"
 
 
 def test_vms_per_task_are_capped(make_deps: Callable[..., Deps]) -> None:
@@ -55,7 +55,7 @@ def test_vms_per_task_are_capped(make_deps: Callable[..., Deps]) -> None:
     vms.new_vm(deps, ALICE, handle)
     err = refused("quota_exceeded", vms.new_vm, deps, ALICE, handle)
     assert "rift_vm_destroy" in err.hint
-    vms.destroy(deps, ALICE, first["id"], handle=handle)
+    vms.destroy(deps, ALICE, first.id, handle=handle)
     vms.new_vm(deps, ALICE, handle)
 
 
@@ -71,9 +71,9 @@ def test_placement_takes_the_host_with_most_free_memory_and_skips_drained(
     hosts.add_host(deps, "small", "fake:///small", 4, 1024)
     hosts.add_host(deps, "big", "fake:///big", 4, 100_000)
     _, handle = _task(deps)
-    assert vms.new_vm(deps, ALICE, handle)["host"] == "big"
+    assert vms.new_vm(deps, ALICE, handle).host == "big"
     hosts.drain_host(deps, "big")
-    assert vms.new_vm(deps, ALICE, handle)["host"] == "local"
+    assert vms.new_vm(deps, ALICE, handle).host == "local"
     assert "rift-" in next(iter(pool.hypervisor("fake:///big").domains))
 
 
@@ -88,8 +88,8 @@ def test_capacity_counts_live_vms_only(deps: Deps) -> None:
     _, handle = _task(deps)
     big = vms.new_vm(deps, ALICE, handle, memory_mib=30000)
     refused("no_capacity", vms.new_vm, deps, ALICE, handle, memory_mib=4096)
-    vms.destroy(deps, ALICE, big["id"], handle=handle)
-    assert vms.new_vm(deps, ALICE, handle, memory_mib=4096)["status"] == "running"
+    vms.destroy(deps, ALICE, big.id, handle=handle)
+    assert vms.new_vm(deps, ALICE, handle, memory_mib=4096).status == "running"
 
 
 def test_a_hypervisor_failure_leaves_a_failed_row_with_libvirts_words_and_no_domain(
@@ -97,10 +97,10 @@ def test_a_hypervisor_failure_leaves_a_failed_row_with_libvirts_words_and_no_dom
     task_id, handle = _task(deps)
     local_hv.fail_next_create("internal error: no more room in the test driver")
     vm = vms.new_vm(deps, ALICE, handle)
-    assert vm["status"] == "failed" and "no more room" in vm["error"]
+    assert vm.status == "failed" and "no more room" in vm.error
     assert local_hv.domains == {}
     assert event_types(deps, task_id)[-2:] == ["vm_creating", "vm_failed"]
-    assert vms.new_vm(deps, ALICE, handle)["status"] == "running"  # failed VMs use no room
+    assert vms.new_vm(deps, ALICE, handle).status == "running"  # failed VMs use no room
 
 
 def test_a_keyed_vm_create_replays_without_a_second_domain(
@@ -108,7 +108,7 @@ def test_a_keyed_vm_create_replays_without_a_second_domain(
     _, handle = _task(deps)
     first = vms.new_vm(deps, ALICE, handle, idempotency_key="vm-1")
     again = vms.new_vm(deps, ALICE, handle, idempotency_key="vm-1")
-    assert again["id"] == first["id"] and len(local_hv.domains) == 1
+    assert again.id == first.id and len(local_hv.domains) == 1
     refused("idempotency_conflict", vms.new_vm, deps, ALICE, handle, idempotency_key="vm-1",
             memory_mib=512)
     assert len(local_hv.domains) == 1
@@ -118,10 +118,10 @@ def test_destroy_by_handle_removes_the_domain_and_repeats_quietly(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     task_id, handle = _task(deps)
     vm = vms.new_vm(deps, ALICE, handle)
-    gone = vms.destroy(deps, ALICE, vm["id"], handle=handle)
-    assert gone["status"] == "destroyed" and gone["destroyed_at"] is not None
+    gone = vms.destroy(deps, ALICE, vm.id, handle=handle)
+    assert gone.status == "destroyed" and gone.destroyed_at is not None
     assert local_hv.domains == {}
-    assert vms.destroy(deps, ALICE, vm["id"], handle=handle)["status"] == "destroyed"
+    assert vms.destroy(deps, ALICE, vm.id, handle=handle).status == "destroyed"
     assert event_types(deps, task_id).count("vm_destroyed") == 1
 
 
@@ -129,19 +129,19 @@ def test_destroy_by_id_follows_attachs_rules(deps: Deps, clock: FakeClock,
                                              local_hv: FakeHypervisor) -> None:
     _, handle = _task(deps)
     vm = vms.new_vm(deps, ALICE, handle)
-    refused("task_held", vms.destroy, deps, ALICE_2, vm["id"])
+    refused("task_held", vms.destroy, deps, ALICE_2, vm.id)
     assert len(local_hv.domains) == 1
     clock.advance(1800)
-    assert vms.destroy(deps, ALICE_2, vm["id"])["status"] == "destroyed"
+    assert vms.destroy(deps, ALICE_2, vm.id).status == "destroyed"
 
 
 def test_a_vm_is_found_only_in_the_callers_tasks(deps: Deps) -> None:
     _, handle = _task(deps)
     vm = vms.new_vm(deps, ALICE, handle)
-    refused("vm_not_found", vms.get_vm, deps, BOB, vm["id"])
-    refused("vm_not_found", vms.destroy, deps, BOB, vm["id"], takeover=True)
+    refused("vm_not_found", vms.get_vm, deps, BOB, vm.id)
+    refused("vm_not_found", vms.destroy, deps, BOB, vm.id, takeover=True)
     other = tasks.new_task(deps, ALICE)
-    err = refused("vm_not_found", vms.destroy, deps, ALICE, vm["id"], handle=str(other.handle))
+    err = refused("vm_not_found", vms.destroy, deps, ALICE, vm.id, handle=str(other.handle))
     assert "rift_task_get" in err.hint
     refused("invalid_argument", vms.get_vm, deps, ALICE, "vm_nope")
 
@@ -168,7 +168,7 @@ def test_a_vm_started_while_its_task_closed_is_taken_down(
 
     local_hv.create = create_then_close  # type: ignore[method-assign]
     vm = vms.new_vm(deps, ALICE, handle)
-    assert vm["status"] == "destroyed"
+    assert vm.status == "destroyed"
     assert local_hv.domains == {}
 
 
@@ -177,8 +177,8 @@ def test_a_destroy_libvirt_refuses_answers_hypervisor_error_and_keeps_the_row_li
     _, handle = _task(deps)
     vm = vms.new_vm(deps, ALICE, handle)
     local_hv.fail_destroy("cannot acquire state change lock")
-    err = refused("hypervisor_error", vms.destroy, deps, ALICE, vm["id"], handle=handle)
+    err = refused("hypervisor_error", vms.destroy, deps, ALICE, vm.id, handle=handle)
     assert "state change lock" in err.message
-    assert vms.get_vm(deps, ALICE, vm["id"])["status"] == "running"
+    assert vms.get_vm(deps, ALICE, vm.id).status == "running"
     local_hv.fail_destroy(None)
-    assert vms.destroy(deps, ALICE, vm["id"], handle=handle)["status"] == "destroyed"
+    assert vms.destroy(deps, ALICE, vm.id, handle=handle).status == "destroyed"

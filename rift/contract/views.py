@@ -1,0 +1,90 @@
+"""The task, VM and event views of SPEC §3: what the engine answers, what both
+doors publish as output schemas, and what the Boxes page renders. Built from the
+store's values without a second validation (`model_construct`): the builders are
+the only way in, and the doors' output schemas are checked against them in the
+tests."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from rift.contract.base import Output
+from rift.domain.clock import iso
+from rift.domain.leases import Clocks
+from rift.domain.model import Event, Task, Vm
+
+VmStatusView = Literal["creating", "running", "failed", "destroyed"]
+
+
+class SshView(Output):
+    host: str | None
+    port: int
+
+
+class VmView(Output):
+    id: str
+    task_id: str
+    name: str
+    image: str
+    status: VmStatusView
+    host: str
+    vcpus: int
+    memory_mib: int
+    ssh: SshView | None
+    created_at: str
+    ready_at: str | None
+    destroyed_at: str | None
+    error: str | None
+
+    @classmethod
+    def of(cls, vm: Vm) -> VmView:
+        reachable = vm.status == "running" and vm.ssh_port is not None
+        return cls.model_construct(
+            id=vm.id, task_id=vm.task_id, name=vm.name, image=vm.image, status=vm.status,
+            host=vm.host, vcpus=vm.vcpus, memory_mib=vm.memory_mib,
+            ssh=SshView.model_construct(host=vm.ssh_host, port=vm.ssh_port)
+            if reachable and vm.ssh_port is not None else None,
+            created_at=iso(vm.created_at) or "", ready_at=iso(vm.ready_at),
+            destroyed_at=iso(vm.destroyed_at), error=vm.error)
+
+
+class TaskView(Output):
+    id: str
+    name: str
+    owner: str
+    status: Literal["open", "closed"]
+    holder: str | None
+    held_since: str | None
+    last_activity_at: str
+    lease_quiet_at: str | None
+    closes_at: str | None
+    created_at: str
+    closed_at: str | None
+    close_reason: Literal["closed", "idle", "operator"] | None
+    vms: list[VmView]
+
+    @classmethod
+    def of(cls, task: Task, vms: list[Vm], clocks: Clocks) -> TaskView:
+        held = task.is_held
+        return cls.model_construct(
+            id=task.id, name=task.name, owner=task.owner, status=task.status,
+            holder=task.holder if held else None,
+            held_since=iso(task.held_since) if held else None,
+            last_activity_at=iso(task.last_activity_at) or "",
+            lease_quiet_at=iso(clocks.lease_quiet_at(task)) if held else None,
+            closes_at=iso(clocks.closes_at(task)), created_at=iso(task.created_at) or "",
+            closed_at=iso(task.closed_at), close_reason=task.close_reason,
+            vms=[VmView.of(vm) for vm in vms])
+
+
+class EventView(Output):
+    id: int
+    type: str
+    at: str
+    actor: str
+    details: dict[str, Any]
+
+    @classmethod
+    def of(cls, event: Event) -> EventView:
+        return cls.model_construct(id=event.id, type=event.type, at=iso(event.at) or "",
+                                   actor=event.actor, details=event.details)
