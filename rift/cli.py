@@ -51,7 +51,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         # The request head's deadline is the protocol's (RIFT_HEADER_TIMEOUT_S); the
         # body's is the app's (rift.api.guard).
-        uvicorn.run(create_app(settings, deps), host=args.host, port=args.port,
+        uvicorn.run(create_app(settings, deps, listen_host=args.host), host=args.host,
+                    port=args.port,
                     log_level="warning", http=guarded_h11(settings.header_timeout_s))
     finally:
         close_deps(deps)

@@ -64,6 +64,16 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=60.0, gt=0, le=3600, description="How long a request's whole body may take to "
         "arrive once the server reads it; then the request is refused with 408.")
+    public_url: str | None = Field(
+        default=None, description="The URL people and agents reach Rift at (e.g. "
+        "`https://rift.example.com`); its host is one Rift answers to (DNS rebinding "
+        "protection).")
+    allowed_hosts: str | None = Field(
+        default=None, description="Comma-separated `Host` values every door answers "
+        "(`name`, `name:port`, `name:*` for any port; `*` turns the check off); default: the "
+        "loopback names, the address `rift serve` listens on (on `0.0.0.0`, this machine's "
+        "host names) and `RIFT_PUBLIC_URL`'s host. Others get 421 (an `Origin` of another "
+        "site: 403).")
     log_level: str = Field(default="INFO", description="Log level of the JSON logs on stderr.")
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from rift.api.errors import install_error_handlers
 from rift.api.guard import BodyGuard
 from rift.api.mcp import mount_mcp
 from rift.api.metrics import Metrics, door_of
+from rift.api.rebinding import RebindingGuard, allowed_hosts, security_settings
 from rift.api.rest import router
 from rift.api.state import AppState
 from rift.bootstrap import build_deps, close_deps
@@ -75,8 +76,12 @@ class AccessLog:
                                        "ms": round((time.perf_counter() - start) * 1000, 1)})
 
 
-def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
+def create_app(settings: Settings, deps: Deps | None = None,
+               listen_host: str | None = None) -> FastAPI:
+    """The app; `listen_host` is the address `rift serve` binds (a name it answers to)."""
     state = AppState(settings)
+    security = security_settings(allowed_hosts(
+        settings.allowed_hosts, settings.public_url, listen_host))
     mcp_lifespan: Any = None
 
     @asynccontextmanager
@@ -105,7 +110,7 @@ def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(router)
     install_web(app)  # the Boxes page: /, /login, /logout, /live, /static
-    mcp_lifespan = mount_mcp(app, state)
+    mcp_lifespan = mount_mcp(app, state, security)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> JSONResponse:
@@ -124,5 +129,6 @@ def create_app(settings: Settings, deps: Deps | None = None) -> FastAPI:
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(RebindingGuard, settings=security)
     app.add_middleware(AccessLog, metrics=state.metrics)  # outermost: it logs the guard's refusals
     return app

@@ -31,6 +31,7 @@ from mcp.server.auth.middleware.bearer_auth import (
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import ClientDisconnect, Request
@@ -164,14 +165,16 @@ class ClientGone(logging.Filter):
         return True
 
 
-def mount_mcp(app: FastAPI, state: AppState) -> Callable[[], AbstractAsyncContextManager[None]]:
+def mount_mcp(app: FastAPI, state: AppState, security: TransportSecuritySettings,
+              ) -> Callable[[], AbstractAsyncContextManager[None]]:
     """Mount the door at exactly `/mcp` (no redirect) and answer the factory of the
     context manager that the app's lifespan enters: it runs the SDK's managers."""
     sdk_log = logging.getLogger("mcp.server.streamable_http")
     if not any(isinstance(f, ClientGone) for f in sdk_log.filters):
         sdk_log.addFilter(ClientGone())
     server = build_server(state)
-    door = McpDoor(server, frozenset(t.name for t in TOOLS.values() if not t.contract.slow))
+    door = McpDoor(server, frozenset(t.name for t in TOOLS.values() if not t.contract.slow),
+                   security)
     guarded = AuthenticationMiddleware(
         AuthContextMiddleware(RequireAuthMiddleware(door, required_scopes=[])),
         backend=BearerAuthBackend(RiftTokenVerifier(state)))

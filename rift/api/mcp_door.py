@@ -28,6 +28,7 @@ from typing import Any
 
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -40,8 +41,10 @@ _PEEK_LIMIT = 64 * 1024  # larger bodies are file writes: streamed, never read t
 
 
 class McpDoor:
-    def __init__(self, server: Server[Any], quick_tools: frozenset[str]) -> None:
+    def __init__(self, server: Server[Any], quick_tools: frozenset[str],
+                 security: TransportSecuritySettings) -> None:
         self.server = server
+        self.security = security
         self.quick_tools = quick_tools
         self.streaming: StreamableHTTPSessionManager | None = None
         self.quick: StreamableHTTPSessionManager | None = None
@@ -50,9 +53,11 @@ class McpDoor:
     async def running(self) -> AsyncIterator[None]:
         """Run the SDK's managers (a manager runs once: each lifespan makes new ones)."""
         streaming = StreamableHTTPSessionManager(
-            app=self.server, stateless=True, max_request_body_size=MAX_BODY)
+            app=self.server, stateless=True, max_request_body_size=MAX_BODY,
+            security_settings=self.security)
         quick = StreamableHTTPSessionManager(
-            app=self.server, stateless=True, json_response=True, max_request_body_size=MAX_BODY)
+            app=self.server, stateless=True, json_response=True, max_request_body_size=MAX_BODY,
+            security_settings=self.security)
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(streaming.run())
             await stack.enter_async_context(quick.run())
