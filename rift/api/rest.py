@@ -17,20 +17,19 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from rift.api.auth import rest_caller
 from rift.api.state import AppState
 from rift.contract import tools as c
-from rift.contract.base import MAX_PATH, TASK_ID_PATTERN, VM_ID_PATTERN, Input
+from rift.contract.base import HandleText, Input, Takeover, TaskId, VmId
+from rift.contract.base import Path as GuestPathText
 from rift.domain.errors import InvalidArgument, RiftError
 from rift.domain.secrets import Handle
 from rift.services.context import Caller
 from rift.services.tools import CALLS
 
 CallerDep = Annotated[Caller, Depends(rest_caller)]
-HandleHeader = Annotated[str | None, Header(alias="Rift-Handle", description=(
-    "the task's handle, task_<id>.<secret>"))]
-TaskIdPath = Annotated[str, Path(pattern=TASK_ID_PATTERN,
-                                 description="task_ + 8 base32 characters")]
-VmIdPath = Annotated[str, Path(pattern=VM_ID_PATTERN, description="vm_ + 8 base32 characters")]
-GuestPath = Annotated[str, Query(min_length=1, max_length=MAX_PATH,
-                                 description="an absolute path in the guest")]
+# Path, query and header parameters take their types from the contract, like bodies.
+HandleHeader = Annotated[HandleText | None, Header(alias="Rift-Handle")]
+TaskIdPath = Annotated[TaskId, Path()]
+VmIdPath = Annotated[VmId, Path()]
+GuestPath = Annotated[GuestPathText, Query()]
 REFUSALS: dict[int | str, dict[str, Any]] = {
     code: {"model": c.Refusal, "description": "a refusal: {error: {code, message, hint}}"}
     for code in (400, 401, 404, 409, 422, 429, 503)
@@ -136,7 +135,7 @@ def get_vm(request: Request, caller: CallerDep, vm_id: VmIdPath) -> Any:
 @router.delete("/vms/{vm_id}", response_model=c.VmOut,
                summary="destroy a VM (by handle, or by id with attach's rules)")
 def destroy_vm(request: Request, caller: CallerDep, vm_id: VmIdPath, handle: HandleHeader = None,
-               takeover: bool = False) -> Any:
+               takeover: Annotated[Takeover, Query()] = False) -> Any:
     return run(request, "rift_vm_destroy", caller, vm_id=vm_id, handle=handle,
                takeover=takeover)
 
@@ -158,7 +157,7 @@ def write_file(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.Fil
 @router.get("/vms/{vm_id}/files", response_model=c.FileReadOut,
             summary="read a file from the VM")
 def read_file(request: Request, caller: CallerDep, vm_id: VmIdPath, path: GuestPath,
-              encoding: Annotated[str | None, Query(pattern="^(utf-8|base64)$")] = None,
+              encoding: Annotated[c.Encoding, Query()] = "utf-8",
               handle: HandleHeader = None) -> Any:
     return run(request, "rift_vm_read_file", caller, handle=handle, vm_id=vm_id, path=path,
                encoding=encoding)
