@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export RIFT_DATA_DIR ?= $(CURDIR)/var
 
-.PHONY: setup run test soak check bench clean
+.PHONY: setup run test ci soak check bench clean
 
 setup:
 	@scripts/setup.sh
@@ -20,6 +20,9 @@ run: setup
 test: setup
 	@scripts/libvirt.sh
 	@scripts/test.sh
+
+## ci: what CI runs on a fresh clone (.ci/run): make check, then make test
+ci: check test
 
 ## soak: the reliability campaign's long form (not in CI): 10,000 fuzz cases per door,
 ## 50+ kill -9 trials, a minute of 32 agents; prints the table and keeps it as JSON
