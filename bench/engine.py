@@ -47,7 +47,7 @@ def bench_attach() -> list[tuple[str, ...]]:
         deps = _deps(Path(tmp))
         raw = _RawAttach(Path(tmp) / "rift.db")
         try:
-            task_id = tasks.new_task(deps, CALLER).task["id"]
+            task_id = tasks.new_task(deps, CALLER).task.id
             for _ in range(BLOCKS):
                 engine_samples += per_op(
                     lambda: leases.attach(deps, CALLER, task_id, takeover=True),

@@ -54,6 +54,7 @@ def serve(port: int, data_dir: Path) -> None:
     from rift.api.app import create_app
     from rift.bootstrap import build_deps, close_deps, ensure_admin
     from rift.config import Settings
+    from rift.contract.tools import TaskGetIn
     from rift.services import tools
     from rift.services.context import Caller
 
@@ -68,7 +69,7 @@ def serve(port: int, data_dir: Path) -> None:
 
     @app.post("/floor")
     def floor(handle: str = Body(embed=True)) -> dict[str, Any]:
-        return tools.task_get(deps, floor_caller, handle=handle)
+        return tools.task_get(deps, floor_caller, TaskGetIn(handle=handle)).model_dump(mode="json")
 
     print(first.token, flush=True)
     try:
