@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from tests.cache import CACHE as TEST_CACHE
+from tests.support.cache import CACHE as TEST_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"

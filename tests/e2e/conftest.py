@@ -29,7 +29,7 @@ from hypervisor import write_test_host_xml
 from hypervisor.base import DomainRecord, DomainSpec
 from hypervisor.domain_xml import build_domain_xml
 from hypervisor.image_files import image_files
-from tests.cache import CACHE as TEST_CACHE
+from tests.support.cache import CACHE as TEST_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_URI = "qemu:///system"

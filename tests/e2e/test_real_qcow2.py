@@ -7,7 +7,7 @@ readiness signal. The guest says bookworm; destroy leaves no domain, no overlay
 and no seed; the image cannot be removed while the VM lives.
 
 The image is built once and kept in the tests' cache, `test-images/debian/`
-(tests/cache.py says where), and rebuilt when the script changes. Where it
+(tests/support/cache.py says where), and rebuilt when the script changes. Where it
 cannot be built (no loop devices, no mount, no Debian mirror), the test is
 skipped and says why.
 """

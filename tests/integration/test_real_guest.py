@@ -31,7 +31,7 @@ from hypervisor.libvirt import LibvirtHypervisor
 from hypervisor.tiny import build_tiny
 from rift.domain.model import Vm
 from rift.guest import GuestError, GuestFileError, SshGuestShell, key_for_task
-from tests.cache import CACHE as TEST_CACHE
+from tests.support.cache import CACHE as TEST_CACHE
 
 URI = "qemu:///system"
 ROOT = Path(__file__).resolve().parents[2]

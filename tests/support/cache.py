@@ -8,5 +8,5 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("RIFT_TEST_CACHE") or ROOT / "var" / "cache")
