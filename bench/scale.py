@@ -105,7 +105,7 @@ def _free_port() -> int:
 def replicas(n: int, database_url: str | None) -> Iterator[tuple[list[str], str]]:
     """`n` `rift serve` processes on one database (SQLite in the first data dir when
     `database_url` is None); answers their URLs and the admin's token."""
-    from tests.e2e.conftest import stop_server  # the suite's own: terminate, then kill
+    from tests.support.servers import stop_server  # the suite's own: terminate, then kill
 
     procs: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="rift-bench-") as tmp:

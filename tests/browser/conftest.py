@@ -22,10 +22,8 @@ from rift.services import accounts
 from rift.services.context import Deps
 from rift.store.sql import SqlStore
 from tests.conftest import FakePool
-from tests.e2e.conftest import Server, free_port, server, stop_server
-
-__all__ = ["server"]  # the e2e suite's module-scoped `rift serve`, shared
 from tests.e2e.test_mcp import call, mcp_session, run
+from tests.support.servers import Server, free_port, start_server, stop_server
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -66,6 +64,16 @@ class Agent:
                 await steps(session)
 
         in_thread(lambda: run(scenario))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The e2e suite's module-scoped `rift serve` (as tests/e2e/conftest.py's)."""
+    proc, srv = start_server(tmp_path_factory.mktemp("rift"))
+    try:
+        yield srv
+    finally:
+        stop_server(proc)
 
 
 @pytest.fixture(scope="module")  # Playwright holds an event loop in this thread while open

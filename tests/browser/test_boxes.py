@@ -19,7 +19,7 @@ from rift.domain.ids import new_task_id
 from rift.domain.model import NewEvent, Task
 from rift.store.sql import SqlStore
 from tests.browser.conftest import Agent, add_user, log_in, start_replica
-from tests.e2e.conftest import Server, start_server, stop_server
+from tests.support.servers import Server, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "boxes.png"
@@ -249,7 +249,7 @@ def test_on_postgresql_a_change_through_one_replica_shows_live_on_the_other(
     """Two `rift serve` replicas on one PostgreSQL database: the page on B follows
     a task made through A and its takeover, with no reload."""
     from tests.conftest_store import skip_without_postgres, wipe
-    from tests.e2e.conftest import start_server
+    from tests.support.servers import start_server
 
     url = skip_without_postgres()
     wipe(url)

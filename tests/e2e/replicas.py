@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest_store import skip_without_postgres, wipe
-from tests.e2e.conftest import Server, _launch, _wait_healthy, stop_server
+from tests.support.servers import Server, launch, stop_server, wait_healthy
 
 SHARED_URI = "test+unix:///default"  # the test driver inside libvirtd: one host for all
 
@@ -74,14 +74,14 @@ def replicas(pg_url: str, tmp_path: Path) -> Iterator[Callable[..., list[Server]
             tmp = tmp_path / f"r{i}"
             tmp.mkdir()
             env = replica_env(pg_url, tmp, **extra)
-            proc, url = _launch(env, tmp / "server.log", admin_lines=i == 0)
+            proc, url = launch(env, tmp / "server.log", admin_lines=i == 0)
             procs.append(proc)
             if i == 0:
                 password, token = admin_of(proc)
             started.append((proc, Server(url, token, password, tmp / "data", env,
                                          tmp / "server.log")))
         for proc, server in started:
-            _wait_healthy(proc, server.url, server.log)
+            wait_healthy(proc, server.url, server.log)
         return [server for _proc, server in started]
 
     try:

@@ -19,7 +19,7 @@ from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.e2e.conftest import Server
+from tests.support.servers import Server
 
 MODERN = "2026-07-28"
 ERAS = (MODERN, "2025-11-25", "2025-06-18", "2025-03-26")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import Server
 from tests.support.js_clients import call_tool
+from tests.support.servers import Server
 
 ERAS = ("legacy", "modern")
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.test_mcp import call, mcp_session, refused, run
+from tests.support.servers import Server, start_server, stop_server
 
 VMS_PER_TASK = 2
 TASKS_PER_HOUR = 3

@@ -8,8 +8,8 @@ import anyio
 import mcp_types as types
 from mcp.client.session import ClientSession
 
-from tests.e2e.conftest import Server
 from tests.e2e.test_mcp import ERAS, call, mcp_session, run
+from tests.support.servers import Server
 
 CLIENTS = 20
 ROUNDS = 3

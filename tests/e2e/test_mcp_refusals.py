@@ -11,7 +11,6 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from tests.e2e.conftest import Server
 from tests.e2e.test_mcp import (
     MODERN,
     REFUSAL_CODES,
@@ -22,6 +21,7 @@ from tests.e2e.test_mcp import (
     refused,
     run,
 )
+from tests.support.servers import Server
 
 
 def test_every_refusal_reachable_on_the_test_driver(server: Server) -> None:

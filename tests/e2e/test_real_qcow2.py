@@ -29,20 +29,22 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.e2e.conftest import (
+from tests.e2e.test_mcp import call, run
+from tests.support.servers import (
     ROOT,
     TEST_IMAGES,
     Server,
+    real_vms_missing,
+    start_real_server,
+    stop_server,
+)
+from tests.support.witnesses import (
     assert_rows_tell_the_truth,
     events,
     our_domains,
-    real_vms_missing,
     remove_domain,
-    start_real_server,
-    stop_server,
     virsh_names,
 )
-from tests.e2e.test_mcp import call, run
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),

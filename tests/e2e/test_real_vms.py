@@ -27,24 +27,26 @@ import anyio
 import pytest
 
 from hypervisor.image_files import image_files
-from tests.e2e.conftest import (
+from tests.e2e.test_mcp import call, mcp_session, refused, run
+from tests.support.servers import (
     Server,
+    real_vms_missing,
+    seed_images,
+    start_real_server,
+    stop_server,
+    wait_until,
+)
+from tests.support.witnesses import (
     assert_rows_tell_the_truth,
     define_and_start,
     foreign_domain,
     install_id,
     new_vm_id,
     our_domains,
-    real_vms_missing,
     remove_domain,
     rows,
-    seed_images,
-    start_real_server,
-    stop_server,
     virsh_names,
-    wait_until,
 )
-from tests.e2e.test_mcp import call, mcp_session, refused, run
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from rift.api.rebinding import allowed_hosts
-from tests.e2e.conftest import Server, start_server, stop_server
 from tests.support.js_clients import bearer_proxy, conformance
+from tests.support.servers import Server, start_server, stop_server
 
 EVIL = "evil.example.com"
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

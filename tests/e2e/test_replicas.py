@@ -28,7 +28,6 @@ from mcp.shared.exceptions import MCPError
 from sqlalchemy import create_engine, pool, text
 
 from tests.conftest_store import wipe
-from tests.e2e.conftest import Server, _launch, _wait_healthy, log_lines, stop_server
 from tests.e2e.replicas import (
     admin_of,
     replica_env,
@@ -37,6 +36,7 @@ from tests.e2e.replicas import (
 )
 from tests.e2e.test_mcp import ERAS, call, mcp_session, refused, run
 from tests.e2e.test_mcp_race import CLIENTS, race
+from tests.support.servers import Server, launch, log_lines, stop_server, wait_healthy
 
 MIGRATION_LOCK_ID = 0x72696674  # rift/store/alembic/env.py
 SETTLE_S = 20
@@ -205,7 +205,7 @@ def test_two_replicas_started_at_once_on_an_old_schema_one_migrates_the_other_wa
                 tmp = tmp_path / f"r{i}"
                 tmp.mkdir()
                 env = replica_env(pg_url, tmp)
-                proc, url = _launch(env, tmp / "server.log", admin_lines=True)
+                proc, url = launch(env, tmp / "server.log", admin_lines=True)
                 started.append((proc, Server(url, "", "", tmp / "data", env,
                                              tmp / "server.log")))
 
@@ -221,7 +221,7 @@ def test_two_replicas_started_at_once_on_an_old_schema_one_migrates_the_other_wa
             holder.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID})
             holder.commit()
         for proc, server in started:
-            _wait_healthy(proc, server.url, server.log)
+            wait_healthy(proc, server.url, server.log)
         assert current_revision(pg_url) == head_revision()
         with engine.connect() as conn:
             assert conn.scalar(text("SELECT count(*) FROM users")) == 1  # one admin

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.conftest import Server
+from tests.support.servers import Server
 
 
 @pytest.fixture(scope="module")

@@ -59,9 +59,9 @@ from rift.api.guard import MAX_BODY
 from rift.api.mcp_tools import TOOLS
 from rift.config import Settings
 from rift.contract.base import inline
-from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.test_mcp import REFUSAL_CODES, mcp_session
 from tests.reliability import campaign
+from tests.support.servers import Server, start_server, stop_server
 
 SECTION = "Bad input"
 HEAD_TIMEOUT_S = 2.0  # the test server's RIFT_HEADER_TIMEOUT_S

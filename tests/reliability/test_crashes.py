@@ -46,33 +46,35 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.conftest import (
-    LIVE,
+from tests.e2e.replicas import SHARED_URI, shared_host_missing
+from tests.e2e.test_mcp import call, mcp_session, run
+from tests.reliability import campaign
+from tests.support.servers import (
     REAL_URI,
     Server,
+    kill_server,
+    launch,
+    real_vms_missing,
+    restart_server,
+    start_real_server,
+    start_server,
+    stop_server,
+    wait_until,
+)
+from tests.support.witnesses import (
+    LIVE,
     Untruths,
-    _launch,
     define_and_start,
     events,
     foreign_domain,
     install_id,
-    kill_server,
     new_vm_id,
     our_domains,
-    real_vms_missing,
     remove_domain,
-    restart_server,
     rows,
-    start_real_server,
-    start_server,
-    stop_server,
     untruths,
     vm_rows,
-    wait_until,
 )
-from tests.e2e.replicas import SHARED_URI, shared_host_missing
-from tests.e2e.test_mcp import call, mcp_session, run
-from tests.reliability import campaign
 
 SECTION = "Crashes"
 KINDS = ("vm_new", "vm_destroy", "task_close", "sweep")
@@ -439,7 +441,7 @@ def kill_in_start_up(srv: Server, pending: set[str], rng: random.Random) -> bool
     """Start the server again and kill it once its start-up pass (the sweep it runs
     before taking calls) has put away one of the VMs of the closes the first kill
     cut, so the pass itself is cut half-way. Answers whether that moment came."""
-    proc, _url = _launch(srv.env, srv.log, admin_lines=False)
+    proc, _url = launch(srv.env, srv.log, admin_lines=False)
     marks = ",".join("?" * len(pending))
 
     def progressed() -> bool:

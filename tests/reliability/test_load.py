@@ -29,7 +29,10 @@ import pytest
 from mcp.client.session import ClientSession
 
 from rift.store.sql import POOL_SIZE
-from tests.e2e.conftest import (
+from tests.e2e.replicas import SHARED_URI, shared_host_missing
+from tests.e2e.test_mcp import mcp_session, run
+from tests.reliability import campaign
+from tests.support.servers import (
     Server,
     log_lines,
     real_vms_missing,
@@ -37,9 +40,6 @@ from tests.e2e.conftest import (
     start_server,
     stop_server,
 )
-from tests.e2e.replicas import SHARED_URI, shared_host_missing
-from tests.e2e.test_mcp import mcp_session, run
-from tests.reliability import campaign
 
 AGENTS = 32
 REAL_AGENTS = 4

@@ -27,10 +27,10 @@ import anyio
 import pytest
 from mcp.client.session import ClientSession
 
-from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.replicas import SHARED_URI, shared_domains, shared_host_missing
 from tests.e2e.test_mcp import ERAS, call, mcp_session, run
 from tests.reliability import campaign
+from tests.support.servers import Server, start_server, stop_server
 
 CLIENTS = 20
 ATTACH_ROUNDS = campaign.scale(100, 100)

@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Server, start_server, stop_server
 from tests.reliability import campaign
+from tests.support.servers import Server, start_server, stop_server
 
 STARTED = time.time()  # this module is imported at collection, before any test runs
 TEMP_DIRS = (Path("/tmp"), Path("/var/tmp"))

@@ -27,9 +27,9 @@ from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
 from rift.services.ports import Store
 from tests.conftest import FakePool
-from tests.e2e.conftest import Server, start_server, stop_server
 from tests.e2e.test_mcp import call, mcp_session, refused, run
 from tests.reliability import campaign
+from tests.support.servers import Server, start_server, stop_server
 
 ALICE = Caller("alice", "mcp:first")
 ALICE_2 = Caller("alice", "mcp:second")

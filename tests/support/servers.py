@@ -1,0 +1,212 @@
+"""A real `rift serve` (uvicorn on a loopback port): on libvirt's test driver by
+default, or on `qemu:///system` with real guests (`start_real_server`); its
+JSON log, and waiting for what it does."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from hypervisor import write_test_host_xml
+from tests.support.cache import CACHE as TEST_CACHE
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL_URI = "qemu:///system"
+# Where tests keep the `tiny` image between runs (shared with
+# tests/integration/test_real_guest.py; the build is skipped when up to date).
+TEST_IMAGES = TEST_CACHE / "test-images"
+START_S = 30
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    token: str  # the admin's API token
+    password: str
+    data_dir: Path
+    env: dict[str, str]
+    log: Path  # the server's stderr: its JSON logs
+
+    def rift(self, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the `rift` command against this server's store."""
+        return subprocess.run([sys.executable, "-m", "rift.cli", *argv], env=self.env,
+                              capture_output=True, text=True, input=stdin, timeout=60,
+                              check=False)
+
+    def new_token(self, user: str, label: str) -> str:
+        if user != "admin":
+            self.rift("user", "add", user)
+        made = self.rift("token", "new", user, "--label", label)
+        assert made.returncode == 0, made.stderr
+        return made.stdout.strip()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(tmp: Path, **env_extra: str) -> tuple[subprocess.Popen[str], Server]:
+    """`rift serve` on a fresh data dir `tmp/data`, on a private libvirt test-driver
+    host unless `env_extra` names `RIFT_HYPERVISOR_URI`; `env_extra` overrides any
+    variable."""
+    env = dict(os.environ, RIFT_DATA_DIR=str(tmp / "data"))
+    if "RIFT_HYPERVISOR_URI" not in env_extra:
+        env["RIFT_HYPERVISOR_URI"] = write_test_host_xml(str(tmp / "node.xml"), 64, 262144)
+    env.update(env_extra)
+    log = tmp / "server.log"
+    proc, url = launch(env, log, admin_lines=True)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(3)]
+    password = re.search(r"password: (\S+)", lines[1])
+    token = re.search(r"token:\s+(rift_\S+)", lines[2])
+    if not (password and token):
+        stop_server(proc)
+        pytest.fail(f"rift serve printed no admin: {lines}")
+    wait_healthy(proc, url, log)
+    return proc, Server(url, token.group(1), password.group(1), tmp / "data", env, log)
+
+
+def restart_server(server: Server, **env_extra: str) -> tuple[subprocess.Popen[str], Server]:
+    """`rift serve` again on `server`'s data dir (a new port; the admin and its token
+    stay), with `env_extra` over its environment. Answers once /healthz does, that
+    is after the start-up reconciliation."""
+    env = dict(server.env, **env_extra)
+    proc, url = launch(env, server.log, admin_lines=False)
+    wait_healthy(proc, url, server.log)
+    return proc, dataclasses.replace(server, url=url, env=env)
+
+
+def launch(env: dict[str, str], log: Path,
+            admin_lines: bool) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    with log.open("a") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rift.cli", "serve", "--port", str(port)],
+            stdout=subprocess.PIPE if admin_lines else subprocess.DEVNULL, stderr=sink,
+            env=env, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(proc: subprocess.Popen[str], url: str, log: Path) -> None:
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"rift serve exited with {proc.returncode}: "
+                        f"{log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    stop_server(proc)
+    pytest.fail(f"rift serve did not answer /healthz within {START_S} s")
+
+
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=20)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def kill_server(proc: subprocess.Popen[str]) -> None:
+    """`kill -9`: no shutdown, no cleanup; guests (libvirtd's children) live on."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=20)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+# -- real guests --------------------------------------------------------------------------
+
+@functools.cache
+def real_vms_missing() -> str | None:
+    """Why real guests cannot run here (None when they can): QEMU and a libvirtd
+    answering on qemu:///system are needed (scripts/libvirt.sh provides both)."""
+    if shutil.which("qemu-system-x86_64") is None:
+        return "qemu-system-x86_64 is not installed (scripts/libvirt.sh installs it)"
+    if shutil.which("virsh") is None:
+        return "virsh is not installed (scripts/libvirt.sh installs libvirt-clients)"
+    try:
+        answer = subprocess.run(["virsh", "-c", REAL_URI, "version"], capture_output=True,
+                                text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return f"libvirtd did not answer on {REAL_URI} within 30 s"
+    if answer.returncode != 0:
+        return (f"no libvirtd answers on {REAL_URI} ({answer.stderr.strip()}); "
+                "scripts/libvirt.sh starts one")
+    return None
+
+
+@functools.cache
+def cached_tiny() -> Path:
+    """The `tiny` image folder, built once into the test cache (skipped when its
+    inputs have not changed)."""
+    from hypervisor.tiny import build_tiny
+
+    return build_tiny(TEST_IMAGES)
+
+
+def seed_images(data_dir: Path) -> Path:
+    """Give a data dir the cached `tiny` (a link: nothing is rebuilt or copied; the
+    KVM probe's verdict is then cached beside the test image, once for all
+    servers). Answers the data dir's images folder."""
+    images = data_dir / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    link = images / "tiny"
+    if not link.exists():
+        link.symlink_to(cached_tiny(), target_is_directory=True)
+    return images
+
+
+def start_real_server(tmp: Path, **env_extra: str) -> tuple[subprocess.Popen[str], Server]:
+    """`rift serve` on qemu:///system, its data dir seeded with the cached `tiny`."""
+    seed_images(tmp / "data")
+    return start_server(tmp, **{"RIFT_HYPERVISOR_URI": REAL_URI, **env_extra})
+
+
+def log_lines(log: Path) -> list[dict[str, Any]]:
+    """A server's JSON log lines (anything else on its stderr is skipped)."""
+    lines = []
+    for text in log.read_text().splitlines():
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            continue
+    return lines
+
+
+def wait_until(check: Callable[[], T | None], within_s: float, what: str,
+               every_s: float = 0.1) -> T:
+    deadline = time.monotonic() + within_s
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {within_s:.0f} s: {what}")
+        time.sleep(every_s)
