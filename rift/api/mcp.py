@@ -1,21 +1,23 @@
 """The MCP door: `POST /mcp` on the official SDK's streamable-HTTP transport.
 
 One lowlevel `Server` serves the thirteen tools of `mcp_tools`, each checked
-against its contract's input model and answered as a `CallToolResult`. The SDK's
-session managers run stateless (`mcp_door`), so any replica answers any request
-in either era: protocol `2026-07-28` (one self-contained POST) and the
-`initialize` handshake of `2025-11-25`, `2025-06-18` and `2025-03-26`;
-`mcp_names` finds the client's name in each. Rift tokens are checked by the SDK's
-own bearer middleware through a `TokenVerifier`; a missing or revoked token is
-the SDK's 401 and touches nothing.
+against its contract's input model and answered as a `CallToolResult`. The SDK
+owns the protocol: one stateless session manager serves every era (protocol
+`2026-07-28`, one self-contained POST answered as JSON, or as server-sent events
+with keep-alive pings when the call runs long; and the `initialize` handshake of
+`2025-11-25`, `2025-06-18` and `2025-03-26`, answered as an event stream), so any
+replica answers any request. What Rift adds (refusals, who is calling, clear
+answers to malformed requests) is in `mcp_additions`, each on an SDK extension
+point. Rift tokens are checked by the SDK's own bearer middleware through a
+`TokenVerifier`; a missing or revoked token is the SDK's 401 and touches nothing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib.metadata import version as package_version
 from typing import Any
 
@@ -30,19 +32,21 @@ from mcp.server.auth.middleware.bearer_auth import (
 )
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
+from mcp.server.extension import compose_tool_call_handler
 from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.routing import Route
 
-from rift.api.mcp_door import McpDoor
-from rift.api.mcp_names import client_name
+from rift.api.guard import MAX_BODY
+from rift.api.mcp_additions import ClientGone, Door, Refusals, client_name, result
 from rift.api.mcp_tools import TOOLS, Tool
 from rift.api.state import AppState
 from rift.contract.base import parse
-from rift.domain.errors import RiftError, Unauthorized
+from rift.domain.errors import Unauthorized
 from rift.services import accounts
 from rift.services.context import Caller
 
@@ -83,30 +87,12 @@ def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
     return Caller(token.subject, f"mcp:{client_name(ctx) or 'unknown'}")
 
 
-# -- results --------------------------------------------------------------------------
-
-def _result(text: str, structured: dict[str, Any], is_error: bool) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
-                                structured_content=structured, is_error=is_error)
-
-
-def refusal(error: dict[str, Any]) -> types.CallToolResult:
-    text = f"{error['code']}: {error['message']}\nhint: {error['hint']}"
-    return _result(text, {"error": error}, True)
-
-
-INTERNAL = {"code": "internal", "message": "Rift failed unexpectedly; the error is logged",
-            "hint": "call again; if it keeps failing, tell the operator (rift doctor)"}
-
-
 def success(tool: Tool, out: dict[str, Any], protocol_version: str) -> types.CallToolResult:
     text = tool.render(out)
     if protocol_version in _NO_STRUCTURED_CONTENT:
         text += "\n" + json.dumps(out, ensure_ascii=False, separators=(",", ":"))
-    return _result(text, out, False)
+    return result(text, out, False)
 
-
-# -- the server -----------------------------------------------------------------------
 
 def build_server(state: AppState) -> Server[Any]:
     listing = types.ListToolsResult(tools=[t.definition for t in TOOLS.values()])
@@ -120,64 +106,54 @@ def build_server(state: AppState) -> Server[Any]:
         tool = TOOLS.get(params.name)
         if tool is None:  # a protocol fault, as the MCP spec has it
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name[:100]}")
-        caller: Caller | None = None
-        try:
-            caller = caller_of(ctx)
-            args = parse(tool.contract.input, params.arguments, tool.name)
-            answer = await anyio.to_thread.run_sync(tool.call, state.deps, caller, args)
-        except RiftError as exc:
-            state.metrics.record("mcp", tool.name, exc.code)
-            log.info("refused", extra={"door": "mcp", "tool": tool.name, "code": exc.code,
-                                       "user": caller.user if caller else None,
-                                       "holder": caller.label if caller else None})
-            return refusal(exc.to_dict())
-        except Exception:
-            state.metrics.record("mcp", tool.name, "internal")
-            log.exception("tool call failed", extra={"door": "mcp", "tool": tool.name})
-            return refusal(dict(INTERNAL))
-        state.metrics.record("mcp", tool.name, "ok")
+        caller = caller_of(ctx)
+        args = parse(tool.contract.input, params.arguments, tool.name)
+        answer = await anyio.to_thread.run_sync(tool.call, state.deps, caller, args)
         return success(tool, answer.model_dump(mode="json"), ctx.protocol_version)
 
     def input_schema_of(name: str) -> dict[str, Any] | None:
         tool = TOOLS.get(name)
         return tool.contract.input_schema if tool else None
 
-    server: Server[Any] = Server("rift", version=package_version("rift"),
-                                 instructions=INSTRUCTIONS, on_list_tools=list_tools,
-                                 get_tool_input_schema=input_schema_of)
-    server.add_request_handler("tools/call", types.CallToolRequestParams, call_tool)
+    server: Server[Any] = Server(
+        "rift", version=package_version("rift"), instructions=INSTRUCTIONS,
+        on_list_tools=list_tools, get_tool_input_schema=input_schema_of)
+    # Rift's refusals wrap the tool call as the SDK's MCPServer applies an extension's
+    # interceptor: the composed handler registered for `tools/call`.
+    server.add_request_handler("tools/call", types.CallToolRequestParams,
+                               compose_tool_call_handler([Refusals(state.metrics)], call_tool))
     # The SDK's default middleware is an OpenTelemetry span per message: Rift exports no
     # traces, and the span costs a tenth of a call's server time.
     server.middleware = []
     return server
 
 
-class ClientGone(logging.Filter):
-    """The SDK logs a client that went away before its body's end (or whose body
-    Rift's guard refused: too large, too slow) as an error with a traceback; it is
-    the client's doing, so it becomes one info line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], ClientDisconnect):
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg, record.args = "the client went away before its request's end", ()
-            record.exc_info = record.exc_text = None
-        return True
-
-
 def mount_mcp(app: FastAPI, state: AppState, security: TransportSecuritySettings,
               ) -> Callable[[], AbstractAsyncContextManager[None]]:
     """Mount the door at exactly `/mcp` (no redirect) and answer the factory of the
-    context manager that the app's lifespan enters: it runs the SDK's managers."""
+    context manager that the app's lifespan enters: it runs the SDK's manager (a
+    manager runs once: each lifespan makes a new one)."""
     sdk_log = logging.getLogger("mcp.server.streamable_http")
     if not any(isinstance(f, ClientGone) for f in sdk_log.filters):
         sdk_log.addFilter(ClientGone())
     server = build_server(state)
-    door = McpDoor(server, frozenset(t.name for t in TOOLS.values() if not t.contract.slow),
-                   security)
+    door = Door()
     guarded = AuthenticationMiddleware(
         AuthContextMiddleware(RequireAuthMiddleware(door, required_scopes=[])),
         backend=BearerAuthBackend(RiftTokenVerifier(state)))
     app.router.routes.insert(0, Route("/mcp", endpoint=guarded, name="mcp",
                                       include_in_schema=False))
-    return door.running
+
+    @asynccontextmanager
+    async def running() -> AsyncIterator[None]:
+        manager = StreamableHTTPSessionManager(
+            app=server, stateless=True, max_request_body_size=MAX_BODY,
+            security_settings=security)
+        async with manager.run():
+            door.manager = manager
+            try:
+                yield
+            finally:
+                door.manager = None
+
+    return running

@@ -19,14 +19,14 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 
 from rift.api.mcp import build_server
-from rift.api.mcp_names import name_in_session_id, name_in_user_agent, session_id_for
+from rift.api.mcp_additions import name_in_session_id, name_in_user_agent, session_id_for
 from rift.api.mcp_tools import TOOLS
 from rift.api.state import AppState
 from rift.config import Settings
 from rift.contract.base import parse
 from rift.domain.errors import InvalidArgument
 from rift.services.context import Deps
-from tests.e2e.test_mcp import run
+from tests.support.mcp_clients import run
 
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 5), st.integers(60, 70), st.integers(),
