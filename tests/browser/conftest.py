@@ -22,7 +22,7 @@ from rift.services import accounts
 from rift.services.context import Deps
 from rift.store.sql import SqlStore
 from tests.conftest import FakePool
-from tests.e2e.test_mcp import call, mcp_session, run
+from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.servers import Server, free_port, start_server, stop_server
 
 playwright_api = pytest.importorskip("playwright.sync_api")

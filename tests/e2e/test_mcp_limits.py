@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.test_mcp import call, mcp_session, refused, run
+from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.servers import Server, start_server, stop_server
 
 VMS_PER_TASK = 2

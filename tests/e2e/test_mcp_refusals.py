@@ -11,7 +11,7 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from tests.e2e.test_mcp import (
+from tests.support.mcp_clients import (
     MODERN,
     REFUSAL_CODES,
     WAIT_S,

@@ -29,7 +29,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.e2e.test_mcp import call, run
+from tests.support.mcp_clients import call, run
 from tests.support.servers import (
     ROOT,
     TEST_IMAGES,

@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 from hypervisor.image_files import image_files
-from tests.e2e.test_mcp import call, mcp_session, refused, run
+from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.servers import (
     Server,
     real_vms_missing,

@@ -34,8 +34,8 @@ from tests.e2e.replicas import (
     shared_domains,
     shared_host_missing,
 )
-from tests.e2e.test_mcp import ERAS, call, mcp_session, refused, run
-from tests.e2e.test_mcp_race import CLIENTS, race
+from tests.support.mcp_clients import ERAS, call, mcp_session, refused, run
+from tests.support.races import CLIENTS, race
 from tests.support.servers import Server, launch, log_lines, stop_server, wait_healthy
 
 MIGRATION_LOCK_ID = 0x72696674  # rift/store/alembic/env.py

@@ -47,8 +47,8 @@ import httpx
 import pytest
 
 from tests.e2e.replicas import SHARED_URI, shared_host_missing
-from tests.e2e.test_mcp import call, mcp_session, run
 from tests.reliability import campaign
+from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.servers import (
     REAL_URI,
     Server,

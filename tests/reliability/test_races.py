@@ -28,8 +28,8 @@ import pytest
 from mcp.client.session import ClientSession
 
 from tests.e2e.replicas import SHARED_URI, shared_domains, shared_host_missing
-from tests.e2e.test_mcp import ERAS, call, mcp_session, run
 from tests.reliability import campaign
+from tests.support.mcp_clients import ERAS, call, mcp_session, run
 from tests.support.servers import Server, start_server, stop_server
 
 CLIENTS = 20

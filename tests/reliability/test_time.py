@@ -27,8 +27,8 @@ from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
 from rift.services.ports import Store
 from tests.conftest import FakePool
-from tests.e2e.test_mcp import call, mcp_session, refused, run
 from tests.reliability import campaign
+from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.servers import Server, start_server, stop_server
 
 ALICE = Caller("alice", "mcp:first")
