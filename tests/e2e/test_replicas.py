@@ -3,7 +3,8 @@
 spread over two replicas, sweeps on every replica closing each idle task once,
 two replicas migrating an old schema at once, and a PostgreSQL restart mid-run.
 
-The replicas and their shared host are tests/e2e/replicas.py.
+The replicas and their shared host are tests/e2e/replicas.py (fixtures) and
+tests/support/replicas.py (helpers).
 """
 
 from __future__ import annotations
@@ -28,14 +29,9 @@ from mcp.shared.exceptions import MCPError
 from sqlalchemy import create_engine, pool, text
 
 from tests.conftest_store import wipe
-from tests.e2e.replicas import (
-    admin_of,
-    replica_env,
-    shared_domains,
-    shared_host_missing,
-)
 from tests.support.mcp_clients import ERAS, call, mcp_session, refused, run
 from tests.support.races import CLIENTS, race
+from tests.support.replicas import admin_of, replica_env, shared_domains, shared_host_missing
 from tests.support.servers import Server, launch, log_lines, stop_server, wait_healthy
 
 MIGRATION_LOCK_ID = 0x72696674  # rift/store/alembic/env.py

@@ -46,9 +46,9 @@ import anyio
 import httpx
 import pytest
 
-from tests.e2e.replicas import SHARED_URI, shared_host_missing
 from tests.reliability import campaign
 from tests.support.mcp_clients import call, mcp_session, run
+from tests.support.replicas import SHARED_URI, shared_host_missing
 from tests.support.servers import (
     REAL_URI,
     Server,
