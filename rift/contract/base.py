@@ -203,16 +203,18 @@ def parse(model: type[In], arguments: Mapping[str, Any] | None, tool: str = "") 
         raise refusal_of(exc.errors(), model.model_fields, tool) from None
 
 
-def inline(schema: dict[str, Any]) -> dict[str, Any]:
-    """A JSON schema with every local `$ref` replaced by what it names, so clients
-    that resolve no references (many MCP clients) read it whole."""
-    defs = schema.get("$defs", {})
+def inline(schema: dict[str, Any], definitions: dict[str, Any] | None = None,
+           prefix: str = "#/$defs/") -> dict[str, Any]:
+    """A JSON schema with every local `$ref` replaced by what it names (by default
+    the schema's own `$defs`), so clients that resolve no references (many MCP
+    clients) read it whole."""
+    defs = schema.get("$defs", {}) if definitions is None else definitions
 
     def walk(node: Any) -> Any:
         if isinstance(node, dict):
             ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                return walk(defs[ref.removeprefix("#/$defs/")])
+            if isinstance(ref, str) and ref.startswith(prefix):
+                return walk(defs[ref.removeprefix(prefix)])
             return {k: walk(v) for k, v in node.items() if k != "$defs"}
         if isinstance(node, list):
             return [walk(v) for v in node]

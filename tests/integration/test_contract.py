@@ -58,20 +58,7 @@ def _normal(node: Any) -> Any:
 @pytest.fixture(scope="module")
 def openapi() -> dict[str, Any]:
     api = create_app(Settings(hypervisor_uri="test:///default")).openapi()
-    defs = api["components"]["schemas"]
-
-    def resolve(node: Any) -> Any:
-        if isinstance(node, dict):
-            if "$ref" in node:
-                return resolve(defs[node["$ref"].rsplit("/", 1)[1]])
-            return {k: resolve(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [resolve(v) for v in node]
-        return node
-
-    resolved = resolve(api)
-    assert isinstance(resolved, dict)
-    return resolved
+    return inline(api, api["components"]["schemas"], "#/components/schemas/")
 
 
 @pytest.fixture(scope="module")
