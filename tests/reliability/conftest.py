@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability import campaign
+from tests.support import campaign
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -59,7 +59,7 @@ from rift.api.guard import MAX_BODY
 from rift.api.mcp_tools import TOOLS
 from rift.config import Settings
 from rift.contract.base import inline
-from tests.reliability import campaign
+from tests.support import campaign
 from tests.support.mcp_clients import REFUSAL_CODES, mcp_session
 from tests.support.servers import Server, start_server, stop_server
 

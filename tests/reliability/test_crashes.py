@@ -46,7 +46,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.reliability import campaign
+from tests.support import campaign
 from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.replicas import SHARED_URI, shared_host_missing
 from tests.support.servers import (

@@ -29,7 +29,7 @@ import pytest
 from mcp.client.session import ClientSession
 
 from rift.store.sql import POOL_SIZE
-from tests.reliability import campaign
+from tests.support import campaign
 from tests.support.mcp_clients import mcp_session, run
 from tests.support.replicas import SHARED_URI, shared_host_missing
 from tests.support.servers import (

@@ -27,7 +27,7 @@ import anyio
 import pytest
 from mcp.client.session import ClientSession
 
-from tests.reliability import campaign
+from tests.support import campaign
 from tests.support.mcp_clients import ERAS, call, mcp_session, run
 from tests.support.replicas import SHARED_URI, shared_domains, shared_host_missing
 from tests.support.servers import Server, start_server, stop_server

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.reliability import campaign
+from tests.support import campaign
 from tests.support.servers import Server, start_server, stop_server
 
 STARTED = time.time()  # this module is imported at collection, before any test runs

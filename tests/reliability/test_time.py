@@ -27,7 +27,7 @@ from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
 from rift.services.ports import Store
 from tests.conftest import FakePool
-from tests.reliability import campaign
+from tests.support import campaign
 from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.servers import Server, start_server, stop_server
 

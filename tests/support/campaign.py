@@ -1,7 +1,8 @@
 """The reliability campaign's shared state: its size (short in `make test`, long
 in `make soak`), the figures each test records for the summary table, and every
 secret the campaign made (handle secrets, tokens, passwords, private keys) with
-every place a server wrote to, for the final search (test_secrets.py).
+every place a server wrote to, for the final search
+(tests/reliability/test_secrets.py).
 
 `RIFT_SOAK=1` selects the long form. The summary table is printed at the end of
 the run and written as JSON to `RIFT_RELIABILITY_REPORT` when that is set."""
