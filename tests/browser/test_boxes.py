@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 from rift.domain.ids import new_task_id
 from rift.domain.model import NewEvent, Task
 from rift.store.sql import SqlStore
-from tests.browser.conftest import Agent, add_user, log_in, start_replica
+from tests.support.browser import Agent, add_user, log_in, start_replica
 from tests.support.servers import Server, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
