@@ -6,7 +6,7 @@ import pytest
 
 from rift.services import accounts
 from rift.services.context import Deps
-from tests.unit.helpers import refused
+from tests.support.engine import refused
 
 
 def test_a_token_names_its_user_and_labels_the_caller(deps: Deps) -> None:

@@ -11,7 +11,7 @@ from rift.services import guests, tasks, vms
 from rift.services.context import Deps
 from rift.services.ports import ExecResult
 from tests.conftest import ALICE
-from tests.unit.helpers import refused
+from tests.support.engine import refused
 
 
 @dataclass

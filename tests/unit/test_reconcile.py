@@ -11,7 +11,7 @@ from rift.domain.model import Vm
 from rift.services import reconcile, sweeps, tasks, teardown, vms
 from rift.services.context import Deps
 from tests.conftest import ALICE
-from tests.unit.helpers import event_types
+from tests.support.engine import event_types
 
 
 def test_a_domain_with_rift_metadata_and_no_live_row_is_destroyed(

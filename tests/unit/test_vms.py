@@ -9,7 +9,7 @@ from rift.domain.clock import FakeClock
 from rift.services import hosts, leases, tasks, vms
 from rift.services.context import Deps
 from tests.conftest import ALICE, ALICE_2, BOB, FakePool
-from tests.unit.helpers import event_types, refused, snapshot
+from tests.support.engine import event_types, refused, snapshot
 
 
 def _task(deps: Deps) -> tuple[str, str]:
