@@ -32,7 +32,7 @@ from mcp.server.auth.middleware.bearer_auth import (
 )
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
-from mcp.server.extension import compose_tool_call_handler
+from mcp.server.extension import Extension, RequestHandler, compose_tool_call_handler
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -118,14 +118,26 @@ def build_server(state: AppState) -> Server[Any]:
     server: Server[Any] = Server(
         "rift", version=package_version("rift"), instructions=INSTRUCTIONS,
         on_list_tools=list_tools, get_tool_input_schema=input_schema_of)
-    # Rift's refusals wrap the tool call as the SDK's MCPServer applies an extension's
-    # interceptor: the composed handler registered for `tools/call`.
-    server.add_request_handler("tools/call", types.CallToolRequestParams,
-                               compose_tool_call_handler([Refusals(state.metrics)], call_tool))
+    install_extensions(server, [Refusals(state.metrics)], call_tool)
     # The SDK's default middleware is an OpenTelemetry span per message: Rift exports no
     # traces, and the span costs a tenth of a call's server time.
     server.middleware = []
     return server
+
+
+def install_extensions(server: Server[Any], extensions: list[Extension],
+                       call_tool: RequestHandler) -> None:
+    """Apply SDK `Extension`s to the lowlevel server as the SDK's `MCPServer` does:
+    their request methods, their settings under `capabilities.extensions` (unless
+    the extension is Rift's own, `dev.rift/…`, which changes no wire shape), and
+    every `intercept_tool_call` folded around `call_tool`, the first outermost."""
+    for extension in extensions:
+        for method in extension.methods():
+            server.add_request_handler(method.method, method.params_type, method.handler)
+        if not extension.identifier.startswith("dev.rift/"):
+            server.extensions[extension.identifier] = extension.settings()
+    server.add_request_handler("tools/call", types.CallToolRequestParams,
+                               compose_tool_call_handler(extensions, call_tool))
 
 
 def mount_mcp(app: FastAPI, state: AppState, security: TransportSecuritySettings,
