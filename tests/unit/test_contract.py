@@ -1,0 +1,56 @@
+"""The tool contracts' own rules: what an input model accepts, and how a
+validation error reads as Rift's `invalid_argument`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rift.contract.base import parse, refusal_of
+from rift.contract.tools import CONTRACTS, TaskListIn, VmNewIn, VmReadFileIn
+from rift.domain.errors import InvalidArgument
+
+
+def refused(model: Any, args: dict[str, Any]) -> InvalidArgument:
+    with pytest.raises(InvalidArgument) as caught:
+        parse(model, args, "rift_tool")
+    return caught.value
+
+
+def test_json_numbers_are_read_as_json_schema_reads_them() -> None:
+    assert parse(VmNewIn, {"vcpus": 2.0}).vcpus == 2
+    assert refused(VmNewIn, {"vcpus": 2.5}).details["field"] == "vcpus"
+    assert refused(VmNewIn, {"vcpus": "2"}).details["field"] == "vcpus"
+    assert refused(VmNewIn, {"vcpus": True}).details["field"] == "vcpus"
+
+
+def test_an_optional_field_is_left_out_never_null() -> None:
+    assert parse(VmNewIn, {}).name is None
+    error = refused(VmNewIn, {"name": None})
+    assert error.details["field"] == "name" and "leave the field out" in error.message
+    assert "null" not in str(CONTRACTS["rift_vm_new"].input_schema)
+
+
+def test_refusals_name_the_field_and_say_why() -> None:
+    unknown = refused(TaskListIn, {"colour": "red"})
+    assert unknown.details["field"] == "colour" and "status, limit, after" in unknown.message
+    long_name = refused(VmNewIn, {"name": "x" * 201})
+    assert long_name.details["field"] == "name" and "at most 200" in long_name.message
+    assert "got 201" in long_name.message
+    low = refused(VmNewIn, {"memory_mib": 63})
+    assert low.details["field"] == "memory_mib" and "at least 64" in low.message
+    choice = refused(TaskListIn, {"status": "gone"})
+    assert "open" in choice.message and "all" in choice.message
+    task = refused(TaskListIn, {"after": "task_x"})
+    assert task.details["field"] == "after" and "base32" in task.message
+    # A field named `path` is the field, not REST's location of a query parameter.
+    assert refused(VmReadFileIn, {"vm_id": "vm_aaaaaaaa"}).details["field"] == "path"
+
+
+def test_rest_locations_lose_only_their_source() -> None:
+    error = refusal_of([{"type": "missing", "loc": ("query", "path"), "msg": "x"}],
+                       located=True)
+    assert error.details["field"] == "path" and error.message.endswith("is required")
+    body = refusal_of([{"type": "missing", "loc": ("body",), "msg": "x"}], located=True)
+    assert body.details["field"] == "body"
