@@ -101,7 +101,7 @@ def test_a_task_closes_at_exactly_four_quiet_hours_by_the_first_sweep(
     closed = stored(deps, task_id)
     assert closed.close_reason == "idle" and closed.closed_at == closes_at
     assert not sweeps.sweep(deps).closed  # once
-    told = tasks.task_events(deps, ALICE, task_id)["events"]
+    told = tasks.task_events(deps, ALICE, task_id).events
     assert [e.type for e in told].count("closed") == 1
     campaign.record("Time", f"idle close: open one µs before 4 h, closed at it ({store_kind})",
                     "yes", "yes")
