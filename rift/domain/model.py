@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
+
+from rift.domain.clock import iso
+from rift.domain.errors import TaskClosed, TaskReleased
 
 TaskStatus = Literal["open", "closed"]
 CloseReason = Literal["closed", "idle", "operator"]
@@ -62,6 +66,63 @@ class Task:
     @property
     def is_held(self) -> bool:
         return self.status == "open" and self.secret_digest is not None
+
+    # Lease and close transitions (SPEC §1). Each answers the task as it is after
+    # the change, its lease generation moved on by one, and the event that records
+    # it. The store saves the two in one transaction, the task with one
+    # compare-and-set on the old generation, so of two callers racing from one
+    # generation one wins.
+
+    def attached(self, by: str, secret_digest: str, now: datetime,
+                 details: Mapping[str, Any] | None = None) -> tuple[Task, NewEvent]:
+        """Held by ``by`` under a new secret; the lease was free (released or quiet)."""
+        return self._held_by("attached", by, secret_digest, now, details)
+
+    def taken_over(self, by: str, secret_digest: str, now: datetime,
+                   details: Mapping[str, Any] | None = None) -> tuple[Task, NewEvent]:
+        """Held by ``by`` under a new secret, taken from an active holder."""
+        return self._held_by("taken_over", by, secret_digest, now, details)
+
+    def released(self, by: str, now: datetime) -> tuple[Task, NewEvent]:
+        """Held by no one; the task stays open and its VMs keep running."""
+        self._refuse_if_closed()
+        if self.secret_digest is None:
+            raise TaskReleased(self.id)
+        new = self._next(secret_digest=None, holder=None, held_since=None)
+        return new, NewEvent(self.id, "released", now, by, {})
+
+    def closed(self, by: str, reason: CloseReason, now: datetime, vm_ids: list[str],
+               details: Mapping[str, Any] | None = None) -> tuple[Task, NewEvent]:
+        """Closed for ``reason``, held by no one; ``vm_ids`` are the VMs the close
+        destroys (after the commit)."""
+        self._refuse_if_closed()
+        new = self._next(status="closed", closed_at=now, close_reason=reason,
+                         secret_digest=None, holder=None, held_since=None)
+        return new, NewEvent(self.id, "closed", now, by,
+                             {"reason": reason, "vms": vm_ids, **(details or {})})
+
+    def touched(self, now: datetime) -> Task:
+        """Activity at ``now``: the idle and quiet clocks start again. Not a lease
+        change (the generation stays), and no event: the store moves the clock with
+        its own conditional write, at most once per activity step."""
+        self._refuse_if_closed()
+        return replace(self, last_activity_at=now)
+
+    def _held_by(self, kind: str, by: str, secret_digest: str, now: datetime,
+                 details: Mapping[str, Any] | None) -> tuple[Task, NewEvent]:
+        self._refuse_if_closed()
+        previous = self.holder if self.is_held else None
+        new = self._next(secret_digest=secret_digest, holder=by, held_since=now,
+                         last_activity_at=now)
+        return new, NewEvent(self.id, kind, now, by,
+                             {"previous_holder": previous, **(details or {})})
+
+    def _next(self, **changes: Any) -> Task:
+        return replace(self, lease_gen=self.lease_gen + 1, **changes)
+
+    def _refuse_if_closed(self) -> None:
+        if not self.is_open:
+            raise TaskClosed(self.id, iso(self.closed_at), self.close_reason)
 
 
 @dataclass(frozen=True)
