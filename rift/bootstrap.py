@@ -13,7 +13,7 @@ from rift.catalog import DirectoryImages
 from rift.config import Settings
 from rift.domain.clock import Clock, SystemClock
 from rift.domain.errors import InvalidArgument
-from rift.domain.leases import Clocks
+from rift.domain.leases import LeaseRules
 from rift.guest.adapter import SshGuests
 from rift.logs import setup_logging
 from rift.services import accounts, hosts
@@ -45,8 +45,8 @@ class CachedHostPool:
             self._open.clear()
 
 
-def clocks_of(settings: Settings) -> Clocks:
-    return Clocks(settings.activity_step_s, settings.lease_quiet_s, settings.task_idle_s)
+def lease_rules_of(settings: Settings) -> LeaseRules:
+    return LeaseRules(settings.activity_step_s, settings.lease_quiet_s, settings.task_idle_s)
 
 
 def limits_of(settings: Settings) -> Limits:
@@ -74,7 +74,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         clock=clock or SystemClock(),
         hosts=pool,
         images=DirectoryImages(settings.data_dir / "images"),
-        clocks=clocks_of(settings),
+        lease_rules=lease_rules_of(settings),
         limits=limits_of(settings),
         guests=SshGuests(private_dir(settings.data_dir / "keys")),
         runtime=guest_runtime(settings),

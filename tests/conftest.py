@@ -11,7 +11,7 @@ import pytest
 from hypervisor.fake import FakeHypervisor
 from rift.catalog import StaticImages
 from rift.domain.clock import FakeClock
-from rift.domain.leases import Clocks
+from rift.domain.leases import LeaseRules
 from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
 from rift.store.memory import MemoryStore
@@ -51,8 +51,8 @@ def pool() -> FakePool:
 @pytest.fixture
 def make_deps(clock: FakeClock, pool: FakePool) -> Callable[..., Deps]:
     def make(**limits: int) -> Deps:
-        deps = Deps(store=MemoryStore(), clock=clock, hosts=pool,
-                    images=StaticImages(["debian"]), clocks=Clocks(), limits=Limits(**limits))
+        deps = Deps(store=MemoryStore(), clock=clock, hosts=pool, images=StaticImages(["debian"]),
+                    lease_rules=LeaseRules(), limits=Limits(**limits))
         ensure_local_host(deps, "fake:///local")
         return deps
     return make

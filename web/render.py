@@ -12,11 +12,11 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from rift.domain.model import DESTROYABLE_VM_STATUSES
 from rift.services.boxes import BoxesPage
 from web import timefmt
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-LIVE_VM_STATUSES = ("creating", "running", "failed")
 CLOSE_REASONS = {
     "closed": "closed by an agent",
     "idle": "idle: closed itself",
@@ -35,7 +35,7 @@ def environment() -> Environment:
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                       auto_reload=False)
     env.globals.update(time_tag=timefmt.time_tag, size=size, reasons=CLOSE_REASONS,
-                       shown_statuses=LIVE_VM_STATUSES)
+                       shown_statuses=DESTROYABLE_VM_STATUSES)
     return env
 
 

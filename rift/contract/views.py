@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from rift.contract.base import Output
 from rift.domain.clock import iso
-from rift.domain.leases import Clocks
+from rift.domain.leases import LeaseRules
 from rift.domain.model import Event, Task, Vm
 
 VmStatusView = Literal["creating", "running", "failed", "destroyed"]
@@ -64,15 +64,15 @@ class TaskView(Output):
     vms: list[VmView]
 
     @classmethod
-    def of(cls, task: Task, vms: list[Vm], clocks: Clocks) -> TaskView:
+    def of(cls, task: Task, vms: list[Vm], rules: LeaseRules) -> TaskView:
         held = task.is_held
         return cls.model_construct(
             id=task.id, name=task.name, owner=task.owner, status=task.status,
             holder=task.holder if held else None,
             held_since=iso(task.held_since) if held else None,
             last_activity_at=iso(task.last_activity_at) or "",
-            lease_quiet_at=iso(clocks.lease_quiet_at(task)) if held else None,
-            closes_at=iso(clocks.closes_at(task)), created_at=iso(task.created_at) or "",
+            lease_quiet_at=iso(rules.lease_quiet_at(task)) if held else None,
+            closes_at=iso(rules.closes_at(task)), created_at=iso(task.created_at) or "",
             closed_at=iso(task.closed_at), close_reason=task.close_reason,
             vms=[VmView.of(vm) for vm in vms])
 

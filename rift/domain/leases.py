@@ -1,4 +1,6 @@
-"""The clocks of SPEC §2 as pure functions of `now`."""
+"""The rules of SPEC §2's clocks (activity step, lease quiet period, idle close)
+as pure functions of `now`. `now` itself comes from the `Clock` port
+(rift/domain/clock.py); these are the values the rules are made of."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from rift.domain.model import Task
 
 
 @dataclass(frozen=True)
-class Clocks:
+class LeaseRules:
+    """`RIFT_ACTIVITY_STEP_S`, `RIFT_LEASE_QUIET_S` and `RIFT_TASK_IDLE_S`, and what
+    they decide about a task at a given time."""
+
     activity_step_s: int = 60
     lease_quiet_s: int = 1800
     task_idle_s: int = 14400

@@ -14,6 +14,9 @@ TaskStatus = Literal["open", "closed"]
 CloseReason = Literal["closed", "idle", "operator"]
 VmStatus = Literal["creating", "running", "failed", "destroyed"]
 LIVE_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running")
+# Every status but `destroyed`: what a destroy or a close still puts away, and
+# what the Boxes page lists.
+DESTROYABLE_VM_STATUSES: tuple[VmStatus, ...] = (*LIVE_VM_STATUSES, "failed")
 
 EVENT_TYPES = (
     "opened", "attached", "taken_over", "released", "closed",

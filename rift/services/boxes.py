@@ -49,8 +49,8 @@ def read_page(deps: Deps, user: str) -> BoxesPage:
         closed = tx.list_recently_closed(user, CLOSED_MAX)
         vms = tx.list_vms_of_tasks([t.id for t in opened + closed])
     opened.sort(key=lambda t: (t.last_activity_at, t.created_at), reverse=True)
-    open_views = [TaskView.of(t, vms.get(t.id, []), deps.clocks) for t in opened]
-    closed_views = [TaskView.of(t, vms.get(t.id, []), deps.clocks) for t in closed]
+    open_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in opened]
+    closed_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in closed]
     shown = [[v.model_dump() for v in open_views], [v.model_dump() for v in closed_views]]
     blob = json.dumps([*shown, len(found) > OPEN_MAX],
                       sort_keys=True, separators=(",", ":"))

@@ -1,4 +1,5 @@
-"""What every use case is given: the ports, the clocks, the limits, the caller."""
+"""What every use case is given: the ports, the clock and the lease rules, the
+limits, the caller."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rift.domain.clock import Clock
-from rift.domain.leases import Clocks
+from rift.domain.leases import LeaseRules
 from rift.services.ports import GuestShell, HostPool, ImageCatalog, Store
 
 
@@ -59,13 +60,18 @@ class Deps:
     clock: Clock
     hosts: HostPool
     images: ImageCatalog
-    clocks: Clocks = field(default_factory=Clocks)
+    lease_rules: LeaseRules = field(default_factory=LeaseRules)
     limits: Limits = field(default_factory=Limits)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("rift"))
     guests: GuestShell | None = None
     observers: Observers = field(default_factory=Observers)
     runtime: GuestRuntime | None = None
     install_id: str | None = None  # marks this control plane's domains on shared hosts
+
+    @property
+    def clocks(self) -> LeaseRules:
+        """Transitional name of `lease_rules`, for rift/services/tools.py."""
+        return self.lease_rules
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,8 @@ def check_handle(deps: Deps, tx: Tx, caller: Caller, handle: Handle, now: dateti
         tx.add_event(NewEvent(task.id, "stale_rejected", now, caller.label,
                               {"holder": task.holder}))
         raise LeaseStale(task.id, task.holder, iso(task.held_since))
-    if deps.clocks.needs_touch(task, now):
-        step = timedelta(seconds=deps.clocks.activity_step_s)
+    if deps.lease_rules.needs_touch(task, now):
+        step = timedelta(seconds=deps.lease_rules.activity_step_s)
         if tx.touch_task(task.id, now, now - step):
             task = replace(task, last_activity_at=now)
     return task
@@ -90,7 +90,7 @@ def hold(deps: Deps, caller: Caller, handle_text: str | None) -> Task:
     now = deps.clock.now()
     with deps.store.read() as tx:
         task = owned_task(tx, caller, handle.task_id)
-    quiet_enough = not deps.clocks.needs_touch(task, now)
+    quiet_enough = not deps.lease_rules.needs_touch(task, now)
     if task.is_open and quiet_enough and matches(handle.secret, task.secret_digest):
         return task
     return in_write(deps.store, lambda tx: check_handle(deps, tx, caller, handle, now))
@@ -99,10 +99,10 @@ def hold(deps: Deps, caller: Caller, handle_text: str | None) -> Task:
 def refuse_if_held(deps: Deps, task: Task, now: datetime, takeover: bool) -> bool:
     """Attach's rule, shared by close-by-id and destroy-by-id: free when released
     or quiet, else `takeover` is needed. Answers whether the lease was active."""
-    active = deps.clocks.lease_is_active(task, now)
+    active = deps.lease_rules.lease_is_active(task, now)
     if active and not takeover:
-        quiet_at = iso(deps.clocks.lease_quiet_at(task)) or ""
-        raise TaskHeld(task.id, task.holder, deps.clocks.active_ago_s(task, now), quiet_at)
+        quiet_at = iso(deps.lease_rules.lease_quiet_at(task)) or ""
+        raise TaskHeld(task.id, task.holder, deps.lease_rules.active_ago_s(task, now), quiet_at)
     return active
 
 
@@ -148,8 +148,8 @@ def attach(deps: Deps, caller: Caller, task_id: str, takeover: bool = False) -> 
     with deps.store.read() as tx:
         task = owned_task(tx, caller, task_id)
     now = deps.clock.now()
-    raise TaskHeld(task_id, task.holder, deps.clocks.active_ago_s(task, now),
-                   iso(deps.clocks.lease_quiet_at(task)) or "")
+    raise TaskHeld(task_id, task.holder, deps.lease_rules.active_ago_s(task, now),
+                   iso(deps.lease_rules.lease_quiet_at(task)) or "")
 
 
 def release(deps: Deps, caller: Caller, handle_text: str | None) -> Task:

@@ -33,7 +33,7 @@ def close_idle(deps: Deps, report: SweepReport) -> None:
     """Close every open task quiet for `RIFT_TASK_IDLE_S` (reason `idle`)."""
     while True:
         now = deps.clock.now()
-        cutoff = deps.clocks.idle_cutoff(now)
+        cutoff = deps.lease_rules.idle_cutoff(now)
         closed_now: list[str] = []
         with deps.store.write() as tx:
             due = tx.due_idle_tasks(cutoff, BATCH)

@@ -50,7 +50,7 @@ def request_digest(**fields: Any) -> str:
 
 
 def view(deps: Deps, tx: Tx, task: Task) -> TaskView:
-    return TaskView.of(task, tx.list_vms(task.id), deps.clocks)
+    return TaskView.of(task, tx.list_vms(task.id), deps.lease_rules)
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def new_task(deps: Deps, caller: Caller, name: str | None = None,
                 tx.insert_task(task)
                 tx.add_event(NewEvent(task_id, "opened", now, caller.label,
                                       {"name": task.name, "holder": caller.label}))
-                opened = Opened(TaskView.of(task, [], deps.clocks), handle)
+                opened = Opened(TaskView.of(task, [], deps.lease_rules), handle)
         except DuplicateKey:
             continue  # a concurrent create with the same key won; replay it
         deps.log.info("task opened", extra={"task_id": task_id, "holder": caller.label})
@@ -154,7 +154,7 @@ def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
         more = len(page) > size
         page = page[:size]
         vms = tx.list_vms_of_tasks([t.id for t in page])
-    views = [TaskView.of(t, vms.get(t.id, []), deps.clocks) for t in page]
+    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in page]
     return TaskListOut(tasks=views, next_after=page[-1].id if more and page else None)
 
 

@@ -15,12 +15,12 @@ from typing import Any
 
 from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed
-from rift.domain.model import LIVE_VM_STATUSES, NewEvent, Task, Vm
+from rift.domain.model import DESTROYABLE_VM_STATUSES, NewEvent, Task, Vm
 from rift.services.context import Deps
 from rift.services.guest_kinds import kind_on
 from rift.services.ports import Tx
 
-_DESTROYABLE = (*LIVE_VM_STATUSES, "failed")
+_DESTROYABLE = DESTROYABLE_VM_STATUSES
 
 
 def host_uri(tx: Tx, host_name: str) -> str | None:

@@ -21,7 +21,7 @@ import pytest
 from rift.catalog import StaticImages
 from rift.domain.clock import FakeClock
 from rift.domain.errors import TaskHeld
-from rift.domain.leases import Clocks
+from rift.domain.leases import LeaseRules
 from rift.services import leases, sweeps, tasks
 from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
@@ -42,7 +42,7 @@ def engine(store: Store) -> Iterator[tuple[Deps, FakeClock]]:
     # Microseconds in every timestamp: a store that rounded them would show here.
     clock = FakeClock(datetime(2026, 3, 1, 9, 30, 15, 123457, tzinfo=UTC))
     deps = Deps(store=store, clock=clock, hosts=FakePool(), images=StaticImages(["tiny"]),
-                clocks=Clocks(ACTIVITY_S, QUIET_S, IDLE_S), limits=Limits())
+                lease_rules=LeaseRules(ACTIVITY_S, QUIET_S, IDLE_S), limits=Limits())
     ensure_local_host(deps, "fake:///local")
     yield deps, clock
 
