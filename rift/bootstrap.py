@@ -14,12 +14,12 @@ from rift.config import Settings
 from rift.domain.clock import Clock, SystemClock
 from rift.domain.errors import InvalidArgument
 from rift.domain.leases import LeaseRules
+from rift.domain.store_errors import DuplicateKey
 from rift.guest.adapter import SshGuests
 from rift.logs import setup_logging
 from rift.services import accounts, hosts
 from rift.services.context import Deps, GuestRuntime, Limits
 from rift.services.ports import HostPool
-from rift.store.errors import DuplicateKey
 from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore
 

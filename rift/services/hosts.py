@@ -8,8 +8,8 @@ from typing import Any
 from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed, InvalidArgument
 from rift.domain.model import Host
+from rift.domain.store_errors import DuplicateKey
 from rift.services.context import Deps
-from rift.store.errors import DuplicateKey
 
 LOCAL = "local"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")

@@ -9,54 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from hypervisor.base import Hypervisor
 from rift.domain.model import ApiToken, Event, Host, NewEvent, Task, User, Vm, VmStatus
-
-
-@dataclass(frozen=True)
-class HostUsage:
-    vcpus: int
-    memory_mib: int
-    vms: int
-
-
-@dataclass(frozen=True)
-class WebSession:
-    """A Boxes page login: only the SHA-256 digest of the random session id is kept."""
-
-    digest: str = field(repr=False)
-    user: str
-    created_at: datetime
-    expires_at: datetime
-
-
-@dataclass(frozen=True)
-class LoginFailures:
-    """Failed logins counted under one key (a user name and client address, or an address)."""
-
-    key: str
-    failures: int
-    last_failed_at: datetime
-
-
-@dataclass(frozen=True)
-class ChangeMark:
-    """Moves whenever anything the Boxes page shows may have changed: every state
-    change appends an event, and a touch moves an open task's last activity."""
-
-    last_event_id: int
-    last_activity_at: datetime | None
-
-    @property
-    def token(self) -> str:
-        at = "" if self.last_activity_at is None else str(
-            int(self.last_activity_at.timestamp() * 1_000_000))
-        return f"{self.last_event_id}.{at}"
+from rift.domain.records import ChangeMark, HostUsage, LoginFailures, WebSession
 
 
 class Tx(Protocol):

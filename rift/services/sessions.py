@@ -19,10 +19,11 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from rift.domain.records import LoginFailures, WebSession
 from rift.domain.secrets import digest, new_secret
 from rift.services import accounts
 from rift.services.context import Deps
-from rift.services.ports import LoginFailures, Tx, WebSession
+from rift.services.ports import Tx
 
 MAX_NAME = 64
 MAX_PASSWORD = 1024

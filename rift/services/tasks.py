@@ -22,6 +22,7 @@ from rift.domain.errors import (
 from rift.domain.ids import new_task_id
 from rift.domain.model import NewEvent, Task, Vm
 from rift.domain.secrets import Handle
+from rift.domain.store_errors import DuplicateKey
 from rift.services import validate
 from rift.services.context import OPERATOR, Caller, Deps
 from rift.services.leases import (
@@ -37,7 +38,6 @@ from rift.services.leases import (
 )
 from rift.services.ports import Tx
 from rift.services.teardown import close_in_tx, destroy_vms, forget_task_key
-from rift.store.errors import DuplicateKey
 
 HOUR = timedelta(hours=1)
 STATUSES = ("open", "closed", "all")

@@ -16,6 +16,7 @@ from rift.domain.errors import (
 )
 from rift.domain.ids import new_vm_id
 from rift.domain.model import Host, NewEvent, Task, Vm
+from rift.domain.store_errors import DuplicateKey
 from rift.services import validate
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import GuestKind, kind_on
@@ -31,7 +32,6 @@ from rift.services.leases import (
 from rift.services.ports import Tx
 from rift.services.tasks import check_rate, request_digest
 from rift.services.teardown import destroy_vm
-from rift.store.errors import DuplicateKey
 
 
 def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:

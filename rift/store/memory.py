@@ -13,14 +13,10 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from rift.domain.model import ApiToken, Event, Host, Task, User, Vm
-from rift.services.ports import LoginFailures, WebSession
+from rift.domain.records import LoginFailures, WebSession
 from rift.store.memory_tx import MemoryTx
-
-if TYPE_CHECKING:
-    from rift.services.ports import Store
 
 
 @dataclass
@@ -61,7 +57,7 @@ class MemoryState:
 
 
 class MemoryStore:
-    """Implements ``rift.services.ports.Store`` in memory, with SqlStore's semantics."""
+    """Implements the engine's ``Store`` port in memory, with SqlStore's semantics."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -90,9 +86,3 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release; the rows stay readable."""
-
-
-if TYPE_CHECKING:
-
-    def _implements_the_port(store: MemoryStore) -> Store:
-        return store

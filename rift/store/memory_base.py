@@ -8,8 +8,8 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rift.domain.store_errors import ReadOnlyTransaction
 from rift.store.changes import utc
-from rift.store.errors import ReadOnlyTransaction
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from rift.domain.model import Task
+from rift.domain.store_errors import DuplicateKey
 from rift.store.changes import (
     TASK_CHANGEABLE,
     check_changes,
@@ -14,7 +15,6 @@ from rift.store.changes import (
     check_list_status,
     utc,
 )
-from rift.store.errors import DuplicateKey
 from rift.store.memory_base import MemoryTxBase, utc_changes, utc_values
 
 

@@ -1,4 +1,4 @@
-"""The in-memory transaction: ``rift.services.ports.Tx`` over a ``MemoryState``.
+"""The in-memory transaction: the engine's ``Tx`` port over a ``MemoryState``.
 Users, tokens, events and hosts here; tasks and VMs in their own modules."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from rift.domain.model import ApiToken, Event, Host, NewEvent, User
+from rift.domain.store_errors import DuplicateKey, MissingReference
 from rift.store.changes import HOST_CHANGEABLE, check_changes, check_limit, utc
-from rift.store.errors import DuplicateKey, MissingReference
 from rift.store.memory_base import json_copy, utc_values
 from rift.store.memory_meta import MemoryMetaQueries
 from rift.store.memory_tasks import MemoryTaskQueries
@@ -18,7 +18,7 @@ from rift.store.memory_web import MemoryWebQueries
 
 
 class MemoryTx(MemoryTaskQueries, MemoryVmQueries, MemoryWebQueries, MemoryMetaQueries):
-    """Implements ``rift.services.ports.Tx`` in memory."""
+    """Implements the engine's ``Tx`` port in memory."""
 
     # users and tokens
 

@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from rift.domain.model import LIVE_VM_STATUSES, Vm, VmStatus
-from rift.services.ports import HostUsage
+from rift.domain.records import HostUsage
+from rift.domain.store_errors import DuplicateKey, MissingReference
 from rift.store.changes import VM_CHANGEABLE, check_changes, check_limit, utc
-from rift.store.errors import DuplicateKey, MissingReference
 from rift.store.memory_base import MemoryTxBase, utc_changes, utc_values
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from rift.domain.model import Task
-from rift.services.ports import ChangeMark, LoginFailures, WebSession
+from rift.domain.records import ChangeMark, LoginFailures, WebSession
+from rift.domain.store_errors import DuplicateKey, MissingReference
 from rift.store.changes import check_limit, utc
-from rift.store.errors import DuplicateKey, MissingReference
 from rift.store.memory_base import MemoryTxBase, utc_values
 
 

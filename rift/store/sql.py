@@ -17,7 +17,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -26,9 +26,6 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from rift.domain.errors import StoreUnavailable
 from rift.store.hot import HotStatements
 from rift.store.sql_tx import SqlTx
-
-if TYPE_CHECKING:
-    from rift.services.ports import Store
 
 log = logging.getLogger("rift.store")
 
@@ -99,7 +96,7 @@ def _driver(conn: Connection) -> Any:
 
 
 class SqlStore:
-    """Implements ``rift.services.ports.Store`` on SQLAlchemy Core.
+    """Implements the engine's ``Store`` port on SQLAlchemy Core.
 
     The schema must exist: ``rift.store.migrate.upgrade(url)`` makes it.
     """
@@ -165,9 +162,3 @@ class SqlStore:
 
     def __repr__(self) -> str:
         return f"SqlStore({self.engine.url.render_as_string(hide_password=True)!r})"
-
-
-if TYPE_CHECKING:
-
-    def _implements_the_port(store: SqlStore) -> Store:
-        return store

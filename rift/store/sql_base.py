@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, Table, exists, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from rift.store.errors import ReadOnlyTransaction, StoreError
+from rift.domain.store_errors import ReadOnlyTransaction, StoreError
 
 if TYPE_CHECKING:
     from rift.store.hot import HotStatements

@@ -10,13 +10,13 @@ from typing import Any
 from sqlalchemy import Row, Select, Update, bindparam, delete, func, select, update
 
 from rift.domain.model import Task
+from rift.domain.store_errors import DuplicateKey, StoreError
 from rift.store.changes import (
     TASK_CHANGEABLE,
     check_changes,
     check_limit,
     check_list_status,
 )
-from rift.store.errors import DuplicateKey, StoreError
 from rift.store.sql_base import SqlTxBase
 from rift.store.tables import TASK_COLUMNS, events, tasks, vms
 

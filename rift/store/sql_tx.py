@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import Row, delete, func, select, update
 
 from rift.domain.model import ApiToken, Event, Host, NewEvent, User
+from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.changes import HOST_CHANGEABLE, check_changes, check_limit
-from rift.store.errors import DuplicateKey, MissingReference, StoreError
 from rift.store.sql_meta import MetaQueries
 from rift.store.sql_tasks import TaskQueries
 from rift.store.sql_vms import VmQueries
@@ -39,7 +39,7 @@ def _event_of(row: Row[Any]) -> Event:
 
 
 class SqlTx(TaskQueries, VmQueries, WebQueries, MetaQueries):
-    """Implements ``rift.services.ports.Tx`` over one SQLAlchemy connection."""
+    """Implements the engine's ``Tx`` port over one SQLAlchemy connection."""
 
     # users and tokens
 

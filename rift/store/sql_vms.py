@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import Row, Select, func, select, update
 
 from rift.domain.model import LIVE_VM_STATUSES, Vm, VmStatus
-from rift.services.ports import HostUsage
+from rift.domain.records import HostUsage
+from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.changes import VM_CHANGEABLE, check_changes, check_limit
-from rift.store.errors import DuplicateKey, MissingReference, StoreError
 from rift.store.sql_base import SqlTxBase
 from rift.store.tables import VM_COLUMNS, tasks, vms
 

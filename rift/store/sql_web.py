@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import Row, delete, func, select, update
 
 from rift.domain.model import Task
-from rift.services.ports import ChangeMark, LoginFailures, WebSession
+from rift.domain.records import ChangeMark, LoginFailures, WebSession
+from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.changes import check_limit
-from rift.store.errors import DuplicateKey, MissingReference, StoreError
 from rift.store.sql_base import SqlTxBase
 from rift.store.sql_tasks import select_tasks, task_of
 from rift.store.tables import events, login_failures, tasks, users, web_sessions

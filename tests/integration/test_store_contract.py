@@ -20,8 +20,9 @@ from sqlalchemy.exc import StatementError
 
 from rift.domain.ids import new_task_id, new_token_id, new_vm_id
 from rift.domain.model import ApiToken, Host, NewEvent, Task, User, Vm
-from rift.services.ports import HostUsage, Store
-from rift.store.errors import DuplicateKey, MissingReference, ReadOnlyTransaction
+from rift.domain.records import HostUsage
+from rift.domain.store_errors import DuplicateKey, MissingReference, ReadOnlyTransaction
+from rift.services.ports import Store
 from rift.store.migrate import current_revision, head_revision, upgrade
 from rift.store.tables import metadata
 

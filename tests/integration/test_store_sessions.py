@@ -10,8 +10,9 @@ import pytest
 
 from rift.domain.ids import new_task_id
 from rift.domain.model import NewEvent, Task, User
-from rift.services.ports import Store, WebSession
-from rift.store.errors import DuplicateKey, MissingReference, ReadOnlyTransaction
+from rift.domain.records import WebSession
+from rift.domain.store_errors import DuplicateKey, MissingReference, ReadOnlyTransaction
+from rift.services.ports import Store
 from rift.store.migrate import current_revision, upgrade
 from rift.store.sql import SqlStore
 

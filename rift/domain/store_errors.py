@@ -1,7 +1,9 @@
 """What the store says when a write cannot be made as asked.
 
 These are store facts, not refusals: the services catch them and decide what
-they mean (a reused idempotency key is answered with the first result).
+they mean (a reused idempotency key is answered with the first result). They
+live in the domain so that the engine can catch them without importing the
+store, and the store can raise them without importing the engine.
 """
 
 from __future__ import annotations
