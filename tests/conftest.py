@@ -1,9 +1,10 @@
-"""Shared fixtures: an engine on fakes (unit), and one on SQLite + libvirt's
-test driver (integration)."""
+"""Shared fixtures: an engine on fakes and a real SQLite file (unit), and one on
+SQLite + libvirt's test driver (integration)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from rift.domain.clock import FakeClock
 from rift.domain.leases import LeaseRules
 from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
-from rift.store.memory import MemoryStore
+from rift.store.sql import SqlStore
 
 pytest_plugins = ["tests.conftest_store", "tests.e2e.replicas"]
 
@@ -49,13 +50,19 @@ def pool() -> FakePool:
 
 
 @pytest.fixture
-def make_deps(clock: FakeClock, pool: FakePool) -> Callable[..., Deps]:
-    def make(**limits: int) -> Deps:
-        deps = Deps(store=MemoryStore(), clock=clock, hosts=pool, images=StaticImages(["debian"]),
-                    lease_rules=LeaseRules(), limits=Limits(**limits))
-        ensure_local_host(deps, "fake:///local")
-        return deps
-    return make
+def make_deps(clock: FakeClock, pool: FakePool,
+              new_sqlite_url: Callable[[], str]) -> Iterator[Callable[..., Deps]]:
+    """An engine on fake hypervisors and a real SQLite store: a fresh copy of the
+    migrated template for each engine made."""
+    with ExitStack() as stores:
+        def make(**limits: int) -> Deps:
+            store = SqlStore(new_sqlite_url())
+            stores.callback(store.close)
+            deps = Deps(store=store, clock=clock, hosts=pool, images=StaticImages(["debian"]),
+                        lease_rules=LeaseRules(), limits=Limits(**limits))
+            ensure_local_host(deps, "fake:///local")
+            return deps
+        yield make
 
 
 @pytest.fixture

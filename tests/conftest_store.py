@@ -1,28 +1,34 @@
 """Stores for tests, as a pytest plugin: ``pytest_plugins = ["tests.conftest_store"]``.
 
-``store`` runs a test once per kind of store: ``memory``, ``sqlite`` (a file
-in the test's tmp_path) and ``postgresql`` when ``RIFT_TEST_POSTGRES_URL``
-names a database (``postgresql+psycopg://user@host:port/db``). That database
-is wiped: every table in it is dropped before each test and the migrations
-are run again, so each test starts from an empty schema.
+There is one store, SQL. ``store`` runs a test once per database: ``sqlite``
+(a file in the test's tmp_path) and ``postgresql`` when
+``RIFT_TEST_POSTGRES_URL`` names a database
+(``postgresql+psycopg://user@host:port/db``). That database is wiped: every
+table in it is dropped before each test and the migrations are run again, so
+each test starts from an empty schema.
+
+A migrated SQLite database is made once per test session (``sqlite_template``)
+and copied for each store a test asks for (``sqlite_url``, ``new_sqlite_url``):
+a file copy instead of running the migrations again, the way cosmicpython's
+tests/conftest.py builds its schema once per session.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import MetaData, create_engine, pool
 
 from rift.services.ports import Store
-from rift.store.memory import MemoryStore
 from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore, default_sqlite_url
 
 POSTGRES_ENV = "RIFT_TEST_POSTGRES_URL"
-STORE_KINDS = ("memory", "sqlite", "postgresql")
 SQL_KINDS = ("sqlite", "postgresql")
 
 
@@ -60,7 +66,36 @@ def empty_database_url(kind: str, tmp_path: Path) -> str:
     return url
 
 
-@pytest.fixture(params=STORE_KINDS)
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated to the newest revision, made once per session."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "rift.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def new_sqlite_url(sqlite_template: Path, tmp_path: Path) -> Callable[[], str]:
+    """Makes a fresh copy of the migrated template in the test's tmp_path, one per call."""
+    numbers = itertools.count()
+
+    def make() -> str:
+        folder = tmp_path / f"sqlite-{next(numbers)}"
+        folder.mkdir()
+        copy = folder / "rift.db"
+        shutil.copyfile(sqlite_template, copy)
+        return f"sqlite:///{copy}"
+
+    return make
+
+
+@pytest.fixture
+def sqlite_url(new_sqlite_url: Callable[[], str]) -> str:
+    """A migrated, empty SQLite database of the test's own."""
+    return new_sqlite_url()
+
+
+@pytest.fixture(params=SQL_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:
     kind: str = request.param
     if kind == "postgresql":
@@ -69,14 +104,15 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def store(store_kind: str, tmp_path: Path) -> Iterator[Store]:
-    """An empty, migrated store of each kind."""
-    if store_kind == "memory":
-        made: Store = MemoryStore()
+def store(store_kind: str, new_sqlite_url: Callable[[], str]) -> Iterator[Store]:
+    """An empty, migrated store on each database."""
+    if store_kind == "sqlite":
+        url = new_sqlite_url()
     else:
-        url = empty_database_url(store_kind, tmp_path)
+        url = skip_without_postgres()
+        wipe(url)
         upgrade(url)
-        made = SqlStore(url)
+    made = SqlStore(url)
     try:
         yield made
     finally:

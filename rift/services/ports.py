@@ -1,4 +1,6 @@
-"""The engine's ports. Each has a real adapter and a fake beside it.
+"""The engine's ports. Each has a real adapter and a fake beside it, except the
+store: it is SQL (SQLite or PostgreSQL), and the engine's tests run on a real
+SQLite file.
 
 The store is reached through a unit of work: ``with store.write() as tx:``
 runs one transaction (state change and its event row commit together or not

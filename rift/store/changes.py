@@ -1,4 +1,4 @@
-"""Rules both stores share: which fields a change may touch, limits, times."""
+"""Rules every store query checks: which fields a change may touch, limits, times."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The store contract: one set of tests, run against every store.
+"""The store contract: one set of tests, run against every database.
 
-``store`` (from tests/conftest_store.py) gives an empty store of each kind:
-memory, SQLite, and PostgreSQL when RIFT_TEST_POSTGRES_URL is set.
+``store`` (from tests/conftest_store.py) gives an empty store on each database:
+SQLite, and PostgreSQL when RIFT_TEST_POSTGRES_URL is set.
 """
 
 from __future__ import annotations
@@ -452,6 +452,34 @@ def test_event_details_round_trip_as_json(store: Store) -> None:
     with store.read() as tx:
         (event,) = tx.list_events(task.id, event_id - 1, 10)
     assert event.details == details and event.id == event_id
+
+
+def test_event_details_are_stored_values_that_callers_cannot_change_afterwards(
+        store: Store) -> None:
+    task = a_task()
+    insert(store, task)
+    details = {"vms": ["vm_abcdefgh"]}
+    with store.write() as tx:
+        tx.add_event(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
+                              details=details))
+    details["vms"].append("vm_changed")
+    with store.read() as tx:
+        tx.list_events(task.id, 0, 10)[0].details["vms"].clear()
+    with store.read() as tx:
+        assert tx.list_events(task.id, 0, 10)[0].details == {"vms": ["vm_abcdefgh"]}
+
+
+def test_event_details_that_json_cannot_hold_are_refused_and_nothing_is_kept(
+        store: Store) -> None:
+    task = a_task()
+    insert(store, task)
+    # SQLite: the JSON type serializes (StatementError); psycopg: the driver (TypeError).
+    refused = pytest.raises((TypeError, StatementError), match="not JSON serializable")
+    with refused, store.write() as tx:
+        tx.add_event(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
+                              details={"when": T0}))
+    with store.read() as tx:
+        assert tx.list_events(task.id, 0, 10) == []
 
 
 # hosts

@@ -1,5 +1,5 @@
 """The store contract for the Boxes page: sessions, failed-login counts, the
-recently closed list and the change mark, run against every store."""
+recently closed list and the change mark, run against each database."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Boxes page over HTTP, in process (Starlette's TestClient) on the in-memory
+"""The Boxes page over HTTP, in process (Starlette's TestClient) on a SQLite
 store and a fake clock: login, sessions, throttling, form tokens, escaping,
 404 pages. The browser suite (tests/browser) drives the same page in Chromium."""
 

@@ -1,5 +1,5 @@
 """Time (issue 7): the 30-minute takeover and the 4-hour close are exact to the
-step. Through the engine on a fake clock over every store (memory, SQLite,
+step. Through the engine on a fake clock over each database (SQLite,
 PostgreSQL), with timestamps carrying microseconds, and end to end on a real
 `rift serve` whose clocks are seconds long.
 

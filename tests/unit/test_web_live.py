@@ -1,4 +1,4 @@
-"""The live stream and the time texts, on the in-memory store and a fake clock."""
+"""The live stream and the time texts, on a SQLite store and a fake clock."""
 
 from __future__ import annotations
 
