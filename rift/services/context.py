@@ -20,7 +20,7 @@ class Limits:
     rate_task_new_per_h: int = 120
     rate_vm_new_per_h: int = 240
     closed_retention_s: int = 30 * 24 * 3600
-    cpu_overcommit: float = 1.0
+    cpu_overcommit: float = 4.0
     creating_grace_s: int = 600  # a row `creating` this old is a create that died
 
 

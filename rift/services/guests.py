@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 
+from rift.contract.base import MAX_PATH
 from rift.contract.tools import ExecOut, FileReadOut, FileWrittenOut
 from rift.domain.errors import InvalidArgument, VmNotFound, VmNotRunning
 from rift.domain.model import Vm
@@ -17,7 +18,6 @@ from rift.services.leases import check_handle, in_write, parse_handle
 from rift.services.ports import GuestShell, Tx
 
 ENCODINGS = ("utf-8", "base64")
-MAX_PATH = 4096
 
 
 def _guest_vm(deps: Deps, caller: Caller, handle: str | None,

@@ -1,13 +1,14 @@
-"""Ranges of SPEC §3, checked by the engine so every door refuses alike."""
+"""Ranges of SPEC §3 (declared once, in rift/contract/base.py), checked again by the
+engine for callers that come through no door (the CLI, the scheduler, tests)."""
 
 from __future__ import annotations
 
+from rift.contract.base import MAX_COMMAND, MAX_CONTENT, MAX_TEXT
 from rift.domain.errors import InvalidArgument
 from rift.domain.ids import is_task_id, is_vm_id
 
-MAX_TEXT = 200
-MAX_COMMAND = 64 * 1024
-MAX_CONTENT = 16 * 1024 * 1024
+__all__ = ["MAX_COMMAND", "MAX_CONTENT", "MAX_TEXT", "integer", "limit", "task_id", "text",
+           "vm_id"]
 
 
 def text(field: str, value: str | None, *, max_len: int = MAX_TEXT) -> str | None:

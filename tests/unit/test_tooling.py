@@ -22,3 +22,17 @@ def test_mypy_loads_the_pydantic_plugin() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "pydantic.mypy" in config["tool"]["mypy"]["plugins"]
     assert "plugins" not in config["tool"]["hatch"]["build"]["targets"]["wheel"]
+
+
+def test_the_engines_limits_default_to_the_settings_defaults() -> None:
+    """`Limits` (the engine's) and `Settings` (the operator's) name the same limits;
+    their defaults must agree (they did not: cpu_overcommit was 1 and 4)."""
+    from dataclasses import fields
+
+    from rift.config import Settings
+    from rift.services.context import Limits
+
+    renamed = {"creating_grace_s": "vm_creating_grace_s"}
+    for field in fields(Limits):
+        setting = Settings.model_fields[renamed.get(field.name, field.name)]
+        assert field.default == setting.default, field.name

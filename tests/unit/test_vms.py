@@ -80,8 +80,10 @@ def test_placement_takes_the_host_with_most_free_memory_and_skips_drained(
 def test_no_host_fitting_answers_no_capacity_with_the_largest_free_slot(deps: Deps) -> None:
     _, handle = _task(deps)
     err = refused("no_capacity", vms.new_vm, deps, ALICE, handle, memory_mib=65536)
-    assert err.details["largest_free"] == {"vcpus": 16, "memory_mib": 32768}
-    refused("no_capacity", vms.new_vm, deps, ALICE, handle, vcpus=17)
+    # the fake host's 16 CPUs offered 4 times over (RIFT_CPU_OVERCOMMIT's default)
+    assert err.details["largest_free"] == {"vcpus": 64, "memory_mib": 32768}
+    vms.new_vm(deps, ALICE, handle, vcpus=60)
+    refused("no_capacity", vms.new_vm, deps, ALICE, handle, vcpus=5)
 
 
 def test_capacity_counts_live_vms_only(deps: Deps) -> None:
