@@ -53,7 +53,7 @@ def build_tiny(images_dir: Path, *, cache_dir: Path | None = None, force: bool =
     images_dir = images_dir.resolve()
     cache = (cache_dir or images_dir / ".cache" / "debs").resolve()
     cache.mkdir(parents=True, exist_ok=True)
-    busybox = _static_busybox()
+    busybox = static_busybox()
     dropbear = installed_file("dropbear-bin", "/usr/sbin/dropbear")
     dropbearkey = installed_file("dropbear-bin", "/usr/bin/dropbearkey")
     kernel_pkg, kernel_version = kernel_package()
@@ -108,7 +108,7 @@ def build_tiny(images_dir: Path, *, cache_dir: Path | None = None, force: bool =
     return target
 
 
-def _static_busybox() -> Path:
+def static_busybox() -> Path:
     busybox = installed_file("busybox-static", "/bin/busybox")
     with busybox.open("rb") as f:
         head = f.read(4096)

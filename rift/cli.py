@@ -156,16 +156,20 @@ def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
         import time
 
         from hypervisor.base import ImageError
+        from hypervisor.debian import build_debian
         from hypervisor.tiny import build_tiny
 
         started = time.monotonic()
-        print("building tiny from Debian packages (kernel, busybox, dropbear)…", flush=True)
+        what = {"tiny": "kernel, busybox, dropbear",
+                "debian": "kernel, a Debian 12 root by debootstrap, busybox"}[args.name]
+        print(f"building {args.name} from Debian packages ({what})…", flush=True)
+        build = build_debian if args.name == "debian" else build_tiny
         try:
-            folder = build_tiny(settings.data_dir / "images")
+            folder = build(settings.data_dir / "images")
         except ImageError as exc:
             print(f"image build failed: {exc}", file=sys.stderr)
             return 1
-        print(f"built tiny in {folder} ({time.monotonic() - started:.1f} s)")
+        print(f"built {args.name} in {folder} ({time.monotonic() - started:.1f} s)")
         return 0
     if args.action == "add":
         return _image_add(settings, args)
@@ -264,7 +268,7 @@ def parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("image", help="guest images").add_subparsers(dest="action", required=True)
     ib = i.add_parser("build")
-    ib.add_argument("name", choices=["tiny"])
+    ib.add_argument("name", choices=["tiny", "debian"])
     il = i.add_parser("list")
     il.add_argument("--json", action="store_true")
     iadd = i.add_parser("add", help="register a qcow2 image (cloud-init NoCloud, root by key, "
