@@ -42,10 +42,12 @@ def vm_disks(disks_dir: Path, vm_id: str) -> VmDisks:
     return VmDisks(overlay=disks_dir / f"{vm_id}.qcow2", seed=disks_dir / f"{vm_id}-seed.iso")
 
 
-def make_overlay(base: Path, overlay: Path) -> None:
-    """A qcow2 overlay at `overlay` backed by the qcow2 `base` (which stays unwritten)."""
+def make_overlay(base: Path, overlay: Path, size_bytes: int | None = None) -> None:
+    """A qcow2 overlay at `overlay` backed by the qcow2 `base` (which stays unwritten),
+    of `size_bytes` (sparse; default: the base's size)."""
+    size = [] if size_bytes is None else [str(size_bytes)]
     run_command(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2",
-                 "-b", str(base), str(overlay)], timeout_s=DISK_TIMEOUT_S)
+                 "-b", str(base), str(overlay), *size], timeout_s=DISK_TIMEOUT_S)
 
 
 def seed_files(vm_id: str, public_key_line: str) -> dict[str, bytes]:

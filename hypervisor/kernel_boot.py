@@ -14,7 +14,7 @@ READY_MARKER = "RIFT-READY"
 INIT_MARKER = "RIFT-INIT"
 FAILED_MARKER = "RIFT-FAILED"
 HOSTKEY_MARKER = "RIFT-HOSTKEY"
-# Kernel command line of every `tiny` guest; the key is appended per VM.
+# Kernel command line of every kernel image's guest; the key is appended per VM.
 CMDLINE_BASE = "console=ttyS0 quiet panic=-1"
 
 
@@ -36,11 +36,14 @@ def guest_spec(
     public_key_line: str,
     ssh_port: int,
     serial_log: Path,
+    disk: Path | None = None,
 ) -> DomainSpec:
-    """The DomainSpec that boots `image` with SSH on 127.0.0.1:`ssh_port` for that key."""
+    """The DomainSpec that boots `image` with SSH on 127.0.0.1:`ssh_port` for that key;
+    `disk` (the VM's overlay of the image's base disk) is its vda."""
     return DomainSpec(
         name=name, task_id=task_id, vm_id=vm_id, vcpus=vcpus, memory_mib=memory_mib,
         image=image.name, domain_type=domain_type, kernel=str(image.kernel),
         initrd=str(image.initrd), cmdline=guest_cmdline(image, public_key_line),
         ssh_port=ssh_port, serial_log=str(serial_log),
+        disk=None if disk is None else str(disk),
     )

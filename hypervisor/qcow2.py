@@ -40,7 +40,7 @@ KIND_KERNEL = "kernel"  # `tiny` and images like it: kernel + initramfs, booted 
 KIND_QCOW2 = "qcow2"
 DISK_FILE = "disk.qcow2"
 MANIFEST = "manifest.json"
-RESERVED = ("tiny",)  # built by `rift image build`, never added or removed by hand
+RESERVED = ("tiny", "debian")  # built by `rift image build`, never added or removed by hand
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # as rift.catalog lists them
 _CHUNK = 1 << 20
 

@@ -1,5 +1,5 @@
-"""The image catalog (the ImageCatalog port's adapters): `tiny` is always
-known; further images are folders under `<data dir>/images/<name>/` (built, or
+"""The image catalog (the ImageCatalog port's adapters): `tiny` and `debian`
+are always known; further images are folders under `<data dir>/images/<name>/` (built, or
 registered with `rift image add`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hypervisor.qcow2 import KIND_KERNEL, image_kind
 
-BUILTIN = ("tiny",)
+BUILTIN = ("tiny", "debian")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 
@@ -28,7 +28,7 @@ class DirectoryImages:
 
     def kind(self, name: str) -> str:
         """`qcow2` (registered with `rift image add`) or `kernel` (direct kernel boot,
-        as `tiny`; also what an image not built yet will be)."""
+        as `tiny` and `debian`; also what an image not built yet will be)."""
         return image_kind(self.root, name) or KIND_KERNEL
 
 

@@ -19,6 +19,7 @@ from rift.services.ports import Tx
 from rift.services.teardown import destroy_domain, destroy_vm
 
 SSH_HOST = "127.0.0.1"
+BUILT_BY_RIFT = ("tiny", "debian")  # the images `rift image build` makes
 PORTS = (20000, 60000)
 
 
@@ -29,9 +30,9 @@ def check_image(deps: Deps, kind: GuestKind, image: str, uri: str) -> None:
         kind.check()
     except ImageError as exc:
         ready = [n for n in deps.images.names() if usable(kind_on(deps, uri, n))]
-        raise ImageNotFound(image, ready, hint=f"the operator builds it: rift image build "
-                            f"{image}" if image == "tiny" else "rift_vm_new with one of those "
-                            "images") from exc
+        hint = (f"the operator builds it: rift image build {image}" if image in BUILT_BY_RIFT
+                else "rift_vm_new with one of those images")
+        raise ImageNotFound(image, ready, hint=hint) from exc
 
 
 def pick_ssh_port(tx: Tx, host: str) -> int:

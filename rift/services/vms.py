@@ -33,6 +33,9 @@ from rift.services.ports import Tx
 from rift.services.tasks import check_rate, request_digest
 from rift.services.teardown import destroy_vm
 
+# SPEC §3: `memory_mib` defaults to 256, and to 512 for `debian`.
+DEFAULT_MEMORY_MIB = {"debian": 512}
+
 
 def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
     vm = tx.get_vm(vm_id)
@@ -84,8 +87,9 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     image = image if image is not None else "tiny"
     validate.text("image", image)
     vcpus = validate.integer("vcpus", 1 if vcpus is None else vcpus, 1, 64)
-    memory_mib = validate.integer("memory_mib", 256 if memory_mib is None else memory_mib,
-                                  64, 65536)
+    if memory_mib is None:
+        memory_mib = DEFAULT_MEMORY_MIB.get(image, 256)
+    memory_mib = validate.integer("memory_mib", memory_mib, 64, 65536)
     digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
                             memory_mib=memory_mib)
 

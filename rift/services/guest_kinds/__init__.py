@@ -6,12 +6,12 @@ how Rift waits for its guest and reaches it, and how the VM's own files go.
   `running` as soon as its domain is, and it has no SSH address (`ssh: null`),
   so exec and files refuse with `guest_unreachable`, naming the test driver
   (`reach`).
-- `KernelGuest`: a kernel image (`tiny`): the kernel and initramfs booted
-  directly, Rift's own init taking the task's key from the kernel command line;
-  ready once the init's marker is on the serial console and SSH answers.
-  (`debian`, next, is one too, with a read-only root base disk under a per-VM
+- `KernelGuest`: a kernel image (`tiny`, `debian`): the kernel and initramfs
+  booted directly, Rift's own init taking the task's key from the kernel
+  command line; ready once the init's marker is on the serial console and SSH
+  answers. `debian` also has a read-only root base disk under a per-VM
   copy-on-write overlay: made in `plan` with hypervisor.disks.make_overlay, as
-  the domain's `disk`, and removed by `clean_up` like every VM's disks.)
+  the domain's `disk`, and removed by `clean_up` like every VM's disks.
 - `Qcow2Guest`: an operator's qcow2 image: the VM's own overlay on it and a
   cloud-init seed with the task's key; ready once an SSH login succeeds.
 - `NoGuests`: a real host on a control plane wired without a guest runtime

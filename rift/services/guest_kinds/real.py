@@ -9,7 +9,8 @@ from pathlib import Path
 
 from hypervisor.base import DomainSpec, ImageError
 from hypervisor.disks import iso_maker as seed_maker
-from hypervisor.image_files import image_files
+from hypervisor.disks import make_overlay, remove_vm_disks, vm_disks
+from hypervisor.image_files import ImageFiles, image_files
 from hypervisor.kernel_boot import guest_spec
 from hypervisor.qcow2 import prepare_vm_disks, qcow2_guest_spec, qcow2_image
 from rift.domain.errors import GuestUnreachable, HypervisorFailed
@@ -75,9 +76,16 @@ class _RealGuest:
         return None
 
 
+DEFAULT_DISK_GIB = 10  # SPEC §3's `disk_gib` default: the size of a VM's overlay
+GIB = 1 << 30
+
+
 class KernelGuest(_RealGuest):
     """A kernel image booted directly with Rift's init; the key rides on the
-    kernel command line, and the init prints its ready marker."""
+    kernel command line, and the init prints its ready marker. An image with a
+    root disk (`debian`) gets, per VM, a sparse copy-on-write overlay of its
+    read-only base disk as vda, of `disk_gib` (never smaller than the base),
+    which the init mounts as the root and `clean_up` removes."""
 
     label = "kernel"
 
@@ -87,12 +95,27 @@ class KernelGuest(_RealGuest):
     def plan(self, vm: Vm) -> DomainSpec:
         guests = self._guests(vm)
         assert vm.ssh_port is not None
+        image = image_files(self.runtime.images_dir, self.image)
         return guest_spec(
-            image_files(self.runtime.images_dir, self.image), name=vm.domain_name,
+            image, name=vm.domain_name,
             task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus, memory_mib=vm.memory_mib,
             domain_type=self.runtime.accel(self.uri),
             public_key_line=guests.task_key(vm.task_id), ssh_port=vm.ssh_port,
-            serial_log=self._serial_log(vm))
+            serial_log=self._serial_log(vm), disk=self._overlay(image, vm))
+
+    def _overlay(self, image: ImageFiles, vm: Vm) -> Path | None:
+        """The VM's overlay of the image's base disk, made here; None without one."""
+        if image.disk is None:
+            return None
+        disks_dir = self.runtime.vm_disks_dir.resolve()
+        disks_dir.mkdir(parents=True, exist_ok=True)
+        overlay = vm_disks(disks_dir, vm.id).overlay
+        try:
+            make_overlay(image.disk, overlay, max(DEFAULT_DISK_GIB * GIB, image.disk_bytes))
+        except ImageError:
+            remove_vm_disks(disks_dir, vm.id)
+            raise
+        return overlay
 
 
 class Qcow2Guest(_RealGuest):
