@@ -9,11 +9,12 @@ export RIFT_DATA_DIR ?= $(CURDIR)/var
 setup:
 	@scripts/setup.sh
 
-## run: install what is missing, start libvirtd, build the tiny image, and start Rift
+## run: install what is missing, start libvirtd, build the tiny and debian images, and start Rift
 ## on 127.0.0.1:8080 (SQLite in ./var, VMs on the local libvirt)
 run: setup
 	@scripts/libvirt.sh
 	$(VENV)/bin/rift image build tiny
+	$(VENV)/bin/rift image build debian
 	RIFT_HYPERVISOR_URI=$${RIFT_HYPERVISOR_URI:-qemu:///system} $(VENV)/bin/rift serve
 
 ## test: install what is missing and run the whole suite

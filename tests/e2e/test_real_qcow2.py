@@ -1,9 +1,10 @@
 """An operator's qcow2 image on a real guest: a Debian bookworm disk built from
 Debian packages (scripts/debian-image.sh: debootstrap, the cloud kernel,
-openssh-server, cloud-init, extlinux) is registered with `rift image add`, and
-`rift serve` on qemu:///system boots a VM from it through the official MCP SDK
-client: its own overlay, a NoCloud seed with the task's key, SSH as the only
-readiness signal. The guest says bookworm; destroy leaves no domain, no overlay
+openssh-server, cloud-init, extlinux) is registered with `rift image add` as
+`bookworm` (`debian` names Rift's own image), and `rift serve` on
+qemu:///system boots a VM from it through the official MCP SDK client: its
+own overlay, a NoCloud seed with the task's key, SSH as the only readiness
+signal. The guest says bookworm; destroy leaves no domain, no overlay
 and no seed; the image cannot be removed while the VM lives.
 
 The image is built once and kept in the tests' cache, `test-images/debian/`
@@ -124,11 +125,11 @@ def _vm_files(srv: Server) -> list[str]:
 @pytest.mark.timeout(BUILD_S + LIMIT_S + 120)
 def test_a_vm_of_an_added_debian_qcow2_runs_bookworm_and_leaves_nothing_after_destroy(
         real: Server, debian: Path) -> None:
-    added = real.rift("image", "add", "debian", str(debian))
+    added = real.rift("image", "add", "bookworm", str(debian))
     assert added.returncode == 0, added.stderr
     listed = {r["name"]: r for r in json.loads(real.rift("image", "list", "--json").stdout)}
-    assert listed["debian"]["kind"] == "qcow2" and listed["debian"]["built"] == "yes"
-    base = real.data_dir / "images" / "debian" / "disk.qcow2"
+    assert listed["bookworm"]["kind"] == "qcow2" and listed["bookworm"]["built"] == "yes"
+    base = real.data_dir / "images" / "bookworm" / "disk.qcow2"
     base_mtime = base.stat().st_mtime_ns
     seen: dict[str, object] = {}
 
@@ -136,10 +137,10 @@ def test_a_vm_of_an_added_debian_qcow2_runs_bookworm_and_leaves_nothing_after_de
         async with patient_session(real) as s:
             handle = (await call(s, "rift_task_new", name="debian"))["handle"]
             started = time.monotonic()
-            vm = (await call(s, "rift_vm_new", handle=handle, name="deb", image="debian"))["vm"]
+            vm = (await call(s, "rift_vm_new", handle=handle, name="deb", image="bookworm"))["vm"]
             seen["boot_s"] = round(time.monotonic() - started, 1)
             assert vm["status"] == "running", vm
-            assert vm["image"] == "debian" and f"rift-{vm['id']}" in virsh_names()
+            assert vm["image"] == "bookworm" and f"rift-{vm['id']}" in virsh_names()
             assert _vm_files(real) == [f"{vm['id']}-seed.iso", f"{vm['id']}.qcow2"]
 
             release = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
@@ -158,7 +159,7 @@ def test_a_vm_of_an_added_debian_qcow2_runs_bookworm_and_leaves_nothing_after_de
             assert back["content"] == "hello from rift\n"
 
             # The image is in use: it stays.
-            refused = real.rift("image", "remove", "debian")
+            refused = real.rift("image", "remove", "bookworm")
             assert refused.returncode == 1 and vm["id"] in refused.stderr, refused.stderr
 
             gone = (await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"]))["vm"]
@@ -172,9 +173,9 @@ def test_a_vm_of_an_added_debian_qcow2_runs_bookworm_and_leaves_nothing_after_de
 
     run(scenario, LIMIT_S)
     assert base.stat().st_mtime_ns == base_mtime  # every write went to the overlay
-    removed = real.rift("image", "remove", "debian")
+    removed = real.rift("image", "remove", "bookworm")
     assert removed.returncode == 0, removed.stderr
-    assert "debian" not in real.rift("image", "list").stdout
+    assert "bookworm" not in real.rift("image", "list").stdout
     assert_rows_tell_the_truth(real)
     print(f"debian qcow2: rift_vm_new took {seen['boot_s']} s "
           f"(boot to SSH login {seen['server_boot_s']:.1f} s)")

@@ -47,20 +47,21 @@ def _qcow2(path: Path, size: str = "64M", *extra: str) -> Path:
 
 def test_an_added_qcow2_is_copied_read_only_with_its_manifest(tmp_path: Path) -> None:
     source = _qcow2(tmp_path / "src.qcow2")
-    folder = add_qcow2(tmp_path / "images", "debian", source)
+    folder = add_qcow2(tmp_path / "images", "bookworm", source)
     disk = folder / "disk.qcow2"
     assert disk.read_bytes() == source.read_bytes() and not disk.stat().st_mode & 0o222
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["kind"] == "qcow2" and manifest["name"] == "debian"
+    assert manifest["kind"] == "qcow2" and manifest["name"] == "bookworm"
     assert manifest["disk"]["virtual_size"] == 64 << 20
     assert manifest["disk"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     assert manifest["added_at"] and manifest["source"] == str(source)
-    assert qcow2_image(tmp_path / "images", "debian").disk == disk.resolve()
-    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == ["debian"]  # no leftovers
+    assert qcow2_image(tmp_path / "images", "bookworm").disk == disk.resolve()
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == ["bookworm"]  # no leftovers
 
 
 @pytest.mark.parametrize(("name", "why"), [
     ("tiny", "built by Rift"),
+    ("debian", "built by Rift"),
     ("Debian", "must match"),
     ("../up", "must match"),
     ("taken", "exists already"),
@@ -88,8 +89,8 @@ def test_a_raw_file_or_an_overlay_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_vm_gets_an_overlay_on_the_image_and_a_cidata_seed(tmp_path: Path) -> None:
-    add_qcow2(tmp_path / "images", "debian", _qcow2(tmp_path / "src.qcow2"))
-    image = qcow2_image(tmp_path / "images", "debian")
+    add_qcow2(tmp_path / "images", "bookworm", _qcow2(tmp_path / "src.qcow2"))
+    image = qcow2_image(tmp_path / "images", "bookworm")
     before = image.disk.read_bytes()
     disks = prepare_vm_disks(image, tmp_path / "disks", vm_id="vm_abcdefgh",
                              public_key_line=KEY)
@@ -107,11 +108,11 @@ def test_a_vm_gets_an_overlay_on_the_image_and_a_cidata_seed(tmp_path: Path) -> 
 
 
 def test_remove_takes_the_image_out_of_the_catalog_and_keeps_tiny(tmp_path: Path) -> None:
-    add_qcow2(tmp_path / "images", "debian", _qcow2(tmp_path / "src.qcow2"))
-    remove_image(tmp_path / "images", "debian")
+    add_qcow2(tmp_path / "images", "bookworm", _qcow2(tmp_path / "src.qcow2"))
+    remove_image(tmp_path / "images", "bookworm")
     assert list((tmp_path / "images").iterdir()) == []
     with pytest.raises(ImageError, match="no image"):
-        remove_image(tmp_path / "images", "debian")
+        remove_image(tmp_path / "images", "bookworm")
     with pytest.raises(ImageError, match="Rift's own"):
         remove_image(tmp_path / "images", "tiny")
 
@@ -125,14 +126,15 @@ def test_the_cli_adds_lists_and_removes_an_image(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=60, check=False)
 
     source = _qcow2(tmp_path / "src.qcow2")
-    added = rift("image", "add", "debian", str(source))
+    added = rift("image", "add", "bookworm", str(source))
     assert added.returncode == 0, added.stderr
-    again = rift("image", "add", "debian", str(source))
+    again = rift("image", "add", "bookworm", str(source))
     assert again.returncode == 1 and "exists already" in again.stderr
     listed = json.loads(rift("image", "list", "--json").stdout)
     assert {r["name"]: (r["kind"], r["built"]) for r in listed} == {
-        "debian": ("qcow2", "yes"), "tiny": ("kernel", "no")}
+        "bookworm": ("qcow2", "yes"), "debian": ("kernel", "no"), "tiny": ("kernel", "no")}
     assert "qcow2" in rift("image", "list").stdout
-    removed = rift("image", "remove", "debian")
+    removed = rift("image", "remove", "bookworm")
     assert removed.returncode == 0, removed.stderr
-    assert [r["name"] for r in json.loads(rift("image", "list", "--json").stdout)] == ["tiny"]
+    assert [r["name"] for r in json.loads(rift("image", "list", "--json").stdout)] == [
+        "debian", "tiny"]

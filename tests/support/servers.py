@@ -5,6 +5,7 @@ JSON log, and waiting for what it does."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import json
 import os
@@ -31,6 +32,10 @@ REAL_URI = "qemu:///system"
 # Where tests keep the `tiny` image between runs (shared with
 # tests/integration/test_real_guest.py; the build is skipped when up to date).
 TEST_IMAGES = TEST_CACHE / "test-images"
+# Where tests keep the `debian` image and its debootstrapped root (not under
+# test-images/, whose `debian/` holds the qcow2 that tests/e2e/test_real_qcow2.py
+# registers).
+DEBIAN_IMAGES = TEST_CACHE / "debian-images"
 START_S = 30
 T = TypeVar("T")
 
@@ -171,21 +176,43 @@ def cached_tiny() -> Path:
     return build_tiny(TEST_IMAGES)
 
 
-def seed_images(data_dir: Path) -> Path:
-    """Give a data dir the cached `tiny` (a link: nothing is rebuilt or copied; the
-    KVM probe's verdict is then cached beside the test image, once for all
-    servers). Answers the data dir's images folder."""
+@functools.cache
+def cached_debian() -> Path:
+    """The `debian` image folder, built once into the test cache (its debootstrapped
+    root is kept there too; the build is skipped when its inputs have not changed;
+    a lock keeps parallel runs from building it twice). Skips the test, in the
+    builder's words, where it cannot be built (no debootstrap, no mirror)."""
+    from hypervisor.base import ImageError
+    from hypervisor.debian import build_debian
+
+    DEBIAN_IMAGES.mkdir(parents=True, exist_ok=True)
+    with (DEBIAN_IMAGES / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return build_debian(DEBIAN_IMAGES)
+        except ImageError as exc:
+            pytest.skip(f"the debian image cannot be built here: {exc}")
+
+
+def seed_images(data_dir: Path, debian: bool = False) -> Path:
+    """Give a data dir the cached `tiny`, and with `debian` the cached `debian` (links:
+    nothing is rebuilt or copied; the KVM probe's verdict is then cached beside the
+    test image, once for all servers). Answers the data dir's images folder."""
     images = data_dir / "images"
     images.mkdir(parents=True, exist_ok=True)
-    link = images / "tiny"
-    if not link.exists():
-        link.symlink_to(cached_tiny(), target_is_directory=True)
+    links = {"tiny": cached_tiny} | ({"debian": cached_debian} if debian else {})
+    for name, cached in links.items():
+        link = images / name
+        if not link.exists():
+            link.symlink_to(cached(), target_is_directory=True)
     return images
 
 
-def start_real_server(tmp: Path, **env_extra: str) -> tuple[subprocess.Popen[str], Server]:
-    """`rift serve` on qemu:///system, its data dir seeded with the cached `tiny`."""
-    seed_images(tmp / "data")
+def start_real_server(tmp: Path, debian: bool = False,
+                      **env_extra: str) -> tuple[subprocess.Popen[str], Server]:
+    """`rift serve` on qemu:///system, its data dir seeded with the cached `tiny` (and,
+    with `debian`, the cached `debian`)."""
+    seed_images(tmp / "data", debian)
     return start_server(tmp, **{"RIFT_HYPERVISOR_URI": REAL_URI, **env_extra})
 
 

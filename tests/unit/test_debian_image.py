@@ -1,0 +1,185 @@
+"""The parts of the `debian` image that need no guest: its initramfs (modules in
+load order, Rift's init), its manifest read back, the kernel command line that
+carries the task's key, the plan of a VM (its own sparse overlay of the read-only
+base disk as vda, removed with the VM), and the root's set-up on a linked copy."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import stat
+import subprocess
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from hypervisor.debian import MODULE_ROOTS, initramfs
+from hypervisor.debian_root import PACKAGES, linked_copy, set_up
+from hypervisor.domain_xml import build_domain_xml
+from hypervisor.image_files import image_files
+from hypervisor.kernel_boot import guest_cmdline
+from rift.catalog import BUILTIN
+from rift.domain.model import Vm
+from rift.guest.adapter import SshGuests
+from rift.services import tasks, vms
+from rift.services.context import Deps, GuestRuntime
+from rift.services.guest_kinds import KernelGuest, VmFiles
+from rift.services.guest_kinds.real import DEFAULT_DISK_GIB, GIB
+from tests.conftest import ALICE
+
+needs_qemu_img = pytest.mark.skipif(shutil.which("qemu-img") is None,
+                                    reason="qemu-img is not installed (scripts/libvirt.sh)")
+
+
+def _newc_names(data: bytes) -> dict[str, tuple[int, bytes]]:
+    entries: dict[str, tuple[int, bytes]] = {}
+    offset = 0
+    while True:
+        header = data[offset:offset + 110]
+        fields = [int(header[6 + 8 * i:14 + 8 * i], 16) for i in range(13)]
+        mode, size, namesize = fields[1], fields[6], fields[11]
+        name_end = offset + 110 + namesize
+        name = data[offset + 110:name_end - 1].decode()
+        start = name_end + (-name_end % 4)
+        body = data[start:start + size]
+        offset = start + size + (-(start + size) % 4)
+        if name == "TRAILER!!!":
+            return entries
+        entries[name] = (mode, body)
+
+
+def _image(images: Path, disk: bool = True) -> Path:
+    folder = images / "debian"
+    folder.mkdir(parents=True)
+    (folder / "vmlinux").write_bytes(b"\x7fELF")
+    (folder / "initrd.img").write_bytes(b"\x1f\x8b")
+    manifest: dict[str, object] = {"name": "debian", "kernel": {"file": "vmlinux"},
+                                   "initrd": {"file": "initrd.img"},
+                                   "cmdline_base": "console=ttyS0 quiet panic=-1"}
+    if disk:
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(folder / "root.qcow2"),
+                        str(1 << 30)], check=True, timeout=30)
+        manifest["disk"] = {"file": "root.qcow2", "format": "qcow2", "virtual_size": 1 << 30}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _vm(vm_id: str = "vm_abcdefgh") -> Vm:
+    return Vm(id=vm_id, task_id="task_abcdefgh", owner="alice", name="box", image="debian",
+              status="creating", host="local", vcpus=1, memory_mib=512,
+              created_at=datetime.now(UTC), ssh_host="127.0.0.1", ssh_port=20022)
+
+
+def _kind(tmp_path: Path) -> tuple[KernelGuest, GuestRuntime]:
+    runtime = GuestRuntime(images_dir=tmp_path / "images", serial_dir=tmp_path / "serial",
+                           boot_timeout_s=5, accel=lambda uri: "qemu",
+                           disks_dir=tmp_path / "disks")
+    kind = KernelGuest("qemu:///system", "debian", runtime, SshGuests(tmp_path / "keys"),
+                       VmFiles(runtime))
+    return kind, runtime
+
+
+def test_debian_is_always_a_known_image() -> None:
+    assert "debian" in BUILTIN and "tiny" in BUILTIN
+
+
+def test_a_debian_vm_on_the_test_driver_runs_at_once_with_512_mib_by_default(
+        deps: Deps) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle), image="debian")
+    assert (vm.status, vm.image, vm.memory_mib, vm.ssh) == ("running", "debian", 512, None)
+    tiny = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny")
+    assert tiny.memory_mib == 256
+
+
+def test_the_root_has_what_agents_need() -> None:
+    for package in ("python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates",
+                    "build-essential", "procps", "iproute2", "sudo", "openssh-server"):
+        assert package in PACKAGES
+
+
+def test_the_initramfs_loads_the_block_driver_and_mounts_the_overlay_as_root(
+        tmp_path: Path) -> None:
+    modules = [(name, tmp_path / f"{name}.ko") for name in
+               ("virtio_ring", "virtio", "virtio_pci", "virtio_blk", "virtio_net", "virtio_rng")]
+    for _, ko in modules:
+        ko.write_bytes(b"\x7fELF")
+    busybox = Path("/bin/busybox")
+    if not busybox.is_file():
+        pytest.skip("no busybox here (apt-get install busybox-static)")
+    entries = _newc_names(initramfs(busybox, modules))
+    assert entries["etc/rift/modules"][1].decode().split() == [n for n, _ in modules]
+    assert "virtio_blk" in MODULE_ROOTS
+    init = entries["init"][1].decode()
+    assert stat.S_IMODE(entries["init"][0]) == 0o755
+    assert "/dev/vda /newroot" in init and "switch_root /newroot /usr/lib/rift/init" in init
+    assert "rift.key=" in init and "RIFT-INIT" in init
+
+
+@needs_qemu_img
+def test_the_kernel_command_line_carries_the_task_key(tmp_path: Path) -> None:
+    image = image_files(tmp_path, _image(tmp_path).name)
+    line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG2 task_abcdefgh"
+    cmdline = guest_cmdline(image, line)
+    assert cmdline.startswith("console=ttyS0 quiet panic=-1 rift.key=")
+    assert base64.b64decode(cmdline.rsplit("rift.key=", 1)[1]).decode() == line
+    assert image.disk == (tmp_path / "debian" / "root.qcow2").resolve()
+    assert image.disk_bytes == 1 << 30
+
+
+@needs_qemu_img
+def test_a_debian_vm_boots_its_own_sparse_overlay_of_the_base_and_it_goes_with_the_vm(
+        tmp_path: Path) -> None:
+    kind, runtime = _kind(tmp_path)
+    base = _image(runtime.images_dir) / "root.qcow2"
+    vm = _vm()
+    spec = kind.plan(vm)
+    overlay = runtime.vm_disks_dir.resolve() / f"{vm.id}.qcow2"
+    assert spec.disk == str(overlay) and spec.kernel and spec.initrd
+    assert spec.cmdline is not None and "rift.key=" in spec.cmdline
+    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(overlay)],
+                                     capture_output=True, text=True, check=True,
+                                     timeout=30).stdout)
+    assert info["virtual-size"] == DEFAULT_DISK_GIB * GIB
+    assert info["backing-filename"] == str(base.resolve())
+    assert overlay.stat().st_blocks * 512 < 1 << 20  # sparse: nothing written yet
+    disk = ET.fromstring(build_domain_xml(spec)).find("devices/disk")  # noqa: S314 (our XML)
+    assert disk is not None
+    assert disk.find("source").get("file") == str(overlay)  # type: ignore[union-attr]
+    assert disk.find("target").get("dev") == "vda"  # type: ignore[union-attr]
+    kind.clean_up(vm.id)
+    assert not overlay.exists()
+
+
+@needs_qemu_img
+def test_tiny_still_boots_without_a_disk(tmp_path: Path) -> None:
+    kind, runtime = _kind(tmp_path)
+    _image(runtime.images_dir, disk=False)
+    spec = kind.plan(_vm())
+    assert spec.disk is None
+    assert not runtime.vm_disks_dir.exists() or not any(runtime.vm_disks_dir.iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the set-up writes root-owned files")
+def test_the_set_up_copy_leaves_the_cached_root_as_debootstrap_left_it(tmp_path: Path) -> None:
+    cached = tmp_path / "cached"
+    (cached / "etc" / "ssh" / "sshd_config.d").mkdir(parents=True)
+    (cached / "etc" / "hostname").write_text("debootstrap-host\n")
+    (cached / "etc" / "ssh" / "ssh_host_ed25519_key").write_text("shared secret")
+    (cached / "usr" / "share" / "doc" / "git").mkdir(parents=True)
+    busybox = tmp_path / "busybox"
+    busybox.write_bytes(b"\x7fELF")
+    copy = tmp_path / "copy"
+    linked_copy(cached, copy)
+    set_up(copy, busybox)
+    assert (cached / "etc" / "hostname").read_text() == "debootstrap-host\n"
+    assert (cached / "etc" / "ssh" / "ssh_host_ed25519_key").exists()
+    assert (cached / "usr" / "share" / "doc" / "git").is_dir()
+    assert (copy / "etc" / "hostname").read_text() == "rift\n"
+    assert not list((copy / "etc" / "ssh").glob("ssh_host_*"))  # each VM makes its own
+    assert "PasswordAuthentication no" in (copy / "etc/ssh/sshd_config.d/60-rift.conf").read_text()
+    assert os.access(copy / "usr" / "lib" / "rift" / "init", os.X_OK)
