@@ -71,6 +71,7 @@ def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
     if not force and up_to_date(target, inputs, ("kernel", "initrd", "disk")):
         return target
 
+    (cache / "debs").mkdir(parents=True, exist_ok=True)
     deb = download(kernel_pkg, kernel_version, cache / "debs")
     images_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".debian-build-", dir=images_dir))
