@@ -60,7 +60,7 @@ def _images(settings: Settings) -> Check:
     kinds = {n: _kind(settings, n) for n in DirectoryImages(settings.data_dir / "images").names()}
     ready = [n for n, kind in kinds.items() if usable(kind)]
     if not ready:
-        return ("images", False, "no image is built; rift image build tiny")
+        return ("images", False, "no image is built; rift image build tiny (and debian)")
     lacking: dict[str, list[str]] = {}
     for name in ready:
         missing = kinds[name].missing_tools()
