@@ -107,8 +107,13 @@ def debian_root(cache: Path) -> tuple[Path, str]:
 
 
 def linked_copy(root: Path, into: Path) -> None:
-    """A copy of `root` at `into` made of hard links (fast, no data copied)."""
-    run_command(["cp", "-al", str(root), str(into)], timeout_s=DEBOOTSTRAP_TIMEOUT_S)
+    """A copy of `root` at `into` made of hard links (fast, no data copied), or a
+    plain copy where `into` is on another file system than the cache."""
+    try:
+        run_command(["cp", "-al", str(root), str(into)], timeout_s=DEBOOTSTRAP_TIMEOUT_S)
+    except ImageError:
+        shutil.rmtree(into, ignore_errors=True)
+        run_command(["cp", "-a", str(root), str(into)], timeout_s=DEBOOTSTRAP_TIMEOUT_S)
 
 
 def set_up(root: Path, busybox: Path) -> None:
