@@ -50,11 +50,11 @@ def fill(deps: Deps, owner: str) -> None:
                         status="open", lease_gen=1, secret_digest="0" * 64,
                         holder="mcp:claude-code", held_since=at, last_activity_at=at,
                         created_at=at)
-            tx.insert_task(task)
+            tx.tasks.add(task)
             for j in range(VMS_PER_TASK):
-                tx.insert_vm(Vm(id=new_vm_id(), task_id=task.id, owner=owner, name=f"vm-{j}",
-                                image="tiny", status="running", host="local", vcpus=1,
-                                memory_mib=256, created_at=at, ready_at=at))
+                tx.vms.add(Vm(id=new_vm_id(), task_id=task.id, owner=owner, name=f"vm-{j}",
+                              image="tiny", status="running", host="local", vcpus=1,
+                              memory_mib=256, created_at=at, ready_at=at))
 
 
 def page_once(client: TestClient) -> float:

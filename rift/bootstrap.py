@@ -67,7 +67,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     pool = host_pool or CachedHostPool()
     store = SqlStore(url)
     with store.read() as tx:
-        install_id = tx.get_meta("install_id")
+        install_id = tx.meta.get("install_id")
     deps = Deps(
         store=store,
         install_id=install_id,
@@ -147,7 +147,7 @@ def ensure_admin(deps: Deps) -> FirstAdmin | None:
     """On an empty database: the user `admin` with a random password and a token,
     answered once for printing; never stored in the clear."""
     with deps.store.read() as tx:
-        if tx.count_users() > 0:
+        if tx.users.count() > 0:
             return None
     password = secrets.token_urlsafe(18)
     try:

@@ -73,8 +73,8 @@ class Task:
     # Lease and close transitions (SPEC §1). Each answers the task as it is after
     # the change, its lease generation moved on by one, and the event that records
     # it. The store saves the two in one transaction, the task with one
-    # compare-and-set on the old generation, so of two callers racing from one
-    # generation one wins.
+    # compare-and-set on the old generation (`tx.tasks.save(new, expected_gen=
+    # old.lease_gen)`), so of two callers racing from one generation one wins.
 
     def attached(self, by: str, secret_digest: str, now: datetime,
                  details: Mapping[str, Any] | None = None) -> tuple[Task, NewEvent]:

@@ -36,22 +36,22 @@ def add_user(deps: Deps, name: str, password: str | None = None) -> User:
         raise InvalidArgument("password", "must be 8–1024 characters")
     user = User(name, hash_password(password) if password else None, deps.clock.now())
     with deps.store.write() as tx:
-        if tx.get_user(name) is not None:
+        if tx.users.get(name) is not None:
             raise InvalidArgument("name", f"a user {name!r} exists already")
-        tx.add_user(user)
+        tx.users.add(user)
     return user
 
 
 def list_users(deps: Deps) -> list[User]:
     with deps.store.read() as tx:
-        return tx.list_users()
+        return tx.users.all()
 
 
 def verify_password(deps: Deps, name: str, password: str) -> bool:
     """True when the password is the user's. An unknown user costs one verify too,
     so the answer's time says nothing about which names exist."""
     with deps.store.read() as tx:
-        user = tx.get_user(name)
+        user = tx.users.get(name)
     stored = user.password_hash if user and user.password_hash else _DUMMY_HASH
     try:
         ok = _HASHER.verify(stored, password)
@@ -73,20 +73,20 @@ def new_token(deps: Deps, user: str, label: str | None = None) -> NewToken:
     token = Token.mint()
     record = ApiToken(new_token_id(), user, label, token.digest, deps.clock.now())
     with deps.store.write() as tx:
-        if tx.get_user(user) is None:
+        if tx.users.get(user) is None:
             raise InvalidArgument("user", f"no user {user!r}; rift user add {user} makes one")
-        tx.add_token(record)
+        tx.tokens.add(record)
     return NewToken(record, token)
 
 
 def list_tokens(deps: Deps, user: str) -> list[ApiToken]:
     with deps.store.read() as tx:
-        return tx.list_tokens(user)
+        return tx.tokens.of_user(user)
 
 
 def revoke_token(deps: Deps, token_id: str) -> bool:
     with deps.store.write() as tx:
-        return tx.revoke_token(token_id, deps.clock.now())
+        return tx.tokens.revoke(token_id, deps.clock.now())
 
 
 def authenticate(deps: Deps, bearer: str | None) -> tuple[ApiToken, Caller]:
@@ -94,7 +94,7 @@ def authenticate(deps: Deps, bearer: str | None) -> tuple[ApiToken, Caller]:
     if not bearer or not Token.looks_valid(bearer):
         raise Unauthorized()
     with deps.store.read() as tx:
-        record = tx.get_token_by_digest(Token(bearer).digest)
+        record = tx.tokens.by_digest(Token(bearer).digest)
     if record is None or record.revoked_at is not None:
         raise Unauthorized()
     return record, Caller(record.user, record.holder_label)

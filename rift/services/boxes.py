@@ -37,17 +37,17 @@ class BoxesPage:
 def change_mark(deps: Deps) -> str:
     """The store's change mark: moves on every event and every touch."""
     with deps.store.read() as tx:
-        return tx.change_mark().token
+        return tx.web.change_mark().token
 
 
 def read_page(deps: Deps, user: str) -> BoxesPage:
     """One consistent read: the mark, then what the page shows."""
     with deps.store.read() as tx:
-        mark = tx.change_mark().token
-        found = tx.list_tasks(user, "open", OPEN_MAX + 1, None)
+        mark = tx.web.change_mark().token
+        found = tx.tasks.page(user, "open", OPEN_MAX + 1, None)
         opened = found[:OPEN_MAX]
-        closed = tx.list_recently_closed(user, CLOSED_MAX)
-        vms = tx.list_vms_of_tasks([t.id for t in opened + closed])
+        closed = tx.tasks.recently_closed(user, CLOSED_MAX)
+        vms = tx.vms.of_tasks([t.id for t in opened + closed])
     opened.sort(key=lambda t: (t.last_activity_at, t.created_at), reverse=True)
     open_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in opened]
     closed_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in closed]

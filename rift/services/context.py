@@ -68,11 +68,6 @@ class Deps:
     runtime: GuestRuntime | None = None
     install_id: str | None = None  # marks this control plane's domains on shared hosts
 
-    @property
-    def clocks(self) -> LeaseRules:
-        """Transitional name of `lease_rules`, for rift/services/tools.py."""
-        return self.lease_rules
-
 
 @dataclass(frozen=True)
 class Caller:

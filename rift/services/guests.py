@@ -28,7 +28,7 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
 
     def work(tx: Tx) -> Vm:
         task = check_handle(deps, tx, caller, parsed, deps.clock.now())
-        vm = tx.get_vm(vm_id)
+        vm = tx.vms.get(vm_id)
         if vm is None or vm.task_id != task.id:
             raise VmNotFound(vm_id)
         return vm

@@ -19,21 +19,21 @@ HEARTBEAT = "heartbeat_at"
 def beat(deps: Deps) -> None:
     now = deps.clock.now().isoformat()
     with deps.store.write() as tx:
-        tx.swap_meta(HEARTBEAT, tx.get_meta(HEARTBEAT), now)
+        tx.meta.swap(HEARTBEAT, tx.meta.get(HEARTBEAT), now)
 
 
 def resume(deps: Deps, sweep_interval_s: int) -> float:
     """At start: answers the seconds of downtime the task clocks were moved by."""
     now = deps.clock.now()
     with deps.store.write() as tx:
-        last = tx.get_meta(HEARTBEAT)
+        last = tx.meta.get(HEARTBEAT)
         if last is None:
-            tx.swap_meta(HEARTBEAT, None, now.isoformat())
+            tx.meta.swap(HEARTBEAT, None, now.isoformat())
             return 0.0
         gap = (now - datetime.fromisoformat(last)).total_seconds()
-        if gap <= 3 * sweep_interval_s or not tx.swap_meta(HEARTBEAT, last, now.isoformat()):
+        if gap <= 3 * sweep_interval_s or not tx.meta.swap(HEARTBEAT, last, now.isoformat()):
             return 0.0
-        moved = tx.shift_open_tasks(gap)
+        moved = tx.tasks.shift_open(gap)
     deps.log.info("resumed after downtime", extra={
         "down_s": round(gap, 1), "tasks_shifted": moved,
         "down_since": (now - timedelta(seconds=gap)).isoformat()})

@@ -38,9 +38,9 @@ def add_host(deps: Deps, name: str, uri: str, vcpus: int | None = None,
     cpus, mem = _capacity(deps, uri, vcpus, memory_mib)
     host = Host(name, uri, cpus, mem, False, deps.clock.now())
     with deps.store.write() as tx:
-        if tx.get_host(name) is not None:
+        if tx.hosts.get(name) is not None:
             raise InvalidArgument("name", f"a host {name!r} exists already")
-        tx.add_host(host)
+        tx.hosts.add(host)
     return host
 
 
@@ -49,7 +49,7 @@ def ensure_local_host(deps: Deps, uri: str, vcpus: int | None = None,
     """A fresh install has one host, `local`, on `RIFT_HYPERVISOR_URI`; a changed
     URI or size is taken up at start."""
     with deps.store.read() as tx:
-        current = tx.get_host(LOCAL)
+        current = tx.hosts.get(LOCAL)
     if current is None:
         try:
             return add_host(deps, LOCAL, uri, vcpus, memory_mib)
@@ -57,16 +57,16 @@ def ensure_local_host(deps: Deps, uri: str, vcpus: int | None = None,
             pass
     cpus, mem = _capacity(deps, uri, vcpus, memory_mib)
     with deps.store.write() as tx:
-        tx.update_host(LOCAL, uri=uri, vcpus=cpus, memory_mib=mem)
-        host = tx.get_host(LOCAL)
+        tx.hosts.update(LOCAL, uri=uri, vcpus=cpus, memory_mib=mem)
+        host = tx.hosts.get(LOCAL)
     assert host is not None
     return host
 
 
 def list_hosts(deps: Deps) -> list[dict[str, Any]]:
     with deps.store.read() as tx:
-        hosts = tx.list_hosts()
-        usage = tx.host_usage()
+        hosts = tx.hosts.all()
+        usage = tx.vms.usage_by_host()
     rows = []
     for h in hosts:
         used = usage.get(h.name)
@@ -85,19 +85,19 @@ def list_hosts(deps: Deps) -> list[dict[str, Any]]:
 
 def drain_host(deps: Deps, name: str, drained: bool = True) -> Host:
     with deps.store.write() as tx:
-        if not tx.update_host(name, drained=drained):
+        if not tx.hosts.update(name, drained=drained):
             raise InvalidArgument("name", f"no host {name!r}; rift host list shows them")
-        host = tx.get_host(name)
+        host = tx.hosts.get(name)
     assert host is not None
     return host
 
 
 def remove_host(deps: Deps, name: str) -> None:
     with deps.store.write() as tx:
-        if tx.get_host(name) is None:
+        if tx.hosts.get(name) is None:
             raise InvalidArgument("name", f"no host {name!r}; rift host list shows them")
-        used = tx.host_usage().get(name)
+        used = tx.vms.usage_by_host().get(name)
         if used and used.vms:
             raise InvalidArgument("name", f"host {name!r} still has {used.vms} VMs; "
                                   "rift host drain it and wait for its tasks to close")
-        tx.delete_host(name)
+        tx.hosts.delete(name)

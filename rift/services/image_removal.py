@@ -21,8 +21,8 @@ def _images_dir(deps: Deps) -> Path:
 def live_vms_of_image(deps: Deps, name: str) -> list[str]:
     """Ids of the live (creating or running) VMs made from image `name`, on any host."""
     with deps.store.read() as tx:
-        return sorted(vm.id for host in tx.list_hosts()
-                      for vm in tx.live_vms_on_host(host.name) if vm.image == name)
+        return sorted(vm.id for host in tx.hosts.all()
+                      for vm in tx.vms.live_on_host(host.name) if vm.image == name)
 
 
 def remove_image(deps: Deps, name: str) -> None:

@@ -37,7 +37,7 @@ def check_image(deps: Deps, kind: GuestKind, image: str, uri: str) -> None:
 
 def pick_ssh_port(tx: Tx, host: str) -> int:
     """A loopback port no live VM of the host uses and that is free right now."""
-    taken = {vm.ssh_port for vm in tx.live_vms_on_host(host) if vm.ssh_port}
+    taken = {vm.ssh_port for vm in tx.vms.live_on_host(host) if vm.ssh_port}
     for _ in range(200):
         port = random.randrange(*PORTS)
         if port in taken:
@@ -54,10 +54,10 @@ def pick_ssh_port(tx: Tx, host: str) -> int:
 def _failed(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
     now = deps.clock.now()
     with deps.store.write() as tx:
-        if tx.update_vm(vm.id, ("creating",), status="failed", error=error):
-            tx.add_event(NewEvent(vm.task_id, "vm_failed", now, caller.label,
-                                  {"vm_id": vm.id, "error": error}))
-        return tx.get_vm(vm.id) or vm
+        if tx.vms.update(vm.id, ("creating",), status="failed", error=error):
+            tx.events.add(NewEvent(vm.task_id, "vm_failed", now, caller.label,
+                                   {"vm_id": vm.id, "error": error}))
+        return tx.vms.get(vm.id) or vm
 
 
 def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind) -> Vm:
@@ -84,17 +84,17 @@ def _running(deps: Deps, caller: Caller, vm: Vm, uri: str, started: datetime) ->
     boot_s = (now - started).total_seconds()
     task: Task | None = None
     with deps.store.write() as tx:
-        won = tx.update_vm(vm.id, ("creating",), status="running", ready_at=now)
+        won = tx.vms.update(vm.id, ("creating",), status="running", ready_at=now)
         if won:
-            tx.add_event(NewEvent(vm.task_id, "vm_running", now, caller.label,
-                                  {"vm_id": vm.id, "boot_s": boot_s}))
-            task = tx.get_task(vm.task_id)
+            tx.events.add(NewEvent(vm.task_id, "vm_running", now, caller.label,
+                                   {"vm_id": vm.id, "boot_s": boot_s}))
+            task = tx.tasks.get(vm.task_id)
     if not won or (task is not None and not task.is_open):
         # The task closed (or the VM was destroyed) while it was starting: take the
         # domain down again so nothing runs without a live row.
         destroy_domain(deps, vm, uri)
         with deps.store.read() as tx:
-            current = tx.get_vm(vm.id) or vm
+            current = tx.vms.get(vm.id) or vm
         if current.is_live:
             return destroy_vm(deps, current, caller.label, {"reason": "task closed"})
         return current

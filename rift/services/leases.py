@@ -1,13 +1,14 @@
 """Holding a task: handle checks, attach (with and without takeover), release.
 
-Every lease change is one compare-and-set on the task's lease generation, so
-racing callers (threads or replicas) get exactly one winner.
+Every lease change is a transition of the domain `Task` (`attached`,
+`taken_over`, `released`) saved with one compare-and-set on the task's lease
+generation, so racing callers (threads or replicas) get exactly one winner.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -54,7 +55,7 @@ def parse_handle(text: str | None) -> Handle:
 
 def owned_task(tx: Tx, caller: Caller, task_id: str) -> Task:
     """The caller's task; another user's is answered exactly like a missing one."""
-    task = tx.get_task(task_id)
+    task = tx.tasks.get(task_id)
     if task is None or task.owner != caller.user:
         raise TaskNotFound(task_id)
     return task
@@ -73,13 +74,13 @@ def check_handle(deps: Deps, tx: Tx, caller: Caller, handle: Handle, now: dateti
     if task.secret_digest is None:
         raise TaskReleased(task.id)
     if not matches(handle.secret, task.secret_digest):
-        tx.add_event(NewEvent(task.id, "stale_rejected", now, caller.label,
-                              {"holder": task.holder}))
+        tx.events.add(NewEvent(task.id, "stale_rejected", now, caller.label,
+                               {"holder": task.holder}))
         raise LeaseStale(task.id, task.holder, iso(task.held_since))
     if deps.lease_rules.needs_touch(task, now):
         step = timedelta(seconds=deps.lease_rules.activity_step_s)
-        if tx.touch_task(task.id, now, now - step):
-            task = replace(task, last_activity_at=now)
+        if tx.tasks.touch(task.id, now, now - step):
+            task = task.touched(now)
     return task
 
 
@@ -114,19 +115,18 @@ class Attached:
 
 
 def take_lease(
-    deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime, event: str,
+    deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime, takeover: bool,
     details: dict[str, Any],
 ) -> Attached | None:
-    """Mint a new handle for ``task`` by compare-and-set; None when another caller won."""
+    """Mint a new handle for ``task`` (taken over from an active holder, or
+    attached) and save it by compare-and-set; None when another caller won."""
     handle = Handle.mint(task.id)
     previous = task.holder if task.is_held else None
-    if not tx.update_task(task.id, task.lease_gen, secret_digest=handle.digest,
-                          holder=caller.label, held_since=now, last_activity_at=now):
+    transition = task.taken_over if takeover else task.attached
+    won, event = transition(caller.label, handle.digest, now, details)
+    if not tx.tasks.save(won, expected_gen=task.lease_gen):
         return None
-    tx.add_event(NewEvent(task.id, event, now, caller.label,
-                          {"previous_holder": previous, **details}))
-    won = replace(task, lease_gen=task.lease_gen + 1, secret_digest=handle.digest,
-                  holder=caller.label, held_since=now, last_activity_at=now)
+    tx.events.add(event)
     return Attached(won, handle, previous)
 
 
@@ -138,8 +138,7 @@ def attach(deps: Deps, caller: Caller, task_id: str, takeover: bool = False) -> 
             task = owned_task(tx, caller, task_id)
             ensure_open(task)
             active = refuse_if_held(deps, task, now, takeover)
-            won = take_lease(deps, tx, caller, task, now,
-                             "taken_over" if active else "attached", {"takeover": takeover})
+            won = take_lease(deps, tx, caller, task, now, active, {"takeover": takeover})
         if won is not None:
             deps.log.info("task attached", extra={"task_id": task_id, "holder": caller.label,
                                                   "takeover": active})
@@ -158,12 +157,11 @@ def release(deps: Deps, caller: Caller, handle_text: str | None) -> Task:
     def work(tx: Tx) -> Task | None:
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, handle, now)
-        if not tx.update_task(task.id, task.lease_gen, secret_digest=None, holder=None,
-                              held_since=None):
+        released, event = task.released(caller.label, now)
+        if not tx.tasks.save(released, expected_gen=task.lease_gen):
             return None
-        tx.add_event(NewEvent(task.id, "released", now, caller.label, {}))
-        return replace(task, lease_gen=task.lease_gen + 1, secret_digest=None, holder=None,
-                       held_since=None)
+        tx.events.add(event)
+        return released
 
     for _ in range(_CAS_ATTEMPTS):
         released = in_write(deps.store, work)

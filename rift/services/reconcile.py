@@ -49,7 +49,7 @@ class ReconcileReport:
 
 def _live(deps: Deps, host: str) -> dict[str, Vm]:
     with deps.store.read() as tx:
-        return {vm.id: vm for vm in tx.live_vms_on_host(host)}
+        return {vm.id: vm for vm in tx.vms.live_on_host(host)}
 
 
 def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
@@ -58,13 +58,13 @@ def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
     next sweep), so nothing outside Rift is blamed for a domain Rift took down."""
     now = deps.clock.now()
     with deps.store.write() as tx:
-        current = tx.get_vm(vm.id)
+        current = tx.vms.get(vm.id)
         if current is None or current.destroy_requested_at is not None:
             return False
-        won = tx.update_vm(vm.id, (expected,), status="failed", error=error)
+        won = tx.vms.update(vm.id, (expected,), status="failed", error=error)
         if won:
-            tx.add_event(NewEvent(vm.task_id, "vm_failed", now, SWEEP,
-                                  {"vm_id": vm.id, "error": error}))
+            tx.events.add(NewEvent(vm.task_id, "vm_failed", now, SWEEP,
+                                   {"vm_id": vm.id, "error": error}))
     return won
 
 
@@ -156,25 +156,25 @@ def mark_unreachable(deps: Deps, host: str, error: str) -> None:
     now = deps.clock.now()
     note = f"{_unreachable_note(host)} since {now.isoformat(timespec='seconds')}: {error}"
     with deps.store.write() as tx:
-        current = tx.get_host(host)
+        current = tx.hosts.get(host)
         if current is None or current.unreachable_since is not None:
             return
-        tx.update_host(host, unreachable_since=now, last_error=error)
-        for vm in tx.live_vms_on_host(host):
+        tx.hosts.update(host, unreachable_since=now, last_error=error)
+        for vm in tx.vms.live_on_host(host):
             if vm.error is None:
-                tx.update_vm(vm.id, (vm.status,), error=note)
+                tx.vms.update(vm.id, (vm.status,), error=note)
 
 
 def mark_reachable(deps: Deps, host: str) -> None:
     with deps.store.read() as tx:
-        current = tx.get_host(host)
+        current = tx.hosts.get(host)
     if current is None or current.unreachable_since is None:
         return
     with deps.store.write() as tx:
-        tx.update_host(host, unreachable_since=None, last_error=None)
-        for vm in tx.live_vms_on_host(host):
+        tx.hosts.update(host, unreachable_since=None, last_error=None)
+        for vm in tx.vms.live_on_host(host):
             if vm.error is not None and vm.error.startswith(_unreachable_note(host)):
-                tx.update_vm(vm.id, (vm.status,), error=None)
+                tx.vms.update(vm.id, (vm.status,), error=None)
     deps.log.info("host answers again", extra={"host": host})
 
 
@@ -193,7 +193,7 @@ def _interrupted(deps: Deps, vm: Vm, hv: Hypervisor, has_domain: bool,
 def reconcile(deps: Deps) -> ReconcileReport:
     report = ReconcileReport()
     with deps.store.read() as tx:
-        hosts = tx.list_hosts()
+        hosts = tx.hosts.all()
     for host in hosts:
         reconcile_host(deps, host.name, host.uri, report)
     remove_dead_disks(deps, report)
@@ -217,7 +217,7 @@ def remove_dead_disks(deps: Deps, report: ReconcileReport) -> None:
         return
     with deps.store.read() as tx:
         dead = sorted(vm_id for vm_id in found
-                      if (vm := tx.get_vm(vm_id)) is None or not vm.is_live)
+                      if (vm := tx.vms.get(vm_id)) is None or not vm.is_live)
     for vm_id in dead:
         files.remove(vm_id)
         report.disks_removed.append(vm_id)

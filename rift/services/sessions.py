@@ -85,18 +85,18 @@ def _keys(name: str, address: str) -> list[tuple[Throttle, str]]:
 
 
 def _wait_s(tx: Tx, keys: list[tuple[Throttle, str]], now: datetime) -> float:
-    return max(policy.wait_s(tx.get_login_failures(key), now) for policy, key in keys)
+    return max(policy.wait_s(tx.web.login_failures(key), now) for policy, key in keys)
 
 
 def _record_failure(deps: Deps, keys: list[tuple[Throttle, str]], now: datetime) -> None:
     with deps.store.write() as tx:
         for policy, key in keys:
-            found = tx.get_login_failures(key)
+            found = tx.web.login_failures(key)
             if found is not None and policy.forgotten(found, now):
-                tx.clear_login_failures(key)
-            tx.add_login_failure(key, now)
+                tx.web.clear_login_failures(key)
+            tx.web.add_login_failure(key, now)
         forget = max(policy.forget_s for policy, _ in keys)
-        tx.purge_login_failures(now - timedelta(seconds=forget))
+        tx.web.purge_login_failures(now - timedelta(seconds=forget))
 
 
 def log_in(deps: Deps, name: str, password: str, address: str, ttl_s: int) -> NewSession:
@@ -120,9 +120,9 @@ def log_in(deps: Deps, name: str, password: str, address: str, ttl_s: int) -> Ne
     session_id = new_secret()
     session = WebSession(digest(session_id), name, now, now + timedelta(seconds=ttl_s))
     with deps.store.write() as tx:
-        tx.clear_login_failures(keys[0][1])
-        tx.purge_sessions(now)
-        tx.add_session(session)
+        tx.web.clear_login_failures(keys[0][1])
+        tx.web.purge_sessions(now)
+        tx.web.add_session(session)
     deps.log.info("web login", extra={"user": name})
     return NewSession(session_id, name, session.expires_at)
 
@@ -136,7 +136,7 @@ def session_user(deps: Deps, session_id: str | None) -> str | None:
     if not session_id or not _well_formed(session_id):
         return None
     with deps.store.read() as tx:
-        found = tx.get_session(digest(session_id))
+        found = tx.web.get_session(digest(session_id))
     if found is None or found.expires_at <= deps.clock.now():
         return None
     return found.user
@@ -147,7 +147,7 @@ def log_out(deps: Deps, session_id: str | None) -> bool:
     if not session_id or not _well_formed(session_id):
         return False
     with deps.store.write() as tx:
-        return tx.delete_session(digest(session_id))
+        return tx.web.delete_session(digest(session_id))
 
 
 def form_token() -> str:

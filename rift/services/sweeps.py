@@ -36,7 +36,7 @@ def close_idle(deps: Deps, report: SweepReport) -> None:
         cutoff = deps.lease_rules.idle_cutoff(now)
         closed_now: list[str] = []
         with deps.store.write() as tx:
-            due = tx.due_idle_tasks(cutoff, BATCH)
+            due = tx.tasks.due_idle(cutoff, BATCH)
             for task in due:
                 details = {"quiet_s": int((now - task.last_activity_at).total_seconds())}
                 if close_in_tx(tx, task, SWEEP, "idle", now, details):
@@ -51,11 +51,11 @@ def finish_closing(deps: Deps, report: SweepReport) -> None:
     destroy libvirt refused, is finished here."""
     while True:
         with deps.store.read() as tx:
-            vms: list[Vm] = tx.live_vms_of_closed_tasks(BATCH)
+            vms: list[Vm] = tx.vms.live_of_closed_tasks(BATCH)
         done, refused = destroy_vms(deps, vms, SWEEP)
         for task_id in {vm.task_id for vm in vms if vm.id in done}:
             with deps.store.read() as tx:
-                if tx.count_live_vms(task_id) == 0:
+                if tx.vms.count_live(task_id) == 0:
                     forget_task_key(deps, task_id)
         report.destroyed.extend(done)
         report.refused.extend(refused)
@@ -68,7 +68,7 @@ def purge_closed(deps: Deps, report: SweepReport) -> None:
     cutoff = deps.clock.now() - timedelta(seconds=deps.limits.closed_retention_s)
     while True:
         with deps.store.write() as tx:
-            gone = tx.purge_closed_before(cutoff, BATCH)
+            gone = tx.tasks.purge_closed_before(cutoff, BATCH)
         for task_id in gone:
             forget_task_key(deps, task_id)
         report.purged += len(gone)
@@ -85,8 +85,8 @@ def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
 
     def needed(task_id: str) -> bool:
         with deps.store.read() as tx:
-            task = tx.get_task(task_id)
-            return task is not None and (task.is_open or tx.count_live_vms(task_id) > 0)
+            task = tx.tasks.get(task_id)
+            return task is not None and (task.is_open or tx.vms.count_live(task_id) > 0)
 
     report.keys_forgotten = deps.guests.tidy_keys(needed)
 

@@ -50,7 +50,7 @@ def request_digest(**fields: Any) -> str:
 
 
 def view(deps: Deps, tx: Tx, task: Task) -> TaskView:
-    return TaskView.of(task, tx.list_vms(task.id), deps.lease_rules)
+    return TaskView.of(task, tx.vms.of_task(task.id), deps.lease_rules)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def _replay(deps: Deps, tx: Tx, caller: Caller, task: Task, digest: str) -> Atta
     if task.request_digest != digest:
         raise IdempotencyConflict("rift_task_new")
     ensure_open(task)
-    return take_lease(deps, tx, caller, task, deps.clock.now(), "attached", {"replay": True})
+    return take_lease(deps, tx, caller, task, deps.clock.now(), False, {"replay": True})
 
 
 def new_task(deps: Deps, caller: Caller, name: str | None = None,
@@ -79,7 +79,7 @@ def new_task(deps: Deps, caller: Caller, name: str | None = None,
         try:
             with deps.store.write() as tx:
                 if idempotency_key is not None:
-                    existing = tx.find_task_by_key(caller.user, idempotency_key)
+                    existing = tx.tasks.find_by_key(caller.user, idempotency_key)
                     if existing is not None:
                         won = _replay(deps, tx, caller, existing, digest)
                         if won is None:
@@ -94,9 +94,9 @@ def new_task(deps: Deps, caller: Caller, name: str | None = None,
                     held_since=now, last_activity_at=now, created_at=now,
                     idempotency_key=idempotency_key, request_digest=digest,
                 )
-                tx.insert_task(task)
-                tx.add_event(NewEvent(task_id, "opened", now, caller.label,
-                                      {"name": task.name, "holder": caller.label}))
+                tx.tasks.add(task)
+                tx.events.add(NewEvent(task_id, "opened", now, caller.label,
+                                       {"name": task.name, "holder": caller.label}))
                 opened = Opened(TaskView.of(task, [], deps.lease_rules), handle)
         except DuplicateKey:
             continue  # a concurrent create with the same key won; replay it
@@ -118,12 +118,12 @@ def check_rate(what: str, per_hour: int, now: datetime,
 
 def _check_task_budget(deps: Deps, tx: Tx, caller: Caller, now: datetime) -> None:
     limits = deps.limits
-    if tx.count_open_tasks(caller.user) >= limits.max_open_tasks:
+    if tx.tasks.count_open(caller.user) >= limits.max_open_tasks:
         raise QuotaExceeded(f"open tasks per user ({limits.max_open_tasks})",
                             limits.max_open_tasks, "rift_task_close")
     check_rate("task creations", limits.rate_task_new_per_h, now,
-               lambda since: tx.count_tasks_created_since(caller.user, since),
-               lambda since: tx.oldest_task_created_since(caller.user, since))
+               lambda since: tx.tasks.count_created_since(caller.user, since),
+               lambda since: tx.tasks.oldest_created_since(caller.user, since))
 
 
 def get_task(deps: Deps, caller: Caller, task_id: str | None = None,
@@ -132,7 +132,7 @@ def get_task(deps: Deps, caller: Caller, task_id: str | None = None,
     if handle is not None:
         task = hold(deps, caller, handle)
         with deps.store.read() as tx:
-            return view(deps, tx, tx.get_task(task.id) or task)
+            return view(deps, tx, tx.tasks.get(task.id) or task)
     if task_id is None:
         raise InvalidArgument("task_id", "give task_id or handle")
     validate.task_id(task_id)
@@ -150,10 +150,10 @@ def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
     if after is not None:
         validate.task_id(after, "after")
     with deps.store.read() as tx:
-        page = tx.list_tasks(caller.user if caller else None, status, size + 1, after)
+        page = tx.tasks.page(caller.user if caller else None, status, size + 1, after)
         more = len(page) > size
         page = page[:size]
-        vms = tx.list_vms_of_tasks([t.id for t in page])
+        vms = tx.vms.of_tasks([t.id for t in page])
     views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in page]
     return TaskListOut(tasks=views, next_after=page[-1].id if more and page else None)
 
@@ -164,10 +164,10 @@ def task_events(deps: Deps, caller: Caller | None, task_id: str, after_id: int |
     start = 0 if after_id is None else validate.integer("after_id", after_id, 0, 2**62)
     size = validate.limit(limit)
     with deps.store.read() as tx:
-        task = tx.get_task(task_id)
+        task = tx.tasks.get(task_id)
         if task is None or (caller is not None and task.owner != caller.user):
             raise TaskNotFound(task_id)
-        events = tx.list_events(task_id, start, size + 1)
+        events = tx.events.page(task_id, start, size + 1)
     more = len(events) > size
     events = events[:size]
     return TaskEventsOut(task_id=task_id, events=[EventView.of(e) for e in events],
@@ -176,12 +176,12 @@ def task_events(deps: Deps, caller: Caller | None, task_id: str, after_id: int |
 
 def _finish_close(deps: Deps, task_id: str, actor: str) -> TaskCloseOut:
     with deps.store.read() as tx:
-        vms: list[Vm] = tx.list_vms(task_id)
+        vms: list[Vm] = tx.vms.of_task(task_id)
     destroyed, refused = destroy_vms(deps, vms, actor)
     if not refused:
         forget_task_key(deps, task_id)
     with deps.store.read() as tx:
-        task = tx.get_task(task_id)
+        task = tx.tasks.get(task_id)
         assert task is not None
         deps.log.info("task closed", extra={"task_id": task_id, "actor": actor,
                                             "reason": task.close_reason})
@@ -224,7 +224,7 @@ def operator_view(deps: Deps, task_id: str) -> TaskView:
     """`rift task show ID`: any user's task, for the local operator."""
     validate.task_id(task_id)
     with deps.store.read() as tx:
-        task = tx.get_task(task_id)
+        task = tx.tasks.get(task_id)
         if task is None:
             raise TaskNotFound(task_id)
         return view(deps, tx, task)
@@ -236,7 +236,7 @@ def close_as_operator(deps: Deps, task_id: str, by: str | None = None) -> TaskCl
     details = {"by": by} if by else {}
 
     def work(tx: Tx) -> bool:
-        task = tx.get_task(task_id)
+        task = tx.tasks.get(task_id)
         if task is None:
             raise TaskNotFound(task_id)
         ensure_open(task)

@@ -11,11 +11,12 @@ live row was Rift's own destroy, cut short.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed
-from rift.domain.model import DESTROYABLE_VM_STATUSES, NewEvent, Task, Vm
+from rift.domain.model import DESTROYABLE_VM_STATUSES, CloseReason, NewEvent, Task, Vm
 from rift.services.context import Deps
 from rift.services.guest_kinds import kind_on
 from rift.services.ports import Tx
@@ -24,7 +25,7 @@ _DESTROYABLE = DESTROYABLE_VM_STATUSES
 
 
 def host_uri(tx: Tx, host_name: str) -> str | None:
-    host = tx.get_host(host_name)
+    host = tx.hosts.get(host_name)
     return host.uri if host else None
 
 
@@ -53,12 +54,12 @@ def request_destroy(deps: Deps, vm: Vm) -> bool:
     finished as a destroy by reconciliation. False when the row is no longer
     destroyable (another caller destroyed it meanwhile)."""
     with deps.store.write() as tx:
-        current = tx.get_vm(vm.id)
+        current = tx.vms.get(vm.id)
         if current is None or current.status not in _DESTROYABLE:
             return False
         if current.destroy_requested_at is not None:
             return True  # asked before (a cut destroy, a refusal): keep the first time
-        return tx.update_vm(vm.id, _DESTROYABLE, destroy_requested_at=deps.clock.now())
+        return tx.vms.update(vm.id, _DESTROYABLE, destroy_requested_at=deps.clock.now())
 
 
 def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = None) -> Vm:
@@ -71,16 +72,16 @@ def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = 
         return vm
     if not request_destroy(deps, vm):
         with deps.store.read() as tx:
-            return tx.get_vm(vm.id) or vm
+            return tx.vms.get(vm.id) or vm
     with deps.store.read() as tx:
         uri = host_uri(tx, vm.host)
     destroy_domain(deps, vm, uri)
     now = deps.clock.now()
     with deps.store.write() as tx:
-        if tx.update_vm(vm.id, _DESTROYABLE, status="destroyed", destroyed_at=now):
-            tx.add_event(NewEvent(vm.task_id, "vm_destroyed", now, actor,
-                                  {"vm_id": vm.id, "host": vm.host, **(details or {})}))
-        current = tx.get_vm(vm.id)
+        if tx.vms.update(vm.id, _DESTROYABLE, status="destroyed", destroyed_at=now):
+            tx.events.add(NewEvent(vm.task_id, "vm_destroyed", now, actor,
+                                   {"vm_id": vm.id, "host": vm.host, **(details or {})}))
+        current = tx.vms.get(vm.id)
     return current or vm
 
 
@@ -101,16 +102,14 @@ def destroy_vms(deps: Deps, vms: Iterable[Vm], actor: str) -> tuple[list[str], l
     return done, refused
 
 
-def close_in_tx(tx: Tx, task: Task, actor: str, reason: str, now: Any,
+def close_in_tx(tx: Tx, task: Task, actor: str, reason: CloseReason, now: datetime,
                 details: dict[str, Any] | None = None) -> bool:
-    """Mark the task closed (compare-and-set) with its `closed` event. The VMs are
-    destroyed after the commit by `destroy_vms`; a crash in between is finished by
-    the sweep (`finish_closing`)."""
-    changes = {"status": "closed", "closed_at": now, "close_reason": reason,
-               "secret_digest": None, "holder": None, "held_since": None}
-    if not tx.update_task(task.id, task.lease_gen, **changes):
+    """Mark the task closed (its `closed` transition, saved by compare-and-set) with
+    its `closed` event. The VMs are destroyed after the commit by `destroy_vms`; a
+    crash in between is finished by the sweep (`finish_closing`)."""
+    vm_ids = [vm.id for vm in tx.vms.of_task(task.id) if vm.status in _DESTROYABLE]
+    closed, event = task.closed(actor, reason, now, vm_ids, details)
+    if not tx.tasks.save(closed, expected_gen=task.lease_gen):
         return False
-    vm_ids = [vm.id for vm in tx.list_vms(task.id) if vm.status in _DESTROYABLE]
-    tx.add_event(NewEvent(task.id, "closed", now, actor,
-                          {"reason": reason, "vms": vm_ids, **(details or {})}))
+    tx.events.add(event)
     return True

@@ -38,7 +38,7 @@ DEFAULT_MEMORY_MIB = {"debian": 512}
 
 
 def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
-    vm = tx.get_vm(vm_id)
+    vm = tx.vms.get(vm_id)
     if vm is None or vm.owner != caller.user:
         raise VmNotFound(vm_id)
     return vm
@@ -51,8 +51,8 @@ def get_vm(deps: Deps, caller: Caller, vm_id: str) -> VmView:
 
 
 def _place(tx: Tx, vcpus: int, memory_mib: int) -> Host:
-    hosts = {h.name: h for h in tx.list_hosts()}
-    usage = tx.host_usage()
+    hosts = {h.name: h for h in tx.hosts.all()}
+    usage = tx.vms.usage_by_host()
     loads = [
         HostLoad(h.name, h.vcpus, h.memory_mib,
                  usage[h.name].vcpus if h.name in usage else 0,
@@ -69,12 +69,12 @@ def _place(tx: Tx, vcpus: int, memory_mib: int) -> Host:
 
 def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime) -> None:
     limits = deps.limits
-    if tx.count_live_vms(task.id) >= limits.max_vms_per_task:
+    if tx.vms.count_live(task.id) >= limits.max_vms_per_task:
         raise QuotaExceeded(f"VMs per task ({limits.max_vms_per_task})",
                             limits.max_vms_per_task, "rift_vm_destroy")
     check_rate("VM creations", limits.rate_vm_new_per_h, now,
-               lambda since: tx.count_vms_created_since(caller.user, since),
-               lambda since: tx.oldest_vm_created_since(caller.user, since))
+               lambda since: tx.vms.count_created_since(caller.user, since),
+               lambda since: tx.vms.oldest_created_since(caller.user, since))
 
 
 def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
@@ -97,7 +97,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
         if idempotency_key is not None:
-            existing = tx.find_vm_by_key(caller.user, idempotency_key)
+            existing = tx.vms.find_by_key(caller.user, idempotency_key)
             if existing is not None:
                 if existing.request_digest != digest:
                     raise IdempotencyConflict("rift_vm_new")
@@ -115,9 +115,9 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
                 status="creating", host=host.name, vcpus=vcpus, memory_mib=memory_mib,
                 created_at=now, idempotency_key=idempotency_key, request_digest=digest,
                 ssh_host=SSH_HOST if port else None, ssh_port=port)
-        tx.insert_vm(vm)
-        tx.add_event(NewEvent(task.id, "vm_creating", now, caller.label,
-                              {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
+        tx.vms.add(vm)
+        tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label,
+                               {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
                                "vcpus": vcpus, "memory_mib": memory_mib}))
         return vm, host.uri, kind, False
 

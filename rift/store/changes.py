@@ -1,4 +1,5 @@
-"""Rules every store query checks: which fields a change may touch, limits, times."""
+"""Rules every repository checks: which fields a change may touch, limits, times.
+(A task's changes are its domain transitions, saved whole by `tx.tasks.save`.)"""
 
 from __future__ import annotations
 
@@ -6,10 +7,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-TASK_CHANGEABLE = frozenset({
-    "name", "status", "secret_digest", "holder", "held_since",
-    "last_activity_at", "closed_at", "close_reason",
-})
 VM_CHANGEABLE = frozenset({
     "name", "status", "host", "ready_at", "destroyed_at", "error", "ssh_host", "ssh_port",
     "destroy_requested_at",

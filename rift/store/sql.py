@@ -24,7 +24,6 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from rift.domain.errors import StoreUnavailable
-from rift.store.hot import HotStatements
 from rift.store.sql_tx import SqlTx
 
 log = logging.getLogger("rift.store")
@@ -105,7 +104,6 @@ class SqlStore:
         self.url = url
         self.engine = make_engine(url, pool_size=pool_size)
         self._sqlite = self.engine.dialect.name == "sqlite"
-        self._hot = HotStatements(self.engine.dialect) if self._sqlite else None
 
     @property
     def dialect(self) -> str:
@@ -116,8 +114,8 @@ class SqlStore:
         """When the database does not answer (down, restarting, a dropped
         connection, a lock given up on), read() and write() raise
         `StoreUnavailable` (503) instead of an internal error; the pool reconnects
-        (pre-ping) once it answers again. SQLite's hot path raises the driver's own
-        errors, so those count too."""
+        (pre-ping) once it answers again. SQLite's BEGIN goes straight to the
+        driver and raises the driver's own errors, so those count too."""
         try:
             yield
         except DBAPIError as exc:
@@ -142,7 +140,7 @@ class SqlStore:
             with conn.begin():
                 if self._sqlite:
                     _driver(conn).execute("BEGIN")
-                yield SqlTx(conn, writable=False, hot=self._hot)
+                yield SqlTx(conn, writable=False)
 
     @contextmanager
     def write(self) -> Iterator[SqlTx]:
@@ -151,7 +149,7 @@ class SqlStore:
                 # Take the write lock now, so writers queue on busy_timeout instead
                 # of failing when a read would have to turn into a write half-way.
                 _driver(conn).execute("BEGIN IMMEDIATE")
-            yield SqlTx(conn, writable=True, hot=self._hot)
+            yield SqlTx(conn, writable=True)
 
     def dispose(self) -> None:
         """Close every pooled connection; the store may still be used after."""

@@ -1,10 +1,10 @@
-"""What every part of the SQL transaction shares: the connection, the
-read-only guard and inserts that say which key they hit."""
+"""What every SQL repository shares: the transaction's connection, the read-only
+guard and inserts that say which key they hit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from sqlalchemy import ColumnElement, Table, exists, select
 from sqlalchemy.engine import Connection
@@ -12,26 +12,20 @@ from sqlalchemy.exc import IntegrityError
 
 from rift.domain.store_errors import ReadOnlyTransaction, StoreError
 
-if TYPE_CHECKING:
-    from rift.store.hot import HotStatements
 
+class SqlRepository:
+    """Rows of one aggregate, in the transaction of one connection; ``writable``
+    is False inside ``store.read()``."""
 
-class SqlTxBase:
-    """One transaction on one connection; ``writable`` is False inside ``read()``."""
+    name: ClassVar[str]  # the repository's attribute on the unit of work: ``tx.<name>``
 
-    def __init__(self, conn: Connection, *, writable: bool,
-                 hot: HotStatements | None = None) -> None:
+    def __init__(self, conn: Connection, *, writable: bool) -> None:
         self._conn = conn
         self._writable = writable
-        self._hot = hot
-
-    @property
-    def connection(self) -> Connection:
-        return self._conn
 
     def _writing(self, method: str) -> None:
         if not self._writable:
-            raise ReadOnlyTransaction(method)
+            raise ReadOnlyTransaction(f"tx.{self.name}.{method}")
 
     def _exists(self, table: Table, *where: ColumnElement[bool]) -> bool:
         return bool(self._conn.scalar(select(exists().where(*where).select_from(table))))

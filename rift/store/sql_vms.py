@@ -1,4 +1,4 @@
-"""VMs in SQL: inserts, lists, the compare-and-set on status, host usage."""
+"""VMs in SQL (``tx.vms``): inserts, lists, the compare-and-set on status, host usage."""
 
 from __future__ import annotations
 
@@ -7,33 +7,40 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Select, func, select, update
+from sqlalchemy import Row, Select, bindparam, func, select, update
 
 from rift.domain.model import LIVE_VM_STATUSES, Vm, VmStatus
 from rift.domain.records import HostUsage
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.changes import VM_CHANGEABLE, check_changes, check_limit
-from rift.store.sql_base import SqlTxBase
+from rift.store.sql_base import SqlRepository
 from rift.store.tables import VM_COLUMNS, tasks, vms
 
 
 def vm_of(row: Row[Any]) -> Vm:
-    return Vm(**row._asdict())
+    return Vm(*tuple(row))  # selected with VM_COLUMNS: the fields' order
 
 
 def select_vms() -> Select[Any]:
     return select(*VM_COLUMNS)
 
 
-class VmQueries(SqlTxBase):
-    def insert_vm(self, vm: Vm) -> None:
-        self._writing("insert_vm")
+# Built once with bind parameters: every VM call and every task view reads these.
+GET_VM = select_vms().where(vms.c.id == bindparam("vm_id"))
+VMS_OF_TASK = select_vms().where(vms.c.task_id == bindparam("task_id")).order_by(vms.c.seq)
+
+
+class SqlVms(SqlRepository):
+    name = "vms"
+
+    def add(self, vm: Vm) -> None:
+        self._writing("add")
 
         def diagnose() -> StoreError | None:
             key = vm.idempotency_key
-            if key is not None and self.find_vm_by_key(vm.owner, key) is not None:
+            if key is not None and self.find_by_key(vm.owner, key) is not None:
                 return DuplicateKey("vms", "idempotency_key")
-            if self.get_vm(vm.id) is not None:
+            if self._exists(vms, vms.c.id == vm.id):
                 return DuplicateKey("vms", "id")
             if not self._exists(tasks, tasks.c.id == vm.task_id):
                 return MissingReference("vms", "task_id")
@@ -41,20 +48,19 @@ class VmQueries(SqlTxBase):
 
         self._insert(vms, dataclasses.asdict(vm), diagnose)
 
-    def get_vm(self, vm_id: str) -> Vm | None:
-        row = self._conn.execute(select_vms().where(vms.c.id == vm_id)).first()
+    def get(self, vm_id: str) -> Vm | None:
+        row = self._conn.execute(GET_VM, {"vm_id": vm_id}).first()
         return None if row is None else vm_of(row)
 
-    def find_vm_by_key(self, owner: str, key: str) -> Vm | None:
+    def find_by_key(self, owner: str, key: str) -> Vm | None:
         query = select_vms().where(vms.c.owner == owner, vms.c.idempotency_key == key)
         row = self._conn.execute(query).first()
         return None if row is None else vm_of(row)
 
-    def list_vms(self, task_id: str) -> list[Vm]:
-        query = select_vms().where(vms.c.task_id == task_id).order_by(vms.c.seq)
-        return [vm_of(row) for row in self._conn.execute(query)]
+    def of_task(self, task_id: str) -> list[Vm]:
+        return [vm_of(row) for row in self._conn.execute(VMS_OF_TASK, {"task_id": task_id})]
 
-    def list_vms_of_tasks(self, task_ids: Sequence[str]) -> dict[str, list[Vm]]:
+    def of_tasks(self, task_ids: Sequence[str]) -> dict[str, list[Vm]]:
         """Every asked task id is a key (with ``[]`` when it has no VMs)."""
         found: dict[str, list[Vm]] = {task_id: [] for task_id in task_ids}
         if not found:
@@ -65,33 +71,33 @@ class VmQueries(SqlTxBase):
             found[vm.task_id].append(vm)
         return found
 
-    def count_live_vms(self, task_id: str) -> int:
+    def count_live(self, task_id: str) -> int:
         query = select(func.count()).select_from(vms).where(
             vms.c.task_id == task_id, vms.c.status.in_(LIVE_VM_STATUSES)
         )
         return int(self._conn.scalar(query) or 0)
 
-    def count_vms_by_status(self, status: str) -> int:
+    def count_by_status(self, status: str) -> int:
         query = select(func.count()).select_from(vms).where(vms.c.status == status)
         return int(self._conn.scalar(query) or 0)
 
-    def count_vms_created_since(self, owner: str, since: datetime) -> int:
+    def count_created_since(self, owner: str, since: datetime) -> int:
         query = select(func.count()).select_from(vms).where(
             vms.c.owner == owner, vms.c.created_at >= since
         )
         return int(self._conn.scalar(query) or 0)
 
-    def oldest_vm_created_since(self, owner: str, since: datetime) -> datetime | None:
+    def oldest_created_since(self, owner: str, since: datetime) -> datetime | None:
         query = select(func.min(vms.c.created_at)).where(
             vms.c.owner == owner, vms.c.created_at >= since
         )
         oldest: datetime | None = self._conn.scalar(query)
         return oldest
 
-    def update_vm(self, vm_id: str, expected_status: Sequence[VmStatus], **changes: Any) -> bool:
+    def update(self, vm_id: str, expected_status: Sequence[VmStatus], **changes: Any) -> bool:
         """One conditional UPDATE: only while the VM's status is one of
         ``expected_status``. True when this call changed the row."""
-        self._writing("update_vm")
+        self._writing("update")
         check_changes("vm", changes, VM_CHANGEABLE)
         where = (vms.c.id == vm_id, vms.c.status.in_(list(expected_status)))
         if not changes:
@@ -99,7 +105,7 @@ class VmQueries(SqlTxBase):
         statement = update(vms).where(*where).values(**changes)
         return self._conn.execute(statement).rowcount == 1
 
-    def live_vms_of_closed_tasks(self, limit: int) -> list[Vm]:
+    def live_of_closed_tasks(self, limit: int) -> list[Vm]:
         """VMs still creating or running in tasks that have closed: what a
         close that died half-way left for the sweep to destroy."""
         check_limit(limit)
@@ -112,8 +118,8 @@ class VmQueries(SqlTxBase):
         )
         return [vm_of(row) for row in self._conn.execute(query)]
 
-    def live_vms_on_host(self, host: str) -> list[Vm]:
-        """VMs creating or running on ``host``, for the reconciler (beyond the port)."""
+    def live_on_host(self, host: str) -> list[Vm]:
+        """VMs creating or running on ``host``, for the reconciler and placement."""
         query = (
             select_vms()
             .where(vms.c.status.in_(LIVE_VM_STATUSES), vms.c.host == host)
@@ -121,7 +127,7 @@ class VmQueries(SqlTxBase):
         )
         return [vm_of(row) for row in self._conn.execute(query)]
 
-    def host_usage(self) -> dict[str, HostUsage]:
+    def usage_by_host(self) -> dict[str, HostUsage]:
         query = (
             select(
                 vms.c.host,

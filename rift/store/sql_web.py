@@ -1,5 +1,5 @@
-"""What the Boxes page keeps in SQL: login sessions, failed-login counts, the
-recently closed list and the change mark its live stream polls."""
+"""What the Boxes page keeps in SQL (``tx.web``): login sessions, failed-login
+counts, and the change mark its live stream polls."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, delete, func, select, update
+from sqlalchemy import Row, bindparam, delete, func, select, update
 
-from rift.domain.model import Task
 from rift.domain.records import ChangeMark, LoginFailures, WebSession
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
-from rift.store.changes import check_limit
-from rift.store.sql_base import SqlTxBase
-from rift.store.sql_tasks import select_tasks, task_of
+from rift.store.sql_base import SqlRepository
 from rift.store.tables import events, login_failures, tasks, users, web_sessions
 
 # One statement, two index lookups: the events primary key's last entry and the
@@ -26,11 +23,17 @@ CHANGE_MARK = select(
 )
 
 
+# Built once with bind parameters: every request of a signed-in page reads it.
+GET_SESSION = select(web_sessions).where(web_sessions.c.digest == bindparam("digest"))
+
+
 def _session_of(row: Row[Any]) -> WebSession:
     return WebSession(**row._asdict())
 
 
-class WebQueries(SqlTxBase):
+class SqlWeb(SqlRepository):
+    name = "web"
+
     # sessions
 
     def add_session(self, session: WebSession) -> None:
@@ -46,8 +49,7 @@ class WebQueries(SqlTxBase):
         self._insert(web_sessions, dataclasses.asdict(session), diagnose)
 
     def get_session(self, digest: str) -> WebSession | None:
-        query = select(web_sessions).where(web_sessions.c.digest == digest)
-        row = self._conn.execute(query).first()
+        row = self._conn.execute(GET_SESSION, {"digest": digest}).first()
         return None if row is None else _session_of(row)
 
     def delete_session(self, digest: str) -> bool:
@@ -62,7 +64,7 @@ class WebQueries(SqlTxBase):
 
     # failed logins
 
-    def get_login_failures(self, key: str) -> LoginFailures | None:
+    def login_failures(self, key: str) -> LoginFailures | None:
         query = select(login_failures).where(login_failures.c.key == key)
         row = self._conn.execute(query).first()
         return None if row is None else LoginFailures(**row._asdict())
@@ -78,7 +80,7 @@ class WebQueries(SqlTxBase):
         )
         for _ in range(3):
             if self._conn.execute(bump).rowcount == 1:
-                found = self.get_login_failures(key)
+                found = self.login_failures(key)
                 return found.failures if found is not None else 1
             try:
                 self._insert(login_failures, {"key": key, "failures": 1, "last_failed_at": at},
@@ -97,17 +99,7 @@ class WebQueries(SqlTxBase):
         statement = delete(login_failures).where(login_failures.c.last_failed_at < before)
         return int(self._conn.execute(statement).rowcount)
 
-    # what the page reads
-
-    def list_recently_closed(self, owner: str, limit: int) -> list[Task]:
-        check_limit(limit)
-        query = (
-            select_tasks()
-            .where(tasks.c.owner == owner, tasks.c.status == "closed")
-            .order_by(tasks.c.closed_at.desc(), tasks.c.seq.desc())
-            .limit(limit)
-        )
-        return [task_of(row) for row in self._conn.execute(query)]
+    # what the page's live stream polls
 
     def change_mark(self) -> ChangeMark:
         row = self._conn.execute(CHANGE_MARK).one()

@@ -3,6 +3,8 @@ exactly this; a test compares the two."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -16,6 +18,7 @@ from sqlalchemy import (
     Table,
 )
 
+from rift.domain.model import Event, Task, Vm
 from rift.store.timestamps import UtcDateTime
 
 NAMING_CONVENTION = {
@@ -158,10 +161,12 @@ login_failures = Table(
     Index("ix_login_failures_last_failed_at", "last_failed_at"),
 )
 
-# The value columns of each table: everything the domain dataclass carries
-# (the ``seq`` ordering keys stay inside the store).
-TASK_COLUMNS = tuple(c for c in tasks.c if c.name != "seq")
-VM_COLUMNS = tuple(c for c in vms.c if c.name != "seq")
+# The value columns of each table in the order of its domain dataclass's fields
+# (the ``seq`` ordering keys stay inside the store): a row selected with them
+# builds the value positionally, ``Task(*row)``.
+TASK_COLUMNS = tuple(tasks.c[f.name] for f in fields(Task))
+VM_COLUMNS = tuple(vms.c[f.name] for f in fields(Vm))
+EVENT_COLUMNS = tuple(events.c[f.name] for f in fields(Event))
 
 
 meta = Table(

@@ -117,8 +117,8 @@ def insert_long_named_task(server: Server, name: str) -> str:
                 created_at=now)
     try:
         with store.write() as tx:
-            tx.insert_task(task)
-            tx.add_event(NewEvent(task.id, "opened", now, "operator", {}))
+            tx.tasks.add(task)
+            tx.events.add(NewEvent(task.id, "opened", now, "operator", {}))
     finally:
         store.close()
     return task.id

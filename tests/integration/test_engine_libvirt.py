@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import libvirt
@@ -40,7 +41,7 @@ def _domains(deps: Deps, uri: str) -> dict[str, tuple[str | None, str | None]]:
 
 def test_the_local_host_takes_its_size_from_libvirt(engine: Deps) -> None:
     with engine.store.read() as tx:
-        local = tx.get_host("local")
+        local = tx.hosts.get("local")
     assert local is not None and (local.vcpus, local.memory_mib) == (8 * 4, 4096)  # overcommit 4
 
 
@@ -78,10 +79,11 @@ def test_an_idle_task_is_closed_by_the_sweep_and_its_domains_destroyed(
         opened = tasks.new_task(deps, ALICE)
         vms.new_vm(deps, ALICE, str(opened.handle))
         with deps.store.write() as tx:  # make it quiet without sleeping
-            task = tx.get_task(opened.task.id)
+            task = tx.tasks.get(opened.task.id)
             assert task is not None
-            earlier = task.last_activity_at.replace(year=2020)
-            assert tx.update_task(task.id, task.lease_gen, last_activity_at=earlier)
+            earlier = replace(task, lease_gen=task.lease_gen + 1,
+                              last_activity_at=task.last_activity_at.replace(year=2020))
+            assert tx.tasks.save(earlier, expected_gen=task.lease_gen)
         report = sweeps.sweep(deps)
         assert report.closed == [opened.task.id] and len(report.destroyed) == 1
         assert _domains(deps, host_uri) == {}

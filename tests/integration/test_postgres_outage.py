@@ -32,7 +32,7 @@ def test_a_store_whose_database_does_not_answer_says_unavailable() -> None:
     try:
         for transaction in (store.read, store.write):
             with pytest.raises(StoreUnavailable) as caught, transaction() as tx:
-                tx.count_users()
+                tx.users.count()
             assert caught.value.code == "internal" and caught.value.status == 503
             assert "database" in caught.value.message and "again" in caught.value.hint
     finally:
@@ -62,20 +62,20 @@ def test_connections_the_server_cut_are_replaced_and_a_cut_transaction_leaves_no
                      pool_size=2)
     try:
         with store.read() as tx:
-            assert tx.count_users() == 0  # a pooled connection now
+            assert tx.users.count() == 0  # a pooled connection now
         assert cut_store_connections(url) >= 1
         with store.read() as tx:  # pre-ping finds it dead and opens another
-            assert tx.count_users() == 0
+            assert tx.users.count() == 0
 
         with pytest.raises(StoreUnavailable), store.write() as tx:
-            tx.add_user(User("ada", None, datetime.now(UTC)))
+            tx.users.add(User("ada", None, datetime.now(UTC)))
             cut_store_connections(url)
-            tx.get_user("ada")
+            tx.users.get("ada")
         with store.read() as tx:
-            assert tx.list_users() == []
+            assert tx.users.all() == []
         with store.write() as tx:
-            tx.add_user(User("ada", None, datetime.now(UTC)))
+            tx.users.add(User("ada", None, datetime.now(UTC)))
         with store.read() as tx:
-            assert [u.name for u in tx.list_users()] == ["ada"]
+            assert [u.name for u in tx.users.all()] == ["ada"]
     finally:
         store.close()

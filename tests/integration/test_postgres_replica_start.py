@@ -65,9 +65,9 @@ def test_replicas_starting_together_each_come_up_with_one_winner_per_step(pg_url
             assert shifted == [0.0, 0.0]
             two_at_once(beat, replicas)
             with replicas[0].store.read() as tx:
-                assert [h.name for h in tx.list_hosts()] == ["local"]
-                assert [u.name for u in tx.list_users()] == ["admin"]
-                assert tx.get_meta(HEARTBEAT) is not None
+                assert [h.name for h in tx.hosts.all()] == ["local"]
+                assert [u.name for u in tx.users.all()] == ["admin"]
+                assert tx.meta.get(HEARTBEAT) is not None
         finally:
             for deps in replicas:
                 deps.store.close()

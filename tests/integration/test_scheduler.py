@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hypervisor import write_test_host_xml
@@ -20,10 +21,11 @@ def test_the_scheduler_closes_an_idle_task_within_a_few_intervals(tmp_path: Path
     try:
         opened = tasks.new_task(deps, ALICE)
         with deps.store.write() as tx:  # quiet since 2020
-            task = tx.get_task(opened.task.id)
+            task = tx.tasks.get(opened.task.id)
             assert task is not None
-            tx.update_task(task.id, task.lease_gen,
-                           last_activity_at=task.last_activity_at.replace(year=2020))
+            quiet = replace(task, lease_gen=task.lease_gen + 1,
+                            last_activity_at=task.last_activity_at.replace(year=2020))
+            assert tx.tasks.save(quiet, expected_gen=task.lease_gen)
         deadline = time.monotonic() + 15
         status = "open"
         while status == "open" and time.monotonic() < deadline:

@@ -59,9 +59,9 @@ def insert(store: Store, *rows: Task | Vm) -> None:
     with store.write() as tx:
         for row in rows:
             if isinstance(row, Task):
-                tx.insert_task(row)
+                tx.tasks.add(row)
             else:
-                tx.insert_vm(row)
+                tx.vms.add(row)
 
 
 def ids(rows: list[Task] | list[Vm]) -> list[str]:
@@ -77,61 +77,61 @@ def ids_of_tokens(tokens: list[ApiToken]) -> list[str]:
 
 def test_users_are_added_read_listed_by_name_and_counted(store: Store) -> None:
     with store.write() as tx:
-        tx.add_user(User(name="grace", password_hash="$argon2id$x", created_at=T0))
-        tx.add_user(User(name="ada", password_hash=None, created_at=at(1)))
+        tx.users.add(User(name="grace", password_hash="$argon2id$x", created_at=T0))
+        tx.users.add(User(name="ada", password_hash=None, created_at=at(1)))
     with store.read() as tx:
-        assert tx.get_user("grace") == User(name="grace", password_hash="$argon2id$x",
-                                            created_at=T0)
-        assert tx.get_user("nobody") is None
-        assert [u.name for u in tx.list_users()] == ["ada", "grace"]
-        assert tx.count_users() == 2
+        assert tx.users.get("grace") == User(name="grace", password_hash="$argon2id$x",
+                                             created_at=T0)
+        assert tx.users.get("nobody") is None
+        assert [u.name for u in tx.users.all()] == ["ada", "grace"]
+        assert tx.users.count() == 2
 
 
 def test_adding_a_user_twice_is_a_duplicate_key(store: Store) -> None:
     with store.write() as tx:
-        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
+        tx.users.add(User(name="ada", password_hash=None, created_at=T0))
     with pytest.raises(DuplicateKey) as raised, store.write() as tx:
-        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
+        tx.users.add(User(name="ada", password_hash=None, created_at=T0))
     assert (raised.value.table, raised.value.field) == ("users", "name")
 
 
 def test_tokens_are_found_by_digest_and_id_and_listed_oldest_first(store: Store) -> None:
     first, second = a_token("ada", "1" * 64, at(5)), a_token("ada", "2" * 64, at(1))
     with store.write() as tx:
-        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
-        tx.add_user(User(name="grace", password_hash=None, created_at=T0))
-        tx.add_token(first)
-        tx.add_token(second)
-        tx.add_token(a_token("grace", "3" * 64))
+        tx.users.add(User(name="ada", password_hash=None, created_at=T0))
+        tx.users.add(User(name="grace", password_hash=None, created_at=T0))
+        tx.tokens.add(first)
+        tx.tokens.add(second)
+        tx.tokens.add(a_token("grace", "3" * 64))
     with store.read() as tx:
-        assert tx.get_token_by_digest("1" * 64) == first
-        assert tx.get_token(second.id) == second
-        assert tx.get_token_by_digest("0" * 64) is None
-        assert ids_of_tokens(tx.list_tokens("ada")) == [second.id, first.id]
-        assert tx.list_tokens("nobody") == []
+        assert tx.tokens.by_digest("1" * 64) == first
+        assert tx.tokens.get(second.id) == second
+        assert tx.tokens.by_digest("0" * 64) is None
+        assert ids_of_tokens(tx.tokens.of_user("ada")) == [second.id, first.id]
+        assert tx.tokens.of_user("nobody") == []
 
 
 def test_a_token_is_revoked_once_and_stays_readable(store: Store) -> None:
     token = a_token("ada", "1" * 64)
     with store.write() as tx:
-        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
-        tx.add_token(token)
+        tx.users.add(User(name="ada", password_hash=None, created_at=T0))
+        tx.tokens.add(token)
     with store.write() as tx:
-        assert tx.revoke_token(token.id, at(60)) is True
-        assert tx.revoke_token(token.id, at(120)) is False
-        assert tx.revoke_token("tok_nothere", at(120)) is False
+        assert tx.tokens.revoke(token.id, at(60)) is True
+        assert tx.tokens.revoke(token.id, at(120)) is False
+        assert tx.tokens.revoke("tok_nothere", at(120)) is False
     with store.read() as tx:
-        assert tx.get_token_by_digest("1" * 64) == dataclasses.replace(token, revoked_at=at(60))
+        assert tx.tokens.by_digest("1" * 64) == dataclasses.replace(token, revoked_at=at(60))
 
 
 def test_a_token_needs_an_existing_user_and_an_unused_digest(store: Store) -> None:
     with pytest.raises(MissingReference), store.write() as tx:
-        tx.add_token(a_token("nobody", "1" * 64))
+        tx.tokens.add(a_token("nobody", "1" * 64))
     with store.write() as tx:
-        tx.add_user(User(name="ada", password_hash=None, created_at=T0))
-        tx.add_token(a_token("ada", "1" * 64))
+        tx.users.add(User(name="ada", password_hash=None, created_at=T0))
+        tx.tokens.add(a_token("ada", "1" * 64))
     with pytest.raises(DuplicateKey) as raised, store.write() as tx:
-        tx.add_token(a_token("ada", "1" * 64))
+        tx.tokens.add(a_token("ada", "1" * 64))
     assert raised.value.field == "digest"
 
 
@@ -142,10 +142,10 @@ def test_a_task_reads_back_as_it_was_inserted(store: Store) -> None:
     task = a_task(idempotency_key="k1", request_digest="r" * 64)
     insert(store, task)
     with store.read() as tx:
-        assert tx.get_task(task.id) == task
-        assert tx.find_task_by_key("ada", "k1") == task
-        assert tx.find_task_by_key("grace", "k1") is None
-        assert tx.get_task("task_nothere") is None
+        assert tx.tasks.get(task.id) == task
+        assert tx.tasks.find_by_key("ada", "k1") == task
+        assert tx.tasks.find_by_key("grace", "k1") is None
+        assert tx.tasks.get("task_nothere") is None
 
 
 def test_tasks_list_newest_first_in_pages_joined_by_the_after_cursor(store: Store) -> None:
@@ -153,12 +153,12 @@ def test_tasks_list_newest_first_in_pages_joined_by_the_after_cursor(store: Stor
     insert(store, *tasks)
     newest_first = ids(tasks[::-1])
     with store.read() as tx:
-        first = tx.list_tasks("ada", "open", 2, None)
-        second = tx.list_tasks("ada", "open", 2, first[-1].id)
-        third = tx.list_tasks("ada", "open", 2, second[-1].id)
+        first = tx.tasks.page("ada", "open", 2, None)
+        second = tx.tasks.page("ada", "open", 2, first[-1].id)
+        third = tx.tasks.page("ada", "open", 2, second[-1].id)
         assert ids(first) + ids(second) + ids(third) == newest_first
-        assert tx.list_tasks("ada", "open", 2, third[-1].id) == []
-        assert tx.list_tasks("ada", "open", 0, None) == []
+        assert tx.tasks.page("ada", "open", 2, third[-1].id) == []
+        assert tx.tasks.page("ada", "open", 0, None) == []
 
 
 def test_tasks_list_filters_by_status_and_by_owner_or_lists_every_owner(store: Store) -> None:
@@ -167,19 +167,19 @@ def test_tasks_list_filters_by_status_and_by_owner_or_lists_every_owner(store: S
     open_grace = a_task("grace")
     insert(store, open_ada, closed_ada, open_grace)
     with store.read() as tx:
-        assert ids(tx.list_tasks("ada", "open", 10, None)) == [open_ada.id]
-        assert ids(tx.list_tasks("ada", "closed", 10, None)) == [closed_ada.id]
-        assert ids(tx.list_tasks("ada", "all", 10, None)) == [closed_ada.id, open_ada.id]
-        assert ids(tx.list_tasks(None, "open", 10, None)) == [open_grace.id, open_ada.id]
-        assert ids(tx.list_tasks(None, "all", 10, open_grace.id)) == [closed_ada.id, open_ada.id]
+        assert ids(tx.tasks.page("ada", "open", 10, None)) == [open_ada.id]
+        assert ids(tx.tasks.page("ada", "closed", 10, None)) == [closed_ada.id]
+        assert ids(tx.tasks.page("ada", "all", 10, None)) == [closed_ada.id, open_ada.id]
+        assert ids(tx.tasks.page(None, "open", 10, None)) == [open_grace.id, open_ada.id]
+        assert ids(tx.tasks.page(None, "all", 10, open_grace.id)) == [closed_ada.id, open_ada.id]
         with pytest.raises(ValueError, match="status"):
-            tx.list_tasks("ada", "sleeping", 10, None)
+            tx.tasks.page("ada", "sleeping", 10, None)
 
 
 def test_an_after_cursor_that_names_no_task_gives_an_empty_page(store: Store) -> None:
     insert(store, a_task())
     with store.read() as tx:
-        assert tx.list_tasks("ada", "all", 10, "task_nothere") == []
+        assert tx.tasks.page("ada", "all", 10, "task_nothere") == []
 
 
 def test_open_tasks_and_recent_creations_are_counted_per_owner(store: Store) -> None:
@@ -191,56 +191,110 @@ def test_open_tasks_and_recent_creations_are_counted_per_owner(store: Store) -> 
         a_task("grace", created_at=at(-10)),
     )
     with store.read() as tx:
-        assert tx.count_open_tasks("ada") == 2
-        assert tx.count_tasks_created_since("ada", at(-3600)) == 2
-        assert tx.count_tasks_created_since("ada", at(-60)) == 2
-        assert tx.oldest_task_created_since("ada", at(-3600)) == at(-60)
-        assert tx.oldest_task_created_since("ada", at(0)) is None
-        assert tx.count_open_tasks("nobody") == 0
+        assert tx.tasks.count_open("ada") == 2
+        assert tx.tasks.count_created_since("ada", at(-3600)) == 2
+        assert tx.tasks.count_created_since("ada", at(-60)) == 2
+        assert tx.tasks.oldest_created_since("ada", at(-3600)) == at(-60)
+        assert tx.tasks.oldest_created_since("ada", at(0)) is None
+        assert tx.tasks.count_open("nobody") == 0
 
 
-def test_update_task_wins_at_the_expected_generation_and_moves_it_on(store: Store) -> None:
+def next_gen(task: Task, **changes: Any) -> Task:
+    """The task one lease generation on, with ``changes``: what a transition answers."""
+    return dataclasses.replace(task, lease_gen=task.lease_gen + 1, **changes)
+
+
+def test_saving_a_task_wins_at_the_expected_generation_and_moves_it_on(store: Store) -> None:
     task = a_task(lease_gen=3)
     insert(store, task)
+    new = next_gen(task, holder="api:ci", secret_digest="b" * 64, held_since=at(5))
     with store.write() as tx:
-        assert tx.update_task(task.id, 3, holder="api:ci", secret_digest="b" * 64,
-                              held_since=at(5)) is True
+        assert tx.tasks.save(new, expected_gen=3) is True
     with store.read() as tx:
-        assert tx.get_task(task.id) == dataclasses.replace(
-            task, lease_gen=4, holder="api:ci", secret_digest="b" * 64, held_since=at(5)
-        )
+        assert tx.tasks.get(task.id) == new
+        assert new.lease_gen == 4
 
 
-def test_update_task_at_a_stale_generation_changes_nothing(store: Store) -> None:
+def test_saving_a_task_at_a_stale_generation_changes_nothing(store: Store) -> None:
     task = a_task()
     insert(store, task)
+    first, second = next_gen(task, holder="mcp:first"), next_gen(task, holder="mcp:second")
     with store.write() as tx:
-        assert tx.update_task(task.id, 0, holder="mcp:first") is True
+        assert tx.tasks.save(first, expected_gen=0) is True
     with store.write() as tx:
-        assert tx.update_task(task.id, 0, holder="mcp:second") is False
-        assert tx.update_task("task_nothere", 0, holder="mcp:second") is False
+        assert tx.tasks.save(second, expected_gen=0) is False
+        assert tx.tasks.save(dataclasses.replace(second, id="task_nothere"), 0) is False
     with store.read() as tx:
-        assert tx.get_task(task.id) == dataclasses.replace(task, lease_gen=1, holder="mcp:first")
+        assert tx.tasks.get(task.id) == first
 
 
-def test_update_task_refuses_fields_that_may_not_change(store: Store) -> None:
-    task = a_task()
+def test_saving_a_task_moves_the_generation_by_one_and_never_changes_its_identity(
+        store: Store) -> None:
+    task = a_task(idempotency_key="k1", request_digest="r" * 64)
     insert(store, task)
     with store.write() as tx:
-        for bad in ({"lease_gen": 9}, {"owner": "grace"}, {"id": "task_other"}, {"nope": 1}):
-            with pytest.raises(ValueError, match="cannot be changed"):
-                tx.update_task(task.id, 0, **bad)
+        for gen in (0, 2, 9):
+            with pytest.raises(ValueError, match="lease generation"):
+                tx.tasks.save(dataclasses.replace(task, lease_gen=gen), expected_gen=0)
+        other_identity = next_gen(task, owner="grace", name="renamed", created_at=at(9),
+                                  idempotency_key="k2", request_digest=None, holder="mcp:new")
+        assert tx.tasks.save(other_identity, expected_gen=0) is True
+    with store.read() as tx:
+        assert tx.tasks.get(task.id) == next_gen(task, holder="mcp:new")
+
+
+def test_a_close_keeps_a_touch_that_landed_between_its_read_and_its_save(
+        store: Store, store_kind: str) -> None:
+    if store_kind != "postgresql":
+        pytest.skip("SQLite runs one write transaction at a time: nothing lands between")
+    task = a_task(lease_gen=1, last_activity_at=at(0))
+    insert(store, task)
+    with store.write() as sweep:
+        (due,) = sweep.tasks.due_idle(at(10), 10)  # read without a lock, as the sweep does
+        with store.write() as agent:
+            assert agent.tasks.touch(task.id, now=at(20), not_after=at(10))
+        closed, _ = due.closed("sweep", "idle", at(30), [])
+        assert sweep.tasks.save(closed, expected_gen=1)  # a touch moves no generation
+    with store.read() as tx:
+        assert tx.tasks.get(task.id) == dataclasses.replace(closed, last_activity_at=at(20))
+
+
+def test_each_lease_and_close_transition_saves_and_reads_back_as_the_domain_made_it(
+        store: Store) -> None:
+    task = a_task(lease_gen=1)
+    insert(store, task)
+    steps = [
+        lambda t: t.taken_over("api:ci", "b" * 64, at(1), {"takeover": True}),
+        lambda t: t.released("api:ci", at(2)),
+        lambda t: t.attached("mcp:cursor", "c" * 64, at(3), {"takeover": False}),
+        lambda t: t.closed("sweep", "idle", at(4), ["vm_abcdefgh"], {"quiet_s": 1}),
+    ]
+    current = task
+    for step in steps:
+        new, event = step(current)
+        with store.write() as tx:
+            assert tx.tasks.save(new, expected_gen=current.lease_gen) is True
+            tx.events.add(event)
+        with store.read() as tx:
+            assert tx.tasks.get(task.id) == new
+        current = new
+    with store.read() as tx:
+        logged = tx.events.page(task.id, 0, 10)
+    assert [e.type for e in logged] == ["taken_over", "released", "attached", "closed"]
+    assert current.status == "closed" and current.close_reason == "idle"
+    assert current.holder is None and current.secret_digest is None
+    assert current.closed_at == at(4) and current.lease_gen == 5
 
 
 def test_touch_task_moves_the_clock_only_once_per_step(store: Store) -> None:
     task = a_task()
     insert(store, task)
     with store.write() as tx:
-        assert tx.touch_task(task.id, now=at(61), not_after=at(1)) is True
-        assert tx.touch_task(task.id, now=at(62), not_after=at(2)) is False
-        assert tx.touch_task(task.id, now=at(61), not_after=at(61)) is True
+        assert tx.tasks.touch(task.id, now=at(61), not_after=at(1)) is True
+        assert tx.tasks.touch(task.id, now=at(62), not_after=at(2)) is False
+        assert tx.tasks.touch(task.id, now=at(61), not_after=at(61)) is True
     with store.read() as tx:
-        touched = tx.get_task(task.id)
+        touched = tx.tasks.get(task.id)
     assert touched == dataclasses.replace(task, last_activity_at=at(61))
 
 
@@ -248,8 +302,8 @@ def test_touch_task_leaves_a_closed_task_alone(store: Store) -> None:
     task = a_task(status="closed", closed_at=at(1), close_reason="closed")
     insert(store, task)
     with store.write() as tx:
-        assert tx.touch_task(task.id, now=at(100), not_after=at(50)) is False
-        assert tx.touch_task("task_nothere", now=at(100), not_after=at(50)) is False
+        assert tx.tasks.touch(task.id, now=at(100), not_after=at(50)) is False
+        assert tx.tasks.touch("task_nothere", now=at(100), not_after=at(50)) is False
 
 
 def test_due_idle_tasks_are_open_tasks_at_or_before_the_cutoff_quietest_first(
@@ -263,9 +317,9 @@ def test_due_idle_tasks_are_open_tasks_at_or_before_the_cutoff_quietest_first(
                     close_reason="closed")
     insert(store, due_late, due_early, due_exactly, not_yet, closed)
     with store.read() as tx:
-        assert ids(tx.due_idle_tasks(at(0), 10)) == [due_early.id, due_late.id, due_exactly.id]
-        assert ids(tx.due_idle_tasks(at(0), 2)) == [due_early.id, due_late.id]
-        assert tx.due_idle_tasks(at(-100), 10) == []
+        assert ids(tx.tasks.due_idle(at(0), 10)) == [due_early.id, due_late.id, due_exactly.id]
+        assert ids(tx.tasks.due_idle(at(0), 2)) == [due_early.id, due_late.id]
+        assert tx.tasks.due_idle(at(-100), 10) == []
 
 
 def test_purge_removes_long_closed_tasks_with_their_vms_and_events(store: Store) -> None:
@@ -275,25 +329,25 @@ def test_purge_removes_long_closed_tasks_with_their_vms_and_events(store: Store)
     insert(store, old, recent, still_open)
     with store.write() as tx:
         for task in (old, recent, still_open):
-            tx.insert_vm(a_vm(task, status="destroyed", destroyed_at=at(-1)))
-            tx.add_event(NewEvent(task_id=task.id, type="opened", at=T0, actor="mcp:x"))
+            tx.vms.add(a_vm(task, status="destroyed", destroyed_at=at(-1)))
+            tx.events.add(NewEvent(task_id=task.id, type="opened", at=T0, actor="mcp:x"))
     with store.write() as tx:
-        assert tx.purge_closed_before(at(0), 10) == [old.id]
-        assert tx.purge_closed_before(at(0), 10) == []
+        assert tx.tasks.purge_closed_before(at(0), 10) == [old.id]
+        assert tx.tasks.purge_closed_before(at(0), 10) == []
     with store.read() as tx:
-        assert tx.get_task(old.id) is None
-        assert tx.list_vms(old.id) == []
-        assert tx.list_events(old.id, 0, 10) == []
-        assert tx.get_task(recent.id) is not None
-        assert len(tx.list_vms(recent.id)) == 1
-        assert len(tx.list_events(still_open.id, 0, 10)) == 1
+        assert tx.tasks.get(old.id) is None
+        assert tx.vms.of_task(old.id) == []
+        assert tx.events.page(old.id, 0, 10) == []
+        assert tx.tasks.get(recent.id) is not None
+        assert len(tx.vms.of_task(recent.id)) == 1
+        assert len(tx.events.page(still_open.id, 0, 10)) == 1
 
 
 def test_purge_takes_at_most_limit_tasks_the_longest_closed_first(store: Store) -> None:
     tasks = [a_task(status="closed", closed_at=at(-s), close_reason="idle") for s in (1, 3, 2)]
     insert(store, *tasks)
     with store.write() as tx:
-        assert tx.purge_closed_before(at(0), 2) == [tasks[1].id, tasks[2].id]
+        assert tx.tasks.purge_closed_before(at(0), 2) == [tasks[1].id, tasks[2].id]
 
 
 # VMs
@@ -306,17 +360,17 @@ def test_a_vm_reads_back_and_lists_under_its_task_in_creation_order(store: Store
                   ssh_port=40022)
     insert(store, task, first, second)
     with store.read() as tx:
-        assert tx.get_vm(second.id) == second
-        assert tx.get_vm("vm_nothere") is None
-        assert tx.find_vm_by_key("ada", "v1") == first
-        assert tx.find_vm_by_key("grace", "v1") is None
-        assert tx.list_vms(task.id) == [first, second]
-        assert tx.count_live_vms(task.id) == 2
+        assert tx.vms.get(second.id) == second
+        assert tx.vms.get("vm_nothere") is None
+        assert tx.vms.find_by_key("ada", "v1") == first
+        assert tx.vms.find_by_key("grace", "v1") is None
+        assert tx.vms.of_task(task.id) == [first, second]
+        assert tx.vms.count_live(task.id) == 2
 
 
 def test_a_vm_of_no_task_is_a_missing_reference(store: Store) -> None:
     with pytest.raises(MissingReference) as raised, store.write() as tx:
-        tx.insert_vm(a_vm(a_task()))
+        tx.vms.add(a_vm(a_task()))
     assert (raised.value.table, raised.value.field) == ("vms", "task_id")
 
 
@@ -325,18 +379,18 @@ def test_update_vm_is_a_compare_and_set_on_status(store: Store) -> None:
     vm = a_vm(task)
     insert(store, task, vm)
     with store.write() as tx:
-        assert tx.update_vm(vm.id, ["creating"], status="running", ready_at=at(2)) is True
-        assert tx.update_vm(vm.id, ["creating"], status="failed", error="late") is False
-        assert tx.update_vm(vm.id, ["creating", "running"], status="destroyed",
-                            destroyed_at=at(9)) is True
-        assert tx.update_vm("vm_nothere", ["creating"], status="failed") is False
+        assert tx.vms.update(vm.id, ["creating"], status="running", ready_at=at(2)) is True
+        assert tx.vms.update(vm.id, ["creating"], status="failed", error="late") is False
+        assert tx.vms.update(vm.id, ["creating", "running"], status="destroyed",
+                             destroyed_at=at(9)) is True
+        assert tx.vms.update("vm_nothere", ["creating"], status="failed") is False
         with pytest.raises(ValueError, match="cannot be changed"):
-            tx.update_vm(vm.id, ["destroyed"], vcpus=4)
+            tx.vms.update(vm.id, ["destroyed"], vcpus=4)
     with store.read() as tx:
-        assert tx.get_vm(vm.id) == dataclasses.replace(
+        assert tx.vms.get(vm.id) == dataclasses.replace(
             vm, status="destroyed", ready_at=at(2), destroyed_at=at(9)
         )
-        assert tx.count_live_vms(task.id) == 0
+        assert tx.vms.count_live(task.id) == 0
 
 
 def test_a_destroy_request_round_trips_and_is_set_only_on_a_destroyable_status(
@@ -346,21 +400,21 @@ def test_a_destroy_request_round_trips_and_is_set_only_on_a_destroyable_status(
     asked_before = a_vm(task, status="failed", destroy_requested_at=at(1))
     insert(store, task, vm, asked_before)
     with store.read() as tx:
-        assert tx.get_vm(vm.id) == vm and vm.destroy_requested_at is None
-        assert tx.get_vm(asked_before.id) == asked_before
+        assert tx.vms.get(vm.id) == vm and vm.destroy_requested_at is None
+        assert tx.vms.get(asked_before.id) == asked_before
     asked = datetime(2026, 1, 1, 14, 0, 0, 123_456, tzinfo=timezone(timedelta(hours=2)))
     with store.write() as tx:
-        assert tx.update_vm(vm.id, ["creating", "running", "failed"],
-                            destroy_requested_at=asked) is True
-        assert tx.update_vm(vm.id, ["destroyed"], destroy_requested_at=at(5)) is False
+        assert tx.vms.update(vm.id, ["creating", "running", "failed"],
+                             destroy_requested_at=asked) is True
+        assert tx.vms.update(vm.id, ["destroyed"], destroy_requested_at=at(5)) is False
     with store.read() as tx:
-        got = tx.get_vm(vm.id)
+        got = tx.vms.get(vm.id)
         assert got == dataclasses.replace(vm, destroy_requested_at=asked)
         assert got is not None and got.destroy_requested_at is not None
         assert got.destroy_requested_at.tzinfo is not None
         assert got.destroy_requested_at.utcoffset() == timedelta(0)
         assert got.status == "running" and got.is_live  # a request alone changes no status
-        assert [v.id for v in tx.live_vms_on_host("local")] == [vm.id]
+        assert [v.id for v in tx.vms.live_on_host("local")] == [vm.id]
 
 
 def test_vms_of_many_tasks_come_in_one_answer_with_every_task_asked(store: Store) -> None:
@@ -368,8 +422,8 @@ def test_vms_of_many_tasks_come_in_one_answer_with_every_task_asked(store: Store
     vms = [a_vm(one), a_vm(two), a_vm(one)]
     insert(store, one, two, empty, *vms)
     with store.read() as tx:
-        found = tx.list_vms_of_tasks([one.id, two.id, empty.id])
-        assert tx.list_vms_of_tasks([]) == {}
+        found = tx.vms.of_tasks([one.id, two.id, empty.id])
+        assert tx.vms.of_tasks([]) == {}
     assert found == {one.id: [vms[0], vms[2]], two.id: [vms[1]], empty.id: []}
 
 
@@ -380,8 +434,8 @@ def test_live_vms_of_closed_tasks_are_found_for_the_sweep(store: Store) -> None:
     insert(store, closed, still_open, *leftover, a_vm(closed, status="destroyed"),
            a_vm(closed, status="failed"), a_vm(still_open))
     with store.read() as tx:
-        assert tx.live_vms_of_closed_tasks(10) == leftover
-        assert tx.live_vms_of_closed_tasks(1) == leftover[:1]
+        assert tx.vms.live_of_closed_tasks(10) == leftover
+        assert tx.vms.live_of_closed_tasks(1) == leftover[:1]
 
 
 def test_host_usage_sums_live_vms_by_host(store: Store) -> None:
@@ -395,7 +449,7 @@ def test_host_usage_sums_live_vms_by_host(store: Store) -> None:
         a_vm(task, host="gone", status="failed"),
     )
     with store.read() as tx:
-        assert tx.host_usage() == {
+        assert tx.vms.usage_by_host() == {
             "local": HostUsage(vcpus=3, memory_mib=768, vms=2),
             "big": HostUsage(vcpus=4, memory_mib=4096, vms=1),
         }
@@ -406,8 +460,8 @@ def test_live_vms_on_a_host_are_listed_for_the_reconciler(store: Store) -> None:
     live = [a_vm(task), a_vm(task, status="running")]
     insert(store, task, *live, a_vm(task, status="failed"), a_vm(task, host="big"))
     with store.read() as tx:
-        assert tx.live_vms_on_host("local") == live  # type: ignore[attr-defined]
-        assert tx.live_vms_on_host("nowhere") == []  # type: ignore[attr-defined]
+        assert tx.vms.live_on_host("local") == live
+        assert tx.vms.live_on_host("nowhere") == []
 
 
 def test_vm_creations_are_counted_per_owner_since_a_time(store: Store) -> None:
@@ -415,9 +469,9 @@ def test_vm_creations_are_counted_per_owner_since_a_time(store: Store) -> None:
     insert(store, task, other, a_vm(task, created_at=at(-7200)), a_vm(task, created_at=at(-50)),
            a_vm(task, created_at=at(-10), status="destroyed"), a_vm(other, created_at=at(-5)))
     with store.read() as tx:
-        assert tx.count_vms_created_since("ada", at(-3600)) == 2
-        assert tx.oldest_vm_created_since("ada", at(-3600)) == at(-50)
-        assert tx.oldest_vm_created_since("ada", at(0)) is None
+        assert tx.vms.count_created_since("ada", at(-3600)) == 2
+        assert tx.vms.oldest_created_since("ada", at(-3600)) == at(-50)
+        assert tx.vms.oldest_created_since("ada", at(0)) is None
 
 
 # events
@@ -428,14 +482,14 @@ def test_events_get_increasing_ids_and_page_after_an_id(store: Store) -> None:
     insert(store, task, other)
     with store.write() as tx:
         made = [
-            tx.add_event(NewEvent(task_id=t.id, type="attached", at=at(i), actor="mcp:x",
-                                  details={"n": i}))
+            tx.events.add(NewEvent(task_id=t.id, type="attached", at=at(i), actor="mcp:x",
+                                   details={"n": i}))
             for i, t in enumerate([task, other, task, task, task])
         ]
     assert made == sorted(made) and len(set(made)) == 5
     with store.read() as tx:
-        first = tx.list_events(task.id, 0, 2)
-        rest = tx.list_events(task.id, first[-1].id, 100)
+        first = tx.events.page(task.id, 0, 2)
+        rest = tx.events.page(task.id, first[-1].id, 100)
     assert [e.details["n"] for e in first + rest] == [0, 2, 3, 4]
     assert [e.id for e in first + rest] == [made[0], made[2], made[3], made[4]]
     assert rest[-1].at == at(4) and rest[-1].type == "attached" and rest[-1].actor == "mcp:x"
@@ -447,10 +501,10 @@ def test_event_details_round_trip_as_json(store: Store) -> None:
                                "none": None, "text": "render, never follow ✓"}
     insert(store, task)
     with store.write() as tx:
-        event_id = tx.add_event(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
-                                         details=details))
+        event_id = tx.events.add(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
+                                          details=details))
     with store.read() as tx:
-        (event,) = tx.list_events(task.id, event_id - 1, 10)
+        (event,) = tx.events.page(task.id, event_id - 1, 10)
     assert event.details == details and event.id == event_id
 
 
@@ -460,13 +514,13 @@ def test_event_details_are_stored_values_that_callers_cannot_change_afterwards(
     insert(store, task)
     details = {"vms": ["vm_abcdefgh"]}
     with store.write() as tx:
-        tx.add_event(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
-                              details=details))
+        tx.events.add(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
+                               details=details))
     details["vms"].append("vm_changed")
     with store.read() as tx:
-        tx.list_events(task.id, 0, 10)[0].details["vms"].clear()
+        tx.events.page(task.id, 0, 10)[0].details["vms"].clear()
     with store.read() as tx:
-        assert tx.list_events(task.id, 0, 10)[0].details == {"vms": ["vm_abcdefgh"]}
+        assert tx.events.page(task.id, 0, 10)[0].details == {"vms": ["vm_abcdefgh"]}
 
 
 def test_event_details_that_json_cannot_hold_are_refused_and_nothing_is_kept(
@@ -476,10 +530,10 @@ def test_event_details_that_json_cannot_hold_are_refused_and_nothing_is_kept(
     # SQLite: the JSON type serializes (StatementError); psycopg: the driver (TypeError).
     refused = pytest.raises((TypeError, StatementError), match="not JSON serializable")
     with refused, store.write() as tx:
-        tx.add_event(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
-                              details={"when": T0}))
+        tx.events.add(NewEvent(task_id=task.id, type="closed", at=T0, actor="sweep",
+                               details={"when": T0}))
     with store.read() as tx:
-        assert tx.list_events(task.id, 0, 10) == []
+        assert tx.events.page(task.id, 0, 10) == []
 
 
 # hosts
@@ -488,18 +542,18 @@ def test_event_details_that_json_cannot_hold_are_refused_and_nothing_is_kept(
 def test_hosts_are_added_listed_updated_and_deleted(store: Store) -> None:
     local = Host(name="local", uri="test:///default", vcpus=4, memory_mib=8192, created_at=T0)
     with store.write() as tx:
-        tx.add_host(Host(name="big", uri="qemu+ssh://big/system", vcpus=64, memory_mib=262144))
-        tx.add_host(local)
+        tx.hosts.add(Host(name="big", uri="qemu+ssh://big/system", vcpus=64, memory_mib=262144))
+        tx.hosts.add(local)
     with pytest.raises(DuplicateKey), store.write() as tx:
-        tx.add_host(local)
+        tx.hosts.add(local)
     with store.write() as tx:
-        assert tx.update_host("local", drained=True, vcpus=8) is True
-        assert tx.update_host("nowhere", drained=True) is False
-        assert tx.delete_host("big") is True
-        assert tx.delete_host("big") is False
+        assert tx.hosts.update("local", drained=True, vcpus=8) is True
+        assert tx.hosts.update("nowhere", drained=True) is False
+        assert tx.hosts.delete("big") is True
+        assert tx.hosts.delete("big") is False
     with store.read() as tx:
-        assert tx.list_hosts() == [dataclasses.replace(local, drained=True, vcpus=8)]
-        assert tx.get_host("big") is None
+        assert tx.hosts.all() == [dataclasses.replace(local, drained=True, vcpus=8)]
+        assert tx.hosts.get("big") is None
 
 
 # transactions
@@ -510,33 +564,33 @@ def test_a_write_block_that_raises_leaves_nothing_behind(store: Store) -> None:
     insert(store, kept)
     lost = a_task()
     with pytest.raises(RuntimeError, match="half-way"), store.write() as tx:
-        tx.insert_task(lost)
-        tx.insert_vm(a_vm(lost))
-        tx.add_event(NewEvent(task_id=lost.id, type="opened", at=T0, actor="mcp:x"))
-        assert tx.update_task(kept.id, 0, holder="mcp:lost") is True
+        tx.tasks.add(lost)
+        tx.vms.add(a_vm(lost))
+        tx.events.add(NewEvent(task_id=lost.id, type="opened", at=T0, actor="mcp:x"))
+        assert tx.tasks.save(next_gen(kept, holder="mcp:lost"), expected_gen=0) is True
         raise RuntimeError("the use case failed half-way")
     with store.read() as tx:
-        assert tx.get_task(lost.id) is None
-        assert tx.list_vms(lost.id) == []
-        assert tx.list_events(lost.id, 0, 10) == []
-        assert tx.get_task(kept.id) == kept
+        assert tx.tasks.get(lost.id) is None
+        assert tx.vms.of_task(lost.id) == []
+        assert tx.events.page(lost.id, 0, 10) == []
+        assert tx.tasks.get(kept.id) == kept
 
 
 def test_a_write_is_seen_by_other_transactions_only_once_committed(store: Store) -> None:
     task = a_task()
     with store.write() as tx:
-        tx.insert_task(task)
+        tx.tasks.add(task)
         with store.read() as other:
-            assert other.get_task(task.id) is None
+            assert other.tasks.get(task.id) is None
     with store.read() as other:
-        assert other.get_task(task.id) == task
+        assert other.tasks.get(task.id) == task
 
 
 def test_a_read_block_refuses_changes(store: Store) -> None:
     with pytest.raises(ReadOnlyTransaction), store.read() as tx:
-        tx.insert_task(a_task())
+        tx.tasks.add(a_task())
     with store.read() as tx:
-        assert tx.list_tasks(None, "all", 10, None) == []
+        assert tx.tasks.page(None, "all", 10, None) == []
 
 
 def test_reusing_a_task_idempotency_key_is_a_duplicate_key_and_the_write_goes_on(
@@ -546,12 +600,12 @@ def test_reusing_a_task_idempotency_key_is_a_duplicate_key_and_the_write_goes_on
     insert(store, first, a_task("grace", idempotency_key="same"))
     with store.write() as tx:
         with pytest.raises(DuplicateKey) as raised:
-            tx.insert_task(a_task(idempotency_key="same"))
+            tx.tasks.add(a_task(idempotency_key="same"))
         assert (raised.value.table, raised.value.field) == ("tasks", "idempotency_key")
-        assert tx.find_task_by_key("ada", "same") == first
-        tx.insert_task(a_task(idempotency_key="other"))
+        assert tx.tasks.find_by_key("ada", "same") == first
+        tx.tasks.add(a_task(idempotency_key="other"))
     with store.read() as tx:
-        assert len(tx.list_tasks("ada", "all", 10, None)) == 2
+        assert len(tx.tasks.page("ada", "all", 10, None)) == 2
 
 
 def test_reusing_a_vm_idempotency_key_is_a_duplicate_key_and_the_write_goes_on(
@@ -562,20 +616,20 @@ def test_reusing_a_vm_idempotency_key_is_a_duplicate_key_and_the_write_goes_on(
     insert(store, task, first)
     with store.write() as tx:
         with pytest.raises(DuplicateKey) as raised:
-            tx.insert_vm(a_vm(task, idempotency_key="same"))
+            tx.vms.add(a_vm(task, idempotency_key="same"))
         assert (raised.value.table, raised.value.field) == ("vms", "idempotency_key")
-        assert tx.find_vm_by_key("ada", "same") == first
-        tx.insert_vm(a_vm(task))
+        assert tx.vms.find_by_key("ada", "same") == first
+        tx.vms.add(a_vm(task))
     with store.read() as tx:
-        assert len(tx.list_vms(task.id)) == 2
+        assert len(tx.vms.of_task(task.id)) == 2
 
 
 def test_rows_without_an_idempotency_key_never_clash(store: Store) -> None:
     task = a_task()
     insert(store, task, a_task(), a_vm(task), a_vm(task))
     with store.read() as tx:
-        assert len(tx.list_tasks("ada", "all", 10, None)) == 2
-        assert len(tx.list_vms(task.id)) == 2
+        assert len(tx.tasks.page("ada", "all", 10, None)) == 2
+        assert len(tx.vms.of_task(task.id)) == 2
 
 
 def test_timestamps_round_trip_as_aware_utc_with_microseconds(store: Store) -> None:
@@ -585,7 +639,7 @@ def test_timestamps_round_trip_as_aware_utc_with_microseconds(store: Store) -> N
                                                                  tzinfo=UTC))
     insert(store, task)
     with store.read() as tx:
-        back = tx.get_task(task.id)
+        back = tx.tasks.get(task.id)
     assert back is not None
     assert back.created_at == created
     assert back.created_at.utcoffset() == timedelta(0)
@@ -596,7 +650,7 @@ def test_timestamps_round_trip_as_aware_utc_with_microseconds(store: Store) -> N
 
 def test_naive_timestamps_are_refused(store: Store) -> None:
     with pytest.raises((ValueError, StatementError), match="naive"), store.write() as tx:
-        tx.insert_task(a_task(created_at=datetime(2026, 1, 1, 12, 0)))
+        tx.tasks.add(a_task(created_at=datetime(2026, 1, 1, 12, 0)))
 
 
 def test_twenty_racing_writers_win_exactly_once_per_generation(
@@ -611,9 +665,9 @@ def test_twenty_racing_writers_win_exactly_once_per_generation(
         holder = f"mcp:agent-{n}"
         start.wait(timeout=30)
         with store.write() as tx:
-            seen = tx.get_task(task.id)
+            seen = tx.tasks.get(task.id)
             assert seen is not None
-            won = tx.update_task(task.id, seen.lease_gen, holder=holder)
+            won = tx.tasks.save(next_gen(seen, holder=holder), expected_gen=seen.lease_gen)
         return seen.lease_gen, won, holder
 
     with ThreadPoolExecutor(max_workers=racers) as pool_:
@@ -625,7 +679,7 @@ def test_twenty_racing_writers_win_exactly_once_per_generation(
         # Writes queue on the write lock, so each writer reads the latest generation.
         assert len(winners) == racers
     with store.read() as tx:
-        final = tx.get_task(task.id)
+        final = tx.tasks.get(task.id)
     assert final is not None
     assert final.lease_gen == 7 + len(winners)
     assert final.holder == winners[-1][1]
@@ -657,25 +711,25 @@ def test_counts_across_users_see_open_tasks_and_vms_by_status(store: Store) -> N
     with store.write() as tx:
         for owner in ("ann", "ben"):
             task_id = new_task_id()
-            tx.insert_task(Task(id=task_id, owner=owner, name="t", status="open", lease_gen=1,
-                                secret_digest=None, holder=None, held_since=None,
-                                last_activity_at=now, created_at=now))
-        tx.insert_vm(Vm(id=new_vm_id(), task_id=task_id, owner="ben", name="v", image="tiny",
-                        status="running", host="local", vcpus=1, memory_mib=64, created_at=now))
+            tx.tasks.add(Task(id=task_id, owner=owner, name="t", status="open", lease_gen=1,
+                              secret_digest=None, holder=None, held_since=None,
+                              last_activity_at=now, created_at=now))
+        tx.vms.add(Vm(id=new_vm_id(), task_id=task_id, owner="ben", name="v", image="tiny",
+                      status="running", host="local", vcpus=1, memory_mib=64, created_at=now))
     with store.read() as tx:
-        assert tx.count_open_tasks_all() == 2
-        assert tx.count_vms_by_status("running") == 1
-        assert tx.count_vms_by_status("failed") == 0
+        assert tx.tasks.count_open(None) == 2
+        assert tx.vms.count_by_status("running") == 1
+        assert tx.vms.count_by_status("failed") == 0
 
 
 def test_the_installation_has_an_id_and_meta_is_compare_and_set(store: Store) -> None:
     with store.read() as tx:
-        install = tx.get_meta("install_id")
+        install = tx.meta.get("install_id")
     assert install is not None and install.startswith("rift_")
     with store.write() as tx:
-        assert tx.swap_meta("heartbeat_at", None, "a")
-        assert not tx.swap_meta("heartbeat_at", None, "b")  # present: no longer absent
-        assert not tx.swap_meta("heartbeat_at", "stale", "c")
-        assert tx.swap_meta("heartbeat_at", "a", "d")
+        assert tx.meta.swap("heartbeat_at", None, "a")
+        assert not tx.meta.swap("heartbeat_at", None, "b")  # present: no longer absent
+        assert not tx.meta.swap("heartbeat_at", "stale", "c")
+        assert tx.meta.swap("heartbeat_at", "a", "d")
     with store.read() as tx:
-        assert tx.get_meta("heartbeat_at") == "d"
+        assert tx.meta.get("heartbeat_at") == "d"

@@ -25,7 +25,7 @@ def at(seconds: float) -> datetime:
 
 def with_user(store: Store, name: str = "ada") -> None:
     with store.write() as tx:
-        tx.add_user(User(name=name, password_hash="$argon2id$x", created_at=T0))
+        tx.users.add(User(name=name, password_hash="$argon2id$x", created_at=T0))
 
 
 def a_session(digest: str = "d" * 64, user: str = "ada", ttl_s: float = 3600) -> WebSession:
@@ -45,51 +45,51 @@ def a_task(owner: str = "ada", **changes: object) -> Task:
 def test_a_session_reads_back_by_digest_and_is_deleted_once(store: Store) -> None:
     with_user(store)
     with store.write() as tx:
-        tx.add_session(a_session())
+        tx.web.add_session(a_session())
     with store.read() as tx:
-        assert tx.get_session("d" * 64) == a_session()
-        assert tx.get_session("e" * 64) is None
+        assert tx.web.get_session("d" * 64) == a_session()
+        assert tx.web.get_session("e" * 64) is None
     with store.write() as tx:
-        assert tx.delete_session("d" * 64) is True
-        assert tx.delete_session("d" * 64) is False
+        assert tx.web.delete_session("d" * 64) is True
+        assert tx.web.delete_session("d" * 64) is False
     with store.read() as tx:
-        assert tx.get_session("d" * 64) is None
+        assert tx.web.get_session("d" * 64) is None
 
 
 def test_a_session_needs_a_user_and_an_unused_digest(store: Store) -> None:
     with_user(store)
     with pytest.raises(MissingReference), store.write() as tx:
-        tx.add_session(a_session(user="nobody"))
+        tx.web.add_session(a_session(user="nobody"))
     with store.write() as tx:
-        tx.add_session(a_session())
+        tx.web.add_session(a_session())
         with pytest.raises(DuplicateKey):
-            tx.add_session(a_session())
-        tx.add_session(a_session(digest="e" * 64))  # the transaction goes on
+            tx.web.add_session(a_session())
+        tx.web.add_session(a_session(digest="e" * 64))  # the transaction goes on
     with store.read() as tx:
-        assert tx.get_session("e" * 64) is not None
+        assert tx.web.get_session("e" * 64) is not None
 
 
 def test_expired_sessions_are_purged_and_live_ones_stay(store: Store) -> None:
     with_user(store)
     with store.write() as tx:
-        tx.add_session(a_session("a" * 64, ttl_s=10))
-        tx.add_session(a_session("b" * 64, ttl_s=20))
-        tx.add_session(a_session("c" * 64, ttl_s=30))
+        tx.web.add_session(a_session("a" * 64, ttl_s=10))
+        tx.web.add_session(a_session("b" * 64, ttl_s=20))
+        tx.web.add_session(a_session("c" * 64, ttl_s=30))
     with store.write() as tx:
-        assert tx.purge_sessions(at(20)) == 2
+        assert tx.web.purge_sessions(at(20)) == 2
     with store.read() as tx:
-        assert tx.get_session("a" * 64) is None
-        assert tx.get_session("b" * 64) is None
-        assert tx.get_session("c" * 64) is not None
+        assert tx.web.get_session("a" * 64) is None
+        assert tx.web.get_session("b" * 64) is None
+        assert tx.web.get_session("c" * 64) is not None
 
 
 def test_a_read_block_refuses_session_changes(store: Store) -> None:
     with_user(store)
     with store.read() as tx:
         with pytest.raises(ReadOnlyTransaction):
-            tx.add_session(a_session())
+            tx.web.add_session(a_session())
         with pytest.raises(ReadOnlyTransaction):
-            tx.add_login_failure("k", T0)
+            tx.web.add_login_failure("k", T0)
 
 
 # failed logins
@@ -97,31 +97,31 @@ def test_a_read_block_refuses_session_changes(store: Store) -> None:
 
 def test_failed_logins_are_counted_per_key_and_cleared(store: Store) -> None:
     with store.write() as tx:
-        assert tx.add_login_failure("pair:x", at(1)) == 1
-        assert tx.add_login_failure("pair:x", at(2)) == 2
-        assert tx.add_login_failure("addr:y", at(3)) == 1
+        assert tx.web.add_login_failure("pair:x", at(1)) == 1
+        assert tx.web.add_login_failure("pair:x", at(2)) == 2
+        assert tx.web.add_login_failure("addr:y", at(3)) == 1
     with store.read() as tx:
-        found = tx.get_login_failures("pair:x")
+        found = tx.web.login_failures("pair:x")
         assert found is not None
         assert (found.failures, found.last_failed_at) == (2, at(2))
-        assert tx.get_login_failures("nothing") is None
+        assert tx.web.login_failures("nothing") is None
     with store.write() as tx:
-        tx.clear_login_failures("pair:x")
-        tx.clear_login_failures("pair:x")  # clearing twice is harmless
+        tx.web.clear_login_failures("pair:x")
+        tx.web.clear_login_failures("pair:x")  # clearing twice is harmless
     with store.read() as tx:
-        assert tx.get_login_failures("pair:x") is None
-        assert tx.get_login_failures("addr:y") is not None
+        assert tx.web.login_failures("pair:x") is None
+        assert tx.web.login_failures("addr:y") is not None
 
 
 def test_old_failed_login_counts_are_purged(store: Store) -> None:
     with store.write() as tx:
-        tx.add_login_failure("old", at(0))
-        tx.add_login_failure("new", at(100))
+        tx.web.add_login_failure("old", at(0))
+        tx.web.add_login_failure("new", at(100))
     with store.write() as tx:
-        assert tx.purge_login_failures(at(50)) == 1
+        assert tx.web.purge_login_failures(at(50)) == 1
     with store.read() as tx:
-        assert tx.get_login_failures("old") is None
-        assert tx.get_login_failures("new") is not None
+        assert tx.web.login_failures("old") is None
+        assert tx.web.login_failures("new") is not None
 
 
 # what the page reads
@@ -137,46 +137,46 @@ def test_recently_closed_lists_the_owners_closed_tasks_latest_closed_first(
     still_open = a_task()
     with store.write() as tx:
         for task in (early, late, middle, other, still_open):
-            tx.insert_task(task)
+            tx.tasks.add(task)
     with store.read() as tx:
-        assert [t.id for t in tx.list_recently_closed("ada", 10)] == [
+        assert [t.id for t in tx.tasks.recently_closed("ada", 10)] == [
             late.id, middle.id, early.id]
-        assert [t.id for t in tx.list_recently_closed("ada", 2)] == [late.id, middle.id]
-        assert tx.list_recently_closed("carol", 10) == []
+        assert [t.id for t in tx.tasks.recently_closed("ada", 2)] == [late.id, middle.id]
+        assert tx.tasks.recently_closed("carol", 10) == []
 
 
 def test_the_change_mark_moves_with_every_event_and_every_touch(store: Store) -> None:
     with store.read() as tx:
-        empty = tx.change_mark()
+        empty = tx.web.change_mark()
     assert (empty.last_event_id, empty.last_activity_at) == (0, None)
     task = a_task()
     with store.write() as tx:
-        tx.insert_task(task)
-        tx.add_event(NewEvent(task.id, "opened", T0, "mcp:x"))
+        tx.tasks.add(task)
+        tx.events.add(NewEvent(task.id, "opened", T0, "mcp:x"))
     with store.read() as tx:
-        opened = tx.change_mark()
+        opened = tx.web.change_mark()
     assert opened.last_event_id > 0
     assert opened.last_activity_at == T0
     with store.write() as tx:
-        assert tx.touch_task(task.id, at(60), at(0))
+        assert tx.tasks.touch(task.id, at(60), at(0))
     with store.read() as tx:
-        touched = tx.change_mark()
+        touched = tx.web.change_mark()
     assert touched.last_activity_at == at(60)
     assert touched.token != opened.token
     with store.write() as tx:
-        tx.add_event(NewEvent(task.id, "released", at(61), "mcp:x"))
+        tx.events.add(NewEvent(task.id, "released", at(61), "mcp:x"))
     with store.read() as tx:
-        released = tx.change_mark()
+        released = tx.web.change_mark()
     assert released.last_event_id > touched.last_event_id
     assert released.token != touched.token
 
 
 def test_the_change_mark_ignores_closed_tasks_activity(store: Store) -> None:
     with store.write() as tx:
-        tx.insert_task(a_task(status="closed", closed_at=at(5), last_activity_at=at(500)))
-        tx.insert_task(a_task(last_activity_at=at(7)))
+        tx.tasks.add(a_task(status="closed", closed_at=at(5), last_activity_at=at(500)))
+        tx.tasks.add(a_task(last_activity_at=at(7)))
     with store.read() as tx:
-        assert tx.change_mark().last_activity_at == at(7)
+        assert tx.web.change_mark().last_activity_at == at(7)
 
 
 # the migration
@@ -188,8 +188,8 @@ def test_migration_0002_upgrades_a_0001_database_keeping_its_rows(empty_sql_url:
     old = SqlStore(empty_sql_url)
     try:
         with old.write() as tx:
-            tx.add_user(User(name="ada", password_hash=None, created_at=T0))
-            tx.insert_task(task)
+            tx.users.add(User(name="ada", password_hash=None, created_at=T0))
+            tx.tasks.add(task)
     finally:
         old.close()
     upgrade(empty_sql_url, "0002")
@@ -197,9 +197,9 @@ def test_migration_0002_upgrades_a_0001_database_keeping_its_rows(empty_sql_url:
     new = SqlStore(empty_sql_url)
     try:
         with new.write() as tx:
-            tx.add_session(a_session())
+            tx.web.add_session(a_session())
         with new.read() as tx:
-            assert tx.get_task(task.id) == task
-            assert tx.get_session("d" * 64) is not None
+            assert tx.tasks.get(task.id) == task
+            assert tx.web.get_session("d" * 64) is not None
     finally:
         new.close()

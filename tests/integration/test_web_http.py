@@ -93,8 +93,8 @@ def test_the_store_keeps_only_a_digest_of_the_session_id(client: TestClient,
     assert log_in(client) == 303
     session_id = client.cookies[SESSION_COOKIE]
     with deps.store.read() as tx:
-        assert tx.get_session(session_id) is None
-        assert tx.get_session(digest(session_id)) is not None
+        assert tx.web.get_session(session_id) is None
+        assert tx.web.get_session(digest(session_id)) is not None
 
 
 def test_a_wrong_password_and_an_unknown_user_get_the_same_answer(client: TestClient) -> None:

@@ -49,7 +49,7 @@ def engine(store: Store) -> Iterator[tuple[Deps, FakeClock]]:
 
 def stored(deps: Deps, task_id: str) -> Any:
     with deps.store.read() as tx:
-        return tx.get_task(task_id)
+        return tx.tasks.get(task_id)
 
 
 def set_clock(clock: FakeClock, at: datetime) -> None:

@@ -13,11 +13,11 @@ from rift.services.context import Deps
 def snapshot(deps: Deps) -> Any:
     """Everything the store holds about tasks, VMs and events."""
     with deps.store.read() as tx:
-        tasks = tx.list_tasks(None, "all", 1000, None)
+        tasks = tx.tasks.page(None, "all", 1000, None)
         return (
             tasks,
-            {t.id: tx.list_vms(t.id) for t in tasks},
-            {t.id: tx.list_events(t.id, 0, 1000) for t in tasks},
+            {t.id: tx.vms.of_task(t.id) for t in tasks},
+            {t.id: tx.events.page(t.id, 0, 1000) for t in tasks},
         )
 
 
@@ -33,4 +33,4 @@ def refused(code: str, call: Any, *args: Any, **kwargs: Any) -> RiftError:
 
 def event_types(deps: Deps, task_id: str) -> list[str]:
     with deps.store.read() as tx:
-        return [e.type for e in tx.list_events(task_id, 0, 1000)]
+        return [e.type for e in tx.events.page(task_id, 0, 1000)]

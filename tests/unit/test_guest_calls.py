@@ -34,7 +34,7 @@ def _vm(deps: Deps, ssh: bool = True) -> tuple[str, str]:
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     if ssh:
         with deps.store.write() as tx:
-            tx.update_vm(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+            tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
     return str(opened.handle), vm.id
 
 

@@ -44,4 +44,4 @@ def test_a_short_gap_is_no_downtime_and_a_second_replica_does_not_shift_again(
 def test_a_first_start_records_a_heartbeat_and_shifts_nothing(deps: Deps) -> None:
     assert heartbeat.resume(deps, sweep_interval_s=60) == 0.0
     with deps.store.read() as tx:
-        assert tx.get_meta(heartbeat.HEARTBEAT) is not None
+        assert tx.meta.get(heartbeat.HEARTBEAT) is not None

@@ -48,8 +48,8 @@ def test_a_create_that_died_half_way_is_failed_after_the_grace_period(
                image="tiny", status="creating", host="local", vcpus=1, memory_mib=64,
                created_at=now)
     with deps.store.write() as tx:  # the row and its event, then the process died
-        tx.insert_vm(stuck)
-        tx.add_event(NewEvent(stuck.task_id, "vm_creating", now, "mcp:x", {"vm_id": stuck.id}))
+        tx.vms.add(stuck)
+        tx.events.add(NewEvent(stuck.task_id, "vm_creating", now, "mcp:x", {"vm_id": stuck.id}))
     local_hv.add_foreign_domain(stuck.domain_name, stuck.task_id, stuck.id)
     assert not reconcile.reconcile(deps).interrupted  # still within the grace period
     clock.advance(reconcile.CREATING_GRACE_S + 1)
@@ -123,7 +123,7 @@ class Killed(Exception):
 
 def _events(deps: Deps, task_id: str) -> list[tuple[str, str, dict[str, object]]]:
     with deps.store.read() as tx:
-        return [(e.type, e.actor, e.details) for e in tx.list_events(task_id, 0, 1000)]
+        return [(e.type, e.actor, e.details) for e in tx.events.page(task_id, 0, 1000)]
 
 
 def _cut_after_the_domain(monkeypatch: pytest.MonkeyPatch, stop: bool = False) -> None:
@@ -202,7 +202,7 @@ def test_a_creating_row_whose_destroy_was_cut_is_destroyed_after_the_grace(
                image="tiny", status="creating", host="local", vcpus=1, memory_mib=64,
                created_at=clock.now())
     with deps.store.write() as tx:
-        tx.insert_vm(stuck)
+        tx.vms.add(stuck)
     local_hv.add_foreign_domain(stuck.domain_name, stuck.task_id, stuck.id)
     assert teardown.request_destroy(deps, stuck)  # then the process died
     assert not reconcile.reconcile(deps)  # within the grace: a create may be under way
@@ -242,7 +242,7 @@ def test_a_row_whose_destroy_was_asked_after_it_was_read_is_not_failed(
     opened = tasks.new_task(deps, ALICE)
     made = vms.new_vm(deps, ALICE, str(opened.handle))
     with deps.store.read() as tx:
-        read_before = tx.get_vm(made.id)
+        read_before = tx.vms.get(made.id)
     assert read_before is not None
     assert teardown.request_destroy(deps, read_before)
     del local_hv.domains[read_before.domain_name]

@@ -29,7 +29,7 @@ def test_a_task_closes_itself_at_the_idle_period_not_a_second_before(
     assert view.status == "closed" and view.close_reason == "idle"
     assert local_hv.domains == {}
     with deps.store.read() as tx:
-        closed = [e for e in tx.list_events(opened.task.id, 0, 100) if e.type == "closed"]
+        closed = [e for e in tx.events.page(opened.task.id, 0, 100) if e.type == "closed"]
     assert closed[0].actor == "sweep" and closed[0].details["quiet_s"] == 14400
 
 
@@ -57,7 +57,7 @@ def test_the_sweep_finishes_a_close_interrupted_before_its_vms_were_destroyed(
     opened = tasks.new_task(deps, ALICE)
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     with deps.store.write() as tx:  # the process died right after this commit
-        task = tx.get_task(opened.task.id)
+        task = tx.tasks.get(opened.task.id)
         assert task is not None
         close_in_tx(tx, task, "mcp:claude-code", "closed", deps.clock.now())
     assert len(local_hv.domains) == 1

@@ -149,7 +149,7 @@ def test_the_operator_closes_any_task_with_reason_operator(deps: Deps) -> None:
     closed = tasks.close_as_operator(deps, opened.task.id, "cli:root")
     assert closed.task.close_reason == "operator"
     with deps.store.read() as tx:
-        last = tx.list_events(opened.task.id, 0, 10)[-1]
+        last = tx.events.page(opened.task.id, 0, 10)[-1]
     assert last.type == "closed" and last.actor == "operator" and last.details["by"] == "cli:root"
 
 
