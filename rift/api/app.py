@@ -116,7 +116,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
     def healthz() -> JSONResponse:
         try:
             with state.deps.store.read() as tx:
-                tx.count_users()
+                tx.users.count()
         except Exception as exc:
             log.warning("health check failed", extra={"error": str(exc)})
             return JSONResponse({"status": "unavailable"}, status_code=503)

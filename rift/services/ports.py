@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hypervisor.base import Hypervisor
-from rift.domain.model import Task, Vm
+from rift.domain.model import Vm
 from rift.services.repositories import (
     EventRepository,
     HostRepository,
@@ -50,13 +50,6 @@ class Tx(Protocol):
     def meta(self) -> MetaRepository: ...
     @property
     def web(self) -> WebRepository: ...
-
-    # Transitional: rift/services/tools.py (_task_out) and rift/api/app.py (/readyz)
-    # still call these; they are tx.tasks.get, tx.vms.of_task and tx.users.count,
-    # and go once those two callers use the repositories.
-    def get_task(self, task_id: str) -> Task | None: ...
-    def list_vms(self, task_id: str) -> list[Vm]: ...
-    def count_users(self) -> int: ...
 
 
 class Store(Protocol):

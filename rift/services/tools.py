@@ -18,9 +18,9 @@ from rift.services.context import Caller, Deps
 
 def _task_out(deps: Deps, task_id: str) -> TaskView:
     with deps.store.read() as tx:
-        task = tx.get_task(task_id)
+        task = tx.tasks.get(task_id)
         assert task is not None
-        return TaskView.of(task, tx.list_vms(task_id), deps.lease_rules)
+        return TaskView.of(task, tx.vms.of_task(task_id), deps.lease_rules)
 
 
 def task_new(deps: Deps, caller: Caller, args: c.TaskNewIn) -> c.TaskNewOut:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from rift.domain.model import Task, Vm
 from rift.store.sql_accounts import SqlTokens, SqlUsers
 from rift.store.sql_events import SqlEvents
 from rift.store.sql_hosts import SqlHosts
@@ -30,13 +29,3 @@ class SqlTx:
         self.hosts = SqlHosts(conn, writable=writable)
         self.meta = SqlMeta(conn, writable=writable)
         self.web = SqlWeb(conn, writable=writable)
-
-    # Transitional, for the two callers the port names (tools.py, api/app.py).
-    def get_task(self, task_id: str) -> Task | None:
-        return self.tasks.get(task_id)
-
-    def list_vms(self, task_id: str) -> list[Vm]:
-        return self.vms.of_task(task_id)
-
-    def count_users(self) -> int:
-        return self.users.count()
