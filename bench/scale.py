@@ -88,7 +88,7 @@ def postgres() -> Iterator[str]:
 
 
 def _wipe(url: str) -> None:
-    from tests.conftest_store import wipe  # the suite's own: drop every table
+    from tests.support.databases import wipe  # the suite's own: drop every table
 
     wipe(url)
 

@@ -13,31 +13,12 @@ from hypervisor.fake import FakeHypervisor
 from rift.catalog import StaticImages
 from rift.domain.clock import FakeClock
 from rift.domain.leases import LeaseRules
-from rift.services.context import Caller, Deps, Limits
+from rift.services.context import Deps, Limits
 from rift.services.hosts import ensure_local_host
 from rift.store.sql import SqlStore
+from tests.support.engine import FakePool
 
 pytest_plugins = ["tests.conftest_store", "tests.e2e.replicas"]
-
-ALICE = Caller("alice", "mcp:claude-code")
-ALICE_2 = Caller("alice", "mcp:cursor")
-BOB = Caller("bob", "mcp:claude-code")
-
-
-class FakePool:
-    """Host pool over fake hypervisors, one per URI."""
-
-    def __init__(self) -> None:
-        self.by_uri: dict[str, FakeHypervisor] = {}
-
-    def hypervisor(self, uri: str) -> FakeHypervisor:
-        if uri not in self.by_uri:
-            self.by_uri[uri] = FakeHypervisor(uri)
-        return self.by_uri[uri]
-
-    def close(self) -> None:
-        self.by_uri.clear()
-
 
 @pytest.fixture
 def clock() -> FakeClock:

@@ -248,7 +248,7 @@ def test_on_postgresql_a_change_through_one_replica_shows_live_on_the_other(
         browser: Any, tmp_path: Path) -> None:
     """Two `rift serve` replicas on one PostgreSQL database: the page on B follows
     a task made through A and its takeover, with no reload."""
-    from tests.conftest_store import skip_without_postgres, wipe
+    from tests.support.databases import skip_without_postgres, wipe
     from tests.support.servers import start_server
 
     url = skip_without_postgres()

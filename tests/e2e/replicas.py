@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest_store import skip_without_postgres, wipe
+from tests.support.databases import skip_without_postgres, wipe
 from tests.support.replicas import admin_of, replica_env, shared_host_missing
 from tests.support.servers import Server, launch, stop_server, wait_healthy
 

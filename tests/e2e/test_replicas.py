@@ -28,7 +28,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from sqlalchemy import create_engine, pool, text
 
-from tests.conftest_store import wipe
+from tests.support.databases import wipe
 from tests.support.mcp_clients import ERAS, call, mcp_session, refused, run
 from tests.support.races import CLIENTS, race
 from tests.support.replicas import admin_of, replica_env, shared_domains, shared_host_missing

@@ -16,8 +16,8 @@ from rift.config import Settings
 from rift.domain.errors import RiftError
 from rift.services import leases, sweeps, tasks, vms
 from rift.services.context import Deps
-from tests.conftest import ALICE, ALICE_2
-from tests.conftest_store import SQL_KINDS, empty_database_url
+from tests.support.databases import SQL_KINDS, empty_database_url
+from tests.support.engine import ALICE, ALICE_2
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from rift.domain.errors import StoreUnavailable
 from rift.domain.model import User
 from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore
-from tests.conftest_store import skip_without_postgres, wipe
+from tests.support.databases import skip_without_postgres, wipe
 
 
 def closed_port() -> int:

@@ -22,8 +22,8 @@ from rift.services.heartbeat import HEARTBEAT, beat, resume
 from rift.services.hosts import ensure_local_host
 from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore
-from tests.conftest import FakePool
-from tests.conftest_store import skip_without_postgres, wipe
+from tests.support.databases import skip_without_postgres, wipe
+from tests.support.engine import FakePool
 
 ROUNDS = 5
 

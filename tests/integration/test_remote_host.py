@@ -21,8 +21,8 @@ from hypervisor.tiny import build_tiny
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.services import guests, hosts, tasks, vms
-from tests.conftest import ALICE
 from tests.support.cache import CACHE as TEST_CACHE
+from tests.support.engine import ALICE
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = TEST_CACHE / "test-images"

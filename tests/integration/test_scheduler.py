@@ -11,7 +11,7 @@ from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.scheduler import start_scheduler
 from rift.services import tasks
-from tests.conftest import ALICE
+from tests.support.engine import ALICE
 
 
 def test_the_scheduler_closes_an_idle_task_within_a_few_intervals(tmp_path: Path) -> None:

@@ -26,8 +26,8 @@ from rift.services import leases, sweeps, tasks
 from rift.services.context import Caller, Deps, Limits
 from rift.services.hosts import ensure_local_host
 from rift.services.ports import Store
-from tests.conftest import FakePool
 from tests.support import campaign
+from tests.support.engine import FakePool
 from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.servers import Server, start_server, stop_server
 

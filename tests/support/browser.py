@@ -20,7 +20,7 @@ from rift.domain.clock import SystemClock
 from rift.services import accounts
 from rift.services.context import Deps
 from rift.store.sql import SqlStore
-from tests.conftest import FakePool
+from tests.support.engine import FakePool
 from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.servers import Server, free_port, stop_server
 

@@ -6,8 +6,28 @@ from typing import Any
 
 import pytest
 
+from hypervisor.fake import FakeHypervisor
 from rift.domain.errors import RiftError
-from rift.services.context import Deps
+from rift.services.context import Caller, Deps
+
+ALICE = Caller("alice", "mcp:claude-code")
+ALICE_2 = Caller("alice", "mcp:cursor")
+BOB = Caller("bob", "mcp:claude-code")
+
+
+class FakePool:
+    """Host pool over fake hypervisors, one per URI."""
+
+    def __init__(self) -> None:
+        self.by_uri: dict[str, FakeHypervisor] = {}
+
+    def hypervisor(self, uri: str) -> FakeHypervisor:
+        if uri not in self.by_uri:
+            self.by_uri[uri] = FakeHypervisor(uri)
+        return self.by_uri[uri]
+
+    def close(self) -> None:
+        self.by_uri.clear()
 
 
 def snapshot(deps: Deps) -> Any:

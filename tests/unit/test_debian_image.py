@@ -29,7 +29,7 @@ from rift.services import tasks, vms
 from rift.services.context import Deps, GuestRuntime
 from rift.services.guest_kinds import KernelGuest, VmFiles
 from rift.services.guest_kinds.real import DEFAULT_DISK_GIB, GIB
-from tests.conftest import ALICE
+from tests.support.engine import ALICE
 
 needs_qemu_img = pytest.mark.skipif(shutil.which("qemu-img") is None,
                                     reason="qemu-img is not installed (scripts/libvirt.sh)")

@@ -10,8 +10,7 @@ from rift.domain.model import Vm
 from rift.services import guests, tasks, vms
 from rift.services.context import Deps
 from rift.services.ports import ExecResult
-from tests.conftest import ALICE
-from tests.support.engine import refused
+from tests.support.engine import ALICE, refused
 
 
 @dataclass

@@ -7,7 +7,7 @@ from datetime import datetime
 from rift.domain.clock import FakeClock
 from rift.services import heartbeat, sweeps, tasks
 from rift.services.context import Deps
-from tests.conftest import ALICE
+from tests.support.engine import ALICE
 
 
 def test_a_restart_after_a_long_gap_moves_the_task_clocks_by_the_gap(

@@ -26,7 +26,7 @@ from rift.guest.errors import GuestError
 from rift.guest.shell import SshGuestShell
 from rift.services import reconcile, tasks, vms
 from rift.services.context import Deps, GuestRuntime
-from tests.conftest import ALICE
+from tests.support.engine import ALICE
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBItiKMb60WRZYHdNAnTB9p/iehwos+LVjLTxu2yyPzL rift"
 IMAGE = Qcow2Image("debian", Path("/data/images/debian/disk.qcow2"), 2 << 30)

@@ -10,8 +10,7 @@ from rift.domain.clock import FakeClock
 from rift.domain.model import Vm
 from rift.services import reconcile, sweeps, tasks, teardown, vms
 from rift.services.context import Deps
-from tests.conftest import ALICE
-from tests.support.engine import event_types
+from tests.support.engine import ALICE, event_types
 
 
 def test_a_domain_with_rift_metadata_and_no_live_row_is_destroyed(

@@ -12,8 +12,7 @@ from rift.guest.adapter import SshGuests
 from rift.services import sweeps, tasks, vms
 from rift.services.context import Deps
 from rift.services.teardown import close_in_tx
-from tests.conftest import ALICE
-from tests.support.engine import event_types, refused
+from tests.support.engine import ALICE, event_types, refused
 
 
 def test_a_task_closes_itself_at_the_idle_period_not_a_second_before(

@@ -5,8 +5,7 @@ from __future__ import annotations
 from rift.domain.clock import FakeClock
 from rift.services import leases, tasks
 from rift.services.context import Deps
-from tests.conftest import ALICE, ALICE_2, BOB
-from tests.support.engine import event_types, refused, snapshot
+from tests.support.engine import ALICE, ALICE_2, BOB, event_types, refused, snapshot
 
 
 def test_a_new_task_is_held_by_its_creator_with_every_countdown(deps: Deps) -> None:

@@ -8,10 +8,6 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 SUPPORT = "tests.support"
-# Still imported for their helpers (users, FakePool, the store plugin's functions)
-# while the store's fixtures are reshaped; remove each once its helpers have moved
-# to tests/support/.
-ALLOWED_FOR_NOW = {"tests.conftest", "tests.conftest_store"}
 
 
 def _module_name(path: Path) -> str:
@@ -47,9 +43,7 @@ def _is_test_module(name: str) -> bool:
 def _offences(source: str, module: str, is_package: bool = False) -> list[str]:
     """What `source` (the module `module`) imports that it must not, one line each."""
     bad = sorted({(line, name) for line, name in _imported(ast.parse(source), module, is_package)
-                  if _is_test_module(name) and not any(
-                      name == allowed or name.startswith(allowed + ".")
-                      for allowed in ALLOWED_FOR_NOW)})
+                  if _is_test_module(name)})
     # `from tests.e2e.conftest import Server` names tests.e2e.conftest.Server too:
     # only the module is told.
     return [f"line {line}: {name}" for line, name in bad
@@ -82,9 +76,9 @@ def test_the_check_sees_every_way_of_importing_a_test_module() -> None:
     assert _offences("from ..unit import helpers", here) == ["line 1: tests.unit"]
     assert _offences("def f():\n    from tests.browser.conftest import Agent", here) == [
         "line 2: tests.browser.conftest"]
+    assert _offences("from tests.conftest import ALICE", here) == ["line 1: tests.conftest"]
     for fine in ("from tests.support.servers import Server", "from tests.support import campaign",
                  "from tests import support", "from . import campaign",
-                 "from tests.conftest import ALICE", "from tests.conftest_store import wipe",
                  "import pytest"):
         module = "tests.support.x" if fine == "from . import campaign" else here
         assert _offences(fine, module) == [], fine

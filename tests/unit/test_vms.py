@@ -8,8 +8,7 @@ from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
 from rift.services import hosts, leases, tasks, vms
 from rift.services.context import Deps
-from tests.conftest import ALICE, ALICE_2, BOB, FakePool
-from tests.support.engine import event_types, refused, snapshot
+from tests.support.engine import ALICE, ALICE_2, BOB, FakePool, event_types, refused, snapshot
 
 
 def _task(deps: Deps) -> tuple[str, str]:
