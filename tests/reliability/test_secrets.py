@@ -123,7 +123,13 @@ def search(secrets: set[str], files: list[Path]) -> list[str]:
         done = subprocess.run(["grep", "-FaoH", "-f", "-", "--", *map(str, files[start:
                                                                                start + 500])],
                               input=patterns.encode(), capture_output=True, check=False)
-        assert done.returncode in (0, 1), done.stderr.decode()
+        # A file may vanish between the walk and the search (PostgreSQL recycles its
+        # WAL segments, servers delete their temp files): grep says so and exits 2.
+        # Any other complaint fails the test.
+        complaints = [line for line in done.stderr.decode(errors="replace").splitlines()
+                      if not line.endswith(": No such file or directory")]
+        assert done.returncode in (0, 1) or (done.returncode == 2 and not complaints), \
+            done.stderr.decode(errors="replace")
         found += done.stdout.decode(errors="replace").splitlines()
     return found
 
