@@ -1282,10 +1282,13 @@ def test_fifty_slow_clients_do_not_hold_up_a_normal_call(server: Server) -> None
         for sock in slow:
             readable, _, _ = select.select([sock], [], [], 0)
             assert not readable, "a slow client was answered before its deadline"
+        # Not held up means: no normal call waited for a slow client's deadline (a call
+        # queued behind one would take at least that long). How fast they were is a
+        # figure for the table, not an assertion (the machines are noisy).
         worst_ms = max(latencies) * 1000
         campaign.record(SECTION, "normal call (REST, MCP) while 50 slow clients are held, "
-                        "worst ms", worst_ms, "< 500")
-        assert worst_ms < 500, latencies
+                        "worst ms", worst_ms, f"< {HEAD_TIMEOUT_S * 1000:g} (their deadline)")
+        assert max(latencies) < HEAD_TIMEOUT_S, latencies
         cut = [_read_to_close(sock, 20)[1] for sock in slow]
         assert all(c != math.inf for c in cut), cut
         campaign.record(SECTION, "50 slow clients all cut off within, s",
