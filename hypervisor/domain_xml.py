@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from xml.sax.saxutils import escape
 
 from hypervisor.base import DomainSpec
 
@@ -20,6 +21,13 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 # Characters XML 1.0 cannot carry at all, even escaped.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _RIFT_VM = f"{{{RIFT_XMLNS}}}vm"
+# The start tag of the Rift element as libvirt writes it back (libxml2 escapes
+# `<`, `>`, `&` and quotes inside attribute values, so no `>` ends it early).
+_RIFT_TAG = re.compile(
+    r"<(?P<prefix>[A-Za-z_][\w.-]*):vm\s[^>]*xmlns:(?P=prefix)=([\"'])"
+    + re.escape(RIFT_XMLNS) + r"\2[^>]*>")
+_TASK_ATTR = re.compile(r"""(\stask=)(?:"[^"]*"|'[^']*')""")
+_ATTR_ESCAPES = {'"': "&quot;", "\n": "&#10;", "\r": "&#13;", "\t": "&#9;"}
 
 
 def build_domain_xml(spec: DomainSpec) -> str:
@@ -137,6 +145,50 @@ def validate_spec(spec: DomainSpec) -> None:
             raise ValueError(f"{field} must be an absolute path, not {path!r}")
 
 
+def rift_mark_with_task(xml: str, task_id: str) -> str:
+    """The Rift metadata element of `xml` with its task id replaced by `task_id`.
+
+    `xml` is a whole domain XML or the bare element virDomainGetMetadata returns;
+    every other attribute (VM id, image, installation) is kept. The answer is the
+    bare element `<vm .../>` that virDomainSetMetadata takes (with prefix "rift"
+    and RIFT_XMLNS). ValueError when `xml` carries no Rift metadata or `task_id`
+    holds a character XML cannot carry.
+    """
+    if _NOT_XML.search(task_id):
+        raise ValueError("task_id holds a character XML cannot carry")
+    element = _rift_element(xml)
+    if element is None:
+        raise ValueError("the domain carries no Rift metadata")
+    attrs = dict(element.attrib)
+    attrs["task"] = task_id
+    return ET.tostring(ET.Element("vm", attrs), encoding="unicode")
+
+
+def domain_xml_with_task(xml: str, task_id: str) -> str:
+    """A whole domain XML (as libvirt writes it) with the task id of its Rift
+    metadata replaced; every other byte is kept, so libvirt takes it back as the
+    same domain (a managed save image's XML must keep its ABI).
+
+    ValueError when the XML carries no single Rift element with a task, or
+    `task_id` holds a character XML cannot carry.
+    """
+    if _NOT_XML.search(task_id):
+        raise ValueError("task_id holds a character XML cannot carry")
+    before = parse_rift_mark(xml)
+    tags = list(_RIFT_TAG.finditer(xml))
+    if before[0] is None or len(tags) != 1:
+        raise ValueError("the domain XML carries no single Rift metadata element with a task")
+    tag = tags[0]
+    value = escape(task_id, _ATTR_ESCAPES)
+    new_tag, count = _TASK_ATTR.subn(lambda m: f'{m.group(1)}"{value}"', tag.group(0))
+    if count != 1:
+        raise ValueError("the Rift metadata element has no single task attribute")
+    changed = xml[:tag.start()] + new_tag + xml[tag.end():]
+    if parse_rift_mark(changed) != (task_id, before[1], before[2]):
+        raise ValueError("the Rift metadata element could not be rewritten")
+    return changed
+
+
 def parse_rift_metadata(xml: str) -> tuple[str | None, str | None]:
     """(task id, VM id) from Rift metadata, or (None, None) when there is none."""
     task_id, vm_id, _install = parse_rift_mark(xml)
@@ -150,21 +202,24 @@ def parse_rift_mark(xml: str) -> tuple[str | None, str | None, str | None]:
     virDomainGetMetadata returns (`<vm task=".." vm=".."/>`, namespace dropped).
     Unreadable XML counts as no metadata: such a domain is never taken for Rift's.
     """
+    element = _rift_element(xml)
+    if element is None:
+        return None, None, None
+    return element.get("task"), element.get("vm"), element.get("install")
+
+
+def _rift_element(xml: str) -> ET.Element | None:
+    """The Rift metadata element of a domain XML or a bare one; None when there is none."""
     if "<!DOCTYPE" in xml:
-        return None, None, None  # no DTD, so no entities: libvirt never writes one
+        return None  # no DTD, so no entities: libvirt never writes one
     try:
         # Safe without defusedxml: a DTD (where entities live) is refused above, and
         # ElementTree never fetches external resources.
         root = ET.fromstring(xml)  # noqa: S314
     except ET.ParseError:
-        return None, None, None
+        return None
     if root.tag == "domain":
-        found = root.find(f"metadata/{_RIFT_VM}")
-        if found is None:
-            return None, None, None
-        element = found
-    elif root.tag in (_RIFT_VM, "vm"):
-        element = root
-    else:
-        return None, None, None
-    return element.get("task"), element.get("vm"), element.get("install")
+        return root.find(f"metadata/{_RIFT_VM}")
+    if root.tag in (_RIFT_VM, "vm"):
+        return root
+    return None

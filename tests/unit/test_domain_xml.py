@@ -17,6 +17,7 @@ from hypervisor import (
     largest_free,
     parse_rift_metadata,
 )
+from hypervisor.domain_xml import domain_xml_with_task, parse_rift_mark, rift_mark_with_task
 
 
 def parse(xml: str) -> ET.Element:
@@ -40,6 +41,59 @@ GUEST = dataclasses.replace(
     ssh_port=40022,
     serial_log="/var/lib/rift/serial/vm_k3v9x2m7.log",
 )
+
+
+# A managed save image's XML as libvirt 9.0 writes it (trimmed), for the rewrite.
+LIBVIRT_XML = """<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>rift-vm_k3v9x2m7</name>
+  <metadata>
+    <rift:vm xmlns:rift="https://rift.dev/xmlns/domain/1" task="task_old" vm="vm_k3v9x2m7" \
+image="tiny" install="inst_1"/>
+  </metadata>
+  <qemu:commandline>
+    <qemu:arg value='-netdev'/>
+    <qemu:arg value='user,id=n0,hostfwd=tcp:127.0.0.1:40022-:22'/>
+  </qemu:commandline>
+</domain>
+"""
+
+
+def test_the_rift_mark_takes_a_new_task_and_keeps_vm_image_and_install() -> None:
+    for source in (build_domain_xml(dataclasses.replace(SPEC, install="inst_1")),
+                   '<vm task="task_abc123" vm="vm_k3v9x2m7" image="tiny" install="inst_1"/>'):
+        mark = rift_mark_with_task(source, "task_new")
+        element = parse(mark)
+        assert element.tag == "vm"
+        assert element.attrib == {"task": "task_new", "vm": "vm_k3v9x2m7", "image": "tiny",
+                                  "install": "inst_1"}
+
+
+def test_a_new_mark_is_refused_without_rift_metadata_or_for_a_task_xml_cannot_carry() -> None:
+    with pytest.raises(ValueError, match="no Rift metadata"):
+        rift_mark_with_task("<domain><name>other</name></domain>", "task_new")
+    with pytest.raises(ValueError, match="cannot carry"):
+        rift_mark_with_task(build_domain_xml(SPEC), "task_\x01")
+
+
+def test_a_whole_domain_xml_changes_in_its_task_only() -> None:
+    changed = domain_xml_with_task(LIBVIRT_XML, "task_new")
+    assert changed == LIBVIRT_XML.replace('task="task_old"', 'task="task_new"')
+    assert parse_rift_mark(changed) == ("task_new", "vm_k3v9x2m7", "inst_1")
+
+
+def test_a_hostile_task_is_escaped_in_the_rewritten_domain_xml() -> None:
+    hostile = "t\"<&>'\n</rift:vm>"
+    changed = domain_xml_with_task(LIBVIRT_XML, hostile)
+    assert parse_rift_mark(changed) == (hostile, "vm_k3v9x2m7", "inst_1")
+    assert changed.count("<rift:vm ") == 1 and "</rift:vm>" not in changed
+
+
+def test_a_domain_xml_without_one_rift_element_is_not_rewritten() -> None:
+    with pytest.raises(ValueError, match="no single Rift metadata element"):
+        domain_xml_with_task("<domain><name>other</name></domain>", "task_new")
+    foreign = LIBVIRT_XML.replace("https://rift.dev/xmlns/domain/1", "https://example.org/x")
+    with pytest.raises(ValueError, match="no single Rift metadata element"):
+        domain_xml_with_task(foreign, "task_new")
 
 
 def test_metadata_written_into_a_domain_reads_back_as_task_and_vm() -> None:
