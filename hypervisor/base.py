@@ -40,6 +40,7 @@ class DomainRecord:
     vm_id: str | None
     active: bool
     install: str | None = None  # the Rift installation that made it, from its metadata
+    saved: bool = False  # stopped with a managed save image: `restore` resumes it
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class HypervisorError(Exception):
     """The hypervisor refused.
 
     `.message` holds the hypervisor's own words, `.op` what we tried
-    ("open", "define", "start", "destroy", ...), `.code` libvirt's error
+    ("open", "define", "start", "destroy", "save", "restore", "set_owner",
+    ...), `.code` libvirt's error
     number when there is one.
     """
 
@@ -93,6 +95,38 @@ class Hypervisor(Protocol):
 
     def list_domains(self) -> list[DomainRecord]:
         """Every domain on the connection, with Rift metadata parsed."""
+        ...
+
+    def save(self, name: str) -> None:
+        """Save a running domain's memory to disk (libvirt managed save).
+
+        The domain stops but stays defined, listed with `saved=True`; `restore`
+        resumes it where it was, `destroy` removes it and its saved state.
+        """
+        ...
+
+    def restore(self, name: str) -> None:
+        """Start a saved domain from its saved state.
+
+        HypervisorError(op="restore") when the domain has no saved state (it is
+        never cold-booted instead) or the hypervisor refuses.
+        """
+        ...
+
+    def set_owner(self, name: str, task_id: str) -> None:
+        """Make the domain's Rift metadata name `task_id` as its task.
+
+        Its VM id, image and installation are kept; the running domain and its
+        persistent definition both change, and `list_domains` shows the new task.
+        """
+        ...
+
+    def versions(self) -> str:
+        """The host's libvirt and hypervisor versions, as one short stable string.
+
+        It changes when either is upgraded: a saved or pooled VM made under other
+        versions is to be rebuilt.
+        """
         ...
 
     def close(self) -> None:

@@ -2,7 +2,9 @@
 
 Behaves like LibvirtHypervisor over the test driver: create renders the same
 XML (so a bad spec raises the same ValueError), a refused create leaves
-nothing, destroy is idempotent, and no capacity is checked (placement does).
+nothing, destroy is idempotent (and takes a saved state with it), save stops a
+running domain and restore starts only a saved one, and no capacity is checked
+(placement does).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import threading
 from dataclasses import dataclass
 
 from hypervisor.base import DomainRecord, DomainSpec, HostInfo, HypervisorError
-from hypervisor.domain_xml import build_domain_xml
+from hypervisor.domain_xml import build_domain_xml, domain_xml_with_task
+
+FAKE_VERSIONS = "libvirt 0.0.0 fake 0.0.0"
 
 
 @dataclass
@@ -25,6 +29,7 @@ class FakeDomain:
     spec: DomainSpec | None = None  # None for a domain made behind Rift's back
     install: str | None = None  # a foreign domain's installation mark
     xml: str | None = None
+    saved: bool = False  # stopped with a saved state (FakeHypervisor.save)
 
 
 class FakeHypervisor:
@@ -40,6 +45,8 @@ class FakeHypervisor:
         self._lock = threading.RLock()
         self._create_failures: list[str] = []
         self._destroy_failure: str | None = None
+        self._failures: dict[str, list[str]] = {}  # op -> messages of its next calls
+        self.version = FAKE_VERSIONS  # what versions() answers; tests change it
 
     # failure injection
 
@@ -52,6 +59,12 @@ class FakeHypervisor:
         """Every destroy raises HypervisorError(message) until called with None."""
         with self._lock:
             self._destroy_failure = message
+
+    def fail_next(self, op: str, message: str, times: int = 1) -> None:
+        """The next `times` calls of `op` ("save", "restore", "set_owner") raise
+        HypervisorError(op, message) and change nothing."""
+        with self._lock:
+            self._failures.setdefault(op, []).extend([message] * times)
 
     def add_foreign_domain(
         self, name: str, task_id: str | None, vm_id: str | None, active: bool = True,
@@ -95,9 +108,54 @@ class FakeHypervisor:
             self._touch("list", "")
             return [
                 DomainRecord(name=d.name, task_id=d.task_id, vm_id=d.vm_id, active=d.active,
-                             install=d.spec.install if d.spec else d.install)
+                             install=d.spec.install if d.spec else d.install, saved=d.saved)
                 for d in self.domains.values()
             ]
+
+    def save(self, name: str) -> None:
+        with self._lock:
+            domain = self._domain("save", name)
+            if not domain.active:
+                raise HypervisorError("save", "Requested operation is not valid: "
+                                      "domain is not running")
+            domain.active, domain.saved = False, True
+
+    def restore(self, name: str) -> None:
+        with self._lock:
+            domain = self._domain("restore", name)
+            if domain.active:
+                raise HypervisorError("restore", f"domain '{name}' is running, not saved")
+            if not domain.saved:
+                raise HypervisorError("restore", f"domain '{name}' has no saved state")
+            domain.active, domain.saved = True, False
+
+    def set_owner(self, name: str, task_id: str) -> None:
+        with self._lock:
+            domain = self._domain("set_owner", name)
+            if domain.task_id is None and domain.vm_id is None:
+                raise HypervisorError("set_owner", f"domain '{name}' carries no Rift metadata")
+            if domain.xml is not None:
+                try:
+                    domain.xml = domain_xml_with_task(domain.xml, task_id)
+                except ValueError as exc:
+                    raise HypervisorError("set_owner", f"domain '{name}': {exc}") from exc
+            domain.task_id = task_id
+
+    def versions(self) -> str:
+        with self._lock:
+            self._touch("versions", "")
+            return self.version
+
+    def _domain(self, op: str, name: str) -> FakeDomain:
+        """The named domain, after the call is recorded and any injected failure raised."""
+        self._touch(op, name)
+        failures = self._failures.get(op)
+        if failures:
+            raise HypervisorError(op, failures.pop(0))
+        domain = self.domains.get(name)
+        if domain is None:
+            raise HypervisorError(op, f"Domain not found: no domain with matching name '{name}'")
+        return domain
 
     def close(self) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from hypervisor import (
 
 libvirt = pytest.importorskip("libvirt")
 
+from hypervisor.domain_xml import RIFT_XMLNS, parse_rift_mark  # noqa: E402
 from hypervisor.libvirt import LibvirtHypervisor  # noqa: E402 - needs libvirt, checked above
 
 
@@ -276,3 +277,193 @@ def test_open_hypervisor_gives_a_lazy_libvirt_hypervisor_for_libvirt_uris() -> N
     assert isinstance(hv, LibvirtHypervisor)
     assert hv.info().driver == "test"
     hv.close()
+
+
+# -- saved state, ownership and versions (pools of ready VMs) --------------------------
+
+def record(hv: Hypervisor, name: str) -> DomainRecord:
+    return {r.name: r for r in hv.list_domains()}[name]
+
+
+@pytest.fixture(params=["default", "private"])
+def tapped(request: pytest.FixtureRequest,
+           tmp_path: Path) -> Iterator[tuple[LibvirtHypervisor, Any]]:
+    """A hypervisor and its own libvirt connection (a private host's state is seen
+    through that connection only), to look at domains behind the adapter's back."""
+    uri = ("test:///default" if request.param == "default"
+           else write_test_host_xml(str(tmp_path / "node.xml"), vcpus=6, memory_mib=3072))
+    opened: list[Any] = []
+
+    def opener(u: str) -> Any:
+        opened.append(libvirt.open(u))
+        return opened[-1]
+
+    hv = LibvirtHypervisor(uri, opener=opener)
+    hv.info()
+    yield hv, opened[0]
+    hv.close()
+
+
+def test_a_saved_domain_is_listed_stopped_and_saved_then_restored_running(
+    hypervisor: LibvirtHypervisor,
+) -> None:
+    one = spec(install="inst_it")
+    hypervisor.create(one)
+    assert record(hypervisor, one.name).saved is False
+    hypervisor.save(one.name)
+    assert record(hypervisor, one.name) == DomainRecord(
+        one.name, "task_it", one.vm_id, active=False, install="inst_it", saved=True)
+    hypervisor.restore(one.name)
+    assert record(hypervisor, one.name) == DomainRecord(
+        one.name, "task_it", one.vm_id, active=True, install="inst_it", saved=False)
+    hypervisor.destroy(one.name)
+
+
+def test_restore_without_a_saved_state_is_refused_and_boots_nothing(
+    tapped: tuple[LibvirtHypervisor, Any],
+) -> None:
+    hypervisor, conn = tapped
+    one = spec()
+    hypervisor.create(one)
+    with pytest.raises(HypervisorError) as running:
+        hypervisor.restore(one.name)
+    assert (running.value.op, running.value.message) == (
+        "restore", f"domain '{one.name}' is running, not saved")
+    conn.lookupByName(one.name).destroy()  # stopped, never saved
+    with pytest.raises(HypervisorError) as stopped:
+        hypervisor.restore(one.name)
+    assert (stopped.value.op, stopped.value.message) == (
+        "restore", f"domain '{one.name}' has no saved state")
+    assert record(hypervisor, one.name).active is False
+    hypervisor.destroy(one.name)
+
+
+def test_save_and_restore_of_a_missing_domain_raise_in_libvirts_words(
+    hypervisor: LibvirtHypervisor,
+) -> None:
+    for call, op in ((hypervisor.save, "save"), (hypervisor.restore, "restore"),
+                     (lambda name: hypervisor.set_owner(name, "task_x"), "set_owner")):
+        with pytest.raises(HypervisorError) as caught:
+            call("rift-vm_neverwas")
+        assert caught.value.op == op
+        assert caught.value.code == libvirt.VIR_ERR_NO_DOMAIN
+        assert caught.value.message  # "Domain not found" here; qemu names the domain
+
+
+def test_saving_a_stopped_domain_is_refused_in_libvirts_words(
+    hypervisor: LibvirtHypervisor,
+) -> None:
+    one = spec()
+    hypervisor.create(one)
+    hypervisor.save(one.name)
+    with pytest.raises(HypervisorError) as caught:
+        hypervisor.save(one.name)
+    assert caught.value.op == "save"
+    assert "not running" in caught.value.message
+    assert caught.value.code == libvirt.VIR_ERR_OPERATION_INVALID
+    hypervisor.destroy(one.name)
+
+
+def test_destroying_a_saved_domain_leaves_nothing_not_even_its_saved_state(
+    hypervisor: LibvirtHypervisor,
+) -> None:
+    one = spec()
+    hypervisor.create(one)
+    hypervisor.save(one.name)
+    assert hypervisor.destroy(one.name) is True
+    assert one.name not in names(hypervisor)
+    hypervisor.create(one)  # the same name again: no saved state came back with it
+    assert record(hypervisor, one.name).saved is False
+    with pytest.raises(HypervisorError, match="is running, not saved"):
+        hypervisor.restore(one.name)
+    hypervisor.destroy(one.name)
+
+
+def test_a_driver_that_refuses_every_undefine_flag_still_loses_the_saved_state(
+    tmp_path: Path,
+) -> None:
+    class Refusing(libvirt.libvirtError):
+        def get_error_code(self) -> int:
+            return int(libvirt.VIR_ERR_NO_SUPPORT)
+
+    class Picky(Relay):
+        def undefineFlags(self, flags: int = 0) -> int:
+            if flags:
+                raise Refusing("this function is not supported by the connection driver")
+            return int(self.inner.undefineFlags(0))
+
+    class Connection(Relay):
+        def lookupByName(self, name: str) -> Picky:
+            return Picky(self.inner.lookupByName(name))
+
+    uri = write_test_host_xml(str(tmp_path / "node.xml"), vcpus=2, memory_mib=1024)
+    hv = LibvirtHypervisor(uri, opener=lambda u: Connection(libvirt.open(u)))
+    one = spec()
+    hv.create(one)
+    hv.save(one.name)
+    assert hv.destroy(one.name) is True
+    assert hv.list_domains() == []
+    hv.close()
+
+
+@pytest.mark.parametrize("state", ["running", "stopped", "saved"])
+def test_set_owner_changes_the_task_and_keeps_vm_image_and_install(
+    tapped: tuple[LibvirtHypervisor, Any], state: str,
+) -> None:
+    hypervisor, conn = tapped
+    one = spec(install="inst_it")
+    hypervisor.create(one)
+    if state == "stopped":
+        conn.lookupByName(one.name).destroy()
+    elif state == "saved":
+        hypervisor.save(one.name)
+    hypervisor.set_owner(one.name, "task_new")
+    listed = record(hypervisor, one.name)
+    assert (listed.task_id, listed.vm_id, listed.install) == ("task_new", one.vm_id, "inst_it")
+    dom = conn.lookupByName(one.name)
+    marks = {parse_rift_mark(dom.XMLDesc(flags)) for flags in (0, libvirt.VIR_DOMAIN_XML_INACTIVE)}
+    assert marks == {("task_new", one.vm_id, "inst_it")}  # live and persistent alike
+    assert 'image="tiny"' in dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, RIFT_XMLNS, 0)
+    if state == "saved":
+        hypervisor.restore(one.name)
+    elif state == "stopped":
+        dom.create()
+    assert record(hypervisor, one.name).task_id == "task_new"  # and after it starts
+    hypervisor.destroy(one.name)
+
+
+def test_set_owner_takes_hostile_task_ids_and_refuses_ones_xml_cannot_carry(
+    tmp_path: Path,
+) -> None:
+    hv = private_host(tmp_path)
+    one = spec()
+    hv.create(one)
+    hostile = "t\"<&>'\n</rift:vm>"
+    hv.set_owner(one.name, hostile)
+    assert record(hv, one.name).task_id == hostile
+    with pytest.raises(HypervisorError) as caught:
+        hv.set_owner(one.name, "task_\x00")
+    assert caught.value.op == "set_owner"
+    assert record(hv, one.name).task_id == hostile
+    hv.close()
+
+
+def test_set_owner_refuses_a_domain_without_rift_metadata() -> None:
+    hv = LibvirtHypervisor("test:///default")
+    with pytest.raises(HypervisorError) as caught:
+        hv.set_owner("test", "task_x")  # the default host's own domain
+    assert caught.value.op == "set_owner"
+    assert "carries no Rift metadata" in caught.value.message
+    assert record(hv, "test").task_id is None
+    hv.close()
+
+
+def test_versions_name_libvirt_and_the_driver_and_stay_the_same(tmp_path: Path) -> None:
+    hv = private_host(tmp_path)
+    conn = libvirt.open(hv.uri)
+    lib = conn.getLibVersion()
+    dotted = f"{lib // 1_000_000}.{lib // 1000 % 1000}.{lib % 1000}"
+    first = hv.versions()
+    assert first.startswith(f"libvirt {dotted} test ")
+    hv.close()
+    assert hv.versions() == first == LibvirtHypervisor("test:///default").versions()

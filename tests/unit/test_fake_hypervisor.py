@@ -172,6 +172,96 @@ def test_many_threads_creating_and_destroying_leave_nothing_behind() -> None:
     assert fake.domains == {}
 
 
+def test_a_saved_domain_is_listed_saved_and_restores_running() -> None:
+    fake = FakeHypervisor()
+    fake.create(spec(1))
+    fake.save("rift-vm_00000001")
+    assert fake.list_domains() == [
+        DomainRecord("rift-vm_00000001", "task_1", "vm_00000001", active=False, saved=True)]
+    fake.restore("rift-vm_00000001")
+    assert fake.list_domains() == [
+        DomainRecord("rift-vm_00000001", "task_1", "vm_00000001", active=True, saved=False)]
+
+
+def test_restore_is_refused_unless_the_domain_is_saved() -> None:
+    fake = FakeHypervisor()
+    fake.create(spec(1))
+    with pytest.raises(HypervisorError, match="is running, not saved") as running:
+        fake.restore("rift-vm_00000001")
+    assert running.value.op == "restore"
+    fake.domains["rift-vm_00000001"].active = False  # stopped, never saved
+    with pytest.raises(HypervisorError, match="has no saved state"):
+        fake.restore("rift-vm_00000001")
+    with pytest.raises(HypervisorError, match="not running") as stopped:
+        fake.save("rift-vm_00000001")
+    assert stopped.value.op == "save"
+    assert fake.list_domains()[0].active is False
+
+
+def test_save_restore_and_set_owner_of_a_missing_domain_are_refused() -> None:
+    fake = FakeHypervisor()
+    for call, op in ((fake.save, "save"), (fake.restore, "restore"),
+                     (lambda name: fake.set_owner(name, "task_2"), "set_owner")):
+        with pytest.raises(HypervisorError, match="Domain not found") as caught:
+            call("rift-vm_nothing")
+        assert caught.value.op == op
+
+
+def test_destroying_a_saved_domain_leaves_nothing() -> None:
+    fake = FakeHypervisor()
+    fake.create(spec(1))
+    fake.save("rift-vm_00000001")
+    assert fake.destroy("rift-vm_00000001") is True
+    assert fake.list_domains() == []
+
+
+def test_set_owner_changes_the_task_in_the_listing_and_the_xml() -> None:
+    fake = FakeHypervisor()
+    fake.create(dataclasses.replace(spec(1), install="inst_1"))
+    fake.save("rift-vm_00000001")
+    fake.set_owner("rift-vm_00000001", "task_2")
+    fake.restore("rift-vm_00000001")
+    assert fake.list_domains() == [
+        DomainRecord("rift-vm_00000001", "task_2", "vm_00000001", True, install="inst_1")]
+    xml = fake.domains["rift-vm_00000001"].xml
+    assert xml is not None and parse_rift_metadata(xml) == ("task_2", "vm_00000001")
+
+
+def test_set_owner_refuses_a_domain_without_rift_metadata() -> None:
+    fake = FakeHypervisor()
+    fake.add_foreign_domain("someone-elses", None, None)
+    with pytest.raises(HypervisorError, match="carries no Rift metadata"):
+        fake.set_owner("someone-elses", "task_2")
+
+
+def test_injected_save_restore_and_set_owner_failures_change_nothing() -> None:
+    fake = FakeHypervisor()
+    fake.create(spec(1))
+    fake.fail_next("save", "internal error: unable to execute QEMU command 'migrate'")
+    with pytest.raises(HypervisorError, match="migrate") as caught:
+        fake.save("rift-vm_00000001")
+    assert caught.value.op == "save"
+    fake.save("rift-vm_00000001")
+    fake.fail_next("restore", "operation failed: job 'domain restore' failed", times=2)
+    fake.fail_next("set_owner", "no")
+    for _ in range(2):
+        with pytest.raises(HypervisorError, match="domain restore"):
+            fake.restore("rift-vm_00000001")
+    with pytest.raises(HypervisorError, match="no"):
+        fake.set_owner("rift-vm_00000001", "task_2")
+    assert fake.list_domains() == [
+        DomainRecord("rift-vm_00000001", "task_1", "vm_00000001", False, saved=True)]
+    fake.restore("rift-vm_00000001")
+    assert fake.calls[-1] == ("restore", "rift-vm_00000001")
+
+
+def test_the_fakes_versions_are_constant_until_a_test_changes_them() -> None:
+    fake = FakeHypervisor()
+    assert fake.versions() == fake.versions() == "libvirt 0.0.0 fake 0.0.0"
+    fake.version = "libvirt 11.3.0 qemu 10.0.0"
+    assert fake.versions() == "libvirt 11.3.0 qemu 10.0.0"
+
+
 def test_a_fake_uri_opens_a_fake_hypervisor() -> None:
     hypervisor = open_hypervisor("fake:///unit")
     assert isinstance(hypervisor, FakeHypervisor)
