@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import libvirt
 import pytest
 
 from hypervisor.base import HypervisorError
+from hypervisor.domain_xml import parse_rift_mark
 from hypervisor.image_files import ImageFiles, image_files
 from hypervisor.kernel_boot import guest_spec
 from hypervisor.kvm import KVM, TCG, probe_accel
@@ -37,6 +39,7 @@ URI = "qemu:///system"
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = TEST_CACHE / "test-images"
 BOOT_TIMEOUT_S = 60
+MANAGED_SAVE_DIR = Path("/var/lib/libvirt/qemu/save")  # qemu:///system's managed save images
 
 
 def _prerequisites() -> str | None:
@@ -225,6 +228,65 @@ def test_a_destroyed_guest_is_gone_and_a_call_in_flight_fails_fast(
         booted.hv.destroy(name)
         booted.shell.close()
         booted.hv.close()
+
+
+def _exec_when_back(guest: Guest, timeout_s: float) -> tuple[float, bytes]:
+    """Seconds until an exec answers again (the old connection died with QEMU), and its output."""
+    started = time.monotonic()
+    while True:
+        try:
+            result = guest.shell.exec(guest.vm, "cat /root/before-save", None, 10)
+            return time.monotonic() - started, result.stdout
+        except GuestError:
+            if time.monotonic() - started > timeout_s:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_managed_saved_guest_restores_where_it_was_and_answers_ssh_again(
+    image: ImageFiles, tmp_path: Path
+) -> None:
+    booted = _boot(image, tmp_path, "s4ved000")
+    name, hv = booted.domain, booted.hv
+    image_file = MANAGED_SAVE_DIR / f"{name}.save"
+    try:
+        wrote = booted.shell.exec(booted.vm, "echo kept > /root/before-save", None, 30)
+        assert wrote.exit_code == 0
+        started = time.monotonic()
+        hv.save(name)
+        save_s = time.monotonic() - started
+        saved_mib = image_file.stat().st_size / 2**20
+        listed = {r.name: r for r in hv.list_domains()}[name]
+        assert (listed.active, listed.saved) == (False, True)
+        hv.set_owner(name, "task_handed")  # the save image's own XML too, which restore runs
+        started = time.monotonic()
+        hv.restore(name)
+        restore_s = time.monotonic() - started
+        answer_s, out = _exec_when_back(booted, 30)
+        assert out == b"kept\n"  # the tmpfs in memory came back: a restore, not a boot
+        assert not image_file.exists()  # libvirt drops the image once the domain runs
+        listed = {r.name: r for r in hv.list_domains()}[name]
+        assert (listed.active, listed.saved, listed.task_id) == (True, False, "task_handed")
+        hv.set_owner(name, "task_again")  # live and persistent at once
+        conn = libvirt.open(URI)
+        try:
+            dom = conn.lookupByName(name)
+            marks = {parse_rift_mark(dom.XMLDesc(f))[0]
+                     for f in (0, libvirt.VIR_DOMAIN_XML_INACTIVE)}
+        finally:
+            conn.close()
+        assert marks == {"task_again"}
+        hv.save(name)
+        assert image_file.exists()
+        assert hv.destroy(name)
+        assert not image_file.exists() and not _listed(name)
+        print(f"\ntiny 256 MiB under TCG: boot to exec {booted.boot_s:.2f} s, managed save "
+              f"{save_s:.2f} s ({saved_mib:.0f} MiB image), restore {restore_s:.2f} s, "
+              f"restore to exec {restore_s + answer_s:.2f} s")
+    finally:
+        hv.destroy(name)
+        booted.shell.close()
+        hv.close()
 
 
 def test_the_accelerator_probe_boots_a_guest_and_caches_its_verdict(
