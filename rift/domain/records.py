@@ -1,6 +1,6 @@
 """What the store keeps and answers beside the nouns of `model.py`: a host's usage,
-the Boxes page's logins and failed-login counts, and the change mark its live
-stream polls.
+the Boxes page's logins and failed-login counts, the change mark its live
+stream polls, and the pools of ready VMs.
 
 Plain values here, in the domain, because both sides use them: the engine reads
 and writes them through its ports, the store builds them from rows. Neither
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -54,3 +55,57 @@ class ChangeMark:
         at = "" if self.last_activity_at is None else str(
             int(self.last_activity_at.timestamp() * 1_000_000))
         return f"{self.last_event_id}.{at}"
+
+
+PoolGoal = Literal["running", "saved"]
+# starting: its domain boots; ready: it runs and answers (a running pool's end);
+# saving: libvirt saves it; saved: its memory is on disk, its domain stopped.
+PoolVmState = Literal["starting", "ready", "saving", "saved"]
+# Pool VMs that hold vCPUs and memory on their host (a saved one holds only disk).
+POOL_RUNNING_STATES: tuple[PoolVmState, ...] = ("starting", "ready", "saving")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """VMs of one image and size that Rift keeps ready (SPEC §11): `running` of them
+    booted, `saved` of them booted and saved to disk. `host` None: any host
+    placement picks. `filler`/`fill_until`: the replica filling it now (one at a
+    time); `failures`/`retry_at`: the back-off after failed starts."""
+
+    id: str
+    image: str
+    host: str | None
+    vcpus: int
+    memory_mib: int
+    running: int
+    saved: int
+    created_at: datetime
+    failures: int = 0
+    retry_at: datetime | None = None
+    last_error: str | None = None
+    filler: str | None = None
+    fill_until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class PoolVm:
+    """One pooled VM: no one's until it is handed out, when its row goes and a VM
+    row of the same id takes its place (in one transaction). Its domain and files
+    are named after that id from the start; `key_id` names the pool key it booted
+    with; `mark` is what it was built from (the image's build and the host's
+    QEMU and libvirt), so a change replaces it."""
+
+    id: str
+    pool_id: str
+    goal: PoolGoal
+    state: PoolVmState
+    host: str
+    image: str
+    vcpus: int
+    memory_mib: int
+    key_id: str
+    mark: str
+    created_at: datetime
+    ssh_port: int | None = None
+    host_key: str | None = None  # pinned when it first answered: a restore checks it
+    ready_at: datetime | None = None

@@ -22,6 +22,7 @@ from rift.services.repositories import (
     EventRepository,
     HostRepository,
     MetaRepository,
+    PoolRepository,
     TaskRepository,
     TokenRepository,
     UserRepository,
@@ -50,6 +51,8 @@ class Tx(Protocol):
     def meta(self) -> MetaRepository: ...
     @property
     def web(self) -> WebRepository: ...
+    @property
+    def pools(self) -> PoolRepository: ...
 
 
 class Store(Protocol):
@@ -101,6 +104,22 @@ class GuestShell(Protocol):
         """Return once the new guest answers SSH; `guest_unreachable` after the wait.
         With `markers` the guest's init prints a ready marker (and its host key) on
         the serial log first (`tiny`); without, only a successful login counts."""
+        ...
+    def standby(self, vm: Vm) -> None:
+        """Ready the pooled guest `vm` for a quick hand-over (a shell waiting for it)."""
+        ...
+    def hand_over(self, vm: Vm, task_id: str, now: float) -> None:
+        """Give a pooled guest to a task: `vm` as it was pooled (its `task_id` names
+        the pool key it answers), whose root then accepts only the task's key; its
+        clock is set to `now` (seconds since the epoch) and its entropy pool gets
+        fresh bytes. The open connection stays and serves the task from then on."""
+        ...
+    def host_key(self, vm_id: str) -> str | None:
+        """The host key line pinned for the VM (seen at its boot), if any."""
+        ...
+    def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float) -> None:
+        """After a restore: pin `host_key` and log in again (retrying until
+        `timeout_s`), so the next call finds a connection open."""
         ...
     def close_vm(self, vm_id: str) -> None: ...
     def close(self) -> None: ...

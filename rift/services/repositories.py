@@ -1,6 +1,6 @@
 """The store's repositories: one small port per aggregate, reached on the unit
 of work (``tx.tasks``, ``tx.vms``, ``tx.events``, ``tx.users``, ``tx.tokens``,
-``tx.hosts``, ``tx.meta``, ``tx.web``; see `ports.Tx`).
+``tx.hosts``, ``tx.meta``, ``tx.web``, ``tx.pools``; see `ports.Tx`).
 
 Every method runs inside the transaction of the ``store.read()`` or
 ``store.write()`` block that gave the unit of work; methods that change rows
@@ -17,7 +17,15 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from rift.domain.model import ApiToken, Event, Host, NewEvent, Task, User, Vm, VmStatus
-from rift.domain.records import ChangeMark, HostUsage, LoginFailures, WebSession
+from rift.domain.records import (
+    ChangeMark,
+    HostUsage,
+    LoginFailures,
+    Pool,
+    PoolVm,
+    PoolVmState,
+    WebSession,
+)
 
 
 class TaskRepository(Protocol):
@@ -166,4 +174,48 @@ class WebRepository(Protocol):
     def change_mark(self) -> ChangeMark:
         """The newest event id and the latest activity of any open task: one
         cheap, indexed read that the page's live stream polls."""
+        ...
+
+
+class PoolRepository(Protocol):
+    """Pools and their VMs. A pool VM changes state by compare-and-set
+    (`update_vm`); a hand-out is `take`: it deletes the row only where it is
+    still in the state it was seen in, so one VM goes to one caller."""
+
+    def add(self, pool: Pool) -> None: ...
+    def get(self, pool_id: str) -> Pool | None: ...
+    def find(self, image: str, host: str | None, vcpus: int, memory_mib: int) -> Pool | None: ...
+    def all(self) -> list[Pool]:
+        """By image, then size."""
+        ...
+    def update(self, pool_id: str, **changes: Any) -> bool: ...
+    def delete(self, pool_id: str) -> bool:
+        """The pool's row; its VMs' rows must be gone first."""
+        ...
+    def claim_fill(self, pool_id: str, filler: str, now: datetime, until: datetime) -> bool:
+        """Compare-and-set: ``filler`` fills the pool until ``until``, where no other
+        filler holds it past ``now``. True when this call holds it."""
+        ...
+    def add_vm(self, vm: PoolVm) -> None: ...
+    def get_vm(self, vm_id: str) -> PoolVm | None: ...
+    def vms(self, pool_id: str | None = None) -> list[PoolVm]:
+        """Every pool VM (of one pool), oldest first."""
+        ...
+    def ids(self) -> set[str]:
+        """The ids of every pool VM: reconciliation keeps their domains and files."""
+        ...
+    def candidates(self, image: str, vcpus: int, memory_mib: int,
+                   states: Sequence[PoolVmState]) -> list[PoolVm]:
+        """Pool VMs of that image and size in one of ``states``, oldest first."""
+        ...
+    def update_vm(self, vm_id: str, expected_state: Sequence[PoolVmState],
+                  **changes: Any) -> bool:
+        """Compare-and-set on the pool VM's state. True when this call changed it."""
+        ...
+    def take(self, vm_id: str, expected_state: Sequence[PoolVmState]) -> bool:
+        """Delete the pool VM's row where its state is one of ``expected_state``:
+        True when this call took it (a racing caller gets False)."""
+        ...
+    def usage_by_host(self) -> dict[str, HostUsage]:
+        """vCPUs and memory that pool VMs hold (those not saved), by host name."""
         ...

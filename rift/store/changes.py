@@ -13,6 +13,9 @@ VM_CHANGEABLE = frozenset({
 })
 HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachable_since",
                              "last_error"})
+POOL_CHANGEABLE = frozenset({"running", "saved", "failures", "retry_at", "last_error",
+                             "filler", "fill_until"})
+POOL_VM_CHANGEABLE = frozenset({"state", "ssh_port", "host_key", "ready_at"})
 TASK_LIST_STATUSES = frozenset({"open", "closed", "all"})
 
 

@@ -9,6 +9,7 @@ from rift.store.sql_accounts import SqlTokens, SqlUsers
 from rift.store.sql_events import SqlEvents
 from rift.store.sql_hosts import SqlHosts
 from rift.store.sql_meta import SqlMeta
+from rift.store.sql_pools import SqlPools
 from rift.store.sql_tasks import SqlTasks
 from rift.store.sql_vms import SqlVms
 from rift.store.sql_web import SqlWeb
@@ -18,7 +19,7 @@ class SqlTx:
     """Implements the engine's ``Tx`` port over one SQLAlchemy connection;
     ``writable`` is False inside ``store.read()``."""
 
-    __slots__ = ("events", "hosts", "meta", "tasks", "tokens", "users", "vms", "web")
+    __slots__ = ("events", "hosts", "meta", "pools", "tasks", "tokens", "users", "vms", "web")
 
     def __init__(self, conn: Connection, *, writable: bool) -> None:
         self.tasks = SqlTasks(conn, writable=writable)
@@ -29,3 +30,4 @@ class SqlTx:
         self.hosts = SqlHosts(conn, writable=writable)
         self.meta = SqlMeta(conn, writable=writable)
         self.web = SqlWeb(conn, writable=writable)
+        self.pools = SqlPools(conn, writable=writable)

@@ -19,6 +19,7 @@ from sqlalchemy import (
 )
 
 from rift.domain.model import Event, Task, Vm
+from rift.domain.records import Pool, PoolVm
 from rift.store.timestamps import UtcDateTime
 
 NAMING_CONVENTION = {
@@ -175,3 +176,49 @@ meta = Table(
     Column("key", String, primary_key=True),
     Column("value", String, nullable=False),
 )
+
+# Pools of ready VMs (migration 0007): what the operator asked for, and the VMs.
+pools = Table(
+    "pools",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("image", String, nullable=False),
+    Column("host", String, nullable=True),
+    Column("vcpus", Integer, nullable=False),
+    Column("memory_mib", Integer, nullable=False),
+    Column("running", Integer, nullable=False),
+    Column("saved", Integer, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("failures", Integer, nullable=False),
+    Column("retry_at", UtcDateTime, nullable=True),
+    Column("last_error", String, nullable=True),
+    Column("filler", String, nullable=True),
+    Column("fill_until", UtcDateTime, nullable=True),
+    Index("ux_pools_image_host_vcpus_memory_mib", "image", "host", "vcpus", "memory_mib",
+          unique=True),
+)
+
+pool_vms = Table(
+    "pool_vms",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("pool_id", String, ForeignKey("pools.id"), nullable=False),
+    Column("goal", String, nullable=False),
+    Column("state", String, nullable=False),
+    Column("host", String, nullable=False),
+    Column("image", String, nullable=False),
+    Column("vcpus", Integer, nullable=False),
+    Column("memory_mib", Integer, nullable=False),
+    Column("key_id", String, nullable=False),
+    Column("mark", String, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("ssh_port", Integer, nullable=True),
+    Column("host_key", String, nullable=True),
+    Column("ready_at", UtcDateTime, nullable=True),
+    # A hand-out's lookup: ready VMs of an image and size.
+    Index("ix_pool_vms_image_state", "image", "state"),
+    Index("ix_pool_vms_pool_id", "pool_id"),
+)
+
+POOL_COLUMNS = tuple(pools.c[f.name] for f in fields(Pool))
+POOL_VM_COLUMNS = tuple(pool_vms.c[f.name] for f in fields(PoolVm))
