@@ -18,6 +18,10 @@ from rift.services.ports import ExecResult
 T = TypeVar("T")
 
 
+def task_key(keys_dir: Path, task_id: str) -> str:
+    return key_for_task(keys_dir, task_id)[1]
+
+
 @contextmanager
 def _refusals(vm_id: str) -> Iterator[None]:
     try:
@@ -47,7 +51,7 @@ class SshGuests:
         return self._call(vm, lambda: self.shell.read_file(vm, path))
 
     def task_key(self, task_id: str) -> str:
-        return key_for_task(self.keys_dir, task_id)[1]
+        return task_key(self.keys_dir, task_id)
 
     def forget_task(self, task_id: str) -> None:
         forget_task(self.keys_dir, task_id)
@@ -59,6 +63,19 @@ class SshGuests:
                    markers: bool = True) -> None:
         self._call(vm, lambda: self.shell.connect_when_ready(vm, serial_log, timeout_s,
                                                              markers=markers))
+
+    def standby(self, vm: Vm) -> None:
+        self._call(vm, lambda: self.shell.standby(vm))
+
+    def hand_over(self, vm: Vm, task_id: str, now: float) -> None:
+        self._call(vm, lambda: self.shell.hand_over(vm, task_key(self.keys_dir, task_id),
+                                                    task_id, now))
+
+    def host_key(self, vm_id: str) -> str | None:
+        return self.shell.host_key(vm_id)
+
+    def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float) -> None:
+        self._call(vm, lambda: self.shell.reconnect(vm, host_key, timeout_s))
 
     def close_vm(self, vm_id: str) -> None:
         self.shell.close_vm(vm_id)
