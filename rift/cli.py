@@ -209,6 +209,33 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     return run_doctor(settings)
 
 
+POOL_COLUMNS = ("image", "host", "vcpus", "memory_mib", "running", "saved", "last_error")
+
+
+def cmd_pool(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.services import pools
+
+    deps = _deps(settings)
+    if args.action == "set":
+        pool = pools.set_pool(deps, args.image, running=args.running, saved=args.saved,
+                              vcpus=args.vcpus, memory_mib=args.memory_mib, host=args.host)
+        print(f"pool {pool.image} ({pool.vcpus} vCPU, {pool.memory_mib} MiB, "
+              f"{pool.host or 'any host'}): {pool.running} running, {pool.saved} saved; "
+              "rift serve fills it in the background")
+    elif args.action == "clear":
+        gone = pools.clear_pool(deps, args.image)
+        print(f"cleared the pools of {args.image}: {gone} pooled VMs destroyed")
+    else:
+        rows = [row.as_dict() for row in pools.pool_rows(deps)]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(table([{**r, "running": f"{r['running']['ready']}/{r['running']['want']}",
+                          "saved": f"{r['saved']['ready']}/{r['saved']['want']}"}
+                         for r in rows], POOL_COLUMNS))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rift", description="Rift: VMs lent to AI agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -279,6 +306,23 @@ def parser() -> argparse.ArgumentParser:
     irm.add_argument("name")
     for x in (ib, il, iadd, irm):
         x.set_defaults(run=cmd_image)
+
+    pl = sub.add_parser("pool", help="pools of ready VMs").add_subparsers(dest="action",
+                                                                         required=True)
+    ps = pl.add_parser("set", help="keep VMs of an image ready: --running booted, --saved "
+                       "booted and saved to disk")
+    ps.add_argument("image")
+    ps.add_argument("--running", type=int, help="VMs kept running (default: as before, or 0)")
+    ps.add_argument("--saved", type=int, help="VMs kept saved (default: as before, or 0)")
+    ps.add_argument("--vcpus", type=int)
+    ps.add_argument("--memory-mib", type=int)
+    ps.add_argument("--host", help="only on this host (default: any host)")
+    pls = pl.add_parser("list")
+    pls.add_argument("--json", action="store_true")
+    pc = pl.add_parser("clear", help="remove the pools of an image and destroy their VMs")
+    pc.add_argument("image")
+    for x in (ps, pls, pc):
+        x.set_defaults(run=cmd_pool)
 
     d = sub.add_parser("doctor", help="what works here and what to do about what does not")
     d.set_defaults(run=cmd_doctor)

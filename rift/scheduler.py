@@ -1,16 +1,25 @@
-"""APScheduler runs the sweep every `RIFT_SWEEP_INTERVAL_S` in a worker thread."""
+"""Background work: APScheduler runs the sweep every `RIFT_SWEEP_INTERVAL_S` in a
+worker thread; the pool filler (`PoolFiller`) has a thread of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import secrets
+import socket
+import threading
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from rift.domain.errors import StoreUnavailable
 from rift.services.context import Deps
+from rift.services.pools import refill
 from rift.services.sweeps import sweep
 
 log = logging.getLogger("rift.scheduler")
+
+POOL_TICK_S = 5  # the pool filler looks this often, and whenever a pool changes
 
 
 def _run(deps: Deps) -> None:
@@ -20,6 +29,49 @@ def _run(deps: Deps) -> None:
         log.warning("sweep skipped: the database did not answer")
     except Exception:  # the next run tries again; a sweep never takes the process down
         log.exception("sweep failed")
+
+
+class PoolFiller:
+    """A thread that fills the pools every `POOL_TICK_S` and as soon as it is woken
+    (a pooled VM was taken, a pool was set); a wake while it fills makes it look
+    again right after. Named in the database by `filler`, so one replica fills a
+    given pool at a time."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+        self.filler = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._woken = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rift-pools", daemon=True)
+
+    def start(self) -> None:
+        self.deps.observers.pool_changes.append(self.wake)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def stop(self) -> None:
+        """Ask it to stop and wait for the start under way (a boot) to end."""
+        with contextlib.suppress(ValueError):
+            self.deps.observers.pool_changes.remove(self.wake)
+        self._stopping.set()
+        self._woken.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._woken.wait(POOL_TICK_S)
+            self._woken.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                while refill(self.deps, self.filler) and not self._stopping.is_set():
+                    pass  # a VM was made: look again before waiting
+            except StoreUnavailable:
+                log.warning("pool refill skipped: the database did not answer")
+            except Exception:
+                log.exception("pool refill failed")
 
 
 def start_scheduler(deps: Deps, interval_s: int) -> BackgroundScheduler:

@@ -25,7 +25,7 @@ from rift.api.rest import router
 from rift.api.state import AppState
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
-from rift.scheduler import start_scheduler
+from rift.scheduler import PoolFiller, start_scheduler
 from rift.services.context import Deps
 from rift.services.heartbeat import resume
 from rift.services.sweeps import sweep
@@ -93,10 +93,13 @@ def create_app(settings: Settings, deps: Deps | None = None,
         await anyio.to_thread.run_sync(sweep, engine)
         state.start(engine)
         scheduler = start_scheduler(engine, settings.sweep_interval_s)
+        filler = PoolFiller(engine)
+        filler.start()
         try:
             async with mcp_lifespan():
                 yield
         finally:
+            await anyio.to_thread.run_sync(filler.stop)
             scheduler.shutdown(wait=True)
             if deps is None:
                 await anyio.to_thread.run_sync(close_deps, engine)

@@ -10,19 +10,26 @@ from rift.services.context import Deps
 
 
 class StoreGauges(Collector):
-    """Open tasks and running VMs, read from the store when scraped, so every
-    replica reports the same truth."""
+    """Open tasks, running VMs and pooled VMs, read from the store when scraped, so
+    every replica reports the same truth."""
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
 
     def collect(self) -> list[GaugeMetricFamily]:
+        from rift.services.pools import pool_counts
         from rift.services.queries import counts
 
         open_tasks, running_vms = counts(self.deps)
+        pooled = GaugeMetricFamily(
+            "rift_pool_vms", "Pooled VMs by image and state (starting, ready, saving, saved).",
+            labels=["image", "state"])
+        for (image, state), count in sorted(pool_counts(self.deps).items()):
+            pooled.add_metric([image, state], count)
         return [
             GaugeMetricFamily("rift_open_tasks", "Tasks open now.", value=open_tasks),
             GaugeMetricFamily("rift_running_vms", "VMs running now.", value=running_vms),
+            pooled,
         ]
 
 

@@ -166,6 +166,22 @@ class NoCapacity(RiftError):
         )
 
 
+class PoolDoesNotFit(RiftError):
+    """A pool asked for more running VMs than its hosts hold, or a size none fits."""
+
+    code = "no_capacity"
+    status = 503
+
+    def __init__(self, why: str, fits: int) -> None:
+        super().__init__(
+            why,
+            f"rift pool set with --running {fits} or fewer, a smaller --memory-mib or "
+            "--vcpus, or rift host add for more room" if fits else
+            "rift pool set with a smaller --memory-mib or --vcpus, or rift host add",
+            fits=fits,
+        )
+
+
 class ImageNotFound(RiftError):
     code = "image_not_found"
     status = 404

@@ -30,10 +30,16 @@ class Observers:
     knowing them."""
 
     vm_boot_seconds: list[Callable[[float], None]] = field(default_factory=list)
+    # Told when a pool changed (a VM taken, a pool set): the pool filler wakes.
+    pool_changes: list[Callable[[], None]] = field(default_factory=list)
 
     def vm_booted(self, seconds: float) -> None:
         for observe in self.vm_boot_seconds:
             observe(seconds)
+
+    def pools_changed(self) -> None:
+        for wake in self.pool_changes:
+            wake()
 
 
 @dataclass(frozen=True)

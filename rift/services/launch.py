@@ -36,8 +36,9 @@ def check_image(deps: Deps, kind: GuestKind, image: str, uri: str) -> None:
 
 
 def pick_ssh_port(tx: Tx, host: str) -> int:
-    """A loopback port no live VM of the host uses and that is free right now."""
+    """A loopback port no live VM or pool VM of the host uses and that is free now."""
     taken = {vm.ssh_port for vm in tx.vms.live_on_host(host) if vm.ssh_port}
+    taken |= {m.ssh_port for m in tx.pools.vms() if m.host == host and m.ssh_port}
     for _ in range(200):
         port = random.randrange(*PORTS)
         if port in taken:
@@ -76,10 +77,13 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind) -> Vm:
         with suppress(HypervisorFailed):
             destroy_domain(deps, vm, uri)
         return _failed(deps, caller, vm, str(exc))
-    return _running(deps, caller, vm, uri, started)
+    return mark_running(deps, caller, vm, uri, started)
 
 
-def _running(deps: Deps, caller: Caller, vm: Vm, uri: str, started: datetime) -> Vm:
+def mark_running(deps: Deps, caller: Caller, vm: Vm, uri: str, started: datetime,
+                 start_kind: str = "boot") -> Vm:
+    """The row `running` with its event, once its guest answers; a task that closed
+    meanwhile takes the domain down again."""
     now = deps.clock.now()
     boot_s = (now - started).total_seconds()
     task: Task | None = None
@@ -87,7 +91,8 @@ def _running(deps: Deps, caller: Caller, vm: Vm, uri: str, started: datetime) ->
         won = tx.vms.update(vm.id, ("creating",), status="running", ready_at=now)
         if won:
             tx.events.add(NewEvent(vm.task_id, "vm_running", now, caller.label,
-                                   {"vm_id": vm.id, "boot_s": boot_s}))
+                                   {"vm_id": vm.id, "boot_s": boot_s,
+                                    "start_kind": start_kind}))
             task = tx.tasks.get(vm.task_id)
     if not won or (task is not None and not task.is_open):
         # The task closed (or the VM was destroyed) while it was starting: take the

@@ -7,6 +7,11 @@ listing began), and again after it to find orphans (a domain is made only
 after its row exists, so a domain with no live row after the listing is one
 nobody will ever account for).
 
+Pool VMs (rift.services.pools) have rows of their own: their domains and files
+are kept while the row is there. Pool rows are read before VM rows, because a
+hand-out moves an id from one table to the other in one transaction: read in
+that order, a VM is seen in at least one of them.
+
 A live row whose destroy was asked for (`destroy_requested_at`, recorded before
 libvirt is) is a destroy that a crash or a libvirt refusal cut short: it is
 finished as one (`destroyed`, with its `vm_destroyed` event), never failed.
@@ -15,13 +20,14 @@ finished as one (`destroyed`, with its `vm_destroyed` event), never failed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import NewEvent, Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
 from rift.services.guest_kinds import vm_files
+from rift.services.pools import stale_pool_vms
 from rift.services.teardown import destroy_domain, destroy_vm
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
@@ -40,11 +46,19 @@ class ReconcileReport:
     stopped: list[str] = field(default_factory=list)
     disks_removed: list[str] = field(default_factory=list)
     destroys_finished: list[str] = field(default_factory=list)
+    pool_vms_removed: list[str] = field(default_factory=list)
+    # Each host's domain names as listed, and when the listing began.
+    listed: dict[str, tuple[set[str], datetime]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.orphans_destroyed or self.vanished or self.interrupted
                     or self.unreachable or self.stopped or self.disks_removed
-                    or self.destroys_finished)
+                    or self.destroys_finished or self.pool_vms_removed)
+
+
+def _pool_ids(deps: Deps) -> set[str]:
+    with deps.store.read() as tx:
+        return tx.pools.ids()
 
 
 def _live(deps: Deps, host: str) -> dict[str, Vm]:
@@ -71,6 +85,7 @@ def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
 def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> None:
     before = _live(deps, host)
     hv = deps.hosts.hypervisor(uri)
+    listed_at = deps.clock.now()
     try:
         listed: list[DomainRecord] = hv.list_domains()
     except HypervisorError as exc:
@@ -79,11 +94,13 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
         mark_unreachable(deps, host, str(exc))
         return
     mark_reachable(deps, host)
+    report.listed[host] = ({d.name for d in listed}, listed_at)
     # Only this installation's domains: other control planes may share the host.
     ours = {d.vm_id: d for d in listed if d.vm_id is not None and d.install == deps.install_id}
+    pooled = _pool_ids(deps)
     after = _live(deps, host)
     for vm_id, domain in ours.items():
-        if vm_id not in after:
+        if vm_id not in after and vm_id not in pooled:
             try:
                 hv.destroy(domain.name)
                 report.orphans_destroyed.append(domain.name)
@@ -118,7 +135,12 @@ def _check_running(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
 
 
 def _finish_destroy(deps: Deps, vm: Vm, report: ReconcileReport) -> None:
-    """A live row whose destroy was asked for: the destroy a crash (or a libvirt
+    """Pool VMs (rift.services.pools) have rows of their own: their domains and files
+are kept while the row is there. Pool rows are read before VM rows, because a
+hand-out moves an id from one table to the other in one transaction: read in
+that order, a VM is seen in at least one of them.
+
+A live row whose destroy was asked for: the destroy a crash (or a libvirt
     refusal) cut short, finished as `rift_vm_destroy` would have (the domain
     destroyed if still there, the row `destroyed` with its event). A destroy
     still under way elsewhere may race this: the compare-and-set on the row's
@@ -196,13 +218,15 @@ def reconcile(deps: Deps) -> ReconcileReport:
         hosts = tx.hosts.all()
     for host in hosts:
         reconcile_host(deps, host.name, host.uri, report)
+    report.pool_vms_removed = stale_pool_vms(deps, report.listed)
     remove_dead_disks(deps, report)
     if report:
         deps.log.info("reconciled", extra={
             "orphans_destroyed": len(report.orphans_destroyed), "vanished": len(report.vanished),
             "destroys_finished": len(report.destroys_finished),
             "stopped": len(report.stopped), "disks_removed": len(report.disks_removed),
-            "interrupted": len(report.interrupted), "unreachable": report.unreachable})
+            "interrupted": len(report.interrupted), "unreachable": report.unreachable,
+            "pool_vms_removed": len(report.pool_vms_removed)})
     return report
 
 
@@ -215,8 +239,9 @@ def remove_dead_disks(deps: Deps, report: ReconcileReport) -> None:
     found = files.with_disks()
     if not found:
         return
+    pooled = _pool_ids(deps)
     with deps.store.read() as tx:
-        dead = sorted(vm_id for vm_id in found
+        dead = sorted(vm_id for vm_id in found - pooled
                       if (vm := tx.vms.get(vm_id)) is None or not vm.is_live)
     for vm_id in dead:
         files.remove(vm_id)

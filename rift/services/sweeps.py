@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from rift.domain.ids import is_pool_id
 from rift.domain.model import Vm
 from rift.services.context import SWEEP, Deps
 from rift.services.heartbeat import beat
@@ -79,12 +80,14 @@ def purge_closed(deps: Deps, report: SweepReport) -> None:
 def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
     """A task's key pair goes once the task is closed with no live VM (or gone):
     a task closed for being idle with no VM, a close a crash cut before its key
-    went, a key a crash left half written."""
+    went, a key a crash left half written. A pool's key goes with its pool."""
     if deps.guests is None:
         return
 
     def needed(task_id: str) -> bool:
         with deps.store.read() as tx:
+            if is_pool_id(task_id):  # a pool's key: needed while the pool is there
+                return tx.pools.get(task_id) is not None
             task = tx.tasks.get(task_id)
             return task is not None and (task.is_open or tx.vms.count_live(task_id) > 0)
 

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from hypervisor.placement import HostLoad, choose_host, largest_free
 from rift.contract.views import VmView
 from rift.domain.errors import (
     IdempotencyConflict,
     ImageNotFound,
     InvalidArgument,
-    NoCapacity,
     QuotaExceeded,
     VmNotFound,
 )
 from rift.domain.ids import new_vm_id
-from rift.domain.model import Host, NewEvent, Task, Vm
+from rift.domain.model import NewEvent, Task, Vm
 from rift.domain.store_errors import DuplicateKey
 from rift.services import validate
+from rift.services.capacity import place
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import GuestKind, kind_on
 from rift.services.launch import SSH_HOST, check_image, launch, pick_ssh_port
@@ -29,6 +28,7 @@ from rift.services.leases import (
     parse_handle,
     refuse_if_held,
 )
+from rift.services.pools import Taken, start_taken, take
 from rift.services.ports import Tx
 from rift.services.tasks import check_rate, request_digest
 from rift.services.teardown import destroy_vm
@@ -48,23 +48,6 @@ def get_vm(deps: Deps, caller: Caller, vm_id: str) -> VmView:
     validate.vm_id(vm_id)
     with deps.store.read() as tx:
         return VmView.of(owned_vm(tx, caller, vm_id))
-
-
-def _place(tx: Tx, vcpus: int, memory_mib: int) -> Host:
-    hosts = {h.name: h for h in tx.hosts.all()}
-    usage = tx.vms.usage_by_host()
-    loads = [
-        HostLoad(h.name, h.vcpus, h.memory_mib,
-                 usage[h.name].vcpus if h.name in usage else 0,
-                 usage[h.name].memory_mib if h.name in usage else 0,
-                 h.drained or h.unreachable_since is not None)
-        for h in hosts.values()
-    ]
-    chosen = choose_host(loads, vcpus, memory_mib)
-    if chosen is None:
-        free_vcpus, free_mem = largest_free(loads)
-        raise NoCapacity(vcpus, memory_mib, free_vcpus, free_mem)
-    return hosts[chosen.name]
 
 
 def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime) -> None:
@@ -93,7 +76,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
                             memory_mib=memory_mib)
 
-    def record(tx: Tx) -> tuple[Vm, str | None, GuestKind | None, bool]:
+    def record(tx: Tx) -> tuple[Vm, str | None, GuestKind | None, Taken | None, bool]:
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
         if idempotency_key is not None:
@@ -101,16 +84,23 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
             if existing is not None:
                 if existing.request_digest != digest:
                     raise IdempotencyConflict("rift_vm_new")
-                return existing, None, None, True
+                return existing, None, None, None, True
         known = deps.images.names()
         if image not in known:
             raise ImageNotFound(image, sorted(known))
         _check_vm_budget(deps, tx, caller, task, now)
-        host = _place(tx, vcpus, memory_mib)
-        kind = kind_on(deps, host.uri, image)
-        check_image(deps, kind, image, host.uri)
-        port = kind.ssh_port(lambda: pick_ssh_port(tx, host.name))
-        vm_id = new_vm_id()
+        taken = take(tx, image, vcpus, memory_mib)
+        if taken is not None:  # a pooled VM: its host, id and SSH port come with it
+            host = tx.hosts.get(taken.vm.host)
+            assert host is not None
+            kind = kind_on(deps, host.uri, image)
+            vm_id, port = taken.vm.id, taken.vm.ssh_port
+        else:
+            host = place(tx, vcpus, memory_mib)
+            kind = kind_on(deps, host.uri, image)
+            check_image(deps, kind, image, host.uri)
+            port = kind.ssh_port(lambda: pick_ssh_port(tx, host.name))
+            vm_id = new_vm_id()
         vm = Vm(id=vm_id, task_id=task.id, owner=caller.user, name=name or vm_id, image=image,
                 status="creating", host=host.name, vcpus=vcpus, memory_mib=memory_mib,
                 created_at=now, idempotency_key=idempotency_key, request_digest=digest,
@@ -118,15 +108,23 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         tx.vms.add(vm)
         tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label,
                                {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
-                               "vcpus": vcpus, "memory_mib": memory_mib}))
-        return vm, host.uri, kind, False
+                               "vcpus": vcpus, "memory_mib": memory_mib,
+                               "start": "boot" if taken is None else taken.kind}))
+        return vm, host.uri, kind, taken, False
 
     try:
-        vm, uri, kind, replayed = in_write(deps.store, record)
+        vm, uri, kind, taken, replayed = in_write(deps.store, record)
     except DuplicateKey:
-        vm, uri, kind, replayed = in_write(deps.store, record)  # a racing twin won: replay it
+        # A racing twin won: replay it (what this try took from a pool went back
+        # with its rolled-back transaction).
+        vm, uri, kind, taken, replayed = in_write(deps.store, record)
     if replayed or uri is None or kind is None:
         return VmView.of(vm)
+    if taken is not None:
+        started = start_taken(deps, caller, vm, uri, kind, taken)
+        # Its replacement starts only now: a boot beside the hand-over would slow it.
+        deps.observers.pools_changed()
+        return VmView.of(started)
     return VmView.of(launch(deps, caller, vm, uri, kind))
 
 

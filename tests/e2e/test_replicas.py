@@ -10,6 +10,7 @@ tests/support/replicas.py (helpers).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import select
 import shlex
@@ -118,6 +119,59 @@ def test_twenty_clients_over_two_replicas_race_to_attach_and_exactly_one_wins_ev
                 await race(owners[round_ % 2], racers)
 
     run(scenario, limit_s=90)
+
+
+# -- a pool shared by replicas ----------------------------------------------------------
+
+def _pool_ready(server: Server) -> int:
+    listed = server.rift("pool", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return sum(row["running"]["ready"] for row in json.loads(listed.stdout))
+
+
+def test_twenty_vm_news_over_two_replicas_share_a_pool_of_two_and_each_vm_goes_once(
+        replicas: Callable[..., list[Server]]) -> None:
+    a, b = replicas(RIFT_SWEEP_INTERVAL_S="1")
+    made = a.rift("pool", "set", "tiny", "--running", "2")
+    assert made.returncode == 0, made.stderr
+    wait_until("the pool is filled", lambda: _pool_ready(a) == 2)
+    pooled = {name for name in shared_domains() if name.startswith("rift-")}
+    assert len(pooled) == 2
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with AsyncExitStack() as stack:
+            sessions = [await stack.enter_async_context(mcp_session(
+                (a, b)[n % 2].url, a.token, f"agent-{n}", ERAS[(n // 2) % 2]))
+                for n in range(CLIENTS)]
+            handles = [(await call(s, "rift_task_new", name=f"t{n}"))["handle"]
+                       for n, s in enumerate(sessions)]
+            go = anyio.Event()
+            answers: dict[int, dict[str, Any]] = {}
+
+            async def new(n: int) -> None:
+                await go.wait()
+                answers[n] = (await call(sessions[n], "rift_vm_new", handle=handles[n],
+                                         image="tiny"))["vm"]
+
+            async with anyio.create_task_group() as tg:
+                for n in range(CLIENTS):
+                    tg.start_soon(new, n)
+                await anyio.sleep(0.05)
+                go.set()
+            return list(answers.values())
+
+    vms = run(scenario, limit_s=120)
+    assert len(vms) == CLIENTS and all(vm["status"] == "running" for vm in vms)
+    assert len({vm["id"] for vm in vms}) == CLIENTS
+    from_pool = [vm for vm in vms if vm["start"]["kind"] == "pool"]
+    # Each pooled VM went to exactly one task; the rest booted; nothing failed.
+    assert sorted(f"rift-{vm['id']}" for vm in from_pool) == sorted(pooled)
+    assert len({vm["task_id"] for vm in from_pool}) == 2
+    assert Counter(vm["start"]["kind"] for vm in vms) == {"pool": 2, "boot": CLIENTS - 2}
+    # The pool refills in the background, and every domain is a VM's or the pool's.
+    wait_until("the pool is filled again", lambda: _pool_ready(b) == 2)
+    domains = {name for name in shared_domains() if name.startswith("rift-")}
+    assert {f"rift-{vm['id']}" for vm in vms} <= domains and len(domains) == CLIENTS + 2
 
 
 # -- sweeps on every replica ------------------------------------------------------------

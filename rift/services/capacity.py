@@ -1,0 +1,56 @@
+"""What hosts have room for: their size against what their live VMs and their
+pooled VMs hold (a saved pool VM holds only disk), for placement and for pools."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from hypervisor.placement import HostLoad, choose_host, largest_free
+from rift.domain.errors import NoCapacity
+from rift.domain.model import Host
+from rift.domain.records import HostUsage
+from rift.services.ports import Tx
+
+_NONE = HostUsage(0, 0, 0)
+
+
+def host_loads(tx: Tx, without: Collection[str] = ()) -> tuple[dict[str, Host], list[HostLoad]]:
+    """Every host and its load; the pool VMs whose ids are in `without` are left
+    out (a pool being resized counts its own VMs as room)."""
+    hosts = {h.name: h for h in tx.hosts.all()}
+    vm_use = tx.vms.usage_by_host()
+    pool_use = tx.pools.usage_by_host()
+    if without:
+        for pvm in tx.pools.vms():
+            if pvm.id in without and pvm.host in pool_use and pvm.state != "saved":
+                held = pool_use[pvm.host]
+                pool_use[pvm.host] = HostUsage(held.vcpus - pvm.vcpus,
+                                               held.memory_mib - pvm.memory_mib, held.vms - 1)
+    loads = []
+    for h in hosts.values():
+        used = vm_use.get(h.name, _NONE)
+        pooled = pool_use.get(h.name, _NONE)
+        loads.append(HostLoad(h.name, h.vcpus, h.memory_mib, used.vcpus + pooled.vcpus,
+                              used.memory_mib + pooled.memory_mib,
+                              h.drained or h.unreachable_since is not None))
+    return hosts, loads
+
+
+def place(tx: Tx, vcpus: int, memory_mib: int, only: str | None = None) -> Host:
+    """The host a new VM of that size goes to (only `only`, when given); NoCapacity
+    with the largest room left when none fits."""
+    hosts, loads = host_loads(tx)
+    if only is not None:
+        loads = [load for load in loads if load.name == only]
+    chosen = choose_host(loads, vcpus, memory_mib)
+    if chosen is None:
+        free_vcpus, free_mem = largest_free(loads)
+        raise NoCapacity(vcpus, memory_mib, free_vcpus, free_mem)
+    return hosts[chosen.name]
+
+
+def room(load: HostLoad, vcpus: int, memory_mib: int) -> int:
+    """How many more VMs of that size fit on the host (0 when it is drained)."""
+    if load.drained:
+        return 0
+    return min(load.free_vcpus // max(1, vcpus), load.free_memory_mib // max(1, memory_mib))
