@@ -17,6 +17,10 @@ LIVE_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running")
 # Every status but `destroyed`: what a destroy or a close still puts away, and
 # what the Boxes page lists.
 DESTROYABLE_VM_STATUSES: tuple[VmStatus, ...] = (*LIVE_VM_STATUSES, "failed")
+# How a VM came to run (SPEC §11): a cold boot, a pooled VM handed over, a saved
+# VM restored, a fork of another VM.
+StartKind = Literal["boot", "pool", "restore", "fork"]
+DEFAULT_DISK_GIB = 10  # SPEC §3's `disk_gib` default: the size of a VM's overlay
 
 EVENT_TYPES = (
     "opened", "attached", "taken_over", "released", "closed",
@@ -150,6 +154,12 @@ class Vm:
     # Set before a destroy touches libvirt, so a crash in between is finished as a
     # destroy by reconciliation. Kept inside Rift: no view shows it.
     destroy_requested_at: datetime | None = None
+    # The size of the VM's copy-on-write overlay; images without a disk ignore it.
+    disk_gib: int = DEFAULT_DISK_GIB
+    # How it came to run and how long that took from the call (SPEC §11's `start`);
+    # both None until it runs, and for ever when it never ran.
+    start_kind: StartKind | None = None
+    start_ms: int | None = None
 
     @property
     def domain_name(self) -> str:

@@ -108,6 +108,10 @@ vms = Table(
     Column("request_digest", String, nullable=True),
     # When a destroy was asked for, before libvirt was (migration 0005).
     Column("destroy_requested_at", UtcDateTime, nullable=True),
+    # The overlay's size, and how and how fast the VM started (migration 0006).
+    Column("disk_gib", Integer, nullable=False, server_default="10"),
+    Column("start_kind", String, nullable=True),
+    Column("start_ms", Integer, nullable=True),
     Index("ux_vms_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     Index("ix_vms_task_id", "task_id"),
     Index("ix_vms_status_host", "status", "host"),

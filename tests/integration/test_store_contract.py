@@ -417,6 +417,25 @@ def test_a_destroy_request_round_trips_and_is_set_only_on_a_destroyable_status(
         assert [v.id for v in tx.vms.live_on_host("local")] == [vm.id]
 
 
+def test_a_vms_disk_size_and_start_round_trip_and_the_start_is_set_when_it_runs(
+        store: Store) -> None:
+    task = a_task()
+    vm = a_vm(task, disk_gib=1024)
+    insert(store, task, vm)
+    with store.read() as tx:
+        got = tx.vms.get(vm.id)
+        assert got == vm and got is not None
+        assert (got.disk_gib, got.start_kind, got.start_ms) == (1024, None, None)
+    with store.write() as tx:
+        assert tx.vms.update(vm.id, ["creating"], status="running", ready_at=at(2),
+                             start_kind="pool", start_ms=2250) is True
+        with pytest.raises(ValueError, match="cannot be changed"):
+            tx.vms.update(vm.id, ["running"], disk_gib=20)
+    with store.read() as tx:
+        assert tx.vms.get(vm.id) == dataclasses.replace(
+            vm, status="running", ready_at=at(2), start_kind="pool", start_ms=2250)
+
+
 def test_vms_of_many_tasks_come_in_one_answer_with_every_task_asked(store: Store) -> None:
     one, two, empty = a_task(), a_task(), a_task()
     vms = [a_vm(one), a_vm(two), a_vm(one)]
@@ -703,7 +722,42 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0005"
+    assert current_revision(empty_sql_url) == head_revision() == "0006"
+
+
+def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
+        empty_sql_url: str) -> None:
+    """VMs made before 0006 were cold-booted with a 10 GiB overlay: the ones that ran
+    start as `boot` in the time from their row to `ready_at`; the others have none."""
+    from sqlalchemy import insert as sql_insert
+
+    from rift.store.sql import SqlStore
+    from rift.store.tables import tasks, vms
+
+    upgrade(empty_sql_url, "0005")
+    task = a_task()
+    ran = a_vm(task, status="destroyed", ready_at=at(3.5), destroyed_at=at(9))
+    never = a_vm(task, status="failed", error="libvirt said no")
+    before_0006 = {"disk_gib", "start_kind", "start_ms"}
+    engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sql_insert(tasks).values(dataclasses.asdict(task)))
+            for vm in (ran, never):
+                row = {k: v for k, v in dataclasses.asdict(vm).items() if k not in before_0006}
+                connection.execute(sql_insert(vms).values(row))
+    finally:
+        engine.dispose()
+    upgrade(empty_sql_url)
+    store = SqlStore(empty_sql_url)
+    try:
+        with store.read() as tx:
+            assert tx.vms.get(ran.id) == dataclasses.replace(ran, start_kind="boot",
+                                                             start_ms=3500)
+            assert tx.vms.get(never.id) == never
+            assert never.disk_gib == ran.disk_gib == 10
+    finally:
+        store.close()
 
 
 def test_counts_across_users_see_open_tasks_and_vms_by_status(store: Store) -> None:
