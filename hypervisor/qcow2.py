@@ -178,13 +178,15 @@ def qemu_img_info(path: Path) -> dict[str, object]:
 
 
 def prepare_vm_disks(image: Qcow2Image, disks_dir: Path, *, vm_id: str,
-                     public_key_line: str) -> VmDisks:
-    """Make the VM's overlay on `image` and its seed; ImageError (and nothing left
+                     public_key_line: str, size_bytes: int | None = None) -> VmDisks:
+    """Make the VM's overlay on `image` (of `size_bytes`, never less than the image's
+    virtual size; default that size) and its seed; ImageError (and nothing left
     behind) when either cannot be made."""
     disks = vm_disks(disks_dir.resolve(), vm_id)
     disks_dir.mkdir(parents=True, exist_ok=True)
     try:
-        make_overlay(image.disk, disks.overlay)
+        make_overlay(image.disk, disks.overlay,
+                     None if size_bytes is None else max(size_bytes, image.virtual_size))
         make_seed(disks.seed, seed_files(vm_id, public_key_line))
     except ImageError:
         remove_vm_disks(disks_dir, vm_id)

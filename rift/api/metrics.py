@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rift.domain.model import StartKind
 from rift.services.context import Deps
 
 
@@ -57,15 +60,19 @@ class Metrics:
         self.tool_calls = Counter(
             "rift_tool_calls", "Tool and REST calls by tool and outcome code (ok or a refusal).",
             ["door", "tool", "outcome"], registry=self.registry)
-        self.vm_boot_seconds = Histogram(
-            "rift_vm_boot_seconds", "Seconds from asking libvirt to a running VM.",
+        self.vm_start_seconds = Histogram(
+            "rift_vm_start_seconds", "Seconds from rift_vm_new to a running VM, by how it "
+            "started (boot: a cold boot; pool, restore, fork).", ["kind"],
             buckets=(0.01, 0.1, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120), registry=self.registry)
+        for kind in get_args(StartKind):
+            self.vm_start_seconds.labels(kind)
         self.up = Gauge("rift_up", "1 while this control plane serves.", registry=self.registry)
         self.up.set(1)
 
     def watch(self, deps: Deps) -> None:
         self.registry.register(StoreGauges(deps))
-        deps.observers.vm_boot_seconds.append(self.vm_boot_seconds.observe)
+        deps.observers.vm_start_seconds.append(
+            lambda kind, seconds: self.vm_start_seconds.labels(kind).observe(seconds))
 
     def record(self, door: str, tool: str, outcome: str) -> None:
         self.tool_calls.labels(door, tool, outcome).inc()

@@ -37,6 +37,7 @@ MAX_CONTENT = 16 * 1024 * 1024
 MAX_CONTENT_BASE64 = math.ceil(MAX_CONTENT / 3) * 4  # 16 MiB of data, base64-encoded
 MAX_PATH = 4096
 MAX_EVENT_ID = 2**62
+MAX_DISK_GIB = 1024  # a VM's overlay is sparse: this bounds what it may grow to
 _FIELD_SHOWN = 64  # how much of an unknown field's name a refusal repeats
 
 

@@ -19,6 +19,7 @@ from rift.contract.base import (
     MAX_COMMAND,
     MAX_CONTENT,
     MAX_CONTENT_BASE64,
+    MAX_DISK_GIB,
     MAX_EVENT_ID,
     HandleText,
     Input,
@@ -34,6 +35,7 @@ from rift.contract.base import (
     inline,
 )
 from rift.contract.views import EventView, TaskView, VmView
+from rift.domain.model import DEFAULT_DISK_GIB
 
 Encoding = Annotated[Literal["utf-8", "base64"], Field(description="How `content` is encoded.")]
 
@@ -90,8 +92,12 @@ class VmNewBody(Input):
     image: Annotated[str, Field(min_length=1, max_length=200, description=(
         "The guest image (default: the operator's RIFT_DEFAULT_IMAGE)."))] | None = None
     vcpus: Annotated[int, Field(ge=1, le=64, description="Virtual CPUs."), Whole] = 1
-    memory_mib: Annotated[int, Field(ge=64, le=65536, description="Memory in MiB."),
-                          Whole] = 256
+    memory_mib: Annotated[int, Field(ge=64, le=65536, description=(
+        "Memory in MiB (default 256; 512 for debian).")), Whole] | None = None
+    disk_gib: Annotated[int, Field(ge=1, le=MAX_DISK_GIB, description=(
+        "Size of the VM's own copy-on-write disk in GiB (sparse; never smaller than the "
+        "image's base disk; images without a disk, such as tiny, ignore it)."
+    )), Whole] = DEFAULT_DISK_GIB
     idempotency_key: Key | None = None
 
 

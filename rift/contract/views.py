@@ -11,7 +11,7 @@ from typing import Any, Literal
 from rift.contract.base import Output
 from rift.domain.clock import iso
 from rift.domain.leases import LeaseRules
-from rift.domain.model import Event, Task, Vm
+from rift.domain.model import Event, StartKind, Task, Vm
 
 VmStatusView = Literal["creating", "running", "failed", "destroyed"]
 
@@ -19,6 +19,14 @@ VmStatusView = Literal["creating", "running", "failed", "destroyed"]
 class SshView(Output):
     host: str | None
     port: int
+
+
+class StartView(Output):
+    """How a VM came to run (SPEC §11): `boot` (a cold boot), `pool`, `restore` or
+    `fork`, and the milliseconds from the call to running."""
+
+    kind: StartKind
+    ms: int
 
 
 class VmView(Output):
@@ -30,22 +38,26 @@ class VmView(Output):
     host: str
     vcpus: int
     memory_mib: int
+    disk_gib: int
     ssh: SshView | None
     created_at: str
     ready_at: str | None
     destroyed_at: str | None
     error: str | None
+    start: StartView | None
 
     @classmethod
     def of(cls, vm: Vm) -> VmView:
         reachable = vm.status == "running" and vm.ssh_port is not None
         return cls.model_construct(
             id=vm.id, task_id=vm.task_id, name=vm.name, image=vm.image, status=vm.status,
-            host=vm.host, vcpus=vm.vcpus, memory_mib=vm.memory_mib,
+            host=vm.host, vcpus=vm.vcpus, memory_mib=vm.memory_mib, disk_gib=vm.disk_gib,
             ssh=SshView.model_construct(host=vm.ssh_host, port=vm.ssh_port)
             if reachable and vm.ssh_port is not None else None,
             created_at=iso(vm.created_at) or "", ready_at=iso(vm.ready_at),
-            destroyed_at=iso(vm.destroyed_at), error=vm.error)
+            destroyed_at=iso(vm.destroyed_at), error=vm.error,
+            start=StartView.model_construct(kind=vm.start_kind, ms=vm.start_ms)
+            if vm.start_kind is not None and vm.start_ms is not None else None)
 
 
 class TaskView(Output):

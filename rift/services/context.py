@@ -29,13 +29,14 @@ class Observers:
     """Callbacks the doors hang on the engine (metrics), without the engine
     knowing them."""
 
-    vm_boot_seconds: list[Callable[[float], None]] = field(default_factory=list)
     # Told when a pool changed (a VM taken, a pool set): the pool filler wakes.
     pool_changes: list[Callable[[], None]] = field(default_factory=list)
+    # (start kind, seconds from the call to running), for every VM that runs
+    vm_start_seconds: list[Callable[[str, float], None]] = field(default_factory=list)
 
-    def vm_booted(self, seconds: float) -> None:
-        for observe in self.vm_boot_seconds:
-            observe(seconds)
+    def vm_started(self, kind: str, seconds: float) -> None:
+        for observe in self.vm_start_seconds:
+            observe(kind, seconds)
 
     def pools_changed(self) -> None:
         for wake in self.pool_changes:

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from hypervisor.base import HypervisorError, ImageError
 from rift.domain.errors import HypervisorFailed, ImageNotFound
-from rift.domain.model import NewEvent, Task, Vm
+from rift.domain.model import NewEvent, StartKind, Task, Vm
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import GuestKind, NotReady, kind_on, usable
 from rift.services.ports import Tx
@@ -61,7 +61,10 @@ def _failed(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
         return tx.vms.get(vm.id) or vm
 
 
-def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind) -> Vm:
+def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
+           called: datetime | None = None) -> Vm:
+    """Cold-boot the VM's domain (`start.kind` `boot`); `called` is when the call
+    that asked for it began, which `start.ms` counts from (default: now)."""
     started = deps.clock.now()
     try:
         # Marked with this installation: reconciliation's scope.
@@ -77,22 +80,27 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind) -> Vm:
         with suppress(HypervisorFailed):
             destroy_domain(deps, vm, uri)
         return _failed(deps, caller, vm, str(exc))
-    return mark_running(deps, caller, vm, uri, started)
+    return running(deps, caller, vm, uri, "boot", called or started, boot_s_since=started)
 
 
-def mark_running(deps: Deps, caller: Caller, vm: Vm, uri: str, started: datetime,
-                 start_kind: str = "boot") -> Vm:
-    """The row `running` with its event, once its guest answers; a task that closed
-    meanwhile takes the domain down again."""
+def running(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: StartKind,
+            called: datetime, boot_s_since: datetime | None = None) -> Vm:
+    """The VM answers: its row turns `running` with how it started (`kind`: `boot`,
+    `pool`, `restore`, `fork`) and the milliseconds since `called`, unless the VM was
+    destroyed or its task closed meanwhile (then the domain goes again).
+    `boot_s_since` (a cold boot: when libvirt was asked) adds `boot_s` to the event."""
     now = deps.clock.now()
-    boot_s = (now - started).total_seconds()
+    start_s = max(0.0, (now - called).total_seconds())
+    start_ms = round(start_s * 1000)
+    details: dict[str, object] = {"vm_id": vm.id, "start_kind": kind, "start_ms": start_ms}
+    if boot_s_since is not None:
+        details["boot_s"] = (now - boot_s_since).total_seconds()
     task: Task | None = None
     with deps.store.write() as tx:
-        won = tx.vms.update(vm.id, ("creating",), status="running", ready_at=now)
+        won = tx.vms.update(vm.id, ("creating",), status="running", ready_at=now,
+                            start_kind=kind, start_ms=start_ms)
         if won:
-            tx.events.add(NewEvent(vm.task_id, "vm_running", now, caller.label,
-                                   {"vm_id": vm.id, "boot_s": boot_s,
-                                    "start_kind": start_kind}))
+            tx.events.add(NewEvent(vm.task_id, "vm_running", now, caller.label, details))
             task = tx.tasks.get(vm.task_id)
     if not won or (task is not None and not task.is_open):
         # The task closed (or the VM was destroyed) while it was starting: take the
@@ -103,7 +111,7 @@ def mark_running(deps: Deps, caller: Caller, vm: Vm, uri: str, started: datetime
         if current.is_live:
             return destroy_vm(deps, current, caller.label, {"reason": "task closed"})
         return current
-    deps.observers.vm_booted(boot_s)
+    deps.observers.vm_started(kind, start_s)
     deps.log.info("vm running", extra={"vm_id": vm.id, "task_id": vm.task_id, "host": vm.host,
-                                       "boot_s": round(boot_s, 3)})
-    return replace(vm, status="running", ready_at=now)
+                                       "start_kind": kind, "start_s": round(start_s, 3)})
+    return replace(vm, status="running", ready_at=now, start_kind=kind, start_ms=start_ms)

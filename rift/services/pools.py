@@ -36,12 +36,12 @@ from rift.domain.errors import (
     PoolDoesNotFit,
 )
 from rift.domain.ids import new_pool_id, new_vm_id
-from rift.domain.model import Host, Vm
+from rift.domain.model import Host, StartKind, Vm
 from rift.domain.records import Pool, PoolGoal, PoolVm, PoolVmState
 from rift.services.capacity import host_loads, room
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import GuestKind, NotReady, kind_on
-from rift.services.launch import SSH_HOST, check_image, launch, mark_running, pick_ssh_port
+from rift.services.launch import SSH_HOST, check_image, launch, pick_ssh_port, running
 from rift.services.ports import Tx
 from rift.services.teardown import destroy_domain
 
@@ -55,7 +55,7 @@ class Taken:
     """A pooled VM just taken for a VM row: how it starts (`pool` or `restore`)."""
 
     vm: PoolVm
-    kind: str
+    kind: StartKind  # pool or restore
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def take(tx: Tx, image: str, vcpus: int, memory_mib: int) -> Taken | None:
     have none. The take is a compare-and-set: a racing caller takes another."""
     _, loads = host_loads(tx)
     usable = {load.name: load for load in loads if not load.drained}
-    sources: tuple[tuple[PoolVmState, PoolGoal, str], ...] = (
+    sources: tuple[tuple[PoolVmState, PoolGoal, StartKind], ...] = (
         ("ready", "running", "pool"), ("saved", "saved", "restore"))
     for state, goal, kind in sources:
         for pvm in tx.pools.candidates(image, vcpus, memory_mib, (state,)):
@@ -280,11 +280,11 @@ HAND_OVER_FAILURES = (HypervisorError, NotReady, GuestUnreachable, HypervisorFai
 
 
 def start_taken(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
-                taken: Taken) -> Vm:
+                taken: Taken, called: datetime) -> Vm:
     """Hand the taken VM over and turn its row running (`start.kind` pool or
-    restore). One that fails its hand-over (its guest gone) is destroyed and the
-    VM boots cold under the same id: a miss is never an error."""
-    started = deps.clock.now()
+    restore, its `ms` since `called`). One that fails its hand-over (its guest
+    gone) is destroyed and the VM boots cold under the same id: a miss is never an
+    error."""
     try:
         hand_over(deps, vm, uri, kind, taken)
     except HAND_OVER_FAILURES as exc:
@@ -292,8 +292,8 @@ def start_taken(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
                          extra={"vm_id": vm.id, "start": taken.kind, "error": str(exc)})
         with suppress(HypervisorFailed):
             destroy_domain(deps, vm, uri)
-        return launch(deps, caller, vm, uri, kind)
-    return mark_running(deps, caller, vm, uri, started, taken.kind)
+        return launch(deps, caller, vm, uri, kind, called)
+    return running(deps, caller, vm, uri, taken.kind, called)
 
 
 # -- filling -----------------------------------------------------------------------------

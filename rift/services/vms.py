@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from rift.contract.base import MAX_DISK_GIB
 from rift.contract.views import VmView
 from rift.domain.errors import (
     IdempotencyConflict,
@@ -13,7 +14,7 @@ from rift.domain.errors import (
     VmNotFound,
 )
 from rift.domain.ids import new_vm_id
-from rift.domain.model import NewEvent, Task, Vm
+from rift.domain.model import DEFAULT_DISK_GIB, NewEvent, Task, Vm
 from rift.domain.store_errors import DuplicateKey
 from rift.services import validate
 from rift.services.capacity import place
@@ -62,8 +63,9 @@ def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: dateti
 
 def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
            image: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
-           idempotency_key: str | None = None) -> VmView:
+           idempotency_key: str | None = None, disk_gib: int | None = None) -> VmView:
     """Place, record (`creating`), create the domain, and answer once it runs or failed."""
+    called = deps.clock.now()  # `start.ms` counts from here
     parsed = parse_handle(handle)
     validate.text("name", name)
     validate.text("idempotency_key", idempotency_key)
@@ -73,8 +75,10 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     if memory_mib is None:
         memory_mib = DEFAULT_MEMORY_MIB.get(image, 256)
     memory_mib = validate.integer("memory_mib", memory_mib, 64, 65536)
+    disk_gib = validate.integer("disk_gib", DEFAULT_DISK_GIB if disk_gib is None else disk_gib,
+                                1, MAX_DISK_GIB)
     digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
-                            memory_mib=memory_mib)
+                            memory_mib=memory_mib, disk_gib=disk_gib)
 
     def record(tx: Tx) -> tuple[Vm, str | None, GuestKind | None, Taken | None, bool]:
         now = deps.clock.now()
@@ -103,12 +107,12 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
             vm_id = new_vm_id()
         vm = Vm(id=vm_id, task_id=task.id, owner=caller.user, name=name or vm_id, image=image,
                 status="creating", host=host.name, vcpus=vcpus, memory_mib=memory_mib,
-                created_at=now, idempotency_key=idempotency_key, request_digest=digest,
-                ssh_host=SSH_HOST if port else None, ssh_port=port)
+                disk_gib=disk_gib, created_at=now, idempotency_key=idempotency_key,
+                request_digest=digest, ssh_host=SSH_HOST if port else None, ssh_port=port)
         tx.vms.add(vm)
         tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label,
                                {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
-                               "vcpus": vcpus, "memory_mib": memory_mib,
+                               "vcpus": vcpus, "memory_mib": memory_mib, "disk_gib": disk_gib,
                                "start": "boot" if taken is None else taken.kind}))
         return vm, host.uri, kind, taken, False
 
@@ -121,11 +125,11 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     if replayed or uri is None or kind is None:
         return VmView.of(vm)
     if taken is not None:
-        started = start_taken(deps, caller, vm, uri, kind, taken)
+        started = start_taken(deps, caller, vm, uri, kind, taken, called)
         # Its replacement starts only now: a boot beside the hand-over would slow it.
         deps.observers.pools_changed()
         return VmView.of(started)
-    return VmView.of(launch(deps, caller, vm, uri, kind))
+    return VmView.of(launch(deps, caller, vm, uri, kind, called))
 
 
 def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,

@@ -59,6 +59,8 @@ def test_every_refusal_reachable_on_the_test_driver(server: Server) -> None:
                     ("rift_vm_new", {"handle": handle, "vcpus": 65}, "vcpus"),
                     ("rift_vm_new", {"handle": handle, "memory_mib": 63}, "memory_mib"),
                     ("rift_vm_new", {"handle": handle, "memory_mib": "big"}, "memory_mib"),
+                    ("rift_vm_new", {"handle": handle, "disk_gib": 0}, "disk_gib"),
+                    ("rift_vm_new", {"handle": handle, "disk_gib": 1025}, "disk_gib"),
                     ("rift_vm_exec", {"handle": handle, "vm_id": "vm_aaaaaaaa",
                                       "command": "x" * (64 * 1024 + 1)}, "command"),
                     ("rift_vm_exec", {"handle": handle, "vm_id": "vm_aaaaaaaa",

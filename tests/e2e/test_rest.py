@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -69,6 +70,10 @@ def test_refusals_carry_their_code_status_and_hint(server: Server, api: httpx.Cl
                      json={"image": "windows"}), 404, "image_not_found")
     refusal(api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
                      json={"vcpus": 65}), 422, "invalid_argument")
+    for disk in (0, 1025):
+        error = refusal(api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
+                                 json={"disk_gib": disk}), 422, "invalid_argument")
+        assert error["field"] == "disk_gib"
     filled = []  # fill the test host (64 CPUs x RIFT_CPU_OVERCOMMIT) with 64-vCPU VMs
     for _ in range(8):
         made = api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
@@ -122,14 +127,18 @@ def _unauthorized(server: Server, bare: httpx.Client) -> None:
 
 def test_metrics_count_calls_by_tool_and_outcome(server: Server, api: httpx.Client) -> None:
     api.get("/tasks/task_aaaaaaaa")
-    api.post("/tasks", json={})
+    made = api.post("/tasks", json={}).json()
+    api.post(f"/tasks/{made['task']['id']}/vms", headers={"Rift-Handle": made["handle"]})
     text = httpx.get(server.url + "/metrics", timeout=10,
                      headers={"Authorization": f"Bearer {server.token}"}).text
     assert 'rift_tool_calls_total{door="rest",outcome="task_not_found",tool="rift_task_get"}' \
         in text
     assert 'outcome="ok",tool="rift_task_new"' in text
     assert "rift_open_tasks " in text and "rift_running_vms " in text
-    assert "rift_vm_boot_seconds_bucket" in text
+    # Seconds from rift_vm_new to running, by start kind (every kind listed from the start).
+    booted = re.search(r'^rift_vm_start_seconds_count\{kind="boot"\} (\S+)$', text, re.M)
+    assert booted is not None and float(booted.group(1)) >= 1, text
+    assert 'rift_vm_start_seconds_count{kind="pool"} 0.0' in text
     assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401
 
 

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ from hypervisor.qcow2 import (
     qemu_img_info,
     remove_image,
 )
+from rift.domain.model import Vm
+from rift.guest.adapter import SshGuests
+from rift.services.context import GuestRuntime
+from rift.services.guest_kinds import Qcow2Guest, VmFiles
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBItiKMb60WRZYHdNAnTB9p/iehwos+LVjLTxu2yyPzL rift"
 
@@ -105,6 +110,27 @@ def test_a_vm_gets_an_overlay_on_the_image_and_a_cidata_seed(tmp_path: Path) -> 
     assert image.disk.read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "disks").iterdir()) == [
         "vm_abcdefgh-seed.iso", "vm_abcdefgh.qcow2"]
+
+
+def test_a_vm_overlay_on_a_qcow2_image_is_its_disk_gib_never_smaller_than_the_image(
+        tmp_path: Path) -> None:
+    add_qcow2(tmp_path / "images", "bookworm", _qcow2(tmp_path / "src.qcow2", "2G"))
+    runtime = GuestRuntime(images_dir=tmp_path / "images", serial_dir=tmp_path / "serial",
+                           boot_timeout_s=5, accel=lambda uri: "qemu",
+                           disks_dir=tmp_path / "disks")
+    kind = Qcow2Guest("qemu:///system", "bookworm", runtime, SshGuests(tmp_path / "keys"),
+                      VmFiles(runtime))
+    for vm_id, disk_gib, size in (("vm_aaaaaaaa", 3, 3 << 30), ("vm_bbbbbbbb", 1, 2 << 30)):
+        vm = Vm(id=vm_id, task_id="task_abcdefgh", owner="alice", name="box",
+                image="bookworm", status="creating", host="local", vcpus=1, memory_mib=256,
+                created_at=datetime.now(UTC), ssh_host="127.0.0.1", ssh_port=20022,
+                disk_gib=disk_gib)
+        spec = kind.plan(vm)
+        assert spec.disk is not None
+        info = qemu_img_info(Path(spec.disk))
+        assert info["virtual-size"] == size, (disk_gib, info)
+        assert Path(spec.disk).stat().st_blocks * 512 < 1 << 20  # sparse
+    assert qcow2_image(tmp_path / "images", "bookworm").virtual_size == 2 << 30
 
 
 def test_remove_takes_the_image_out_of_the_catalog_and_keeps_tiny(tmp_path: Path) -> None:

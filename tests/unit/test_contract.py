@@ -25,6 +25,20 @@ def test_json_numbers_are_read_as_json_schema_reads_them() -> None:
     assert refused(VmNewIn, {"vcpus": True}).details["field"] == "vcpus"
 
 
+def test_vm_sizes_left_out_are_the_engines_to_choose_except_the_disks() -> None:
+    """memory_mib's default depends on the image (512 for debian), so the engine
+    picks it; the disk's is 10 GiB for every image."""
+    args = parse(VmNewIn, {})
+    assert (args.image, args.memory_mib, args.vcpus, args.disk_gib) == (None, None, 1, 10)
+    assert (parse(VmNewIn, {"disk_gib": 1}).disk_gib,
+            parse(VmNewIn, {"disk_gib": 1024.0}).disk_gib) == (1, 1024)
+    props = CONTRACTS["rift_vm_new"].input_schema["properties"]
+    assert (props["disk_gib"]["minimum"], props["disk_gib"]["maximum"],
+            props["disk_gib"]["default"]) == (1, 1024, 10)
+    assert "default" not in props["memory_mib"] and "512 for debian" in \
+        props["memory_mib"]["description"]
+
+
 def test_an_optional_field_is_left_out_never_null() -> None:
     assert parse(VmNewIn, {}).name is None
     error = refused(VmNewIn, {"name": None})
@@ -40,6 +54,10 @@ def test_refusals_name_the_field_and_say_why() -> None:
     assert "got 201" in long_name.message
     low = refused(VmNewIn, {"memory_mib": 63})
     assert low.details["field"] == "memory_mib" and "at least 64" in low.message
+    for disk, why in ((0, "at least 1, got 0"), (1025, "at most 1024, got 1025"),
+                      (2.5, "must be an integer"), ("10", "must be an integer")):
+        error = refused(VmNewIn, {"disk_gib": disk})
+        assert error.details["field"] == "disk_gib" and why in error.message, (disk, error)
     choice = refused(TaskListIn, {"status": "gone"})
     assert "open" in choice.message and "all" in choice.message
     task = refused(TaskListIn, {"after": "task_x"})

@@ -52,7 +52,7 @@ def _newc_names(data: bytes) -> dict[str, tuple[int, bytes]]:
         entries[name] = (mode, body)
 
 
-def _image(images: Path, disk: bool = True) -> Path:
+def _image(images: Path, disk: bool = True, disk_bytes: int = 1 << 30) -> Path:
     folder = images / "debian"
     folder.mkdir(parents=True)
     (folder / "vmlinux").write_bytes(b"\x7fELF")
@@ -62,16 +62,25 @@ def _image(images: Path, disk: bool = True) -> Path:
                                    "cmdline_base": "console=ttyS0 quiet panic=-1"}
     if disk:
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(folder / "root.qcow2"),
-                        str(1 << 30)], check=True, timeout=30)
-        manifest["disk"] = {"file": "root.qcow2", "format": "qcow2", "virtual_size": 1 << 30}
+                        str(disk_bytes)], check=True, timeout=30)
+        manifest["disk"] = {"file": "root.qcow2", "format": "qcow2",
+                            "virtual_size": disk_bytes}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 
 
-def _vm(vm_id: str = "vm_abcdefgh") -> Vm:
+def _vm(vm_id: str = "vm_abcdefgh", disk_gib: int = DEFAULT_DISK_GIB) -> Vm:
     return Vm(id=vm_id, task_id="task_abcdefgh", owner="alice", name="box", image="debian",
               status="creating", host="local", vcpus=1, memory_mib=512,
-              created_at=datetime.now(UTC), ssh_host="127.0.0.1", ssh_port=20022)
+              created_at=datetime.now(UTC), ssh_host="127.0.0.1", ssh_port=20022,
+              disk_gib=disk_gib)
+
+
+def _virtual_size(disk: Path) -> int:
+    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(disk)],
+                                     capture_output=True, text=True, check=True,
+                                     timeout=30).stdout)
+    return int(info["virtual-size"])
 
 
 def _kind(tmp_path: Path) -> tuple[KernelGuest, GuestRuntime]:
@@ -153,6 +162,20 @@ def test_a_debian_vm_boots_its_own_sparse_overlay_of_the_base_and_it_goes_with_t
     assert disk.find("target").get("dev") == "vda"  # type: ignore[union-attr]
     kind.clean_up(vm.id)
     assert not overlay.exists()
+
+
+@needs_qemu_img
+def test_a_vm_overlay_is_the_disk_size_it_asked_for_never_smaller_than_the_base(
+        tmp_path: Path) -> None:
+    kind, runtime = _kind(tmp_path)
+    image = _image(runtime.images_dir, disk_bytes=2 * GIB)
+    base = image_files(runtime.images_dir, "debian")
+    for vm_id, disk_gib, size in (("vm_aaaaaaaa", 3, 3 * GIB), ("vm_bbbbbbbb", 1, 2 * GIB)):
+        overlay = kind._overlay(base, _vm(vm_id, disk_gib))
+        assert overlay == runtime.vm_disks_dir.resolve() / f"{vm_id}.qcow2"
+        assert _virtual_size(overlay) == size, (disk_gib, size)
+        assert overlay.stat().st_blocks * 512 < 1 << 20  # sparse: 3 GiB cost nothing yet
+    assert _virtual_size(image / "root.qcow2") == 2 * GIB  # the base stays as it was
 
 
 @needs_qemu_img

@@ -14,7 +14,7 @@ from hypervisor.image_files import ImageFiles, image_files
 from hypervisor.kernel_boot import guest_spec
 from hypervisor.qcow2 import prepare_vm_disks, qcow2_guest_spec, qcow2_image
 from rift.domain.errors import GuestUnreachable, HypervisorFailed
-from rift.domain.model import Vm
+from rift.domain.model import DEFAULT_DISK_GIB, Vm
 from rift.services.context import GuestRuntime
 from rift.services.guest_kinds.base import (
     NO_RUNTIME,
@@ -24,6 +24,8 @@ from rift.services.guest_kinds.base import (
     serial_log,
 )
 from rift.services.ports import GuestShell
+
+__all__ = ["DEFAULT_DISK_GIB", "GIB", "KernelGuest", "Qcow2Guest"]
 
 
 class _RealGuest:
@@ -76,7 +78,6 @@ class _RealGuest:
         return None
 
 
-DEFAULT_DISK_GIB = 10  # SPEC §3's `disk_gib` default: the size of a VM's overlay
 GIB = 1 << 30
 
 
@@ -84,7 +85,7 @@ class KernelGuest(_RealGuest):
     """A kernel image booted directly with Rift's init; the key rides on the
     kernel command line, and the init prints its ready marker. An image with a
     root disk (`debian`) gets, per VM, a sparse copy-on-write overlay of its
-    read-only base disk as vda, of `disk_gib` (never smaller than the base),
+    read-only base disk as vda, of the VM's `disk_gib` (never smaller than the base),
     which the init mounts as the root and `clean_up` removes."""
 
     label = "kernel"
@@ -111,7 +112,7 @@ class KernelGuest(_RealGuest):
         disks_dir.mkdir(parents=True, exist_ok=True)
         overlay = vm_disks(disks_dir, vm.id).overlay
         try:
-            make_overlay(image.disk, overlay, max(DEFAULT_DISK_GIB * GIB, image.disk_bytes))
+            make_overlay(image.disk, overlay, max(vm.disk_gib * GIB, image.disk_bytes))
         except ImageError:
             remove_vm_disks(disks_dir, vm.id)
             raise
@@ -119,8 +120,10 @@ class KernelGuest(_RealGuest):
 
 
 class Qcow2Guest(_RealGuest):
-    """An operator's qcow2 image with cloud-init: its own overlay and a seed with
-    the task's key. Its cloud-init prints no ready marker: only SSH counts."""
+    """An operator's qcow2 image with cloud-init: its own overlay (of the VM's
+    `disk_gib`, never smaller than the image; cloud-init grows the root into it) and
+    a seed with the task's key. Its cloud-init prints no ready marker: only SSH
+    counts."""
 
     label = "qcow2"
     markers = False
@@ -133,7 +136,8 @@ class Qcow2Guest(_RealGuest):
         assert vm.ssh_port is not None
         image = qcow2_image(self.runtime.images_dir, self.image)
         disks = prepare_vm_disks(image, self.runtime.vm_disks_dir, vm_id=vm.id,
-                                 public_key_line=guests.task_key(vm.task_id))
+                                 public_key_line=guests.task_key(vm.task_id),
+                                 size_bytes=vm.disk_gib * GIB)
         return qcow2_guest_spec(
             image, disks, name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id,
             vcpus=vm.vcpus, memory_mib=vm.memory_mib, domain_type=self.runtime.accel(self.uri),
