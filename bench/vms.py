@@ -80,7 +80,7 @@ def _deps(data_dir: Path) -> Deps:
 def _rift_new_until_exec(deps: Deps, handle: str) -> tuple[float, str]:
     """Seconds from `rift_vm_new` to the end of the first successful exec."""
     started = time.perf_counter()
-    vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle)).vm
+    vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle, image="tiny")).vm
     if vm.status != "running":
         raise RuntimeError(f"the VM did not come up: {vm.error}")
     ran = tools.vm_exec(deps, CALLER, VmExecIn(handle=handle, vm_id=vm.id, command="true"))
@@ -225,7 +225,7 @@ def _per_call(fn: Callable[[], object], n: int) -> list[float]:
 
 def bench_exec(deps: Deps, keys_dir: Path) -> list[tuple[str, ...]]:
     handle = tools.task_new(deps, CALLER, TaskNewIn(name="bench exec")).handle
-    vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle)).vm
+    vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle, image="tiny")).vm
     assert vm.status == "running" and vm.ssh is not None, vm
     transport = paramiko.Transport(socket.create_connection(("127.0.0.1", vm.ssh.port)))
     transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
@@ -296,7 +296,7 @@ def bench_density(deps: Deps) -> list[tuple[str, ...]]:
                 stopped = f"memory (MemAvailable near {MEM_FLOOR_MIB} MiB)"
                 break
             started = time.perf_counter()
-            vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle,
+            vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle, image="tiny",
                                                     memory_mib=DENSITY_MEMORY_MIB)).vm
             if vm.status != "running":
                 stopped = f"a failed boot: {vm.error}"

@@ -78,6 +78,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         limits=limits_of(settings),
         guests=SshGuests(private_dir(settings.data_dir / "keys")),
         runtime=guest_runtime(settings),
+        default_image=settings.default_image,
     )
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
                             settings.host_memory_mib)

@@ -57,6 +57,10 @@ class Settings(BaseSettings):
         "reconciliation takes it for a create its process never finished (a crash): the "
         "row turns `failed` and its domain is destroyed. Must exceed "
         "`RIFT_VM_BOOT_TIMEOUT_S`.")
+    default_image: str = Field(
+        default="debian", min_length=1, max_length=200, description="The image of a "
+        "`rift_vm_new` that names none; one not known or not built is refused like naming "
+        "it (`image_not_found`).")
     header_timeout_s: float = Field(
         default=10.0, gt=0, le=3600, description="How long a connection may take to send a "
         "request's line and headers (counted from its opening, or from its previous answer); "

@@ -74,6 +74,7 @@ class Deps:
     observers: Observers = field(default_factory=Observers)
     runtime: GuestRuntime | None = None
     install_id: str | None = None  # marks this control plane's domains on shared hosts
+    default_image: str = "debian"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_IMAGE)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     parsed = parse_handle(handle)
     validate.text("name", name)
     validate.text("idempotency_key", idempotency_key)
-    image = image if image is not None else "tiny"
+    image = image if image is not None else deps.default_image
     validate.text("image", image)
     vcpus = validate.integer("vcpus", 1 if vcpus is None else vcpus, 1, 64)
     if memory_mib is None:

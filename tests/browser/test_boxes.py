@@ -51,8 +51,8 @@ def test_a_task_an_mcp_client_made_shows_and_changes_live(server: Server, page: 
     row = task.locator(f"tr[data-vm='{vm['id']}']")
     expect(row.locator("[data-h=Task]")).to_have_text(task_id)
     expect(row.locator("[data-h=Status]")).to_have_text("running")
-    expect(row.locator("[data-h=Image]")).to_have_text("tiny")
-    expect(row.locator("[data-h=Size]")).to_have_text("1 vCPU · 256 MiB")
+    expect(row.locator("[data-h=Image]")).to_have_text("debian")  # RIFT_DEFAULT_IMAGE
+    expect(row.locator("[data-h=Size]")).to_have_text("1 vCPU · 512 MiB")
     expect(row.locator("[data-h=Host]")).to_have_text("local")
     expect(task.locator(".activity time")).to_have_attribute("title", re.compile(r" UTC$"))
 

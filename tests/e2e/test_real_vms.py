@@ -116,7 +116,8 @@ def test_a_vm_runs_uname_takes_a_ten_mib_file_back_and_is_gone_after_destroy(
     async def scenario() -> None:
         async with mcp_session(real.url, real.token, "claude-code") as s:
             handle = (await call(s, "rift_task_new", name="happy path"))["handle"]
-            vm = (await call(s, "rift_vm_new", handle=handle, name="box"))["vm"]
+            vm = (await call(s, "rift_vm_new", handle=handle, name="box",
+                             image="tiny"))["vm"]
             assert vm["status"] == "running", vm
             assert vm["ssh"]["host"] == "127.0.0.1" and vm["ready_at"], vm
             assert f"rift-{vm['id']}" in virsh_names()
@@ -156,7 +157,7 @@ def test_exec_feeds_stdin_stops_at_its_timeout_caps_output_and_refuses_missing_p
     async def scenario() -> None:
         async with mcp_session(real.url, real.token) as s:
             handle = (await call(s, "rift_task_new", name="limits"))["handle"]
-            vm_id = (await call(s, "rift_vm_new", handle=handle))["vm"]["id"]
+            vm_id = (await call(s, "rift_vm_new", handle=handle, image="tiny"))["vm"]["id"]
 
             async def run_(command: str, **more: Any) -> tuple[dict[str, Any], float]:
                 started = time.monotonic()
@@ -209,7 +210,7 @@ def test_a_vm_destroyed_under_a_running_exec_ends_it_with_guest_unreachable(
         async with (mcp_session(real.url, real.token, "agent-a") as a,
                     mcp_session(real.url, real.token, "agent-b") as b):
             handle = (await call(a, "rift_task_new", name="pulled away"))["handle"]
-            vm_id = (await call(a, "rift_vm_new", handle=handle))["vm"]["id"]
+            vm_id = (await call(a, "rift_vm_new", handle=handle, image="tiny"))["vm"]["id"]
             outcome: dict[str, Any] = {}
 
             async def long_exec() -> None:
@@ -240,7 +241,7 @@ def test_a_guest_that_powers_itself_off_is_failed_by_the_next_sweep(real: Server
     async def scenario() -> None:
         async with mcp_session(real.url, real.token) as s:
             handle = (await call(s, "rift_task_new", name="poweroff"))["handle"]
-            vm_id = (await call(s, "rift_vm_new", handle=handle))["vm"]["id"]
+            vm_id = (await call(s, "rift_vm_new", handle=handle, image="tiny"))["vm"]["id"]
             await s.call_tool("rift_vm_exec", {"handle": handle, "vm_id": vm_id,
                                                "command": "poweroff -f", "timeout_s": 10})
             with anyio.fail_after(20):

@@ -74,7 +74,9 @@ def test_refusals_carry_their_code_status_and_hint(server: Server, api: httpx.Cl
         error = refusal(api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
                                  json={"disk_gib": disk}), 422, "invalid_argument")
         assert error["field"] == "disk_gib"
-    filled = []  # fill the test host (64 CPUs x RIFT_CPU_OVERCOMMIT) with 64-vCPU VMs
+    # fill the test host (64 CPUs x RIFT_CPU_OVERCOMMIT) with 64-vCPU VMs of the
+    # default image (debian: 512 MiB each)
+    filled = []
     for _ in range(8):
         made = api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},
                         json={"vcpus": 64})
@@ -82,7 +84,7 @@ def test_refusals_carry_their_code_status_and_hint(server: Server, api: httpx.Cl
             break
         filled.append(made.json()["vm"]["id"])
     error = refusal(made, 503, "no_capacity")
-    assert error["largest_free"] == {"vcpus": 0, "memory_mib": 262144 - 256 * len(filled)}
+    assert error["largest_free"] == {"vcpus": 0, "memory_mib": 262144 - 512 * len(filled)}
     for vm_id in filled:
         api.delete(f"/vms/{vm_id}", headers={"Rift-Handle": other["handle"]})
     refusal(api.post(f"/tasks/{task_id}/vms", headers={"Rift-Handle": other["handle"]},

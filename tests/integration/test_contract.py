@@ -4,6 +4,8 @@ field added to a view or an input shows at both doors at once."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,6 +19,7 @@ from rift.api.state import AppState
 from rift.config import Settings
 from rift.contract.base import inline
 from rift.contract.tools import CONTRACTS, Refusal
+from rift.services.context import Deps
 
 # Each tool's REST operation, and where its input's fields travel there.
 ROUTES: dict[str, tuple[str, str]] = {
@@ -125,3 +128,60 @@ def test_a_field_added_to_a_view_shows_at_both_doors(openapi: dict[str, Any],
     rest_vm = rest["content"]["application/json"]["schema"]["properties"]["vm"]
     mcp_vm = listed["rift_vm_get"].output_schema["anyOf"][0]["properties"]["vm"]  # type: ignore[index]
     assert set(rest_vm["properties"]) == set(mcp_vm["properties"]) == set(VmView.model_fields)
+
+
+MODERN = "2026-07-28"
+
+
+def _mcp_call(client: Any, token: str, tool: str, arguments: dict[str, Any]) -> Any:
+    """One bare 2026-07-28 `tools/call` through the MCP door: its result."""
+    answer = client.post("/mcp", headers={
+        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": tool,
+    }, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": tool, "arguments": arguments,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN,
+                  "io.modelcontextprotocol/clientCapabilities": {}}}})
+    assert answer.status_code == 200, answer.text
+    if answer.headers["content-type"].startswith("application/json"):
+        return answer.json()["result"]
+    return next(json.loads(line[5:]) for line in answer.text.splitlines()
+                if line.startswith("data:") and len(line) > 6)["result"]
+
+
+def test_both_doors_take_disk_gib_in_its_range_and_show_it_and_the_start(
+        deps: Deps, tmp_path: Path) -> None:
+    """rift_vm_new's `disk_gib` (1 to 1024) at the MCP door and the REST door alike: out of
+    range or not an integer is `invalid_argument` naming it; in range it is kept and
+    shown, with how the VM started; a VM that names no image gets RIFT_DEFAULT_IMAGE."""
+    from starlette.testclient import TestClient
+
+    from rift.services import accounts
+
+    accounts.add_user(deps, "ada", "correct horse battery")
+    token = accounts.new_token(deps, "ada").token.value
+    settings = Settings(data_dir=tmp_path, hypervisor_uri="fake:///local")
+    with TestClient(create_app(settings, deps), base_url="http://127.0.0.1") as client:
+        rest = {"Authorization": f"Bearer {token}"}
+        made = client.post("/api/v1/tasks", headers=rest, json={}).json()
+        task_id, handle = made["task"]["id"], made["handle"]
+        vms = f"/api/v1/tasks/{task_id}/vms"
+        for bad in (0, 1025, 2.5, "big"):
+            answer = client.post(vms, headers=rest | {"Rift-Handle": handle},
+                                 json={"disk_gib": bad})
+            assert answer.status_code == 422, (bad, answer.text)
+            error = answer.json()["error"]
+            assert (error["code"], error["field"]) == ("invalid_argument", "disk_gib"), bad
+            result = _mcp_call(client, token, "rift_vm_new", {"handle": handle, "disk_gib": bad})
+            assert result["isError"] is True
+            error = result["structuredContent"]["error"]
+            assert (error["code"], error["field"]) == ("invalid_argument", "disk_gib"), bad
+        by_rest = client.post(vms, headers=rest | {"Rift-Handle": handle},
+                              json={"disk_gib": 1024}).json()["vm"]
+        by_mcp = _mcp_call(client, token, "rift_vm_new",
+                           {"handle": handle, "disk_gib": 1})["structuredContent"]["vm"]
+        plain = _mcp_call(client, token, "rift_vm_new", {"handle": handle})
+    for vm, disk in ((by_rest, 1024), (by_mcp, 1), (plain["structuredContent"]["vm"], 10)):
+        assert (vm["status"], vm["image"], vm["memory_mib"], vm["disk_gib"]) == \
+            ("running", "debian", 512, disk)
+        assert vm["start"]["kind"] == "boot" and vm["start"]["ms"] >= 0

@@ -61,6 +61,37 @@ def test_a_vm_is_a_libvirt_domain_carrying_rift_metadata(engine: Deps, host_uri:
         conn.lookupByName(f"rift-{vm.id}")
 
 
+def test_a_vm_naming_no_image_is_debian_and_runs_at_once_showing_its_start(
+        engine: Deps) -> None:
+    opened = tasks.new_task(engine, ALICE)
+    vm = vms.new_vm(engine, ALICE, str(opened.handle), disk_gib=20)
+    assert (vm.status, vm.image, vm.memory_mib, vm.disk_gib, vm.ssh) == \
+        ("running", "debian", 512, 20, None)
+    assert vm.start is not None and vm.start.kind == "boot"
+    assert 0 <= vm.start.ms < 30_000  # the test driver answers at once
+    shown = vms.get_vm(engine, ALICE, vm.id)
+    assert (shown.start, shown.disk_gib) == (vm.start, 20)
+    events = tasks.task_events(engine, ALICE, opened.task.id).events
+    running = next(e for e in events if e.type == "vm_running")
+    assert running.details["start_kind"] == "boot"
+
+
+def test_rift_default_image_names_the_image_of_a_vm_that_names_none(
+        data_dir: Path, host_uri: str) -> None:
+    for image, answer in (("tiny", "tiny"), ("windows", "image_not_found")):
+        deps = build_deps(Settings(data_dir=data_dir, hypervisor_uri=host_uri,
+                                   default_image=image))
+        try:
+            opened = tasks.new_task(deps, ALICE)
+            try:
+                got = vms.new_vm(deps, ALICE, str(opened.handle)).image
+            except RiftError as exc:
+                got = exc.code
+            assert got == answer
+        finally:
+            close_deps(deps)
+
+
 def test_the_test_hosts_memory_is_accounted_by_placement(engine: Deps) -> None:
     opened = tasks.new_task(engine, ALICE)
     for _ in range(4):

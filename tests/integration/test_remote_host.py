@@ -95,7 +95,7 @@ def test_a_vm_placed_on_a_remote_host_boots_and_answers_over_libvirts_ssh_transp
         assert remote.vcpus >= 1 and remote.memory_mib > 0
         hosts.drain_host(deps, "local")
         opened = tasks.new_task(deps, ALICE)
-        vm = vms.new_vm(deps, ALICE, str(opened.handle), memory_mib=256)
+        vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny", memory_mib=256)
         assert vm.status == "running", vm.error
         assert vm.host == "remote"
         out = guests.exec_command(deps, ALICE, str(opened.handle), vm.id, "uname -sr")

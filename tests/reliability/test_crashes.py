@@ -653,7 +653,8 @@ async def new_task(url: str, token: str, agent: str, name: str, vms: int,
         made: list[dict[str, Any]] = []
 
         async def one(n: int) -> None:
-            made.append((await call(s, "rift_vm_new", handle=handle, name=f"g{n}"))["vm"])
+            made.append((await call(s, "rift_vm_new", handle=handle, name=f"g{n}",
+                                    image="tiny"))["vm"])
 
         async with anyio.create_task_group() as tg:
             for n in range(vms):
@@ -696,7 +697,7 @@ def real_vm_new(home: Home, trial: str) -> bool:
             opened = await call(s, "rift_task_new", name="crash in vm_new")
             campaign.handle_secret(opened["handle"])
             task.update(id=opened["task"]["id"], handle=opened["handle"])
-            await s.call_tool("rift_vm_new", {"handle": opened["handle"]})
+            await s.call_tool("rift_vm_new", {"handle": opened["handle"], "image": "tiny"})
 
     thread, failures = in_thread(create)
     vm_id = wait_until(lambda: next(iter(vm_rows(srv, task.get("id", "-"))), None),

@@ -123,7 +123,7 @@ class Agent:
         out: dict[str, Any] | None
         if roll < 0.15 and len(self.vms) < (1 if self.real else 3):
             out = await self.call("rift_vm_new", handle=self.handle, name="worker",
-                                  memory_mib=128)
+                                  image="tiny", memory_mib=128)
             if out is not None and out["vm"]["status"] == "running":
                 self.vms.append(out["vm"]["id"])
         elif roll < 0.45 and self.real and self.vms:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
@@ -19,9 +20,11 @@ def _task(deps: Deps) -> tuple[str, str]:
 def test_a_new_vm_runs_on_the_host_with_its_metadata(deps: Deps,
                                                      local_hv: FakeHypervisor) -> None:
     task_id, handle = _task(deps)
-    vm = vms.new_vm(deps, ALICE, handle, name="builder", vcpus=2, memory_mib=512)
+    vm = vms.new_vm(deps, ALICE, handle, name="builder", image="tiny", vcpus=2,
+                    memory_mib=512)
     assert vm.status == "running" and vm.task_id == task_id and vm.name == "builder"
-    assert (vm.image, vm.vcpus, vm.memory_mib, vm.host) == ("tiny", 2, 512, "local")
+    assert (vm.image, vm.vcpus, vm.memory_mib, vm.disk_gib, vm.host) == \
+        ("tiny", 2, 512, 10, "local")
     assert vm.ready_at is not None and vm.error is None and vm.ssh is None
     domain = local_hv.domains[f"rift-{vm.id}"]
     assert (domain.task_id, domain.vm_id) == (task_id, vm.id)
@@ -29,12 +32,74 @@ def test_a_new_vm_runs_on_the_host_with_its_metadata(deps: Deps,
     assert vms.get_vm(deps, ALICE, vm.id) == vm
 
 
+def test_a_vm_that_names_no_image_gets_the_default_image_with_its_sizes(
+        deps: Deps) -> None:
+    _, handle = _task(deps)
+    vm = vms.new_vm(deps, ALICE, handle)
+    assert (vm.image, vm.memory_mib, vm.disk_gib) == ("debian", 512, 10)  # RIFT_DEFAULT_IMAGE
+    tiny = vms.new_vm(replace(deps, default_image="tiny"), ALICE, handle)
+    assert (tiny.image, tiny.memory_mib) == ("tiny", 256)
+
+
+def test_a_default_image_that_is_not_known_is_refused_like_naming_it(deps: Deps) -> None:
+    _, handle = _task(deps)
+    named = refused("image_not_found", vms.new_vm, deps, ALICE, handle, image="windows")
+    before = snapshot(deps)
+    default = refused("image_not_found", vms.new_vm, replace(deps, default_image="windows"),
+                      ALICE, handle)
+    assert (default.message, default.hint, default.details) == \
+        (named.message, named.hint, named.details)
+    assert snapshot(deps) == before
+
+
+def test_the_disk_size_is_kept_on_the_vm_and_shown(deps: Deps) -> None:
+    _, handle = _task(deps)
+    vm = vms.new_vm(deps, ALICE, handle, disk_gib=40)
+    assert vm.disk_gib == 40
+    assert vms.get_vm(deps, ALICE, vm.id).disk_gib == 40
+    assert vms.new_vm(deps, ALICE, handle, image="tiny", disk_gib=1024).disk_gib == 1024
+
+
+def test_a_started_vm_shows_how_it_started_and_how_long_it_took(
+        deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    task_id, handle = _task(deps)
+    real_create = local_hv.create
+    seen: list[object] = []
+
+    def slow_create(spec):  # type: ignore[no-untyped-def]
+        seen.append(vms.get_vm(deps, ALICE, spec.vm_id).start)  # still creating
+        clock.advance(1.25)
+        real_create(spec)
+
+    local_hv.create = slow_create  # type: ignore[method-assign]
+    started: list[tuple[str, float]] = []
+    deps.observers.vm_start_seconds.append(lambda kind, s: started.append((kind, s)))
+    vm = vms.new_vm(deps, ALICE, handle)
+    assert seen == [None]
+    assert vm.start is not None and (vm.start.kind, vm.start.ms) == ("boot", 1250)
+    assert vms.get_vm(deps, ALICE, vm.id).start == vm.start
+    assert started == [("boot", 1.25)]
+    with deps.store.read() as tx:
+        running = [e for e in tx.events.page(task_id, 0, 100) if e.type == "vm_running"]
+    assert running[0].details["start_kind"] == "boot"
+    assert running[0].details["start_ms"] == 1250
+
+
+def test_a_vm_that_never_ran_has_no_start(deps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle = _task(deps)
+    local_hv.fail_next_create("internal error: no more room in the test driver")
+    vm = vms.new_vm(deps, ALICE, handle)
+    assert vm.status == "failed" and vm.start is None
+    assert vms.get_vm(deps, ALICE, vm.id).start is None
+
+
 def test_bad_sizes_and_unknown_images_are_refused_and_change_nothing(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     _, handle = _task(deps)
     before = snapshot(deps)
     for field, value in (("vcpus", 0), ("vcpus", 65), ("memory_mib", 63),
-                         ("memory_mib", 65537), ("vcpus", -1), ("memory_mib", 10**12)):
+                         ("memory_mib", 65537), ("vcpus", -1), ("memory_mib", 10**12),
+                         ("disk_gib", 0), ("disk_gib", 1025), ("disk_gib", -1)):
         err = refused("invalid_argument", vms.new_vm, deps, ALICE, handle, **{field: value})
         assert err.details["field"] == field
     err = refused("image_not_found", vms.new_vm, deps, ALICE, handle, image="windows")
@@ -110,8 +175,9 @@ def test_a_keyed_vm_create_replays_without_a_second_domain(
     first = vms.new_vm(deps, ALICE, handle, idempotency_key="vm-1")
     again = vms.new_vm(deps, ALICE, handle, idempotency_key="vm-1")
     assert again.id == first.id and len(local_hv.domains) == 1
-    refused("idempotency_conflict", vms.new_vm, deps, ALICE, handle, idempotency_key="vm-1",
-            memory_mib=512)
+    for other in ({"memory_mib": 1024}, {"disk_gib": 20}, {"image": "tiny"}):
+        refused("idempotency_conflict", vms.new_vm, deps, ALICE, handle,
+                idempotency_key="vm-1", **other)
     assert len(local_hv.domains) == 1
 
 
