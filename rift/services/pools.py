@@ -36,7 +36,7 @@ from rift.domain.errors import (
     PoolDoesNotFit,
 )
 from rift.domain.ids import new_pool_id, new_vm_id
-from rift.domain.model import Host, StartKind, Vm
+from rift.domain.model import DEFAULT_DISK_GIB, Host, StartKind, Vm
 from rift.domain.records import Pool, PoolGoal, PoolVm, PoolVmState
 from rift.services.capacity import host_loads, room
 from rift.services.context import Caller, Deps
@@ -210,10 +210,13 @@ def pool_counts(deps: Deps) -> dict[tuple[str, str], int]:
 
 # -- hand-out ------------------------------------------------------------------------------
 
-def take(tx: Tx, image: str, vcpus: int, memory_mib: int) -> Taken | None:
+def take(tx: Tx, image: str, vcpus: int, memory_mib: int, disk_gib: int) -> Taken | None:
     """Take a pooled VM of that image and size for a new VM row: a running one
     first, else a saved one whose host has room to restore it; None when the pools
-    have none. The take is a compare-and-set: a racing caller takes another."""
+    have none (pooled VMs have the default disk: another `disk_gib` boots). The
+    take is a compare-and-set: a racing caller takes another."""
+    if disk_gib != DEFAULT_DISK_GIB:
+        return None
     _, loads = host_loads(tx)
     usable = {load.name: load for load in loads if not load.drained}
     sources: tuple[tuple[PoolVmState, PoolGoal, StartKind], ...] = (

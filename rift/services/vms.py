@@ -93,7 +93,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         if image not in known:
             raise ImageNotFound(image, sorted(known))
         _check_vm_budget(deps, tx, caller, task, now)
-        taken = take(tx, image, vcpus, memory_mib)
+        taken = take(tx, image, vcpus, memory_mib, disk_gib)
         if taken is not None:  # a pooled VM: its host, id and SSH port come with it
             host = tx.hosts.get(taken.vm.host)
             assert host is not None

@@ -40,7 +40,7 @@ def test_a_running_pool_fills_and_hands_a_vm_over_under_its_own_id(
     # Pooled domains carry the pool key's id, never a task's.
     assert {local_hv.domains[f"rift-{m.id}"].task_id for m in ready} == {ready[0].pool_id}
     handle = _handle(deps)
-    vm = vms.new_vm(deps, ALICE, handle)
+    vm = vms.new_vm(deps, ALICE, handle, image="tiny")
     assert vm.id == ready[0].id and vm.status == "running"
     assert vm.start is not None and vm.start.kind == "pool"
     assert local_hv.domains[f"rift-{vm.id}"].task_id == vm.task_id  # marked with its task
@@ -57,7 +57,7 @@ def test_a_saved_pool_saves_its_vms_and_a_hand_out_restores_one(
     (saved,) = _members(deps)
     domain = local_hv.domains[f"rift-{saved.id}"]
     assert saved.state == "saved" and domain.saved and not domain.active
-    vm = vms.new_vm(deps, ALICE, _handle(deps))
+    vm = vms.new_vm(deps, ALICE, _handle(deps), image="tiny")
     assert vm.id == saved.id and vm.start is not None and vm.start.kind == "restore"
     assert local_hv.domains[f"rift-{vm.id}"].active
 
@@ -65,8 +65,9 @@ def test_a_saved_pool_saves_its_vms_and_a_hand_out_restores_one(
 def test_a_request_no_pool_matches_boots(deps: Deps, local_hv: FakeHypervisor) -> None:
     pools.set_pool(deps, "tiny", running=1)
     _fill(deps)
-    vm = vms.new_vm(deps, ALICE, _handle(deps), memory_mib=512)
-    assert vm.start is not None and vm.start.kind == "boot"
+    for other in ({"memory_mib": 512}, {"vcpus": 2}, {"disk_gib": 20}, {"image": "debian"}):
+        vm = vms.new_vm(deps, ALICE, _handle(deps), **{"image": "tiny", **other})
+        assert vm.start is not None and vm.start.kind == "boot", other
     assert len(_members(deps)) == 1  # the pool kept its VM
 
 
@@ -76,7 +77,7 @@ def test_a_failed_restore_is_destroyed_and_the_vm_boots(
     _fill(deps)
     (saved,) = _members(deps)
     local_hv.domains[f"rift-{saved.id}"].saved = False  # its saved state is gone
-    vm = vms.new_vm(deps, ALICE, _handle(deps))
+    vm = vms.new_vm(deps, ALICE, _handle(deps), image="tiny")
     assert vm.status == "running" and vm.start is not None and vm.start.kind == "boot"
     assert local_hv.domains[f"rift-{vm.id}"].active
     assert ("destroy", f"rift-{vm.id}") in local_hv.calls
@@ -87,7 +88,8 @@ def test_pooled_vms_hold_room_on_their_host(deps: Deps, local_hv: FakeHypervisor
     hosts.add_host(deps, "small", "fake:///small", 4, 1024)
     pools.set_pool(deps, "tiny", running=3)  # 3 x 256 MiB
     _fill(deps)
-    err = refused("no_capacity", vms.new_vm, deps, ALICE, _handle(deps), memory_mib=512)
+    err = refused("no_capacity", vms.new_vm, deps, ALICE, _handle(deps), image="tiny",
+                  memory_mib=512)
     assert err.details["largest_free"]["memory_mib"] == 256
     # A saved VM holds no memory: a saved pool beside them fits.
     pools.set_pool(deps, "tiny", saved=2)
