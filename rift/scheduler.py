@@ -46,6 +46,7 @@ class PoolFiller:
 
     def start(self) -> None:
         self.deps.observers.pool_changes.append(self.wake)
+        self._woken.set()  # look at once: pools may have emptied while Rift was down
         self._thread.start()
 
     def wake(self) -> None:

@@ -59,10 +59,11 @@ class ChangeMark:
 
 PoolGoal = Literal["running", "saved"]
 # starting: its domain boots; ready: it runs and answers (a running pool's end);
-# saving: libvirt saves it; saved: its memory is on disk, its domain stopped.
-PoolVmState = Literal["starting", "ready", "saving", "saved"]
+# saving: libvirt saves it; saved: its memory is on disk, its domain stopped;
+# destroying: its domain is being taken down (the row goes after it).
+PoolVmState = Literal["starting", "ready", "saving", "saved", "destroying"]
 # Pool VMs that hold vCPUs and memory on their host (a saved one holds only disk).
-POOL_RUNNING_STATES: tuple[PoolVmState, ...] = ("starting", "ready", "saving")
+POOL_RUNNING_STATES: tuple[PoolVmState, ...] = ("starting", "ready", "saving", "destroying")
 
 
 @dataclass(frozen=True)

@@ -495,11 +495,13 @@ def _start_failed(deps: Deps, pool: Pool, pvm: PoolVm, error: str, *, domain: bo
 
 
 def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
-    """Its row first (so no hand-out can take it), then its domain and files: a
-    crash in between leaves a domain with no row, which reconciliation destroys.
+    """As for VMs, the row outlives the domain: it turns `destroying` (so no hand-out
+    takes it), the domain and files go, then the row. A crash or a refusal in
+    between leaves a `destroying` row, which reconciliation destroys again.
     Answers 1 when this call removed it."""
     with deps.store.write() as tx:
-        if not tx.pools.take(pvm.id, ("starting", "ready", "saving", "saved")):
+        if not tx.pools.update_vm(pvm.id, ("starting", "ready", "saving", "saved",
+                                           "destroying"), state="destroying"):
             return 0
         host = tx.hosts.get(pvm.host)
     if deps.guests is not None:
@@ -510,21 +512,25 @@ def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
         except HypervisorError as exc:
             deps.log.warning("pool vm destroy refused; reconciliation retries",
                              extra={"vm_id": pvm.id, "error": str(exc)})
+            return 0
         kind_on(deps, host.uri, pvm.image).clean_up(pvm.id)
-    return 1
+    with deps.store.write() as tx:
+        return int(tx.pools.take(pvm.id, ("destroying",)))
 
 
 def stale_pool_vms(deps: Deps, listed: dict[str, tuple[set[str], datetime]]) -> list[str]:
-    """Pool VMs a crash cut (starting or saving for longer than any start takes) and
-    settled ones whose domain was missing from their host's listing (`listed`:
-    each host's domain names and when its listing began; a VM settled after that
-    is not judged): their rows go, and their domains if any."""
+    """Pool VMs a crash or a refusal cut (destroying, or starting or saving for
+    longer than any start takes) and settled ones whose domain was missing from
+    their host's listing (`listed`: each host's domain names and when its listing
+    began; a VM settled after that is not judged): their domains go, then their
+    rows."""
     cutoff = deps.clock.now() - _grace(deps)
     with deps.store.read() as tx:
         members = tx.pools.vms()
     gone = []
     for pvm in members:
-        cut = pvm.state in ("starting", "saving") and pvm.created_at < cutoff
+        cut = (pvm.state == "destroying"
+               or (pvm.state in ("starting", "saving") and pvm.created_at < cutoff))
         names, listed_at = listed.get(pvm.host, (None, None))
         vanished = (names is not None and listed_at is not None and pvm.ready_at is not None
                     and pvm.ready_at < listed_at and f"rift-{pvm.id}" not in names)

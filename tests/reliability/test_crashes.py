@@ -104,6 +104,7 @@ REAL_ENV = {"RIFT_VM_BOOT_TIMEOUT_S": str(BOOT_S), "RIFT_VM_CREATING_GRACE_S": "
             "RIFT_ACTIVITY_STEP_S": "1"}
 RECOVER_ENV = {**REAL_ENV, "RIFT_VM_BOOT_TIMEOUT_S": "5",
                "RIFT_VM_CREATING_GRACE_S": str(GRACE_S)}
+POOL_IMAGE = "debian"  # the default image, which the test-driver agents' VMs are
 IDLE_S = 8  # the real sweep trial: the task closes itself this long after its last call
 
 
@@ -521,9 +522,13 @@ def one_test_driver_trial(proc: subprocess.Popen[str], srv: Server, trial: int, 
 def settle(srv: Server, tally: Tally) -> None:
     """After the last trial: every quiet task closes, every interrupted create turns
     `failed` once older than the grace; then no domain of the installation is left."""
+    cleared = srv.rift("pool", "clear", POOL_IMAGE)
+    assert cleared.returncode == 0, cleared.stderr
+
     def done() -> bool:
         return not rows(srv, "SELECT 1 FROM tasks WHERE status = 'open' LIMIT 1") and \
-            not rows(srv, "SELECT 1 FROM vms WHERE status IN ('creating', 'running') LIMIT 1")
+            not rows(srv, "SELECT 1 FROM vms WHERE status IN ('creating', 'running') LIMIT 1") \
+            and not rows(srv, "SELECT 1 FROM pool_vms LIMIT 1")
 
     wait_until(done, GRACE_S + 20, "every task closed and every VM put away", every_s=0.2)
     tally.found("after the last trial", untruths(srv, SHARED_URI))
@@ -531,6 +536,10 @@ def settle(srv: Server, tally: Tally) -> None:
                      for domain in our_domains(srv, SHARED_URI).values()]
     ends = Counter(vm["status"] for vm_id, vm in vm_rows(srv).items()
                    if vm_id in tally.creates_cut)
+    starts = Counter(vm["start_kind"] for vm in vm_rows(srv).values())
+    campaign.record(SECTION, "test-driver VMs started from a pool, restored, booted (kills "
+                    "landed amid refills and hand-outs)",
+                    f"{starts['pool']}, {starts['restore']}, {starts['boot']}")
     campaign.record(SECTION, "test-driver creates cut by a kill: then failed (the grace) "
                     f"{ends['failed']}, destroyed (their task closed) {ends['destroyed']}",
                     len(tally.creates_cut))
@@ -547,6 +556,11 @@ def test_kill_9_at_random_moments_on_the_test_driver(tmp_path: Path) -> None:
     with shared_host_kept():
         proc, srv = start_server(tmp_path, **TEST_DRIVER_ENV)
         first = srv
+        # The agents' VMs (64 MiB of the default image) come from pools while they last,
+        # so kills land amid refills and hand-outs too.
+        pooled = srv.rift("pool", "set", POOL_IMAGE, "--running", "3", "--saved", "1",
+                          "--memory-mib", "64")
+        assert pooled.returncode == 0, pooled.stderr
         campaign.enlist(srv.data_dir, srv.log, srv.token, srv.password)
         try:
             for trial in range(TEST_DRIVER_TRIALS):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
@@ -26,13 +26,16 @@ REFUSAL_CODES = {
 
 
 
-def run(scenario: Callable[[], Awaitable[None]], limit_s: float = WAIT_S) -> None:
-    """Run an async scenario to its end, or fail after `limit_s`."""
-    async def bounded() -> None:
-        with anyio.fail_after(limit_s):
-            await scenario()
+T = TypeVar("T")
 
-    anyio.run(bounded)
+def run(scenario: Callable[[], Awaitable[T]], limit_s: float = WAIT_S) -> T:
+    """Run an async scenario to its end and answer what it answers, or fail after
+    `limit_s`."""
+    async def bounded() -> T:
+        with anyio.fail_after(limit_s):
+            return await scenario()
+
+    return anyio.run(bounded)
 
 
 def http_client(token: str | None, statuses: list[int] | None = None) -> httpx2.AsyncClient:
