@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -38,16 +39,32 @@ _KVM_FAILURES = ("KVM internal error", "emulation failure", "failed to set MSR")
 _LOCAL_URIS = ("qemu:///system", "qemu:///session")
 
 
+PROBE_TASK = "probe"  # the task id in a probe guest's Rift metadata
+PROBE_STALE_S = 600  # a probe lasts seconds: its guest still there after this was left
+
+
+def probe_started_at(task_id: str | None, vm_id: str | None) -> float | None:
+    """When the probe guest with this Rift metadata was made (seconds since the
+    epoch), or None for a domain that is not a probe's."""
+    if task_id != PROBE_TASK or vm_id is None:
+        return None
+    match = re.fullmatch(r"probe-(\d+)-[0-9a-f]+", vm_id)
+    return float(match.group(1)) if match else None
+
+
 def probe_accel(
     image: ImageFiles,
     uri: str = "qemu:///system",
     *,
     cache_file: Path | None = None,
     timeout_s: float = PROBE_TIMEOUT_S,
+    install: str | None = None,
 ) -> tuple[str, str]:
     """("kvm" | "qemu", why): the domain type guests should get on `uri`.
 
     `cache_file` (default `<images dir>/.accel.json`) keeps verdicts between starts.
+    The probe's guest carries Rift metadata with `install` and when it was made, so
+    reconciliation destroys one a crash left behind (`probe_started_at`).
     """
     if uri not in _LOCAL_URIS:
         return TCG, f"{uri} is not local: the probe cannot read its serial log; TCG is safe"
@@ -58,23 +75,25 @@ def probe_accel(
     cached = _read_cache(cache, key)
     if cached is not None:
         return cached
-    verdict, lasting = _probe(image, uri, timeout_s)
+    verdict, lasting = _probe(image, uri, timeout_s, install)
     if lasting:
         _write_cache(cache, key, verdict)
     return verdict
 
 
-def _probe(image: ImageFiles, uri: str, timeout_s: float) -> tuple[tuple[str, str], bool]:
+def _probe(image: ImageFiles, uri: str, timeout_s: float,
+           install: str | None) -> tuple[tuple[str, str], bool]:
     """The verdict, and whether it is worth caching (not when libvirt itself failed)."""
     from hypervisor.libvirt import LibvirtHypervisor
 
-    name = f"rift-probe-{secrets.token_hex(4)}"
+    probe_id = f"probe-{int(time.time())}-{secrets.token_hex(4)}"
+    name = f"rift-{probe_id}"
     work = Path(tempfile.mkdtemp(prefix="rift-probe-"))
     serial = work / "serial.log"
     spec = DomainSpec(
-        name=name, task_id="probe", vm_id=name, vcpus=1, memory_mib=128, image=image.name,
-        domain_type=KVM, kernel=str(image.kernel), initrd=str(image.initrd),
-        cmdline=image.cmdline_base, serial_log=str(serial),
+        name=name, task_id=PROBE_TASK, vm_id=probe_id, vcpus=1, memory_mib=128,
+        image=image.name, domain_type=KVM, kernel=str(image.kernel), initrd=str(image.initrd),
+        cmdline=image.cmdline_base, serial_log=str(serial), install=install,
     )
     hv = LibvirtHypervisor(uri)
     try:

@@ -77,7 +77,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         lease_rules=lease_rules_of(settings),
         limits=limits_of(settings),
         guests=SshGuests(private_dir(settings.data_dir / "keys")),
-        runtime=guest_runtime(settings),
+        runtime=guest_runtime(settings, install=install_id),
         default_image=settings.default_image,
     )
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
@@ -85,7 +85,8 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     return deps
 
 
-def guest_runtime(settings: Settings, *, make_dirs: bool = True) -> GuestRuntime:
+def guest_runtime(settings: Settings, *, make_dirs: bool = True,
+                  install: str | None = None) -> GuestRuntime:
     """Where real guests' files live and how they boot; `make_dirs` makes the
     private folders for serial logs and disks (`rift doctor` only looks)."""
     made = private_dir if make_dirs else (lambda path: path)
@@ -94,7 +95,7 @@ def guest_runtime(settings: Settings, *, make_dirs: bool = True) -> GuestRuntime
         serial_dir=made(settings.data_dir / "serial"),
         disks_dir=made(settings.data_dir / "disks"),
         boot_timeout_s=settings.vm_boot_timeout_s,
-        accel=Accelerators(settings.data_dir / "images"),
+        accel=Accelerators(settings.data_dir / "images", install),
     )
 
 
@@ -108,8 +109,9 @@ class Accelerators:
     """`kvm` where a real boot under KVM works on that host, else `qemu` (TCG);
     probed once per URI (and cached on disk by the probe)."""
 
-    def __init__(self, images_dir: Path) -> None:
+    def __init__(self, images_dir: Path, install: str | None = None) -> None:
         self.images_dir = images_dir
+        self.install = install  # marks the probe's guest, so reconciliation finds a leaked one
         self._known: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -122,7 +124,7 @@ class Accelerators:
             image = image_files(self.images_dir, "tiny")
         except ImageError:
             return "qemu", "no tiny image to probe KVM with (rift image build tiny); TCG"
-        return probe_accel(image, uri)
+        return probe_accel(image, uri, install=self.install)
 
     def __call__(self, uri: str) -> str:
         with self._lock:

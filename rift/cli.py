@@ -143,7 +143,7 @@ def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
         print(f"removed {args.name}")
     else:
         cols = ("name", "uri", "state", "vcpus", "used_vcpus", "memory_mib", "used_memory_mib",
-                "vms")
+                "vms", "pooled")
         _print(hosts.list_hosts(deps), cols, args.json)
     return 0
 

@@ -67,14 +67,18 @@ def list_hosts(deps: Deps) -> list[dict[str, Any]]:
     with deps.store.read() as tx:
         hosts = tx.hosts.all()
         usage = tx.vms.usage_by_host()
+        pooled = tx.pools.usage_by_host()
+        members = tx.pools.vms()
     rows = []
     for h in hosts:
         used = usage.get(h.name)
+        held = pooled.get(h.name)  # running pool VMs hold room too (SPEC §11)
         rows.append({
             "name": h.name, "uri": h.uri, "vcpus": h.vcpus, "memory_mib": h.memory_mib,
-            "used_vcpus": used.vcpus if used else 0,
-            "used_memory_mib": used.memory_mib if used else 0,
+            "used_vcpus": (used.vcpus if used else 0) + (held.vcpus if held else 0),
+            "used_memory_mib": (used.memory_mib if used else 0) + (held.memory_mib if held else 0),
             "vms": used.vms if used else 0,
+            "pooled": sum(1 for m in members if m.host == h.name),
             "state": ("unreachable" if h.unreachable_since else
                       "drained" if h.drained else "active"),
             "unreachable_since": h.unreachable_since.isoformat() if h.unreachable_since else None,
@@ -100,4 +104,8 @@ def remove_host(deps: Deps, name: str) -> None:
         if used and used.vms:
             raise InvalidArgument("name", f"host {name!r} still has {used.vms} VMs; "
                                   "rift host drain it and wait for its tasks to close")
+        pooled = [m for m in tx.pools.vms() if m.host == name]
+        if pooled:
+            raise InvalidArgument("name", f"host {name!r} still keeps {len(pooled)} pooled VMs; "
+                                  "rift pool clear their images (rift pool list) first")
         tx.hosts.delete(name)

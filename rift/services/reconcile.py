@@ -19,10 +19,12 @@ finished as one (`destroyed`, with its `vm_destroyed` event), never failed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
+from hypervisor.kvm import PROBE_STALE_S, probe_started_at
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import NewEvent, Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
@@ -100,6 +102,9 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
     pooled = _pool_ids(deps)
     after = _live(deps, host)
     for vm_id, domain in ours.items():
+        probed = probe_started_at(domain.task_id, vm_id)
+        if probed is not None and time.time() - probed < PROBE_STALE_S:
+            continue  # a KVM probe under way (rift.bootstrap.Accelerators)
         if vm_id not in after and vm_id not in pooled:
             try:
                 hv.destroy(domain.name)

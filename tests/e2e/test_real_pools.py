@@ -2,7 +2,7 @@
 `tiny` and `debian` VMs ready, booted (`--running`) and saved by libvirt
 (`--saved`); `rift_vm_new` through the official MCP SDK client takes one and
 answers with a guest that execs under the task's key: the pool key is gone from
-it, its clock is the host's, and no two VMs share a host key. The hand-out's
+it, its clock is the host's, and no two VMs share a host key or entropy. The hand-out's
 time is printed (no timed assertion: the machine is shared); `make bench` has
 the figures side by side."""
 
@@ -89,12 +89,14 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
             assert made.returncode == 0, made.stderr
     wait_until(lambda: _filled(real), FILL_S, "the pools are filled", every_s=1)
     took: dict[str, float] = {}
+    skew: dict[str, float] = {}
 
     async def scenario() -> None:
         async with mcp_session(real.url, real.token, "claude-code") as s:
             opened = await call(s, "rift_task_new", name="pools")
             handle = opened["handle"]
             keys: set[str] = set()
+            entropy: set[str] = set()
             for image, sizes in SIZES.items():
                 for kind, memory_mib in sizes.items():
                     started = time.monotonic()
@@ -103,18 +105,30 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                     took[f"{image} {kind} ({memory_mib} MiB): the answer"] = \
                         time.monotonic() - started
                     assert vm["status"] == "running" and vm["start"]["kind"] == kind, vm
+                    asked = time.time()
                     clock = int(await _exec(s, handle, vm["id"], "date +%s"))
+                    answered = time.time()
                     took[f"{image} {kind} ({memory_mib} MiB): the first exec"] = \
                         time.monotonic() - started
-                    assert abs(clock - time.time()) <= 2, (image, kind, clock)
+                    # The guest read its clock (whole seconds) while the exec was under way.
+                    off = 0.0 if asked - 1 <= clock <= answered else min(
+                        abs(clock - asked + 1), abs(clock - answered))
+                    skew[f"{image} {kind}"] = off
+                    if kind != "boot":  # a hand-out sets it (a cold boot reads the RTC)
+                        assert off <= 1, (image, kind, clock, asked, answered)
                     authorized = await _exec(s, handle, vm["id"],
                                              "cat /root/.ssh/authorized_keys")
                     assert len(authorized.splitlines()) == 1  # the task's key alone
                     keys.add((await _exec(s, handle, vm["id"], HOST_KEY[image])).strip())
+                    entropy.add(await _exec(s, handle, vm["id"],
+                                            "head -c 16 /dev/urandom | od -An -tx1"))
                     await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])
             assert len(keys) == 6  # no two VMs share a host key
+            assert len(entropy) == 6  # nor what their entropy pools give right away
             await call(s, "rift_task_close", handle=handle)
 
     run(scenario, limit_s=900)
     for what, seconds in sorted(took.items()):
         print(f"{what}: {seconds:.2f} s")
+    for what, seconds in sorted(skew.items()):
+        print(f"{what}: the guest's clock {seconds:.1f} s off the host's (beyond the exec)")

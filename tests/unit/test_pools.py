@@ -95,6 +95,10 @@ def test_pooled_vms_hold_room_on_their_host(deps: Deps, local_hv: FakeHypervisor
     pools.set_pool(deps, "tiny", saved=2)
     _fill(deps)
     assert sorted(m.state for m in _members(deps)) == ["ready"] * 3 + ["saved"] * 2
+    (listed,) = hosts.list_hosts(deps)
+    assert (listed["used_memory_mib"], listed["vms"], listed["pooled"]) == (768, 0, 5)
+    err = refused("invalid_argument", hosts.remove_host, deps, "small")
+    assert "rift pool clear" in err.message
 
 
 def test_a_pool_larger_than_its_hosts_is_refused_with_what_fits(deps: Deps) -> None:

@@ -3,9 +3,12 @@ destroys a crash cut short are finished."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hypervisor.fake import FakeHypervisor
+from hypervisor.kvm import PROBE_STALE_S, PROBE_TASK
 from rift.domain.clock import FakeClock
 from rift.domain.model import Vm
 from rift.services import reconcile, sweeps, tasks, teardown, vms
@@ -249,3 +252,15 @@ def test_a_row_whose_destroy_was_asked_after_it_was_read_is_not_failed(
     assert vms.get_vm(deps, ALICE, made.id).status == "running"
     assert reconcile.reconcile(deps).destroys_finished == [made.id]
     assert event_types(deps, opened.task.id)[-1] == "vm_destroyed"
+
+
+def test_a_kvm_probe_guest_left_behind_is_destroyed_and_one_under_way_kept(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    now = int(time.time())
+    left = f"probe-{now - PROBE_STALE_S - 60}-0badc0de"
+    running = f"probe-{now - 2}-600dc0de"
+    for probe_id in (left, running):
+        local_hv.add_foreign_domain(f"rift-{probe_id}", PROBE_TASK, probe_id)
+    report = reconcile.reconcile(deps)
+    assert report.orphans_destroyed == [f"rift-{left}"]
+    assert set(local_hv.domains) == {f"rift-{running}"}
