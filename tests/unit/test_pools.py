@@ -3,12 +3,15 @@ capacity, refusals, stale VMs, back-off, reconciliation."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
 from rift.services import hosts, pools, reconcile, tasks, vms
-from rift.services.context import Deps
+from rift.services.context import Deps, GuestRuntime
 from tests.support.engine import ALICE, event_types, refused, snapshot
 
 FILLER = "test-filler"
@@ -218,3 +221,18 @@ def test_pool_list_says_what_is_wanted_and_ready(deps: Deps) -> None:
 def test_debian_pools_default_to_its_memory(deps: Deps, image: str) -> None:
     assert pools.set_pool(deps, image, running=1).memory_mib == vms.DEFAULT_MEMORY_MIB.get(
         image, 256)
+
+
+def test_an_images_build_digest_changes_when_it_is_rebuilt(
+        deps: Deps, tmp_path: Path) -> None:
+    runtime = GuestRuntime(images_dir=tmp_path, serial_dir=tmp_path, boot_timeout_s=1,
+                           accel=lambda uri: "qemu")
+    with_runtime = dataclasses.replace(deps, runtime=runtime)
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "manifest.json").write_text('{"v": 1}')
+    before = pools.image_build(with_runtime, "tiny")
+    assert pools.image_build(with_runtime, "tiny") == before  # stable while unchanged
+    (folder / "manifest.json").write_text('{"v": 22}')
+    assert pools.image_build(with_runtime, "tiny") != before
+    assert pools.image_build(with_runtime, "debian") != before  # another image
