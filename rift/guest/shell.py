@@ -165,6 +165,7 @@ class SshGuestShell:
         try:
             chan = transport.open_session(timeout=self.connect_timeout_s)
             chan.exec_command(STANDBY_SHELL)
+            chan.sendall(f"{HAND_OVER_FUNCTION}\n".encode())
         except _FAILURES as exc:
             transport.close()
             raise GuestError(f"the standby shell did not start: {exc}", vm_id=vm.id) from exc
@@ -181,13 +182,14 @@ class SshGuestShell:
         into the guest's entropy pool. It runs in the standby shell when one is
         open (whose connection then serves the VM's calls), else on a pooled
         connection. From then on the VM's connections log in with `task_id`'s key."""
-        script = hand_over_script(public_key_line, now, secrets.token_bytes(32))
+        entropy = secrets.token_bytes(32)
         with self._lock:
             held = self._standby.pop(vm.id, None)
         if held is not None:
             transport, chan = held
             try:
-                status = _in_standby(chan, script, time.monotonic() + _HAND_OVER_S)
+                status = _in_standby(chan, hand_over_call(public_key_line, now, entropy),
+                                     time.monotonic() + _HAND_OVER_S)
             except (*_FAILURES, TimeoutError) as exc:
                 log.info("standby shell of %s failed (%s); handing over anew", vm.id, exc)
                 status = None
@@ -200,7 +202,8 @@ class SshGuestShell:
             transport.close()
             if status is not None:
                 raise GuestError(f"the hand-over failed (exit {status})", vm_id=vm.id)
-        collected = self._run(vm, script, None, _HAND_OVER_S, 4096)
+        collected = self._run(vm, hand_over_script(public_key_line, now, entropy), None,
+                              _HAND_OVER_S, 4096)
         if collected.exit_code != 0:
             reason = collected.stderr.decode("utf-8", "replace").strip()
             raise GuestError(f"the hand-over failed (exit {collected.exit_code}): {reason}",
@@ -370,18 +373,29 @@ STANDBY_SHELL = "command -v bash >/dev/null && exec bash -s; exec sh -s"
 _HANDED = re.compile(rb"rift-handed-(\d+)\n")
 
 
+# The hand-over as a shell function, for busybox sh and bash alike, in builtins:
+# every process a guest starts under TCG costs tens of milliseconds. The key file
+# exists (the init made it, mode 0600) and is rewritten in place. bash reads the
+# guest's clock itself (`printf %()T`) and runs `date -s` only when it is more than
+# a second off; sh always sets it. The standby shell is given it ahead of time, so
+# the hand-over sends one short line (bash reads a pipe a byte at a time).
+HAND_OVER_FUNCTION = (
+    "rift_hand_over() { printf '%s\\n' \"$1\" > /root/.ssh/authorized_keys "
+    "&& printf '%s' \"$2\" > /dev/urandom "
+    "&& { if [ -n \"$BASH_VERSION\" ]; then printf -v g '%(%s)T' -1; "
+    "[ $((g - $3)) -ge -1 ] && [ $((g - $3)) -le 1 ]; else false; fi "
+    "|| date -s \"@$3\" >/dev/null; }; }"
+)
+
+
+def hand_over_call(public_key_line: str, now: float, entropy: bytes) -> str:
+    """The line that runs the hand-over: the task's key, fresh bytes, the host's clock."""
+    return f"rift_hand_over {shlex.quote(public_key_line)} {entropy.hex()} {round(now)}"
+
+
 def hand_over_script(public_key_line: str, now: float, entropy: bytes) -> str:
-    """The shell lines of a hand-over, for busybox sh and bash alike, in builtins:
-    every process a guest starts under TCG costs tens of milliseconds. The key
-    file exists (the init made it, mode 0600) and is rewritten in place. bash
-    reads the guest's clock itself (`printf %()T`) and runs `date -s` only when it
-    is more than a second off; sh always sets it."""
-    host = round(now)
-    return (f"printf '%s\\n' {shlex.quote(public_key_line)} > /root/.ssh/authorized_keys "
-            f"&& printf '%s' {entropy.hex()} > /dev/urandom "
-            f"&& {{ if [ -n \"$BASH_VERSION\" ]; then printf -v g '%(%s)T' -1; "
-            f"[ $((g - {host})) -ge -1 ] && [ $((g - {host})) -le 1 ]; else false; fi "
-            f"|| date -s @{host} >/dev/null; }}")
+    """The whole hand-over, for a shell that was not given the function."""
+    return f"{HAND_OVER_FUNCTION}\n{hand_over_call(public_key_line, now, entropy)}"
 
 
 def _in_standby(chan: paramiko.Channel, script: str, deadline: float) -> int | None:
