@@ -40,7 +40,7 @@ check: setup
 
 ## bench: benchmarks that print figures (not part of the test pass)
 bench: setup
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH)
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

@@ -1,20 +1,30 @@
-"""`make bench`: run every benchmark and print its table."""
+"""`make bench`: run every benchmark and print its table; `python -m bench NAME ...`
+runs only those named (engine, mcp, vms, boxes, scale, starts)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
-from bench import boxes, engine, mcp, scale, vms
+
+def benches() -> dict[str, Callable[[], object]]:
+    from bench import boxes, engine, mcp, scale, starts, vms
+
+    return {"engine": engine.main, "mcp": mcp.main, "vms": vms.main, "boxes": boxes.main,
+            "scale": scale.main, "starts": starts.main}
 
 
-def main() -> int:
-    engine.main()
-    mcp.main()
-    vms.main()
-    boxes.main()
-    scale.main()
+def main(argv: list[str]) -> int:
+    known = benches()
+    unknown = [name for name in argv if name not in known]
+    if unknown:
+        print(f"unknown benchmark {', '.join(unknown)}; known: {', '.join(known)}",
+              file=sys.stderr)
+        return 2
+    for name in argv or list(known):
+        known[name]()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
