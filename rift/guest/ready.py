@@ -50,10 +50,12 @@ def serial_tail(serial_log: Path) -> str:
 
 
 def wait_for_marker(serial_log: Path, deadline: float, *,
-                    clock: Callable[[], float] = time.monotonic) -> str | None:
+                    clock: Callable[[], float] = time.monotonic,
+                    gone: Callable[[], bool] = lambda: False) -> str | None:
     """Block until the ready marker; answer the host key line it printed (or None).
 
-    GuestError when init reports a failure or `deadline` (a `clock()` time) passes.
+    GuestError when init reports a failure, `gone()` says the VM was put away, or
+    `deadline` (a `clock()` time) passes.
     """
     while True:
         ready, host_key, failed = read_markers(serial_log)
@@ -61,6 +63,8 @@ def wait_for_marker(serial_log: Path, deadline: float, *,
             raise GuestError(f"the guest's init failed: {failed}")
         if ready:
             return host_key
+        if gone():
+            raise GuestError("the VM was destroyed while it booted")
         if clock() >= deadline:
             tail = serial_tail(serial_log)
             raise GuestError(f"no {READY_MARKER} on the serial console"
