@@ -64,6 +64,8 @@ echo "nameserver 10.0.2.3" > /newroot/etc/resolv.conf
 
 mkdir -p /newroot/root/.ssh
 chmod 700 /newroot/root /newroot/root/.ssh
+# (A link the root's init left at an earlier boot points into /run: replace it.)
+rm -f /newroot/root/.ssh/authorized_keys
 echo "$key" | base64 -d > /newroot/root/.ssh/authorized_keys || fail "rift.key is not base64"
 chmod 600 /newroot/root/.ssh/authorized_keys
 

@@ -2,7 +2,8 @@
 `tiny` and `debian` VMs ready, booted (`--running`) and saved by libvirt
 (`--saved`); `rift_vm_new` through the official MCP SDK client takes one and
 answers with a guest that execs under the task's key: the pool key is gone from
-it, its clock is the host's, and no two VMs share a host key or entropy. The hand-out's
+it (a new login takes the task's key and no pool's), its clock is the host's,
+and no two VMs share a host key or entropy. The hand-out's
 time is printed (no timed assertion: the machine is shared); `make bench` has
 the figures side by side."""
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import paramiko
 import pytest
 from mcp.client.session import ClientSession
 
@@ -67,6 +70,23 @@ def _filled(srv: Server) -> bool:
                               and r["saved"]["ready"] == r["saved"]["want"] for r in rows)
 
 
+def _logs_in(port: int, key_file: Path) -> bool:
+    """Whether root logs in to the guest with that private key (raw paramiko; the
+    host key is not checked: this is the test's own guest on loopback)."""
+    transport = paramiko.Transport(("127.0.0.1", port))
+    try:
+        transport.banner_timeout = transport.auth_timeout = 30
+        transport.start_client(timeout=30)
+        transport.auth_publickey("root", paramiko.Ed25519Key(filename=str(key_file)))
+        chan = transport.open_session(timeout=30)
+        chan.exec_command("true")
+        return chan.recv_exit_status() == 0
+    except paramiko.AuthenticationException:
+        return False
+    finally:
+        transport.close()
+
+
 async def _exec(s: ClientSession, handle: str, vm_id: str, command: str) -> str:
     done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm_id, command=command,
                       timeout_s=60)
@@ -119,6 +139,11 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                     authorized = await _exec(s, handle, vm["id"],
                                              "cat /root/.ssh/authorized_keys")
                     assert len(authorized.splitlines()) == 1  # the task's key alone
+                    # A new login takes the task's key, and no pool's key any more.
+                    port = vm["ssh"]["port"]
+                    assert _logs_in(port, real.data_dir / "keys" / opened["task"]["id"])
+                    for pool_key in (real.data_dir / "keys").glob("pool_*"):
+                        assert not _logs_in(port, pool_key), (image, kind, pool_key.name)
                     keys.add((await _exec(s, handle, vm["id"], HOST_KEY[image])).strip())
                     entropy.add(await _exec(s, handle, vm["id"],
                                             "head -c 16 /dev/urandom | od -An -tx1"))
