@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path[:1]:
@@ -160,12 +161,17 @@ def one_sample(conn: libvirt.virConnect, image: ImageFiles, memory_mib: int, wor
               file=sys.stderr)
         raise
     finally:
-        if dom.isActive():
-            dom.destroy()
-        dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
-        serial.unlink(missing_ok=True)
-        if overlay is not None:
-            overlay.unlink(missing_ok=True)
+        put_away(dom, serial, overlay)
+
+
+def put_away(dom: Any, serial: Path, overlay: Path | None) -> None:
+    """Destroy and undefine a raw domain (its saved state too) and delete its files."""
+    if dom.isActive():
+        dom.destroy()
+    dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
+    serial.unlink(missing_ok=True)
+    if overlay is not None:
+        overlay.unlink(missing_ok=True)
 
 
 def spread(values: list[float], unit: str = "s", digits: int = 2) -> str:

@@ -341,12 +341,7 @@ def exec_floor(conn: libvirt.virConnect, image: ImageFiles, memory_mib: int, wor
             transport.close()
         return took, qemu_rss_mib(name)[0]
     finally:
-        if dom.isActive():
-            dom.destroy()
-        dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE)
-        serial.unlink(missing_ok=True)
-        if overlay is not None:
-            overlay.unlink(missing_ok=True)
+        restore_floor.put_away(dom, serial, overlay)
 
 
 def floor_side(images: dict[str, ImageFiles], work: Path) -> Floors:

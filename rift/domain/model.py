@@ -22,6 +22,11 @@ DESTROYABLE_VM_STATUSES: tuple[VmStatus, ...] = (*LIVE_VM_STATUSES, "failed")
 StartKind = Literal["boot", "pool", "restore", "fork"]
 DEFAULT_DISK_GIB = 10  # SPEC §3's `disk_gib` default: the size of a VM's overlay
 
+
+def default_memory_mib(image: str) -> int:
+    """SPEC §3: `memory_mib` defaults to 256, and to 512 for `debian` (VMs and pools)."""
+    return 512 if image == "debian" else 256
+
 EVENT_TYPES = (
     "opened", "attached", "taken_over", "released", "closed",
     "vm_creating", "vm_running", "vm_failed", "vm_destroyed", "stale_rejected",

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from hypervisor.base import Hypervisor, HypervisorError, ImageError
+from hypervisor.placement import choose_host
 from rift.domain.errors import (
     GuestUnreachable,
     HypervisorFailed,
@@ -36,8 +37,9 @@ from rift.domain.errors import (
     PoolDoesNotFit,
 )
 from rift.domain.ids import new_pool_id, new_vm_id
-from rift.domain.model import DEFAULT_DISK_GIB, Host, StartKind, Vm
+from rift.domain.model import DEFAULT_DISK_GIB, Host, StartKind, Vm, default_memory_mib
 from rift.domain.records import Pool, PoolGoal, PoolVm, PoolVmState
+from rift.services import validate
 from rift.services.capacity import host_loads, room
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import GuestKind, NotReady, kind_on
@@ -99,14 +101,7 @@ def mark_of(deps: Deps, uri: str, image: str) -> str:
 # -- the operator's side ---------------------------------------------------------------------
 
 def _count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_POOL:
-        raise InvalidArgument(name, f"must be a whole number from 0 to {MAX_POOL}")
-    return value
-
-
-def default_memory(image: str) -> int:
-    from rift.services.vms import DEFAULT_MEMORY_MIB  # one default for VMs and pools
-    return DEFAULT_MEMORY_MIB.get(image, 256)
+    return validate.integer(name, value, 0, MAX_POOL)
 
 
 def set_pool(deps: Deps, image: str, *, running: int | None = None, saved: int | None = None,
@@ -115,12 +110,9 @@ def set_pool(deps: Deps, image: str, *, running: int | None = None, saved: int |
     """Create or resize the pool of that image and size (on `host`, or any).
     Refused when the image is not built, the host is not known, its size fits no
     host, or more running VMs than fit."""
-    vcpus = DEFAULT_VCPUS if vcpus is None else vcpus
-    memory_mib = default_memory(image) if memory_mib is None else memory_mib
-    if not 1 <= vcpus <= 64:
-        raise InvalidArgument("vcpus", "must be from 1 to 64")
-    if not 64 <= memory_mib <= 65536:
-        raise InvalidArgument("memory_mib", "must be from 64 to 65536")
+    vcpus = validate.integer("vcpus", DEFAULT_VCPUS if vcpus is None else vcpus, 1, 64)
+    memory_mib = validate.integer(
+        "memory_mib", default_memory_mib(image) if memory_mib is None else memory_mib, 64, 65536)
     now = deps.clock.now()
     with deps.store.write() as tx:
         known = deps.images.names()
@@ -217,12 +209,16 @@ def take(tx: Tx, image: str, vcpus: int, memory_mib: int, disk_gib: int) -> Take
     take is a compare-and-set: a racing caller takes another."""
     if disk_gib != DEFAULT_DISK_GIB:
         return None
-    _, loads = host_loads(tx)
-    usable = {load.name: load for load in loads if not load.drained}
     sources: tuple[tuple[PoolVmState, PoolGoal, StartKind], ...] = (
         ("ready", "running", "pool"), ("saved", "saved", "restore"))
+    found = {state: tx.pools.candidates(image, vcpus, memory_mib, (state,))
+             for state, _, _ in sources}
+    if not any(found.values()):
+        return None  # no pool of that kind: one indexed read, and placement as before
+    _, loads = host_loads(tx)
+    usable = {load.name: load for load in loads if not load.drained}
     for state, goal, kind in sources:
-        for pvm in tx.pools.candidates(image, vcpus, memory_mib, (state,)):
+        for pvm in found[state]:
             load = usable.get(pvm.host)
             if load is None or pvm.goal != goal:
                 continue
@@ -462,16 +458,15 @@ def pooled_vm(pvm: PoolVm) -> Vm:
 
 
 def _pool_host(tx: Tx, pool: Pool, busy_hosts: set[str]) -> Host | None:
-    """Where the pool's next VM starts: its host, or the one with most room, never a
-    host with a pool start under way."""
+    """Where the pool's next VM starts: its host, or the one placement would choose
+    (`choose_host`), never a host with a pool start under way."""
     starting = {m.host for m in tx.pools.vms() if m.state in ("starting", "saving")}
     hosts, loads = host_loads(tx)
-    ranked = sorted((load for load in loads
-                     if (pool.host is None or load.name == pool.host)
-                     and load.name not in busy_hosts and load.name not in starting
-                     and room(load, pool.vcpus, pool.memory_mib) >= 1),
-                    key=lambda load: (-load.free_memory_mib, load.name))
-    return hosts[ranked[0].name] if ranked else None
+    open_hosts = [load for load in loads
+                  if (pool.host is None or load.name == pool.host)
+                  and load.name not in busy_hosts and load.name not in starting]
+    chosen = choose_host(open_hosts, pool.vcpus, pool.memory_mib)
+    return hosts[chosen.name] if chosen else None
 
 
 def _failed(tx: Tx, pool: Pool, now: datetime, error: str) -> None:

@@ -14,7 +14,7 @@ from rift.domain.errors import (
     VmNotFound,
 )
 from rift.domain.ids import new_vm_id
-from rift.domain.model import DEFAULT_DISK_GIB, NewEvent, Task, Vm
+from rift.domain.model import DEFAULT_DISK_GIB, NewEvent, Task, Vm, default_memory_mib
 from rift.domain.store_errors import DuplicateKey
 from rift.services import validate
 from rift.services.capacity import place
@@ -33,9 +33,6 @@ from rift.services.pools import Taken, start_taken, take
 from rift.services.ports import Tx
 from rift.services.tasks import check_rate, request_digest
 from rift.services.teardown import destroy_vm
-
-# SPEC §3: `memory_mib` defaults to 256, and to 512 for `debian`.
-DEFAULT_MEMORY_MIB = {"debian": 512}
 
 
 def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
@@ -73,7 +70,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     validate.text("image", image)
     vcpus = validate.integer("vcpus", 1 if vcpus is None else vcpus, 1, 64)
     if memory_mib is None:
-        memory_mib = DEFAULT_MEMORY_MIB.get(image, 256)
+        memory_mib = default_memory_mib(image)
     memory_mib = validate.integer("memory_mib", memory_mib, 64, 65536)
     disk_gib = validate.integer("disk_gib", DEFAULT_DISK_GIB if disk_gib is None else disk_gib,
                                 1, MAX_DISK_GIB)

@@ -219,8 +219,7 @@ def test_pool_list_says_what_is_wanted_and_ready(deps: Deps) -> None:
 
 @pytest.mark.parametrize("image", ["tiny", "debian"])
 def test_debian_pools_default_to_its_memory(deps: Deps, image: str) -> None:
-    assert pools.set_pool(deps, image, running=1).memory_mib == vms.DEFAULT_MEMORY_MIB.get(
-        image, 256)
+    assert pools.set_pool(deps, image, running=1).memory_mib == {"tiny": 256, "debian": 512}[image]
 
 
 def test_an_images_build_digest_changes_when_it_is_rebuilt(
