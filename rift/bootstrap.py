@@ -68,6 +68,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     store = SqlStore(url)
     with store.read() as tx:
         install_id = tx.meta.get("install_id")
+    runtime = guest_runtime(settings, install=install_id)
     deps = Deps(
         store=store,
         install_id=install_id,
@@ -76,8 +77,9 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         images=DirectoryImages(settings.data_dir / "images"),
         lease_rules=lease_rules_of(settings),
         limits=limits_of(settings),
-        guests=SshGuests(private_dir(settings.data_dir / "keys")),
-        runtime=guest_runtime(settings, install=install_id),
+        guests=SshGuests(private_dir(settings.data_dir / "keys"),
+                         serial_dir=runtime.serial_dir),
+        runtime=runtime,
         default_image=settings.default_image,
     )
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,

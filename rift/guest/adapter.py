@@ -33,9 +33,10 @@ def _refusals(vm_id: str) -> Iterator[None]:
 
 
 class SshGuests:
-    def __init__(self, keys_dir: Path, shell: SshGuestShell | None = None) -> None:
+    def __init__(self, keys_dir: Path, shell: SshGuestShell | None = None, *,
+                 serial_dir: Path | None = None) -> None:
         self.keys_dir = keys_dir
-        self.shell = shell or SshGuestShell(keys_dir)
+        self.shell = shell or SshGuestShell(keys_dir, serial_dir=serial_dir)
 
     def _call(self, vm: Vm, call: Callable[[], T]) -> T:
         with _refusals(vm.id):

@@ -58,8 +58,25 @@ def forget_task(keys_dir: Path, task_id: str) -> bool:
     return True
 
 
+def keep_boot_key(keys_dir: Path, key_id: str, vm_id: str) -> None:
+    """Keep the key `vm_id` booted with (`key_id`'s, a pool's) under the VM's id,
+    as a second name of the same file: it outlives its pool, and goes with the VM
+    (`tidy`). A missing key is left missing."""
+    target = key_path(keys_dir, vm_id)
+    aside = keys_dir / f".{vm_id}.{secrets.token_hex(8)}.tmp"
+    try:
+        os.link(key_path(keys_dir, key_id), aside)
+    except FileNotFoundError:
+        return
+    try:
+        os.replace(aside, target)
+    finally:
+        aside.unlink(missing_ok=True)
+
+
 def tidy(keys_dir: Path, needed: Callable[[str], bool], aside_age_s: float = 60) -> int:
-    """Delete the key of every task `needed` says no to, and every key a crash left
+    """Delete every key (a task's, a pool's, a VM's boot key) whose owner's id
+    `needed` says no to, and every key a crash left
     written aside (older than `aside_age_s`: a younger one may be in the making).
     Answers how many files went."""
     gone = 0

@@ -30,9 +30,9 @@ import paramiko
 
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError, GuestFileError
-from rift.guest.keys import key_path, load_key, public_line
+from rift.guest.keys import keep_boot_key, key_path, load_key, public_line
 from rift.guest.pool import ConnectionPool
-from rift.guest.ready import same_key, serial_tail, wait_for_marker
+from rift.guest.ready import read_markers, same_key, serial_tail, wait_for_marker
 from rift.guest.run import Collected, collect, command_line, feed_stdin, kill_line
 from rift.services.ports import ExecResult
 
@@ -62,8 +62,10 @@ class SshGuestShell:
         file_timeout_s: float = 300.0,
         window_bytes: int = 4 * MIB,
         connections_per_vm: int = 4,
+        serial_dir: Path | None = None,
     ) -> None:
         self.keys_dir = keys_dir
+        self.serial_dir = serial_dir  # where `<vm id>.log` holds each guest's console
         self.user = user
         self.connect_timeout_s = connect_timeout_s
         self.output_cap = output_cap
@@ -77,6 +79,7 @@ class SshGuestShell:
         self._standby: dict[str, tuple[paramiko.Transport, paramiko.Channel]] = {}
         # VMs put away (close_vm) since their boot wait began: the wait ends at once
         self._closed: set[str] = set()
+        self._serial: dict[str, Path] = {}  # vm id -> serial log given by its boot wait
         self._pool: ConnectionPool[paramiko.Transport] = ConnectionPool(
             self._connect, per_vm=connections_per_vm)
 
@@ -131,6 +134,8 @@ class SshGuestShell:
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self._closed.discard(vm.id)  # a boot under this id starts now
+            if markers:
+                self._serial[vm.id] = serial_log
 
         def gone() -> bool:
             with self._lock:
@@ -209,7 +214,12 @@ class SshGuestShell:
         (where it is more than a second off), and 32 random bytes of this host go
         into the guest's entropy pool. It runs in the standby shell when one is
         open (whose connection then serves the VM's calls), else on a pooled
-        connection. From then on the VM's connections log in with `task_id`'s key."""
+        connection. From then on the VM's connections log in with `task_id`'s key.
+
+        The pool key stays on this host as the VM's boot key (a file named by the
+        VM id): a reboot inside the guest brings it back from the kernel command
+        line, and the next login then hands the VM over again (see _connect)."""
+        keep_boot_key(self.keys_dir, vm.task_id, vm.id)
         entropy = secrets.token_bytes(32)
         with self._lock:
             held = self._standby.pop(vm.id, None)
@@ -279,6 +289,7 @@ class SshGuestShell:
         with self._lock:
             self._host_keys.pop(vm_id, None)
             self._task_of.pop(vm_id, None)
+            self._serial.pop(vm_id, None)
             standby = self._standby.pop(vm_id, None)
             self._closed.add(vm_id)
         if standby is not None:
@@ -289,6 +300,7 @@ class SshGuestShell:
         with self._lock:
             self._host_keys.clear()
             self._task_of.clear()
+            self._serial.clear()
             standbys = list(self._standby.values())
             self._standby.clear()
             self._closed.clear()
@@ -325,7 +337,11 @@ class SshGuestShell:
             transport.auth_timeout = timeout
             transport.start_client(timeout=timeout)
             self._check_host_key(vm_id, transport.get_remote_server_key())
-            transport.auth_publickey(self.user, pkey)
+            try:
+                transport.auth_publickey(self.user, pkey)
+            except paramiko.AuthenticationException:
+                if not self._hand_over_again(vm_id, transport, pkey):
+                    raise
         except GuestError:
             transport.close()
             raise
@@ -340,9 +356,46 @@ class SshGuestShell:
         line = f"{key.get_name()} {key.get_base64()}"
         with self._lock:
             pinned = self._host_keys.setdefault(vm_id, line)
-        if not same_key(key, pinned):
-            raise GuestError("the guest's SSH host key changed; is another process on its "
-                             "port?", vm_id=vm_id)
+        if same_key(key, pinned):
+            return
+        # A guest that rebooted made itself a new host key and printed it on its
+        # console, which is where the first one was pinned from: pin the new one.
+        serial_log = self._serial_log(vm_id)
+        printed = read_markers(serial_log)[1] if serial_log is not None else None
+        if printed is not None and same_key(key, printed):
+            log.info("guest %s rebooted: its new host key is pinned", vm_id)
+            with self._lock:
+                self._host_keys[vm_id] = printed
+            return
+        raise GuestError("the guest's SSH host key changed; is another process on its "
+                         "port?", vm_id=vm_id)
+
+    def _serial_log(self, vm_id: str) -> Path | None:
+        with self._lock:
+            known = self._serial.get(vm_id)
+        if known is not None:
+            return known
+        return None if self.serial_dir is None else self.serial_dir / f"{vm_id}.log"
+
+    def _hand_over_again(self, vm_id: str, transport: paramiko.Transport,
+                         task_key: paramiko.PKey) -> bool:
+        """After the task's key was refused: log in with the VM's boot key (a pooled
+        VM that rebooted has its pool's key again) and hand the VM over anew on this
+        connection. False when the VM has no boot key or the guest takes neither."""
+        try:
+            boot_key = load_key(key_path(self.keys_dir, vm_id))
+        except (OSError, ValueError, paramiko.SSHException):
+            return False
+        transport.auth_publickey(self.user, boot_key)
+        collected = self._session(
+            transport, hand_over_script(public_line(task_key), time.time(),
+                                        secrets.token_bytes(32)),
+            None, time.monotonic() + _HAND_OVER_S, 4096)
+        if collected.exit_code != 0:
+            raise GuestError(f"the hand-over after a reboot failed (exit "
+                             f"{collected.exit_code})", vm_id=vm_id)
+        log.info("guest %s came back with its boot key: handed over again", vm_id)
+        return True
 
     # running
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from rift.domain.ids import is_pool_id
+from rift.domain.ids import is_pool_id, is_vm_id
 from rift.domain.model import Vm
 from rift.services.context import SWEEP, Deps
 from rift.services.heartbeat import beat
@@ -80,7 +80,8 @@ def purge_closed(deps: Deps, report: SweepReport) -> None:
 def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
     """A task's key pair goes once the task is closed with no live VM (or gone):
     a task closed for being idle with no VM, a close a crash cut before its key
-    went, a key a crash left half written. A pool's key goes with its pool."""
+    went, a key a crash left half written. A pool's key goes with its pool, a
+    handed-out VM's boot key (its pool's, under its id) with the VM."""
     if deps.guests is None:
         return
 
@@ -88,6 +89,9 @@ def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
         with deps.store.read() as tx:
             if is_pool_id(task_id):  # a pool's key: needed while the pool is there
                 return tx.pools.get(task_id) is not None
+            if is_vm_id(task_id):  # a handed-out VM's boot key: while the VM lives
+                vm = tx.vms.get(task_id)
+                return vm is not None and vm.is_live
             task = tx.tasks.get(task_id)
             return task is not None and (task.is_open or tx.vms.count_live(task_id) > 0)
 

@@ -3,12 +3,14 @@
 (`--saved`); `rift_vm_new` through the official MCP SDK client takes one and
 answers with a guest that execs under the task's key: the pool key is gone from
 it (a new login takes the task's key and no pool's), its clock is the host's,
-and no two VMs share a host key or entropy. The hand-out's
+and no two VMs share a host key or entropy. A VM reset from inside comes back
+with its pool's key and is handed over again. The hand-out's
 time is printed (no timed assertion: the machine is shared); `make bench` has
 the figures side by side."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -94,6 +96,31 @@ async def _exec(s: ClientSession, handle: str, vm_id: str, command: str) -> str:
     return str(done["stdout"])
 
 
+async def _reboot(s: ClientSession, handle: str, vm_id: str, authorized: str) -> None:
+    """Reset the guest from inside (its kernel command line brings the pool's key
+    back) and wait until Rift execs in it again: it pins the host key the guest
+    printed on its console and hands the VM over anew, so the task's key alone
+    opens it, as before."""
+    boot_id = await _exec(s, handle, vm_id, "cat /proc/sys/kernel/random/boot_id")
+    cut = await s.call_tool("rift_vm_exec", {"handle": handle, "vm_id": vm_id, "timeout_s": 5,
+                                             "command": "echo b > /proc/sysrq-trigger"})
+    assert cut.is_error or cut.structured_content is not None  # cut off, or timed out
+    deadline = time.monotonic() + BOOT_S
+    while True:
+        done = await s.call_tool("rift_vm_exec", {
+            "handle": handle, "vm_id": vm_id, "timeout_s": 30,
+            "command": "cat /proc/sys/kernel/random/boot_id"})
+        content = done.structured_content or {}
+        if not done.is_error and content.get("exit_code") == 0 \
+                and content["stdout"] != boot_id:
+            break
+        if done.is_error:  # the guest is still coming back
+            assert content["error"]["code"] == "guest_unreachable", content
+        assert time.monotonic() < deadline, f"no exec after the reboot: {content}"
+        await asyncio.sleep(1)
+    assert await _exec(s, handle, vm_id, "cat /root/.ssh/authorized_keys") == authorized
+
+
 # Each start kind gets its own size, so a pool's refill never answers another's call.
 SIZES = {"tiny": {"pool": 256, "restore": 320, "boot": 384},
          "debian": {"pool": 576, "restore": 512, "boot": 640}}
@@ -144,6 +171,10 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                     assert _logs_in(port, real.data_dir / "keys" / opened["task"]["id"])
                     for pool_key in (real.data_dir / "keys").glob("pool_*"):
                         assert not _logs_in(port, pool_key), (image, kind, pool_key.name)
+                    if kind == "pool":
+                        await _reboot(s, handle, vm["id"], authorized)
+                        for pool_key in (real.data_dir / "keys").glob("pool_*"):
+                            assert not _logs_in(port, pool_key), (image, "reboot")
                     keys.add((await _exec(s, handle, vm["id"], HOST_KEY[image])).strip())
                     entropy.add(await _exec(s, handle, vm["id"],
                                             "head -c 16 /dev/urandom | od -An -tx1"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from rift.guest.keys import forget_task, key_for_task, key_path, load_key, tidy
+from rift.guest.keys import forget_task, keep_boot_key, key_for_task, key_path, load_key, tidy
 
 
 def _mode(path: Path) -> int:
@@ -95,3 +95,15 @@ def test_tidy_deletes_unneeded_keys_and_stale_halves_but_keeps_the_rest(tmp_path
     assert kept.exists() and young.exists()
     assert not dropped.exists() and not stale.exists()
     assert tidy(tmp_path / "none", lambda _: False) == 0
+
+
+def test_a_boot_key_is_the_pools_key_under_the_vms_id_and_outlives_it(tmp_path: Path) -> None:
+    _, public = key_for_task(tmp_path, "pool_k3v9x2m7")
+    keep_boot_key(tmp_path, "pool_k3v9x2m7", "vm_a1b2c3d4")
+    keep_boot_key(tmp_path, "pool_k3v9x2m7", "vm_a1b2c3d4")  # again: replaced, no error
+    forget_task(tmp_path, "pool_k3v9x2m7")
+    boot = key_path(tmp_path, "vm_a1b2c3d4")
+    assert _mode(boot) == 0o600
+    assert public.split()[1] == load_key(boot).get_base64()
+    keep_boot_key(tmp_path, "pool_gone0000", "vm_e5f6g7h8")  # no such key: none kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vm_a1b2c3d4"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
 from rift.guest.adapter import SshGuests
+from rift.guest.keys import keep_boot_key, key_for_task
 from rift.services import sweeps, tasks, vms
 from rift.services.context import Deps
 from rift.services.teardown import close_in_tx
@@ -113,3 +114,21 @@ def test_the_sweep_forgets_the_key_of_a_task_closed_idle_without_a_vm(
     report = sweeps.sweep(deps)
     assert report.closed == [idle.task.id] and report.keys_forgotten == 1
     assert sorted(p.name for p in (tmp_path / "keys").iterdir()) == [busy.task.id]
+
+
+def test_a_handed_out_vms_boot_key_stays_while_the_vm_lives_and_goes_after(
+        deps: Deps, tmp_path: Path) -> None:
+    """A pooled VM's boot key (its pool's key kept under the VM's id) outlives the
+    pool, so the VM can be handed over again after a reboot; the sweep deletes it
+    once the VM is destroyed."""
+    keys = tmp_path / "keys"
+    deps = dataclasses.replace(deps, guests=SshGuests(keys))
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    key_for_task(keys, "pool_k3v9x2m7")  # no such pool: its key goes too
+    keep_boot_key(keys, "pool_k3v9x2m7", vm.id)
+    assert sweeps.sweep(deps).keys_forgotten == 1
+    assert (keys / vm.id).exists()
+    vms.destroy(deps, ALICE, vm.id, handle=str(opened.handle))
+    assert sweeps.sweep(deps).keys_forgotten == 1
+    assert not (keys / vm.id).exists()
