@@ -46,6 +46,7 @@ UsePAM no
 UseDNS no
 X11Forwarding no
 PrintMotd no
+PrintLastLog no
 """
 INITTAB = "::ctrlaltdel:/usr/lib/rift/busybox poweroff -f\n::shutdown:/bin/sync\n"
 

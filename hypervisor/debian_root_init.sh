@@ -38,7 +38,10 @@ resize2fs /dev/vda >/dev/null 2>&1 || echo "rift-init: resize2fs /dev/vda failed
 hostkey=/etc/ssh/ssh_host_ed25519_key
 rm -f "$hostkey" "$hostkey.pub"
 ssh-keygen -q -t ed25519 -N '' -C root@rift -f "$hostkey" || fail "ssh-keygen failed"
-/usr/sbin/sshd || fail "sshd did not start"
+# -r: sshd does not execute itself anew for each connection: that run of the
+# dynamic linker costs hundreds of milliseconds under TCG, on every login, and on
+# the first after a restore most (only Rift reaches :22, through QEMU).
+/usr/sbin/sshd -r || fail "sshd did not start"
 
 # Wait until :22 (0016) listens (state 0A) before saying so.
 tries=0
