@@ -34,6 +34,7 @@ from hypervisor.commands import run_command
 from hypervisor.cpio import MTIME, Archive
 from hypervisor.debian_root import debian_root, linked_copy, set_up, set_up_digest
 from hypervisor.disks import DISK_TIMEOUT_S
+from hypervisor.exec_helper import exec_helper
 from hypervisor.kernel_boot import CMDLINE_BASE
 from hypervisor.manifest import MANIFEST, digest, file_facts, sha256, swap_in, up_to_date
 from hypervisor.packages import download, kernel_package, package_version, unpack
@@ -59,12 +60,13 @@ def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
     images_dir = images_dir.resolve()
     cache = (cache_dir or images_dir / ".cache").resolve()
     busybox = static_busybox()
+    helper = exec_helper(images_dir / ".cache" / "helpers")
     kernel_pkg, kernel_version = kernel_package()
     packages = {kernel_pkg: kernel_version, "busybox-static": package_version("busybox-static"),
                 "e2fsprogs": package_version("e2fsprogs")}
     root, root_key = debian_root(cache)
     inputs = digest(json.dumps({"builder": BUILDER_VERSION, "packages": packages,
-                                "root": root_key, "set_up": set_up_digest(busybox),
+                                "root": root_key, "set_up": set_up_digest(busybox, helper),
                                 "init": sha256(INIT_SCRIPT.read_bytes()),
                                 "cmdline": CMDLINE_BASE, "roots": MODULE_ROOTS}).encode())
     target = images_dir / NAME
@@ -91,7 +93,7 @@ def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
                                          mtime=MTIME))
         tree = work / "root"
         linked_copy(root, tree)
-        set_up(tree, busybox)
+        set_up(tree, busybox, helper)
         disk = out / DISK_FILE
         virtual_size = base_disk(tree, work / "root.raw", disk)
         manifest = {

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hypervisor.base import ImageError
 from hypervisor.commands import run_command
+from hypervisor.exec_helper import GUEST_PATH
 from hypervisor.manifest import digest, sha256
 
 SUITE = "bookworm"
@@ -72,10 +73,11 @@ def root_key(mirror_url: str) -> str:
     return digest(json.dumps(made_of, sort_keys=True).encode()).removeprefix("sha256:")[:16]
 
 
-def set_up_digest(busybox: Path) -> str:
+def set_up_digest(busybox: Path, helper: Path) -> str:
     """What `set_up` puts into a root, as a digest (a build input)."""
     return digest(json.dumps({"init": sha256(ROOT_INIT.read_bytes()), "sshd": SSHD_CONFIG,
-                              "inittab": INITTAB, "busybox": sha256(busybox.read_bytes())},
+                              "inittab": INITTAB, "busybox": sha256(busybox.read_bytes()),
+                              "rift_exec": sha256(helper.read_bytes())},
                              sort_keys=True).encode())
 
 
@@ -117,14 +119,16 @@ def linked_copy(root: Path, into: Path) -> None:
         run_command(["cp", "-a", str(root), str(into)], timeout_s=DEBOOTSTRAP_TIMEOUT_S)
 
 
-def set_up(root: Path, busybox: Path) -> None:
-    """Make a (linked) copy of a debootstrapped root Rift's: its init, sshd's
+def set_up(root: Path, busybox: Path, helper: Path) -> None:
+    """Make a (linked) copy of a debootstrapped root Rift's: its init and exec
+    helper (`helper`, hypervisor.exec_helper), sshd's
     keys-only set-up, no host keys, no apt caches, no machine id. Files are
     replaced, never written into (they are hard links to the cached root's)."""
     rift = root / "usr" / "lib" / "rift"
     rift.mkdir(parents=True, exist_ok=True)
     _put(rift / "busybox", busybox.read_bytes(), 0o755)
     _put(rift / "init", ROOT_INIT.read_bytes(), 0o755)
+    _put(root / GUEST_PATH.lstrip("/"), helper.read_bytes(), 0o755)
     _put(root / "etc" / "ssh" / "sshd_config.d" / "60-rift.conf", SSHD_CONFIG.encode())
     for key in (root / "etc" / "ssh").glob("ssh_host_*"):
         key.unlink()

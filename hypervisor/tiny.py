@@ -4,10 +4,11 @@
 `apt-get download` into a cache and unpacked with `dpkg-deb -x`, never
 installed; see hypervisor.packages and hypervisor.cloud_kernel) plus an
 initramfs (hypervisor.cpio) of `busybox-static`, `dropbear-bin`'s dropbear
-(with the shared libraries `ldd` names), the virtio modules in load order, and
-`guest_init.sh` as `/init`. Nothing is downloaded from anywhere but the package
-registry. A build whose inputs (package versions, init script, builder version)
-match the manifest of the image already there is skipped (hypervisor.manifest).
+(with the shared libraries `ldd` names), the virtio modules in load order,
+Rift's exec helper (hypervisor.exec_helper) and `guest_init.sh` as `/init`.
+Nothing is downloaded from anywhere but the package registry. A build whose
+inputs (package versions, init script, helper, builder version) match the
+manifest of the image already there is skipped (hypervisor.manifest).
 
 Layout of `<images dir>/tiny/`: see hypervisor.image_files.
 """
@@ -25,6 +26,7 @@ from hypervisor.base import ImageError
 from hypervisor.cloud_kernel import kernel_file, module_order, uncompressed_kernel
 from hypervisor.commands import run_command
 from hypervisor.cpio import MTIME, Archive
+from hypervisor.exec_helper import GUEST_PATH, build_inputs, exec_helper
 from hypervisor.kernel_boot import CMDLINE_BASE
 from hypervisor.manifest import MANIFEST, digest, file_facts, sha256, swap_in, up_to_date
 from hypervisor.packages import (
@@ -66,6 +68,7 @@ def build_tiny(images_dir: Path, *, cache_dir: Path | None = None, force: bool =
     packages |= {pkg: package_version(pkg) for pkg in sorted(owners(libs))}
     inputs = digest(json.dumps({"builder": BUILDER_VERSION, "packages": packages,
                                 "init": sha256(INIT_SCRIPT.read_bytes()),
+                                "rift_exec": build_inputs(),
                                 "cmdline": CMDLINE_BASE, "roots": MODULE_ROOTS}).encode())
     target = images_dir / "tiny"
     if not force and up_to_date(target, inputs):
@@ -87,6 +90,8 @@ def build_tiny(images_dir: Path, *, cache_dir: Path | None = None, force: bool =
         modules = module_order(unpacked / "lib" / "modules" / release, MODULE_ROOTS)
         archive = Archive()
         _add_root(archive, busybox, [dropbear, dropbearkey], libs, modules)
+        helper = exec_helper(images_dir / ".cache" / "helpers")
+        archive.file(GUEST_PATH.lstrip("/"), helper.read_bytes(), 0o755)
         initrd = out / "initrd.img"
         initrd.write_bytes(gzip.compress(archive.finish(), compresslevel=6, mtime=MTIME))
         manifest = {

@@ -21,6 +21,7 @@ import paramiko
 import pytest
 from mcp.client.session import ClientSession
 
+from rift.guest.exec_view import parse_view, start_command
 from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.servers import (
     Server,
@@ -176,6 +177,13 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                         for pool_key in (real.data_dir / "keys").glob("pool_*"):
                             assert not _logs_in(port, pool_key), (image, "reboot")
                     keys.add((await _exec(s, handle, vm["id"], HOST_KEY[image])).strip())
+                    # The exec helper the image carries runs in it (its keeper under
+                    # the guest's own init and shell).
+                    helped = parse_view((await _exec(s, handle, vm["id"], start_command(
+                        "exec_pooltest", "echo $((6 * 7))", timeout_s=60, cap_bytes=4096,
+                        wait_ms=20000, max_bytes=4096, with_stdin=False))).encode())
+                    assert (helped.state, helped.exit_code, helped.stdout) == \
+                        ("ended", 0, b"42\n"), (image, kind, helped)
                     entropy.add(await _exec(s, handle, vm["id"],
                                             "head -c 16 /dev/urandom | od -An -tx1"))
                     await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])

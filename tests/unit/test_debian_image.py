@@ -196,9 +196,11 @@ def test_the_set_up_copy_leaves_the_cached_root_as_debootstrap_left_it(tmp_path:
     (cached / "usr" / "share" / "doc" / "git").mkdir(parents=True)
     busybox = tmp_path / "busybox"
     busybox.write_bytes(b"\x7fELF")
+    helper = tmp_path / "rift-exec"
+    helper.write_bytes(b"\x7fELF helper")
     copy = tmp_path / "copy"
     linked_copy(cached, copy)
-    set_up(copy, busybox)
+    set_up(copy, busybox, helper)
     assert (cached / "etc" / "hostname").read_text() == "debootstrap-host\n"
     assert (cached / "etc" / "ssh" / "ssh_host_ed25519_key").exists()
     assert (cached / "usr" / "share" / "doc" / "git").is_dir()
@@ -206,3 +208,4 @@ def test_the_set_up_copy_leaves_the_cached_root_as_debootstrap_left_it(tmp_path:
     assert not list((copy / "etc" / "ssh").glob("ssh_host_*"))  # each VM makes its own
     assert "PasswordAuthentication no" in (copy / "etc/ssh/sshd_config.d/60-rift.conf").read_text()
     assert os.access(copy / "usr" / "lib" / "rift" / "init", os.X_OK)
+    assert os.access(copy / "usr" / "lib" / "rift" / "rift-exec", os.X_OK)

@@ -1,0 +1,53 @@
+"""`rift-exec`, the guest half of Rift's execs (SPEC §10; the source and its
+commands are in rift_exec.c): a static x86-64 binary, compiled here from that
+one C file with the host's gcc and glibc's static libc, so it runs in any
+Linux guest. Rift's images carry it at GUEST_PATH; a build is cached beside the
+images by the digest of its source and the compiler's version."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypervisor.base import ImageError
+from hypervisor.commands import run_command
+from hypervisor.manifest import sha256
+
+SOURCE = Path(__file__).with_name("rift_exec.c")
+GUEST_PATH = "/usr/lib/rift/rift-exec"
+CFLAGS = ("-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror")
+
+
+def build_inputs() -> str:
+    """What the binary is made from (its source and gcc's version), as a digest."""
+    return sha256(SOURCE.read_bytes() + _gcc_version().encode() + " ".join(CFLAGS).encode())
+
+
+def exec_helper(cache_dir: Path) -> Path:
+    """The compiled helper, built into `cache_dir` unless a build of the same
+    inputs is there. ImageError names what is missing (gcc, libc6-dev)."""
+    target = cache_dir / f"rift-exec-{build_inputs()[:16]}"
+    if target.is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, aside = tempfile.mkstemp(prefix=".rift-exec-", dir=cache_dir)
+    os.close(fd)
+    try:
+        run_command(["gcc", *CFLAGS, "-o", aside, str(SOURCE)])
+        os.chmod(aside, 0o755)  # noqa: S103 (a program every guest user runs)
+        os.replace(aside, target)
+    except ImageError as exc:
+        raise ImageError(f"cannot compile rift-exec: {exc} (apt-get install gcc libc6-dev)") \
+            from exc
+    finally:
+        Path(aside).unlink(missing_ok=True)
+    return target
+
+
+def _gcc_version() -> str:
+    if shutil.which("gcc") is None:
+        raise ImageError("gcc is not installed; it compiles rift-exec (apt-get install gcc "
+                         "libc6-dev)")
+    return run_command(["gcc", "-dumpfullversion"]).strip()
