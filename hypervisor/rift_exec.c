@@ -6,9 +6,11 @@
  * channel, the connection and Rift itself.
  *
  *   rift-exec start DIR TIMEOUT_S CAP WAIT_MS MAX [--stdin] -- COMMAND
- *       Make DIR, start `$SHELL -c COMMAND` (else /bin/sh) there, wait up to WAIT_MS for its
- *       end, print the view (below) with its output from offset 0, and stay on
- *       as the exec's keeper: it collects the output into DIR/out and DIR/err
+ *       Make DIR and fork the exec's keeper, which starts `$SHELL -c COMMAND`
+ *       (else /bin/sh); wait up to WAIT_MS for its end, print the view (below)
+ *       with its output from offset 0, and exit (so the SSH channel ends as
+ *       any other). The keeper, in a session of its own, collects the output
+ *       into DIR/out and DIR/err
  *       (rings holding the newest CAP bytes of each), feeds its stdin, kills
  *       its process group at TIMEOUT_S (TERM, then KILL 5 s later), and writes
  *       DIR/status once the command and its group are gone. With --stdin, the
@@ -434,6 +436,59 @@ static void finish(struct keeper *k) {
 
 static void nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
+/* The keeper (a child of `start`, in a session of its own): starts the command,
+ * keeps its output, stdin, timeout and kills until it ends, writes the status. */
+static void keep(struct keeper *k, const char *command, int timeout_s) {
+    setsid();
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+    /* O_RDWR: the keeper holds both ends, so it never sees EOF nor blocks. */
+    k->fifo = open(at("stdin"), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    k->ctl = open(at("ctl"), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    int out[2], err[2], in[2];
+    if (k->fifo < 0 || k->ctl < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
+        pipe2(in, O_CLOEXEC) < 0 || pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
+        _exit(1);
+    struct sigaction sa = {0};
+    sa.sa_handler = on_child;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    int64_t started = now_ms();
+    k->child = fork();
+    if (k->child < 0) _exit(1);
+    if (k->child == 0) {
+        setsid(); /* its own session and process group, whose id is its pid */
+        signal(SIGHUP, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        const char *shell = getenv("SHELL"); /* the login shell, as sshd would run it */
+        if (!shell || shell[0] != '/' || access(shell, X_OK) != 0) shell = "/bin/sh";
+        execl(shell, shell, "-c", command, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    k->out_fd = out[0];
+    k->err_fd = err[0];
+    k->in_fd = in[1];
+    nonblock(k->out_fd);
+    nonblock(k->err_fd);
+    nonblock(k->in_fd);
+    char text[128];
+    snprintf(text, sizeof text, "%ld %ld %lld\n", (long)getpid(), (long)k->child,
+             (long long)started);
+    write_text_atomic("pid", text);
+    if (timeout_s > 0) k->deadline = mono_ms() + (int64_t)timeout_s * 1000;
+    while (!k->exited) turn(k, 1000);
+    finish(k);
+}
+
 static int cmd_start(int argc, char **argv) {
     if (argc < 8) return 2;
     int timeout_s = atoi(argv[3]);
@@ -470,69 +525,31 @@ static int cmd_start(int argc, char **argv) {
     ring_make(&k.out, "out", cap);
     ring_make(&k.err, "err", cap);
     if (mkfifo(at("stdin"), 0600) < 0 || mkfifo(at("ctl"), 0600) < 0) die(1, "mkfifo");
-    /* O_RDWR: the keeper holds both ends, so it never sees EOF nor blocks. */
-    k.fifo = open(at("stdin"), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    k.ctl = open(at("ctl"), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    int out[2], err[2], in[2];
-    if (k.fifo < 0 || k.ctl < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
-        pipe2(in, O_CLOEXEC) < 0 || pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
-        die(1, "pipe");
-    struct sigaction sa = {0};
-    sa.sa_handler = on_child;
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-    sigaction(SIGCHLD, &sa, NULL);
-    prctl(PR_SET_CHILD_SUBREAPER, 1);
-    int64_t started = now_ms();
-    k.child = fork();
-    if (k.child < 0) die(1, "fork");
-    if (k.child == 0) {
-        setsid(); /* its own session and process group, whose id is its pid */
-        signal(SIGHUP, SIG_DFL);
-        signal(SIGPIPE, SIG_DFL);
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        const char *shell = getenv("SHELL"); /* the login shell, as sshd would run it */
-        if (!shell || shell[0] != '/' || access(shell, X_OK) != 0) shell = "/bin/sh";
-        execl(shell, shell, "-c", command, (char *)NULL);
-        _exit(127);
+    fflush(stdout);
+    pid_t keeper = fork();
+    if (keeper < 0) die(1, "fork");
+    if (keeper == 0) {
+        keep(&k, command, timeout_s);
+        _exit(0);
     }
-    close(in[0]);
-    close(out[1]);
-    close(err[1]);
-    k.out_fd = out[0];
-    k.err_fd = err[0];
-    k.in_fd = in[1];
-    nonblock(k.out_fd);
-    nonblock(k.err_fd);
-    nonblock(k.in_fd);
-    char text[128];
-    snprintf(text, sizeof text, "%ld %ld %lld\n", (long)getpid(), (long)k.child,
-             (long long)started);
-    write_text_atomic("pid", text);
-    if (timeout_s > 0) k.deadline = mono_ms() + (int64_t)timeout_s * 1000;
-
-    /* Keep it until the end, answering the channel at the end or at WAIT_MS. */
-    int64_t answer_at = mono_ms() + wait_ms;
-    int answered = 0;
+    /* The caller's half: once the keeper is under way, wait for the end or WAIT_MS,
+     * answer, and exit, so the SSH channel gets its exit status like any other. */
+    int64_t until = mono_ms() + 10000;
+    while (access(at("pid"), F_OK) != 0) {
+        if (mono_ms() > until || waitpid(keeper, NULL, WNOHANG) == keeper)
+            die(1, "the keeper did not start");
+        sleep_ms(1);
+    }
+    int64_t deadline = mono_ms() + wait_ms;
     for (;;) {
-        if (k.exited) {
-            finish(&k);
-            break;
-        }
-        if (!answered && mono_ms() >= answer_at) {
-            print_view(0, 0, max);
-            fflush(stdout);
-            int null = open("/dev/null", O_RDWR);
-            dup2(null, 0);
-            dup2(null, 1);
-            dup2(null, 2);
-            answered = 1;
-        }
-        int64_t left = answered ? 1000 : answer_at - mono_ms();
-        turn(&k, left < 0 ? 0 : (left > 1000 ? 1000 : (int)left));
+        struct facts f;
+        read_facts(&f);
+        if (f.ended || f.lost) break;
+        int64_t left = deadline - mono_ms();
+        if (left <= 0) break;
+        sleep_ms(left < POLL_MS ? (int)left : POLL_MS);
     }
-    if (!answered) print_view(0, 0, max);
+    print_view(0, 0, max);
     return 0;
 }
 
@@ -547,6 +564,7 @@ static int cmd_read(int argc, char **argv) {
 static int cmd_input(int argc, char **argv) {
     int eof = argc == 4 && strcmp(argv[3], "--eof") == 0;
     if (argc != 3 && !eof) return 2;
+    signal(SIGPIPE, SIG_IGN); /* a keeper that ended meanwhile: EPIPE, not death */
     struct facts f;
     read_facts(&f);
     if (f.ended || f.lost) return 4;
@@ -565,9 +583,9 @@ static int cmd_input(int argc, char **argv) {
         if (write_all(fd, frame, (size_t)n + 2) < 0) return 4;
         total += (unsigned long long)n;
     }
-    if (eof) {
+    if (eof) { /* the keeper may be gone by now: its command read all and ended */
         frame[0] = frame[1] = 0;
-        if (write_all(fd, frame, 2) < 0) return 4;
+        write_all(fd, frame, 2);
     }
     printf("rift-exec input=%llu\n", total);
     return 0;

@@ -25,3 +25,14 @@ class GuestFileError(GuestError):
         super().__init__(f"{path}: {reason}", vm_id=vm_id)
         self.path = path
         self.reason = reason
+
+
+class GuestExecError(GuestError):
+    """The guest answered, but the exec cannot do what was asked: `.why` is
+    `unknown` (no such exec in the guest: it rebooted, or never had it), `ended`
+    (input to an exec that ended) or `stdin_closed` (input after its EOF)."""
+
+    def __init__(self, exec_id: str, why: str, *, vm_id: str | None = None) -> None:
+        super().__init__(f"exec {exec_id}: {why}", vm_id=vm_id)
+        self.exec_id = exec_id
+        self.why = why

@@ -69,17 +69,6 @@ def kill_command(exec_id: str, signal: Literal["TERM", "KILL"],
     return f"exec {helper} kill {exec_dir(exec_id)} {signal}"
 
 
-def view_length(data: bytes) -> int | None:
-    """How many bytes the view at the start of `data` takes, once its line is in."""
-    match = _VIEW.match(data)
-    if match is None:
-        if b"\n" in data or len(data) > 4096:
-            raise ViewError(f"not a view: {data[:200]!r}")
-        return None
-    fields = _fields(match.group(1))
-    return match.end() + fields["out_len"] + fields["err_len"]
-
-
 def parse_view(data: bytes) -> GuestView:
     """The view at the start of `data` (ViewError when it is not a whole one)."""
     match = _VIEW.match(data)

@@ -25,11 +25,24 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import paramiko
 
 from rift.domain.model import Vm
-from rift.guest.errors import GuestError, GuestFileError
+from rift.guest.errors import GuestError, GuestExecError, GuestFileError
+from rift.guest.exec_view import (
+    EXEC_ENDED,
+    NO_SUCH_EXEC,
+    STDIN_CLOSED,
+    GuestView,
+    ViewError,
+    input_command,
+    kill_command,
+    parse_view,
+    read_command,
+    start_command,
+)
 from rift.guest.keys import keep_boot_key, key_path, load_key, public_line
 from rift.guest.pool import ConnectionPool
 from rift.guest.ready import read_markers, same_key, serial_tail, wait_for_marker
@@ -43,6 +56,7 @@ _FAILURES = (paramiko.SSHException, OSError, EOFError, ConnectionError)
 _KILL_WAIT_S = 5.0
 _LOGIN_RETRY_S = 0.5  # between SSH logins to a guest that prints no ready marker
 _HAND_OVER_S = 10.0  # a hand-over is a few shell builtins: its guest is gone past this
+_HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
 _IS_DIRECTORY = 21
 _NO_SUCH_FILE = 20
 _SHELL_PREFIX = re.compile(r"^(?:\S*sh: )?(?:eval: line \d+: )?")
@@ -116,6 +130,101 @@ class SshGuestShell:
                   f"exec head -c {self.file_cap + 1} \"$p\"")
         data = self._file_op(vm, path, script, None)
         return data[: self.file_cap], len(data) > self.file_cap
+
+    # background execs (rift-exec in the guest: hypervisor/rift_exec.c)
+
+    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
+                   timeout_s: int, cap_bytes: int, wait_ms: int, max_bytes: int) -> GuestView:
+        """Start `command` detached in the guest as exec `exec_id` and answer its view
+        once it ended or `wait_ms` passed (it runs on after). `stdin`, when given,
+        is its whole stdin; else its stdin stays open for `exec_input`."""
+        line = start_command(exec_id, command, timeout_s=timeout_s, cap_bytes=cap_bytes,
+                             wait_ms=wait_ms, max_bytes=max_bytes,
+                             with_stdin=stdin is not None)
+        status, data = self._helper(vm, line, stdin, wait_ms / 1000 + _HELPER_SLACK_S,
+                                    view=True)
+        return self._view(vm, exec_id, status, data)
+
+    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
+                  max_bytes: int, wait_ms: int) -> GuestView:
+        """The exec's view with output from the offsets, once there is some past
+        them, it ended, or `wait_ms` passed."""
+        line = read_command(exec_id, stdout_offset, stderr_offset, max_bytes, wait_ms)
+        status, data = self._helper(vm, line, None, wait_ms / 1000 + _HELPER_SLACK_S,
+                                    view=True)
+        return self._view(vm, exec_id, status, data)
+
+    def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
+        """Write `data` to the exec's stdin (then close it, with `eof`); answers the
+        bytes written. GuestExecError when it ended or its stdin is closed."""
+        status, out = self._helper(vm, input_command(exec_id, eof=eof), data,
+                                   self.file_timeout_s, view=False)
+        if status in (NO_SUCH_EXEC, EXEC_ENDED):
+            raise GuestExecError(exec_id, "ended", vm_id=vm.id)
+        if status == STDIN_CLOSED:
+            raise GuestExecError(exec_id, "stdin_closed", vm_id=vm.id)
+        if status != 0:
+            raise GuestError(f"rift-exec input failed (exit {status}): {out[-200:]!r}",
+                             vm_id=vm.id)
+        return len(data)
+
+    def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None:
+        """Signal the exec's process group (TERM: KILL follows 5 s later in the guest).
+        An exec that ended already is left as it is."""
+        status, out = self._helper(vm, kill_command(exec_id, signal), None,
+                                   _HELPER_SLACK_S, view=False)
+        if status not in (0, NO_SUCH_EXEC):
+            raise GuestError(f"rift-exec kill failed (exit {status}): {out[-200:]!r}",
+                             vm_id=vm.id)
+
+    def _view(self, vm: Vm, exec_id: str, status: int | None, data: bytes) -> GuestView:
+        if status == NO_SUCH_EXEC:
+            raise GuestExecError(exec_id, "unknown", vm_id=vm.id)
+        try:
+            return parse_view(data)
+        except ViewError as exc:
+            raise GuestError(f"rift-exec answered no view (exit {status}): {exc}",
+                             vm_id=vm.id) from exc
+
+    def _helper(self, vm: Vm, line: str, stdin: bytes | None, timeout_s: float, *,
+                view: bool) -> tuple[int | None, bytes]:
+        """Run one rift-exec command on a pooled connection: (its exit status, what
+        it printed). Each ends soon: `start` and `read` once their wait is over (an
+        exec's keeper is a process of its own)."""
+        address = _address(vm)
+        self._remember(vm)
+        deadline = time.monotonic() + timeout_s
+        try:
+            with self._pool.lease(vm.id, address, timeout_s) as transport:
+                chan = transport.open_session(timeout=self.connect_timeout_s)
+                try:
+                    chan.exec_command(line)
+                    if stdin:
+                        chan.sendall(stdin)
+                    chan.shutdown_write()
+                    chunks: list[bytes] = []
+                    while True:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise GuestError("rift-exec did not answer in time", vm_id=vm.id)
+                        chan.settimeout(remaining)
+                        chunk = chan.recv(1 << 16)
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                    if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
+                        raise GuestError("rift-exec did not end", vm_id=vm.id)
+                    status = chan.recv_exit_status()
+                    err = chan.recv_stderr(4096) if chan.recv_stderr_ready() else b""
+                finally:
+                    chan.close()
+        except (*_FAILURES, TimeoutError) as exc:
+            raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
+        data = b"".join(chunks)
+        if view and status not in (0, NO_SUCH_EXEC):
+            raise GuestError(f"rift-exec failed (exit {status})"
+                             f"{': ' + repr(err[-200:]) if err else ''}", vm_id=vm.id)
+        return status, data
 
     # life cycle
 

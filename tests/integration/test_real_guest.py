@@ -33,6 +33,8 @@ from hypervisor.libvirt import LibvirtHypervisor
 from hypervisor.tiny import build_tiny
 from rift.domain.model import Vm
 from rift.guest import GuestError, GuestFileError, SshGuestShell, key_for_task
+from rift.guest.errors import GuestExecError
+from rift.guest.exec_view import GuestView
 from tests.support.cache import CACHE as TEST_CACHE
 
 URI = "qemu:///system"
@@ -196,6 +198,59 @@ def test_one_connection_serves_calls_from_many_threads(guest: Guest) -> None:
         t.join(60)
     assert not errors
     assert sorted(results) == sorted(f"{i}\n".encode() for i in range(8))
+
+
+def _exec_ended(shell: SshGuestShell, vm: Vm, exec_id: str) -> GuestView:
+    deadline = time.monotonic() + 60
+    while True:
+        view = shell.exec_read(vm, exec_id, 0, 0, max_bytes=1 << 20, wait_ms=2000)
+        if view.state != "running":
+            return view
+        assert time.monotonic() < deadline, view
+
+
+def test_a_background_exec_outlives_its_call_and_the_shell_that_started_it(
+        guest: Guest) -> None:
+    """rift-exec in the guest: started with no wait, read by a long poll, and read
+    to its end by a second shell (a restarted Rift), with its own connections."""
+    started = guest.shell.exec_start(guest.vm, "exec_bg000001",
+                                     "echo first; sleep 2; echo second >&2; exit 7",
+                                     None, timeout_s=60, cap_bytes=1 << 20, wait_ms=0,
+                                     max_bytes=1 << 20)
+    assert started.state == "running" and started.exit_code is None
+    # The channel closed with its keeper running: the connection serves other calls.
+    assert guest.shell.exec(guest.vm, "echo meanwhile", None, 30).stdout == b"meanwhile\n"
+    first = guest.shell.exec_read(guest.vm, "exec_bg000001", 0, 0, max_bytes=1 << 20,
+                                  wait_ms=10000)
+    assert first.stdout == b"first\n"
+    other = SshGuestShell(guest.shell.keys_dir)
+    try:
+        ended = _exec_ended(other, guest.vm, "exec_bg000001")
+    finally:
+        other.close()
+    assert (ended.state, ended.exit_code, ended.stdout, ended.stderr) == \
+        ("ended", 7, b"first\n", b"second\n")
+
+
+def test_a_background_exec_takes_input_and_its_kill_leaves_no_process(guest: Guest) -> None:
+    shell, vm = guest.shell, guest.vm
+    shell.exec_start(vm, "exec_in000001", "read line; echo got-$line", None, timeout_s=60,
+                     cap_bytes=4096, wait_ms=0, max_bytes=4096)
+    assert shell.exec_input(vm, "exec_in000001", b"hello\n", eof=True) == 6
+    assert _exec_ended(shell, vm, "exec_in000001").stdout == b"got-hello\n"
+    with pytest.raises(GuestExecError) as ended:
+        shell.exec_input(vm, "exec_in000001", b"late", eof=False)
+    assert ended.value.why == "ended"
+    shell.exec_start(vm, "exec_kl000001", "sh -c 'trap \"\" TERM; sleep 600' & sleep 600",
+                     None, timeout_s=600, cap_bytes=4096, wait_ms=500, max_bytes=4096)
+    shell.exec_kill(vm, "exec_kl000001", "TERM")
+    killed = _exec_ended(shell, vm, "exec_kl000001")
+    assert killed.killed and killed.signal == 15
+    left = shell.exec(vm, "ps -o pid,args | grep 'sleep 60[0]' || true", None, 30)
+    assert left.stdout == b"", left.stdout  # the TERM-ignoring child got KILL too
+    with pytest.raises(GuestExecError) as unknown:
+        shell.exec_read(vm, "exec_none0001", 0, 0, max_bytes=10, wait_ms=0)
+    assert unknown.value.why == "unknown"
 
 
 def test_a_destroyed_guest_is_gone_and_a_call_in_flight_fails_fast(

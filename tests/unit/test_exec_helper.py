@@ -26,7 +26,6 @@ from rift.guest.exec_view import (
     parse_view,
     read_command,
     start_command,
-    view_length,
 )
 from tests.support.cache import CACHE
 
@@ -48,11 +47,6 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         for pid in (-child, keeper):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-    while _keepers:
-        _keepers.pop().wait(10)
-
-
-_keepers: list[subprocess.Popen[bytes]] = []  # start's processes: each is its exec's keeper
 
 
 def _shell(line: str, stdin: bytes | None = None) -> subprocess.Popen[bytes]:
@@ -61,43 +55,22 @@ def _shell(line: str, stdin: bytes | None = None) -> subprocess.Popen[bytes]:
                             env={"PATH": "/usr/bin:/bin", "SHELL": "/bin/sh"})
 
 
-def _answer(proc: subprocess.Popen[bytes], stdin: bytes | None = None) -> GuestView:
-    """Read one view from the process, as Rift does: the line, then as many bytes as
-    it names; the process may run on after (a keeper)."""
-    assert proc.stdin is not None and proc.stdout is not None
-    if stdin is not None:
-        proc.stdin.write(stdin)
-    proc.stdin.close()
-    data = b""
-    while True:
-        length = view_length(data)
-        if length is not None and len(data) >= length:
-            return parse_view(data)
-        chunk = proc.stdout.read1(65536)
-        assert chunk, (data, proc.stderr.read() if proc.stderr else b"")
-        data += chunk
-
-
 def start(helper: str, exec_id: str, command: str, *, timeout_s: int = 60,
           cap: int = MIB, wait_ms: int = 5000, max_bytes: int = MIB,
           stdin: bytes | None = None) -> GuestView:
     proc = _shell(start_command(exec_id, command, timeout_s=timeout_s, cap_bytes=cap,
                                 wait_ms=wait_ms, max_bytes=max_bytes,
                                 with_stdin=stdin is not None, helper=helper))
-    _keepers.append(proc)
-    try:
-        return _answer(proc, stdin)
-    finally:
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+    out, err = proc.communicate(stdin, timeout=wait_ms / 1000 + 30)
+    assert proc.returncode == 0, err
+    return parse_view(out)
 
 
 def read(helper: str, exec_id: str, out: int = 0, err: int = 0, wait_ms: int = 0,
          max_bytes: int = MIB) -> GuestView:
     proc = _shell(read_command(exec_id, out, err, max_bytes, wait_ms, helper=helper))
-    out, _ = proc.communicate(timeout=30)
-    return parse_view(out)
+    answer, _ = proc.communicate(timeout=30)
+    return parse_view(answer)
 
 
 def feed(helper: str, exec_id: str, data: bytes, eof: bool = False) -> int:
@@ -207,7 +180,6 @@ def test_a_keeper_killed_leaves_the_exec_lost(helper: str, root: Path) -> None:
     start(helper, "exec_h", "sleep 30", wait_ms=0)
     keeper = int((root / "exec_h" / "pid").read_text().split()[0])
     os.kill(keeper, signal.SIGKILL)
-    _keepers.pop().wait(10)  # as the guest's sshd or init reaps it
     deadline = time.monotonic() + 10
     while read(helper, "exec_h").state != "lost":
         assert time.monotonic() < deadline
