@@ -1,4 +1,4 @@
-"""Identifiers: `task_` / `vm_` / `tok_` / `pool_` + 8 lowercase base32 characters."""
+"""Identifiers: `task_` / `vm_` / `tok_` / `pool_` / `exec_` + 8 lowercase base32 characters."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import secrets
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
-_ID_RE = re.compile(r"^(task|vm|tok|pool)_[a-z2-7]{8}$")
+_ID_RE = re.compile(r"^(task|vm|tok|pool|exec)_[a-z2-7]{8}$")
 
 
 def _random_suffix() -> str:
@@ -31,6 +31,10 @@ def new_pool_id() -> str:
     return "pool_" + _random_suffix()
 
 
+def new_exec_id() -> str:
+    return "exec_" + _random_suffix()
+
+
 def is_id(value: str, prefix: str) -> bool:
     match = _ID_RE.fullmatch(value)
     return match is not None and match.group(1) == prefix
@@ -49,3 +53,7 @@ __all__ = ["is_task_id", "is_vm_id", "new_task_id", "new_token_id", "new_vm_id"]
 
 def is_pool_id(value: str) -> bool:
     return is_id(value, "pool")
+
+
+def is_exec_id(value: str) -> bool:
+    return is_id(value, "exec")

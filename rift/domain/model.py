@@ -20,6 +20,7 @@ DESTROYABLE_VM_STATUSES: tuple[VmStatus, ...] = (*LIVE_VM_STATUSES, "failed")
 # How a VM came to run (SPEC §11): a cold boot, a pooled VM handed over, a saved
 # VM restored, a fork of another VM.
 StartKind = Literal["boot", "pool", "restore", "fork"]
+ExecStatus = Literal["running", "exited", "killed", "timed_out", "lost"]
 DEFAULT_DISK_GIB = 10  # SPEC §3's `disk_gib` default: the size of a VM's overlay
 
 
@@ -173,6 +174,33 @@ class Vm:
     @property
     def is_live(self) -> bool:
         return self.status in LIVE_VM_STATUSES
+
+
+@dataclass(frozen=True)
+class Exec:
+    """A command started in a VM's guest (SPEC §10): it runs detached there (its
+    output is kept in the guest, not here); this row is its record, changed by
+    compare-and-set on `status` from `running` to its end, once."""
+
+    id: str
+    task_id: str
+    vm_id: str
+    owner: str
+    command: str
+    status: ExecStatus
+    timeout_s: int
+    started_at: datetime
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+    signal: str | None = None  # the signal that ended it (TERM, KILL, SEGV, ...)
+    timed_out: bool = False
+    stdout_bytes: int = 0  # all it wrote so far, as last seen
+    stderr_bytes: int = 0
+    duration_ms: int | None = None
+
+    @property
+    def is_running(self) -> bool:
+        return self.status == "running"
 
 
 @dataclass(frozen=True)

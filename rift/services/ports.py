@@ -20,6 +20,7 @@ from hypervisor.base import Hypervisor
 from rift.domain.model import Vm
 from rift.services.repositories import (
     EventRepository,
+    ExecRepository,
     HostRepository,
     MetaRepository,
     PoolRepository,
@@ -53,6 +54,8 @@ class Tx(Protocol):
     def web(self) -> WebRepository: ...
     @property
     def pools(self) -> PoolRepository: ...
+    @property
+    def execs(self) -> ExecRepository: ...
 
 
 class Store(Protocol):

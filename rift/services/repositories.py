@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from rift.domain.model import ApiToken, Event, Host, NewEvent, Task, User, Vm, VmStatus
+from rift.domain.model import ApiToken, Event, Exec, Host, NewEvent, Task, User, Vm, VmStatus
 from rift.domain.records import (
     ChangeMark,
     HostUsage,
@@ -71,6 +71,33 @@ class TaskRepository(Protocol):
         ...
     def shift_open(self, seconds: float) -> int:
         """Move every open task's last activity later by ``seconds``; answers how many."""
+        ...
+
+
+class ExecRepository(Protocol):
+    """Execs (SPEC §10). An exec ends once: `end` is a compare-and-set from
+    `running`, so one caller records its end (and writes its `exec_ended` event).
+    Rows go with their task's tombstone (`TaskRepository.purge_closed_before`)."""
+
+    def add(self, ex: Exec) -> None: ...
+    def get(self, exec_id: str) -> Exec | None: ...
+    def of_task(self, task_id: str, vm_id: str | None = None, *,
+                running_only: bool = False) -> list[Exec]:
+        """The task's execs (of one VM), oldest first."""
+        ...
+    def running(self, limit: int) -> list[Exec]:
+        """Running execs of every task, the longest running first."""
+        ...
+    def count_running(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """Every asked task id is a key (0 when none run)."""
+        ...
+    def seen(self, exec_id: str, stdout_bytes: int, stderr_bytes: int) -> bool:
+        """Record the output totals last seen of a running exec (never lower)."""
+        ...
+    def end(self, exec_id: str, **changes: Any) -> bool:
+        """Compare-and-set: apply ``changes`` (status, ended_at, exit_code, signal,
+        timed_out, stdout_bytes, stderr_bytes, duration_ms) only while the exec is
+        running. True when this call ended it."""
         ...
 
 
