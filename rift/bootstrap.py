@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypervisor import Hypervisor, open_hypervisor
+from hypervisor.exec_helper import exec_helper
 from rift.catalog import DirectoryImages
 from rift.config import Settings
 from rift.domain.clock import Clock, SystemClock
@@ -53,7 +54,8 @@ def limits_of(settings: Settings) -> Limits:
     return Limits(settings.max_open_tasks, settings.max_vms_per_task,
                   settings.rate_task_new_per_h, settings.rate_vm_new_per_h,
                   settings.closed_retention_s, settings.cpu_overcommit,
-                  settings.vm_creating_grace_s)
+                  settings.vm_creating_grace_s, settings.exec_wait_s,
+                  settings.exec_output_mib)
 
 
 def build_deps(settings: Settings, *, clock: Clock | None = None,
@@ -78,7 +80,9 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         lease_rules=lease_rules_of(settings),
         limits=limits_of(settings),
         guests=SshGuests(private_dir(settings.data_dir / "keys"),
-                         serial_dir=runtime.serial_dir),
+                         serial_dir=runtime.serial_dir,
+                         helper_binary=lambda: exec_helper(runtime.images_dir / ".cache"
+                                                           / "helpers")),
         runtime=runtime,
         default_image=settings.default_image,
     )

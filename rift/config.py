@@ -57,6 +57,13 @@ class Settings(BaseSettings):
         "reconciliation takes it for a create its process never finished (a crash): the "
         "row turns `failed` and its domain is destroyed. Must exceed "
         "`RIFT_VM_BOOT_TIMEOUT_S`.")
+    exec_wait_s: int = Field(
+        default=45, ge=0, le=600, description="How long `rift_vm_exec` waits for a "
+        "command's end before it answers with the exec still `running` (below the 60 s "
+        "some clients allow a call).")
+    exec_output_mib: int = Field(
+        default=16, ge=1, le=1024, description="How much of each stream of an exec the "
+        "guest keeps (the newest bytes); a read from before starts at the oldest kept.")
     default_image: str = Field(
         default="debian", min_length=1, max_length=200, description="The image of a "
         "`rift_vm_new` that names none; one not known or not built is refused like naming "

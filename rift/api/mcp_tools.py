@@ -95,10 +95,35 @@ def _events(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _exec_line(e: dict[str, Any]) -> str:
+    if e["status"] == "running":
+        state = "running"
+    elif e["status"] == "exited":
+        state = (f"exit {e['exit_code']}" if e["exit_code"] is not None
+                 else f"ended by signal {e['signal']}")
+    else:
+        state = e["status"].replace("_", " ")
+    took = f" after {e['duration_ms']} ms" if e["duration_ms"] is not None else ""
+    return (f"exec {e['exec_id']} on {e['vm_id']}: {state}{took}; stdout "
+            f"{e['stdout_bytes']} bytes, stderr {e['stderr_bytes']} bytes")
+
+
 def _exec(out: dict[str, Any]) -> str:
-    head = ("timed out" if out["timed_out"] else f"exit {out['exit_code']}") + \
-        f" in {out['duration_ms']} ms" + (" (output truncated)" if out["truncated"] else "")
+    head = _exec_line(out)
+    if out["truncated"]:
+        head += "\n(output before the oldest byte kept in the guest is gone)"
+    more = [f"{name}_offset={out[f'{name}_offset']}" for name in ("stdout", "stderr")
+            if out[f"{name}_offset"] < out[f"{name}_bytes"]]
+    if more:
+        head += f"\nmore output: rift_vm_exec_get with {' '.join(more)}"
+    elif out["status"] == "running":
+        head += (f"\nstill running: rift_vm_exec_get with stdout_offset={out['stdout_offset']} "
+                 f"stderr_offset={out['stderr_offset']} wait_s=30 reads on")
     return f"{head}\n--- stdout ---\n{out['stdout']}\n--- stderr ---\n{out['stderr']}"
+
+
+def _exec_list(out: dict[str, Any]) -> str:
+    return "\n".join(_exec_line(e) + f": {_q(e['command'])}" for e in out["execs"]) or "no execs"
 
 
 def _read(out: dict[str, Any]) -> str:
@@ -128,6 +153,10 @@ _RENDERS: dict[str, Render] = {
     "rift_vm_get": _vm,
     "rift_vm_destroy": _vm,
     "rift_vm_exec": _exec,
+    "rift_vm_exec_get": _exec,
+    "rift_vm_exec_input": lambda out: f"wrote {out['bytes']} bytes to {out['exec_id']}'s stdin",
+    "rift_vm_exec_kill": _exec,
+    "rift_vm_exec_list": _exec_list,
     "rift_vm_write_file": lambda out: f"wrote {out['bytes']} bytes to {out['path']}",
     "rift_vm_read_file": _read,
 }

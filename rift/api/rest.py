@@ -17,8 +17,9 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from rift.api.auth import rest_caller
 from rift.api.state import AppState
 from rift.contract import tools as c
-from rift.contract.base import HandleText, Input, Takeover, TaskId, VmId
+from rift.contract.base import ExecId, HandleText, Input, Takeover, TaskId, VmId
 from rift.contract.base import Path as GuestPathText
+from rift.contract.views import ExecView
 from rift.domain.errors import InvalidArgument, RiftError
 from rift.domain.secrets import Handle
 from rift.services.context import Caller
@@ -29,6 +30,7 @@ CallerDep = Annotated[Caller, Depends(rest_caller)]
 HandleHeader = Annotated[HandleText | None, Header(alias="Rift-Handle")]
 TaskIdPath = Annotated[TaskId, Path()]
 VmIdPath = Annotated[VmId, Path()]
+ExecIdPath = Annotated[ExecId, Path()]
 GuestPath = Annotated[GuestPathText, Query()]
 REFUSALS: dict[int | str, dict[str, Any]] = {
     code: {"model": c.Refusal, "description": "a refusal: {error: {code, message, hint}}"}
@@ -140,10 +142,39 @@ def destroy_vm(request: Request, caller: CallerDep, vm_id: VmIdPath, handle: Han
                takeover=takeover)
 
 
-@router.post("/vms/{vm_id}/exec", response_model=c.ExecOut, summary="run a command in the VM")
+@router.post("/vms/{vm_id}/exec", response_model=ExecView,
+             summary="run a command in the VM; answers at its end or after wait_s")
 def exec_command(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.ExecBody,
                  handle: HandleHeader = None) -> Any:
     return run(request, "rift_vm_exec", caller, body, handle=handle, vm_id=vm_id)
+
+
+@router.get("/vms/{vm_id}/execs", response_model=c.ExecListOut,
+            summary="the VM's execs (running ones, or all)")
+def list_execs(request: Request, caller: CallerDep, vm_id: VmIdPath,
+               query: Annotated[c.ExecListQuery, Query()], handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_exec_list", caller, query, handle=handle, vm_id=vm_id)
+
+
+@router.get("/execs/{exec_id}", response_model=ExecView,
+            summary="an exec and its output from the offsets (waiting up to wait_s)")
+def get_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
+             query: Annotated[c.ExecGetQuery, Query()], handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_exec_get", caller, query, handle=handle, exec_id=exec_id)
+
+
+@router.post("/execs/{exec_id}/input", response_model=c.ExecInputOut,
+             summary="write to an exec's stdin (eof closes it)")
+def exec_input(request: Request, caller: CallerDep, exec_id: ExecIdPath,
+               body: c.ExecInputBody, handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_exec_input", caller, body, handle=handle, exec_id=exec_id)
+
+
+@router.post("/execs/{exec_id}/kill", response_model=ExecView,
+             summary="signal an exec's process group (TERM, then KILL 5 s later)")
+def kill_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
+              body: c.ExecKillBody | None = None, handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_exec_kill", caller, body, handle=handle, exec_id=exec_id)
 
 
 @router.put("/vms/{vm_id}/files", response_model=c.FileWrittenOut,

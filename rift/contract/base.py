@@ -29,10 +29,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from rift.domain.errors import InvalidArgument
-from rift.domain.ids import is_task_id, is_vm_id
+from rift.domain.ids import is_exec_id, is_task_id, is_vm_id
 
 MAX_TEXT = 200
 MAX_COMMAND = 64 * 1024
+MAX_EXEC_S = 24 * 3600  # an exec's timeout_s: a day at most
+MAX_WAIT_S = 600  # a call's wait_s: ten minutes at most
+MAX_OFFSET = 2**62  # an exec stream's offset
 MAX_CONTENT = 16 * 1024 * 1024
 MAX_CONTENT_BASE64 = math.ceil(MAX_CONTENT / 3) * 4  # 16 MiB of data, base64-encoded
 MAX_PATH = 4096
@@ -64,6 +67,13 @@ def _vm_id(value: str) -> str:
     return value
 
 
+def _exec_id(value: str) -> str:
+    if not is_exec_id(value):
+        raise PydanticCustomError("exec_id", "an exec id is exec_ and 8 lowercase base32 "
+                                  "characters")
+    return value
+
+
 TASK_ID_PATTERN = "^task_[a-z2-7]{8}$"
 VM_ID_PATTERN = "^vm_[a-z2-7]{8}$"
 TaskId = Annotated[str, AfterValidator(_task_id), Field(
@@ -72,6 +82,9 @@ TaskId = Annotated[str, AfterValidator(_task_id), Field(
 VmId = Annotated[str, AfterValidator(_vm_id), Field(
     description="A VM id (`vm_` + 8 characters).",
     json_schema_extra={"pattern": VM_ID_PATTERN})]
+ExecId = Annotated[str, AfterValidator(_exec_id), Field(
+    description="An exec id (`exec_` + 8 characters), from rift_vm_exec.",
+    json_schema_extra={"pattern": "^exec_[a-z2-7]{8}$"})]
 HandleText = Annotated[str, Field(description=(
     "The task's handle `task_<id>.<secret>`, from rift_task_new or rift_task_attach. It is "
     "the lease: share it only with your own sub-agents."))]

@@ -21,6 +21,10 @@ from rift.contract.base import (
     MAX_CONTENT_BASE64,
     MAX_DISK_GIB,
     MAX_EVENT_ID,
+    MAX_EXEC_S,
+    MAX_OFFSET,
+    MAX_WAIT_S,
+    ExecId,
     HandleText,
     Input,
     Key,
@@ -34,7 +38,7 @@ from rift.contract.base import (
     Whole,
     inline,
 )
-from rift.contract.views import EventView, TaskView, VmView
+from rift.contract.views import EventView, ExecView, TaskView, VmView
 from rift.domain.model import DEFAULT_DISK_GIB
 
 Encoding = Annotated[Literal["utf-8", "base64"], Field(description="How `content` is encoded.")]
@@ -119,13 +123,64 @@ class ExecBody(Input):
                                   description="The shell command (at most 64 KiB).")]
     stdin: Annotated[str, Field(max_length=MAX_CONTENT,
                                 description="Standard input (at most 16 MiB).")] | None = None
-    timeout_s: Annotated[int, Field(ge=1, le=3600,
-                                    description="Seconds before it is stopped."), Whole] = 60
+    timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_S, description=(
+        "Seconds before it is killed (TERM, then KILL 5 s later): status timed_out."
+    )), Whole] = 60
+    wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S, description=(
+        "Seconds to wait for its end before answering (default RIFT_EXEC_WAIT_S, 45); "
+        "0 answers at once. It runs on either way: rift_vm_exec_get reads it.")),
+        Whole] | None = None
 
 
 class VmExecIn(ExecBody):
     handle: HandleText | None = None
     vm_id: VmId
+
+
+class ExecGetQuery(Input):
+    stdout_offset: Annotated[int, Field(ge=0, le=MAX_OFFSET, description=(
+        "Read stdout from this byte on (stdout_offset of the last answer)."
+    )), Whole] = 0
+    stderr_offset: Annotated[int, Field(ge=0, le=MAX_OFFSET, description="The same for stderr."),
+                             Whole] = 0
+    wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S, description=(
+        "Seconds to wait for output past the offsets, or the end.")), Whole] = 0
+
+
+class VmExecGetIn(ExecGetQuery):
+    handle: HandleText | None = None
+    exec_id: ExecId
+
+
+class ExecInputBody(Input):
+    data: Annotated[str, Field(max_length=MAX_CONTENT_BASE64, description=(
+        "Bytes for its stdin, encoded as `encoding` says (at most 16 MiB decoded)."))] = ""
+    encoding: Encoding = "utf-8"
+    eof: Annotated[bool, Field(description="Close its stdin after the data.")] = False
+
+
+class VmExecInputIn(ExecInputBody):
+    handle: HandleText | None = None
+    exec_id: ExecId
+
+
+class ExecKillBody(Input):
+    signal: Annotated[Literal["TERM", "KILL"], Field(description=(
+        "TERM (then KILL 5 s later) or KILL, to its whole process group."))] = "TERM"
+
+
+class VmExecKillIn(ExecKillBody):
+    handle: HandleText | None = None
+    exec_id: ExecId
+
+
+class ExecListQuery(Input):
+    status: Annotated[Literal["running", "all"], Field(description="Which execs.")] = "running"
+
+
+class VmExecListIn(ExecListQuery):
+    handle: HandleText | None = None
+    vm_id: VmId | None = None
 
 
 class FileBody(Input):
@@ -188,13 +243,13 @@ class VmOut(Output):
     vm: VmView
 
 
-class ExecOut(Output):
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    truncated: bool
-    duration_ms: int
+class ExecInputOut(Output):
+    exec_id: str
+    bytes: int
+
+
+class ExecListOut(Output):
+    execs: list[ExecView]
 
 
 class FileWrittenOut(Output):
@@ -263,6 +318,7 @@ class ToolContract:
 _HELD = ("handle_required", "handle_invalid", "task_not_found", "task_closed", "task_released",
          "lease_stale")
 _GUEST = (*_HELD, "vm_not_found", "vm_not_running", "guest_unreachable", "invalid_argument")
+_EXEC = (*_HELD, "exec_not_found", "guest_unreachable")
 
 CONTRACTS: dict[str, ToolContract] = {c.name: c for c in (
     ToolContract(
@@ -321,8 +377,31 @@ CONTRACTS: dict[str, ToolContract] = {c.name: c for c in (
         VmDestroyIn, VmOut, destructive=True, idempotent=True, slow=True),
     ToolContract(
         "rift_vm_exec", "Run a command in a VM",
-        "Run a shell command in a running VM of the handle's task and answer its exit code "
-        "and output.", _GUEST, VmExecIn, ExecOut, slow=True),
+        "Run a shell command in a running VM of the handle's task. It runs detached in the "
+        "guest (it outlives this call): the answer, its exec view, comes at its end or after "
+        "wait_s with status running; then rift_vm_exec_get reads on from stdout_offset.",
+        _GUEST, VmExecIn, ExecView, slow=True),
+    ToolContract(
+        "rift_vm_exec_get", "Read an exec",
+        "Read an exec of the handle's task: its status and its output from the offsets, "
+        "waiting up to wait_s for more output or its end.",
+        (*_EXEC, "invalid_argument"), VmExecGetIn, ExecView, read_only=True,
+        idempotent=True, slow=True),
+    ToolContract(
+        "rift_vm_exec_input", "Write to an exec's stdin",
+        "Write to the stdin of a running exec of the handle's task; eof closes it.",
+        (*_EXEC, "invalid_argument"), VmExecInputIn, ExecInputOut, slow=True),
+    ToolContract(
+        "rift_vm_exec_kill", "Kill an exec",
+        "Signal a running exec's whole process group: TERM, then KILL 5 s later (or KILL at "
+        "once). A repeat changes nothing.",
+        (*_EXEC, "invalid_argument"), VmExecKillIn, ExecView, destructive=True,
+        idempotent=True, slow=True),
+    ToolContract(
+        "rift_vm_exec_list", "List execs",
+        "List the execs of the handle's task (of one VM): running ones, or all.",
+        (*_HELD, "vm_not_found", "invalid_argument"), VmExecListIn, ExecListOut,
+        read_only=True, idempotent=True),
     ToolContract(
         "rift_vm_write_file", "Write a file in a VM",
         "Write a file in a running VM of the handle's task (at most 16 MiB once decoded).",

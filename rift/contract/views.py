@@ -1,4 +1,4 @@
-"""The task, VM and event views of SPEC §3: what the engine answers, what both
+"""The task, VM, event and exec views of SPEC §3 and §10: what the engine answers, what both
 doors publish as output schemas, and what the Boxes page renders. Built from the
 store's values without a second validation (`model_construct`): the builders are
 the only way in, and the doors' output schemas are checked against them in the
@@ -11,7 +11,7 @@ from typing import Any, Literal
 from rift.contract.base import Output
 from rift.domain.clock import iso
 from rift.domain.leases import LeaseRules
-from rift.domain.model import Event, StartKind, Task, Vm
+from rift.domain.model import Event, Exec, StartKind, Task, Vm
 
 VmStatusView = Literal["creating", "running", "failed", "destroyed"]
 
@@ -74,9 +74,11 @@ class TaskView(Output):
     closed_at: str | None
     close_reason: Literal["closed", "idle", "operator"] | None
     vms: list[VmView]
+    running_execs: int
 
     @classmethod
-    def of(cls, task: Task, vms: list[Vm], rules: LeaseRules) -> TaskView:
+    def of(cls, task: Task, vms: list[Vm], rules: LeaseRules,
+           running_execs: int = 0) -> TaskView:
         held = task.is_held
         return cls.model_construct(
             id=task.id, name=task.name, owner=task.owner, status=task.status,
@@ -86,7 +88,7 @@ class TaskView(Output):
             lease_quiet_at=iso(rules.lease_quiet_at(task)) if held else None,
             closes_at=iso(rules.closes_at(task)), created_at=iso(task.created_at) or "",
             closed_at=iso(task.closed_at), close_reason=task.close_reason,
-            vms=[VmView.of(vm) for vm in vms])
+            vms=[VmView.of(vm) for vm in vms], running_execs=running_execs)
 
 
 class EventView(Output):
@@ -100,3 +102,45 @@ class EventView(Output):
     def of(cls, event: Event) -> EventView:
         return cls.model_construct(id=event.id, type=event.type, at=iso(event.at) or "",
                                    actor=event.actor, details=event.details)
+
+
+ExecStatusView = Literal["running", "exited", "killed", "timed_out", "lost"]
+
+
+class ExecView(Output):
+    """An exec (SPEC §10). `stdout`/`stderr` are the bytes this answer carries
+    (UTF-8, invalid bytes replaced; empty in lists); `*_offset` is where the next
+    read starts; `*_bytes` all the stream wrote so far; `truncated`: a read from
+    before the oldest byte the guest keeps started there."""
+
+    exec_id: str
+    vm_id: str
+    command: str
+    status: ExecStatusView
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool
+    started_at: str
+    ended_at: str | None
+    duration_ms: int | None
+    stdout: str
+    stderr: str
+    stdout_offset: int
+    stderr_offset: int
+    stdout_bytes: int
+    stderr_bytes: int
+    truncated: bool
+
+    @classmethod
+    def of(cls, ex: Exec, *, stdout: bytes = b"", stderr: bytes = b"",
+           stdout_offset: int | None = None, stderr_offset: int | None = None,
+           truncated: bool = False, duration_ms: int | None = None) -> ExecView:
+        return cls.model_construct(
+            exec_id=ex.id, vm_id=ex.vm_id, command=ex.command, status=ex.status,
+            exit_code=ex.exit_code, signal=ex.signal, timed_out=ex.timed_out,
+            started_at=iso(ex.started_at) or "", ended_at=iso(ex.ended_at),
+            duration_ms=ex.duration_ms if duration_ms is None else duration_ms,
+            stdout=stdout.decode("utf-8", "replace"), stderr=stderr.decode("utf-8", "replace"),
+            stdout_offset=ex.stdout_bytes if stdout_offset is None else stdout_offset,
+            stderr_offset=ex.stderr_bytes if stderr_offset is None else stderr_offset,
+            stdout_bytes=ex.stdout_bytes, stderr_bytes=ex.stderr_bytes, truncated=truncated)

@@ -127,6 +127,20 @@ class VmNotFound(RiftError):
         )
 
 
+class ExecNotFound(RiftError):
+    """An unknown exec id and another task's get the same answer: no probing."""
+
+    code = "exec_not_found"
+    status = 404
+
+    def __init__(self, exec_id: str) -> None:
+        super().__init__(
+            f"no exec {exec_id} in the handle's task",
+            "rift_vm_exec_list lists the task's execs",
+            exec_id=exec_id,
+        )
+
+
 class VmNotRunning(RiftError):
     code = "vm_not_running"
     status = 409

@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from rift.domain.errors import GuestUnreachable, InvalidArgument
 from rift.domain.model import Vm
-from rift.guest.errors import GuestError, GuestFileError
+from rift.guest.errors import GuestError, GuestExecError, GuestFileError
 from rift.guest.keys import forget_task, key_for_task, tidy
 from rift.guest.shell import SshGuestShell
-from rift.services.ports import ExecResult
+from rift.services.ports import ExecGone, GuestExec
 
 T = TypeVar("T")
 
@@ -26,6 +26,8 @@ def task_key(keys_dir: Path, task_id: str) -> str:
 def _refusals(vm_id: str) -> Iterator[None]:
     try:
         yield
+    except GuestExecError as exc:
+        raise ExecGone(exc.why) from exc  # type: ignore[arg-type]
     except GuestFileError as exc:
         raise InvalidArgument("path", str(exc)) from exc
     except GuestError as exc:
@@ -34,22 +36,39 @@ def _refusals(vm_id: str) -> Iterator[None]:
 
 class SshGuests:
     def __init__(self, keys_dir: Path, shell: SshGuestShell | None = None, *,
-                 serial_dir: Path | None = None) -> None:
+                 serial_dir: Path | None = None,
+                 helper_binary: Callable[[], Path] | None = None) -> None:
         self.keys_dir = keys_dir
-        self.shell = shell or SshGuestShell(keys_dir, serial_dir=serial_dir)
+        self.shell = shell or SshGuestShell(keys_dir, serial_dir=serial_dir,
+                                            helper_binary=helper_binary)
 
     def _call(self, vm: Vm, call: Callable[[], T]) -> T:
         with _refusals(vm.id):
             return call()
-
-    def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult:
-        return self._call(vm, lambda: self.shell.exec(vm, command, stdin, timeout_s))
 
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
         return self._call(vm, lambda: self.shell.write_file(vm, path, data, mode))
 
     def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]:
         return self._call(vm, lambda: self.shell.read_file(vm, path))
+
+    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
+                   timeout_s: int, cap_bytes: int, wait_ms: int,
+                   max_bytes: int) -> GuestExec:
+        return self._call(vm, lambda: self.shell.exec_start(
+            vm, exec_id, command, stdin, timeout_s=timeout_s, cap_bytes=cap_bytes,
+            wait_ms=wait_ms, max_bytes=max_bytes))
+
+    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
+                  max_bytes: int, wait_ms: int) -> GuestExec:
+        return self._call(vm, lambda: self.shell.exec_read(
+            vm, exec_id, stdout_offset, stderr_offset, max_bytes=max_bytes, wait_ms=wait_ms))
+
+    def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
+        return self._call(vm, lambda: self.shell.exec_input(vm, exec_id, data, eof=eof))
+
+    def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None:
+        self._call(vm, lambda: self.shell.exec_kill(vm, exec_id, signal))
 
     def task_key(self, task_id: str) -> str:
         return task_key(self.keys_dir, task_id)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
 from typing import Literal
 
 from hypervisor.exec_helper import GUEST_PATH
+from rift.services.ports import GuestExec
 
 EXECS_DIR = "/run/rift-exec"  # each exec's folder in the guest: EXECS_DIR/<exec id>
-GuestState = Literal["running", "ended", "lost"]
 _VIEW = re.compile(rb"rift-exec ((?:[a-z_]+=\S+ ?)+)\n")
 _NUMBERS = ("code", "signal", "timed_out", "killed", "started", "ended", "out_total",
             "err_total", "out_from", "out_len", "err_from", "err_len")
@@ -21,24 +20,6 @@ NO_SUCH_EXEC, EXEC_ENDED, STDIN_CLOSED = 3, 4, 5  # the helper's exit statuses
 
 class ViewError(ValueError):
     """The helper's answer is not a view (or not a whole one)."""
-
-
-@dataclass(frozen=True)
-class GuestView:
-    state: GuestState
-    exit_code: int | None
-    signal: int | None
-    timed_out: bool
-    killed: bool
-    stdin_open: bool
-    started_ms: int
-    ended_ms: int | None
-    stdout_total: int
-    stderr_total: int
-    stdout_from: int
-    stderr_from: int
-    stdout: bytes
-    stderr: bytes
 
 
 def exec_dir(exec_id: str) -> str:
@@ -69,7 +50,7 @@ def kill_command(exec_id: str, signal: Literal["TERM", "KILL"],
     return f"exec {helper} kill {exec_dir(exec_id)} {signal}"
 
 
-def parse_view(data: bytes) -> GuestView:
+def parse_view(data: bytes) -> GuestExec:
     """The view at the start of `data` (ViewError when it is not a whole one)."""
     match = _VIEW.match(data)
     if match is None:
@@ -81,7 +62,7 @@ def parse_view(data: bytes) -> GuestView:
     state = match.group(1).split(b"state=")[1].split()[0].decode()
     if state not in ("running", "ended", "lost"):
         raise ViewError(f"unknown state {state!r}")
-    return GuestView(
+    return GuestExec(
         state=state,  # type: ignore[arg-type]
         exit_code=f["code"] if f["code"] >= 0 else None,
         signal=f["signal"] if f["signal"] >= 0 else None,

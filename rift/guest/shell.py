@@ -24,18 +24,21 @@ import shlex
 import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import paramiko
 
+from hypervisor.base import ImageError
+from hypervisor.exec_helper import GUEST_PATH
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError, GuestExecError, GuestFileError
 from rift.guest.exec_view import (
     EXEC_ENDED,
     NO_SUCH_EXEC,
     STDIN_CLOSED,
-    GuestView,
     ViewError,
     input_command,
     kill_command,
@@ -47,7 +50,7 @@ from rift.guest.keys import keep_boot_key, key_path, load_key, public_line
 from rift.guest.pool import ConnectionPool
 from rift.guest.ready import read_markers, same_key, serial_tail, wait_for_marker
 from rift.guest.run import Collected, collect, command_line, feed_stdin, kill_line
-from rift.services.ports import ExecResult
+from rift.services.ports import GuestExec
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +59,23 @@ _FAILURES = (paramiko.SSHException, OSError, EOFError, ConnectionError)
 _KILL_WAIT_S = 5.0
 _LOGIN_RETRY_S = 0.5  # between SSH logins to a guest that prints no ready marker
 _HAND_OVER_S = 10.0  # a hand-over is a few shell builtins: its guest is gone past this
+_NOT_FOUND = 127  # the shell's exit status for a command it cannot find
 _HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
 _IS_DIRECTORY = 21
 _NO_SUCH_FILE = 20
 _SHELL_PREFIX = re.compile(r"^(?:\S*sh: )?(?:eval: line \d+: )?")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A command run to its end on one channel (`SshGuestShell.exec`)."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    truncated: bool
+    duration_ms: int
 
 
 class SshGuestShell:
@@ -77,8 +93,11 @@ class SshGuestShell:
         window_bytes: int = 4 * MIB,
         connections_per_vm: int = 4,
         serial_dir: Path | None = None,
+        helper_binary: Callable[[], Path] | None = None,
     ) -> None:
         self.keys_dir = keys_dir
+        # rift-exec for guests without it (hypervisor.exec_helper; compiled on first use)
+        self.helper_binary = helper_binary
         self.serial_dir = serial_dir  # where `<vm id>.log` holds each guest's console
         self.user = user
         self.connect_timeout_s = connect_timeout_s
@@ -134,7 +153,7 @@ class SshGuestShell:
     # background execs (rift-exec in the guest: hypervisor/rift_exec.c)
 
     def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
-                   timeout_s: int, cap_bytes: int, wait_ms: int, max_bytes: int) -> GuestView:
+                   timeout_s: int, cap_bytes: int, wait_ms: int, max_bytes: int) -> GuestExec:
         """Start `command` detached in the guest as exec `exec_id` and answer its view
         once it ended or `wait_ms` passed (it runs on after). `stdin`, when given,
         is its whole stdin; else its stdin stays open for `exec_input`."""
@@ -146,7 +165,7 @@ class SshGuestShell:
         return self._view(vm, exec_id, status, data)
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int) -> GuestView:
+                  max_bytes: int, wait_ms: int) -> GuestExec:
         """The exec's view with output from the offsets, once there is some past
         them, it ended, or `wait_ms` passed."""
         line = read_command(exec_id, stdout_offset, stderr_offset, max_bytes, wait_ms)
@@ -177,7 +196,7 @@ class SshGuestShell:
             raise GuestError(f"rift-exec kill failed (exit {status}): {out[-200:]!r}",
                              vm_id=vm.id)
 
-    def _view(self, vm: Vm, exec_id: str, status: int | None, data: bytes) -> GuestView:
+    def _view(self, vm: Vm, exec_id: str, status: int | None, data: bytes) -> GuestExec:
         if status == NO_SUCH_EXEC:
             raise GuestExecError(exec_id, "unknown", vm_id=vm.id)
         try:
@@ -191,6 +210,31 @@ class SshGuestShell:
         """Run one rift-exec command on a pooled connection: (its exit status, what
         it printed). Each ends soon: `start` and `read` once their wait is over (an
         exec's keeper is a process of its own)."""
+        status, data = self._helper_once(vm, line, stdin, timeout_s, view=view)
+        if status == _NOT_FOUND and self.helper_binary is not None:
+            # A guest Rift did not build (a qcow2 image) has no rift-exec: give it one.
+            self._upload_helper(vm)
+            status, data = self._helper_once(vm, line, stdin, timeout_s, view=view)
+        return status, data
+
+    def _upload_helper(self, vm: Vm) -> None:
+        assert self.helper_binary is not None
+        try:
+            binary = self.helper_binary().read_bytes()
+        except (ImageError, OSError) as exc:
+            raise GuestError(f"the guest has no rift-exec and none is at hand: {exc}",
+                             vm_id=vm.id) from exc
+        folder = GUEST_PATH.rsplit("/", 1)[0]
+        script = (f"mkdir -p {folder} && cat > {GUEST_PATH}.new && chmod 755 {GUEST_PATH}.new "
+                  f"&& mv -f {GUEST_PATH}.new {GUEST_PATH}")
+        collected = self._run(vm, script, binary, self.file_timeout_s, 4096)
+        if collected.exit_code != 0:
+            raise GuestError("could not put rift-exec into the guest: " + collected.stderr
+                             .decode("utf-8", "replace").strip()[-200:], vm_id=vm.id)
+        log.info("rift-exec put into guest %s", vm.id)
+
+    def _helper_once(self, vm: Vm, line: str, stdin: bytes | None, timeout_s: float, *,
+                     view: bool) -> tuple[int | None, bytes]:
         address = _address(vm)
         self._remember(vm)
         deadline = time.monotonic() + timeout_s
@@ -221,7 +265,7 @@ class SshGuestShell:
         except (*_FAILURES, TimeoutError) as exc:
             raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
         data = b"".join(chunks)
-        if view and status not in (0, NO_SUCH_EXEC):
+        if view and status not in (0, NO_SUCH_EXEC, _NOT_FOUND):
             raise GuestError(f"rift-exec failed (exit {status})"
                              f"{': ' + repr(err[-200:]) if err else ''}", vm_id=vm.id)
         return status, data

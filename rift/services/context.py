@@ -22,6 +22,8 @@ class Limits:
     closed_retention_s: int = 30 * 24 * 3600
     cpu_overcommit: float = 4.0
     creating_grace_s: int = 600  # a row `creating` this old is a create that died
+    exec_wait_s: int = 45
+    exec_output_mib: int = 16
 
 
 @dataclass

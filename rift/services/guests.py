@@ -1,5 +1,5 @@
-"""Commands and files in a VM's guest: `rift_vm_exec`, `rift_vm_write_file`,
-`rift_vm_read_file`. The engine checks the handle, the VM and the input; the
+"""Files in a VM's guest: `rift_vm_write_file` and `rift_vm_read_file`
+(commands are rift.services.execs). The engine checks the handle, the VM and the input; the
 guest shell port does the SSH."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import base64
 import binascii
 
 from rift.contract.base import MAX_PATH
-from rift.contract.tools import ExecOut, FileReadOut, FileWrittenOut
+from rift.contract.tools import FileReadOut, FileWrittenOut
 from rift.domain.errors import InvalidArgument, VmNotFound, VmNotRunning
 from rift.domain.model import Vm
 from rift.services import validate
@@ -66,19 +66,6 @@ def _decode(content: str, encoding: str) -> bytes:
     if len(data) > validate.MAX_CONTENT:
         raise InvalidArgument("content", "at most 16 MiB")
     return data
-
-
-def exec_command(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: str,
-                 stdin: str | None = None, timeout_s: int | None = None) -> ExecOut:
-    validate.text("command", command, max_len=validate.MAX_COMMAND)
-    if stdin is not None and len(stdin) > validate.MAX_CONTENT:
-        raise InvalidArgument("stdin", "at most 16 MiB")
-    timeout = validate.integer("timeout_s", 60 if timeout_s is None else timeout_s, 1, 3600)
-    vm, shell = _guest_vm(deps, caller, handle, vm_id)
-    result = shell.exec(vm, command, stdin.encode() if stdin is not None else None, timeout)
-    return ExecOut(exit_code=result.exit_code, stdout=result.stdout.decode("utf-8", "replace"),
-                   stderr=result.stderr.decode("utf-8", "replace"), timed_out=result.timed_out,
-                   truncated=result.truncated, duration_ms=result.duration_ms)
 
 
 def write_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,

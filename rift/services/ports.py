@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from hypervisor.base import Hypervisor
 from rift.domain.model import Vm
@@ -78,22 +78,52 @@ class ImageCatalog(Protocol):
 
 
 @dataclass(frozen=True)
-class ExecResult:
+class GuestExec:
+    """An exec as its guest's keeper tells it (rift-exec's view): `state` running,
+    ended or lost (its keeper died without a word); output from `*_from` on."""
+
+    state: Literal["running", "ended", "lost"]
     exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    killed: bool
+    stdin_open: bool
+    started_ms: int
+    ended_ms: int | None
+    stdout_total: int
+    stderr_total: int
+    stdout_from: int
+    stderr_from: int
     stdout: bytes
     stderr: bytes
-    timed_out: bool
-    truncated: bool
-    duration_ms: int
+
+
+class ExecGone(Exception):
+    """The guest answered, but the exec cannot do what was asked: `why` is
+    `unknown` (the guest has no such exec: it rebooted), `ended` or `stdin_closed`."""
+
+    def __init__(self, why: Literal["unknown", "ended", "stdin_closed"]) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 class GuestShell(Protocol):
-    """Guests over SSH: commands, files, the per-task key, waiting for a boot.
-    Refusals come out as Rift errors (`guest_unreachable`, `invalid_argument`)."""
+    """Guests over SSH: commands, files, execs, the per-task key, waiting for a boot.
+    Refusals come out as Rift errors (`guest_unreachable`, `invalid_argument`), an
+    exec the guest cannot serve as ExecGone."""
 
-    def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult: ...
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int: ...
     def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]: ...
+    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
+                   timeout_s: int, cap_bytes: int, wait_ms: int,
+                   max_bytes: int) -> GuestExec:
+        """Start `command` detached as exec `exec_id`; its view at its end or after
+        `wait_ms`. Without `stdin` its stdin stays open (exec_input)."""
+        ...
+    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
+                  max_bytes: int, wait_ms: int) -> GuestExec: ...
+    def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int: ...
+    def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None: ...
     def task_key(self, task_id: str) -> str:
         """The OpenSSH public key line of the task's key pair (made on first use)."""
         ...

@@ -13,6 +13,7 @@ from datetime import timedelta
 from rift.domain.ids import is_pool_id, is_vm_id
 from rift.domain.model import Vm
 from rift.services.context import SWEEP, Deps
+from rift.services.execs import record_ends
 from rift.services.heartbeat import beat
 from rift.services.reconcile import ReconcileReport, reconcile
 from rift.services.teardown import close_in_tx, destroy_vms, forget_task_key
@@ -27,6 +28,7 @@ class SweepReport:
     refused: list[str] = field(default_factory=list)
     purged: int = 0
     keys_forgotten: int = 0
+    execs_ended: list[str] = field(default_factory=list)
     reconciled: ReconcileReport = field(default_factory=ReconcileReport)
 
 
@@ -105,6 +107,7 @@ def sweep(deps: Deps) -> SweepReport:
     purge_closed(deps, report)
     forget_unneeded_keys(deps, report)
     report.reconciled = reconcile(deps)
+    report.execs_ended = record_ends(deps)
     beat(deps)
     if report.closed or report.destroyed or report.purged or report.refused:
         deps.log.info("sweep", extra={"closed": len(report.closed),

@@ -50,7 +50,8 @@ def request_digest(**fields: Any) -> str:
 
 
 def view(deps: Deps, tx: Tx, task: Task) -> TaskView:
-    return TaskView.of(task, tx.vms.of_task(task.id), deps.lease_rules)
+    return TaskView.of(task, tx.vms.of_task(task.id), deps.lease_rules,
+                       tx.execs.count_running([task.id])[task.id])
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,8 @@ def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
         more = len(page) > size
         page = page[:size]
         vms = tx.vms.of_tasks([t.id for t in page])
-    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in page]
+        running = tx.execs.count_running([t.id for t in page])
+    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id]) for t in page]
     return TaskListOut(tasks=views, next_after=page[-1].id if more and page else None)
 
 

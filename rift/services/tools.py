@@ -1,4 +1,4 @@
-"""The thirteen calls of SPEC §3: each takes its tool's input model and answers
+"""The calls of SPEC §3 and §10: each takes its tool's input model and answers
 its output model (rift/contract/tools.py).
 
 MCP tools and REST routes both call these (no door holds a rule of its own);
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rift.contract import tools as c
-from rift.contract.views import TaskView
-from rift.services import guests, leases, tasks, vms
+from rift.contract.views import ExecView, TaskView
+from rift.services import execs, guests, leases, tasks, vms
 from rift.services.context import Caller, Deps
 
 
@@ -20,7 +20,8 @@ def _task_out(deps: Deps, task_id: str) -> TaskView:
     with deps.store.read() as tx:
         task = tx.tasks.get(task_id)
         assert task is not None
-        return TaskView.of(task, tx.vms.of_task(task_id), deps.lease_rules)
+        return TaskView.of(task, tx.vms.of_task(task_id), deps.lease_rules,
+                           tx.execs.count_running([task_id])[task_id])
 
 
 def task_new(deps: Deps, caller: Caller, args: c.TaskNewIn) -> c.TaskNewOut:
@@ -70,9 +71,27 @@ def vm_destroy(deps: Deps, caller: Caller, args: c.VmDestroyIn) -> c.VmOut:
     return c.VmOut(vm=vms.destroy(deps, caller, args.vm_id, args.handle, args.takeover))
 
 
-def vm_exec(deps: Deps, caller: Caller, args: c.VmExecIn) -> c.ExecOut:
-    return guests.exec_command(deps, caller, args.handle, args.vm_id, args.command, args.stdin,
-                               args.timeout_s)
+def vm_exec(deps: Deps, caller: Caller, args: c.VmExecIn) -> ExecView:
+    return execs.start(deps, caller, args.handle, args.vm_id, args.command, args.stdin,
+                       args.timeout_s, args.wait_s)
+
+
+def vm_exec_get(deps: Deps, caller: Caller, args: c.VmExecGetIn) -> ExecView:
+    return execs.get(deps, caller, args.handle, args.exec_id, args.stdout_offset,
+                     args.stderr_offset, args.wait_s)
+
+
+def vm_exec_input(deps: Deps, caller: Caller, args: c.VmExecInputIn) -> c.ExecInputOut:
+    return execs.send_input(deps, caller, args.handle, args.exec_id, args.data, args.encoding,
+                            args.eof)
+
+
+def vm_exec_kill(deps: Deps, caller: Caller, args: c.VmExecKillIn) -> ExecView:
+    return execs.kill(deps, caller, args.handle, args.exec_id, args.signal)
+
+
+def vm_exec_list(deps: Deps, caller: Caller, args: c.VmExecListIn) -> c.ExecListOut:
+    return execs.list_execs(deps, caller, args.handle, args.vm_id, args.status)
 
 
 def vm_write_file(deps: Deps, caller: Caller, args: c.VmWriteFileIn) -> c.FileWrittenOut:
@@ -98,6 +117,10 @@ CALLS: dict[str, Call] = {
     "rift_vm_get": vm_get,
     "rift_vm_destroy": vm_destroy,
     "rift_vm_exec": vm_exec,
+    "rift_vm_exec_get": vm_exec_get,
+    "rift_vm_exec_input": vm_exec_input,
+    "rift_vm_exec_kill": vm_exec_kill,
+    "rift_vm_exec_list": vm_exec_list,
     "rift_vm_write_file": vm_write_file,
     "rift_vm_read_file": vm_read_file,
 }

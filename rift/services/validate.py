@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rift.contract.base import MAX_COMMAND, MAX_CONTENT, MAX_TEXT
 from rift.domain.errors import InvalidArgument
-from rift.domain.ids import is_task_id, is_vm_id
+from rift.domain.ids import is_exec_id, is_task_id, is_vm_id
 
 __all__ = ["MAX_COMMAND", "MAX_CONTENT", "MAX_TEXT", "integer", "limit", "task_id", "text",
            "vm_id"]
@@ -38,6 +38,12 @@ def limit(value: int | None, default: int = 50) -> int:
 def task_id(value: str, field: str = "task_id") -> str:
     if not isinstance(value, str) or not is_task_id(value):
         raise InvalidArgument(field, "a task id is task_ and 8 lowercase base32 characters")
+    return value
+
+
+def exec_id(value: str, field: str = "exec_id") -> str:
+    if not isinstance(value, str) or not is_exec_id(value):
+        raise InvalidArgument(field, "an exec id is exec_ and 8 lowercase base32 characters")
     return value
 
 

@@ -16,6 +16,9 @@ HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachab
 POOL_CHANGEABLE = frozenset({"running", "saved", "failures", "retry_at", "last_error",
                              "filler", "fill_until"})
 POOL_VM_CHANGEABLE = frozenset({"state", "ssh_port", "host_key", "ready_at"})
+EXEC_END_CHANGEABLE = frozenset({"status", "ended_at", "exit_code", "signal", "timed_out",
+                                 "stdout_bytes", "stderr_bytes", "duration_ms"})
+EXEC_END_STATUSES = frozenset({"exited", "killed", "timed_out", "lost"})
 TASK_LIST_STATUSES = frozenset({"open", "closed", "all"})
 
 

@@ -15,7 +15,7 @@ from rift.domain.model import Task
 from rift.domain.store_errors import DuplicateKey, StoreError
 from rift.store.changes import check_limit, check_list_status
 from rift.store.sql_base import SqlRepository
-from rift.store.tables import TASK_COLUMNS, events, tasks, vms
+from rift.store.tables import TASK_COLUMNS, events, execs, tasks, vms
 
 # What a transition may change: the lease state. `save` writes the part of it the
 # transition changed (against the task as this transaction read it), so a column
@@ -184,7 +184,7 @@ class SqlTasks(SqlRepository):
 
     def purge_closed_before(self, cutoff: datetime, limit: int) -> list[str]:
         """Delete up to ``limit`` tasks closed before ``cutoff``, with their
-        events and VM rows (in that order), the longest closed first."""
+        events, exec and VM rows (in that order), the longest closed first."""
         self._writing("purge_closed_before")
         check_limit(limit)
         query = (
@@ -197,6 +197,7 @@ class SqlTasks(SqlRepository):
         self._read.clear()
         if ids:
             self._conn.execute(delete(events).where(events.c.task_id.in_(ids)))
+            self._conn.execute(delete(execs).where(execs.c.task_id.in_(ids)))
             self._conn.execute(delete(vms).where(vms.c.task_id.in_(ids)))
             self._conn.execute(delete(tasks).where(tasks.c.id.in_(ids)))
         return ids

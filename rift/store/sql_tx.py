@@ -7,6 +7,7 @@ from sqlalchemy.engine import Connection
 
 from rift.store.sql_accounts import SqlTokens, SqlUsers
 from rift.store.sql_events import SqlEvents
+from rift.store.sql_execs import SqlExecs
 from rift.store.sql_hosts import SqlHosts
 from rift.store.sql_meta import SqlMeta
 from rift.store.sql_pools import SqlPools
@@ -19,7 +20,8 @@ class SqlTx:
     """Implements the engine's ``Tx`` port over one SQLAlchemy connection;
     ``writable`` is False inside ``store.read()``."""
 
-    __slots__ = ("events", "hosts", "meta", "pools", "tasks", "tokens", "users", "vms", "web")
+    __slots__ = ("events", "execs", "hosts", "meta", "pools", "tasks", "tokens", "users", "vms",
+                 "web")
 
     def __init__(self, conn: Connection, *, writable: bool) -> None:
         self.tasks = SqlTasks(conn, writable=writable)
@@ -31,3 +33,4 @@ class SqlTx:
         self.meta = SqlMeta(conn, writable=writable)
         self.web = SqlWeb(conn, writable=writable)
         self.pools = SqlPools(conn, writable=writable)
+        self.execs = SqlExecs(conn, writable=writable)

@@ -16,9 +16,10 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
 )
 
-from rift.domain.model import Event, Task, Vm
+from rift.domain.model import Event, Exec, Task, Vm
 from rift.domain.records import Pool, PoolVm
 from rift.store.timestamps import UtcDateTime
 
@@ -224,5 +225,29 @@ pool_vms = Table(
     Index("ix_pool_vms_pool_id", "pool_id"),
 )
 
+# Execs (migration 0008): commands run detached in guests; their output stays there.
+execs = Table(
+    "execs",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("task_id", String, ForeignKey("tasks.id"), nullable=False),
+    Column("vm_id", String, nullable=False),
+    Column("owner", String, nullable=False),
+    Column("command", Text, nullable=False),
+    Column("status", String, nullable=False),
+    Column("timeout_s", Integer, nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("ended_at", UtcDateTime, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("signal", String, nullable=True),
+    Column("timed_out", Boolean, nullable=False),
+    Column("stdout_bytes", BigInteger, nullable=False),
+    Column("stderr_bytes", BigInteger, nullable=False),
+    Column("duration_ms", BigInteger, nullable=True),
+    Index("ix_execs_task_id_started_at", "task_id", "started_at"),
+    Index("ix_execs_status_started_at", "status", "started_at"),
+)
+
 POOL_COLUMNS = tuple(pools.c[f.name] for f in fields(Pool))
 POOL_VM_COLUMNS = tuple(pool_vms.c[f.name] for f in fields(PoolVm))
+EXEC_COLUMNS = tuple(execs.c[f.name] for f in fields(Exec))

@@ -30,6 +30,7 @@ TOOL_NAMES = {
     "rift_task_new", "rift_task_attach", "rift_task_release", "rift_task_close",
     "rift_task_list", "rift_task_get", "rift_task_events", "rift_vm_new", "rift_vm_get",
     "rift_vm_destroy", "rift_vm_exec", "rift_vm_write_file", "rift_vm_read_file",
+    "rift_vm_exec_get", "rift_vm_exec_input", "rift_vm_exec_kill", "rift_vm_exec_list",
 }
 
 
@@ -133,7 +134,7 @@ def test_slow_tools_answer_as_an_event_stream_in_the_handshake_era(server: Serve
 
 # -- the tool list --------------------------------------------------------------------
 
-def test_tools_list_shows_thirteen_strict_schemas_and_annotations(server: Server) -> None:
+def test_tools_list_shows_seventeen_strict_schemas_and_annotations(server: Server) -> None:
     async def scenario() -> None:
         async with mcp_session(server.url, server.token) as session:
             listed = {t.name: t for t in (await session.list_tools()).tools}
@@ -145,10 +146,11 @@ def test_tools_list_shows_thirteen_strict_schemas_and_annotations(server: Server
             assert "Refusals" in tool.description
             assert tool.annotations is not None
         reads = {"rift_task_list", "rift_task_get", "rift_task_events", "rift_vm_get",
-                 "rift_vm_read_file"}
-        destructive = {"rift_task_close", "rift_vm_destroy", "rift_task_attach"}
+                 "rift_vm_read_file", "rift_vm_exec_get", "rift_vm_exec_list"}
+        destructive = {"rift_task_close", "rift_vm_destroy", "rift_task_attach",
+                       "rift_vm_exec_kill"}
         idempotent = reads | {"rift_task_new", "rift_vm_new", "rift_task_release",
-                              "rift_task_close", "rift_vm_destroy"}
+                              "rift_task_close", "rift_vm_destroy", "rift_vm_exec_kill"}
         for name, tool in listed.items():
             notes = tool.annotations
             assert notes is not None
@@ -162,7 +164,10 @@ def test_tools_list_shows_thirteen_strict_schemas_and_annotations(server: Server
         assert props["rift_vm_exec"]["command"]["maxLength"] == 64 * 1024
         assert props["rift_vm_exec"]["stdin"]["maxLength"] == 16 * 1024 * 1024
         assert (props["rift_vm_exec"]["timeout_s"]["minimum"],
-                props["rift_vm_exec"]["timeout_s"]["maximum"]) == (1, 3600)
+                props["rift_vm_exec"]["timeout_s"]["maximum"]) == (1, 24 * 3600)
+        assert (props["rift_vm_exec"]["wait_s"]["minimum"],
+                props["rift_vm_exec"]["wait_s"]["maximum"]) == (0, 600)
+        assert props["rift_vm_exec_kill"]["signal"]["enum"] == ["TERM", "KILL"]
         assert (props["rift_vm_new"]["vcpus"]["minimum"],
                 props["rift_vm_new"]["vcpus"]["maximum"]) == (1, 64)
         assert (props["rift_vm_new"]["memory_mib"]["minimum"],
@@ -170,7 +175,8 @@ def test_tools_list_shows_thirteen_strict_schemas_and_annotations(server: Server
         assert props["rift_task_list"]["limit"]["maximum"] == 100
         assert props["rift_task_list"]["status"]["enum"] == ["open", "closed", "all"]
         assert props["rift_vm_read_file"]["encoding"]["enum"] == ["utf-8", "base64"]
-        assert set(props["rift_vm_exec"]) == {"handle", "vm_id", "command", "stdin", "timeout_s"}
+        assert set(props["rift_vm_exec"]) == {"handle", "vm_id", "command", "stdin", "timeout_s",
+                                              "wait_s"}
 
     run(scenario)
 
@@ -203,6 +209,15 @@ def test_a_task_and_its_vms_go_through_every_tool(server: Server) -> None:
                 error = await refused(s, "guest_unreachable", tool, handle=handle,
                                       vm_id=vm["id"], **args)
                 assert "test driver" in error["message"]
+            # No exec started on a guest that does not exist; the exec tools say so.
+            assert (await call(s, "rift_vm_exec_list", handle=handle, status="all")) == \
+                {"execs": []}
+            for tool, args in (("rift_vm_exec_get", {"wait_s": 1}),
+                               ("rift_vm_exec_input", {"data": "x", "eof": True}),
+                               ("rift_vm_exec_kill", {"signal": "KILL"})):
+                error = await refused(s, "exec_not_found", tool, handle=handle,
+                                      exec_id="exec_aaaaaaaa", **args)
+                assert "rift_vm_exec_list" in error["hint"]
             gone = (await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"]))["vm"]
             assert gone["status"] == "destroyed"
             second = (await call(s, "rift_vm_new", handle=handle))["vm"]

@@ -64,7 +64,7 @@ def test_every_refusal_reachable_on_the_test_driver(server: Server) -> None:
                     ("rift_vm_exec", {"handle": handle, "vm_id": "vm_aaaaaaaa",
                                       "command": "x" * (64 * 1024 + 1)}, "command"),
                     ("rift_vm_exec", {"handle": handle, "vm_id": "vm_aaaaaaaa",
-                                      "command": "true", "timeout_s": 3601}, "timeout_s"),
+                                      "command": "true", "timeout_s": 86401}, "timeout_s"),
                     ("rift_vm_read_file", {"handle": handle, "vm_id": "vm_aaaaaaaa",
                                            "path": "/x", "encoding": "latin-1"}, "encoding"),
                     ("rift_task_get", {}, "task_id")):

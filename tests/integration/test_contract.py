@@ -34,6 +34,10 @@ ROUTES: dict[str, tuple[str, str]] = {
     "rift_vm_get": ("get", "/api/v1/vms/{vm_id}"),
     "rift_vm_destroy": ("delete", "/api/v1/vms/{vm_id}"),
     "rift_vm_exec": ("post", "/api/v1/vms/{vm_id}/exec"),
+    "rift_vm_exec_get": ("get", "/api/v1/execs/{exec_id}"),
+    "rift_vm_exec_input": ("post", "/api/v1/execs/{exec_id}/input"),
+    "rift_vm_exec_kill": ("post", "/api/v1/execs/{exec_id}/kill"),
+    "rift_vm_exec_list": ("get", "/api/v1/vms/{vm_id}/execs"),
     "rift_vm_write_file": ("put", "/api/v1/vms/{vm_id}/files"),
     "rift_vm_read_file": ("get", "/api/v1/vms/{vm_id}/files"),
 }

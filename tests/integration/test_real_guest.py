@@ -34,7 +34,7 @@ from hypervisor.tiny import build_tiny
 from rift.domain.model import Vm
 from rift.guest import GuestError, GuestFileError, SshGuestShell, key_for_task
 from rift.guest.errors import GuestExecError
-from rift.guest.exec_view import GuestView
+from rift.services.ports import GuestExec
 from tests.support.cache import CACHE as TEST_CACHE
 
 URI = "qemu:///system"
@@ -200,7 +200,7 @@ def test_one_connection_serves_calls_from_many_threads(guest: Guest) -> None:
     assert sorted(results) == sorted(f"{i}\n".encode() for i in range(8))
 
 
-def _exec_ended(shell: SshGuestShell, vm: Vm, exec_id: str) -> GuestView:
+def _exec_ended(shell: SshGuestShell, vm: Vm, exec_id: str) -> GuestExec:
     deadline = time.monotonic() + 60
     while True:
         view = shell.exec_read(vm, exec_id, 0, 0, max_bytes=1 << 20, wait_ms=2000)

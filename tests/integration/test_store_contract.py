@@ -18,8 +18,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, pool
 from sqlalchemy.exc import StatementError
 
-from rift.domain.ids import new_task_id, new_token_id, new_vm_id
-from rift.domain.model import ApiToken, Host, NewEvent, Task, User, Vm
+from rift.domain.ids import new_exec_id, new_task_id, new_token_id, new_vm_id
+from rift.domain.model import ApiToken, Exec, Host, NewEvent, Task, User, Vm
 from rift.domain.records import HostUsage
 from rift.domain.store_errors import DuplicateKey, MissingReference, ReadOnlyTransaction
 from rift.services.ports import Store
@@ -50,6 +50,12 @@ def a_vm(task: Task, **changes: Any) -> Vm:
     return dataclasses.replace(vm, **changes)
 
 
+def an_exec(task: Task, vm_id: str = "vm_aaaaaaaa", **changes: Any) -> Exec:
+    ex = Exec(id=new_exec_id(), task_id=task.id, vm_id=vm_id, owner=task.owner,
+              command="make -j2 && ./test", status="running", timeout_s=60, started_at=T0)
+    return dataclasses.replace(ex, **changes)
+
+
 def a_token(user: str, digest: str, created_at: datetime = T0) -> ApiToken:
     return ApiToken(id=new_token_id(), user=user, label="laptop", digest=digest,
                     created_at=created_at)
@@ -64,7 +70,7 @@ def insert(store: Store, *rows: Task | Vm) -> None:
                 tx.vms.add(row)
 
 
-def ids(rows: list[Task] | list[Vm]) -> list[str]:
+def ids(rows: list[Task] | list[Vm] | list[Exec]) -> list[str]:
     return [row.id for row in rows]
 
 
@@ -331,6 +337,7 @@ def test_purge_removes_long_closed_tasks_with_their_vms_and_events(store: Store)
         for task in (old, recent, still_open):
             tx.vms.add(a_vm(task, status="destroyed", destroyed_at=at(-1)))
             tx.events.add(NewEvent(task_id=task.id, type="opened", at=T0, actor="mcp:x"))
+            tx.execs.add(an_exec(task, status="lost", ended_at=at(-1)))
     with store.write() as tx:
         assert tx.tasks.purge_closed_before(at(0), 10) == [old.id]
         assert tx.tasks.purge_closed_before(at(0), 10) == []
@@ -338,6 +345,8 @@ def test_purge_removes_long_closed_tasks_with_their_vms_and_events(store: Store)
         assert tx.tasks.get(old.id) is None
         assert tx.vms.of_task(old.id) == []
         assert tx.events.page(old.id, 0, 10) == []
+        assert tx.execs.of_task(old.id) == []
+        assert len(tx.execs.of_task(recent.id)) == 1
         assert tx.tasks.get(recent.id) is not None
         assert len(tx.vms.of_task(recent.id)) == 1
         assert len(tx.events.page(still_open.id, 0, 10)) == 1
@@ -348,6 +357,62 @@ def test_purge_takes_at_most_limit_tasks_the_longest_closed_first(store: Store) 
     insert(store, *tasks)
     with store.write() as tx:
         assert tx.tasks.purge_closed_before(at(0), 2) == [tasks[1].id, tasks[2].id]
+
+
+# execs
+
+
+def test_an_exec_is_added_read_and_listed_by_task_vm_and_status(store: Store) -> None:
+    task, other = a_task(), a_task()
+    insert(store, task, other)
+    first = an_exec(task, started_at=at(1), command="x" * 65536)
+    second = an_exec(task, "vm_bbbbbbbb", started_at=at(2))
+    ended = an_exec(task, started_at=at(0), status="exited", exit_code=0, ended_at=at(3),
+                    duration_ms=3000, stdout_bytes=2**40, stderr_bytes=1)
+    theirs = an_exec(other, started_at=at(-5))
+    with store.write() as tx:
+        for ex in (first, second, ended, theirs):
+            tx.execs.add(ex)
+        with pytest.raises(DuplicateKey):
+            tx.execs.add(first)
+    with store.write() as tx, pytest.raises(MissingReference):
+        tx.execs.add(an_exec(a_task()))  # no such task
+    with store.read() as tx:
+        assert tx.execs.get(first.id) == first and tx.execs.get(ended.id) == ended
+        assert tx.execs.get("exec_aaaaaaaa") is None
+        assert ids(tx.execs.of_task(task.id)) == [ended.id, first.id, second.id]
+        assert ids(tx.execs.of_task(task.id, "vm_bbbbbbbb")) == [second.id]
+        assert ids(tx.execs.of_task(task.id, running_only=True)) == [first.id, second.id]
+        assert ids(tx.execs.running(2)) == [theirs.id, first.id]
+        assert tx.execs.count_running([task.id, other.id, "task_none0000"]) == \
+            {task.id: 2, other.id: 1, "task_none0000": 0}
+        assert tx.execs.count_running([]) == {}
+
+
+def test_an_exec_ends_once_and_its_totals_only_grow_while_it_runs(store: Store) -> None:
+    task = a_task()
+    insert(store, task)
+    ex = an_exec(task)
+    with store.write() as tx:
+        tx.execs.add(ex)
+        assert tx.execs.seen(ex.id, 10, 3)
+        assert tx.execs.seen(ex.id, 5, 7)  # an older look: stdout stays at 10
+        current = tx.execs.get(ex.id)
+        assert current is not None and (current.stdout_bytes, current.stderr_bytes) == (10, 7)
+        assert tx.execs.end(ex.id, status="killed", ended_at=at(9), signal="TERM",
+                            stdout_bytes=12, duration_ms=9000)
+        assert not tx.execs.end(ex.id, status="lost", ended_at=at(10))  # ended already
+        assert not tx.execs.seen(ex.id, 99, 99)
+        with pytest.raises(ValueError):
+            tx.execs.end(ex.id, status="running")
+        with pytest.raises(ValueError):
+            tx.execs.end(ex.id, status="lost", command="rm -rf /")
+    with store.read() as tx:
+        assert tx.execs.get(ex.id) == dataclasses.replace(
+            ex, status="killed", ended_at=at(9), signal="TERM", stdout_bytes=12,
+            stderr_bytes=7, duration_ms=9000)
+        with pytest.raises(ReadOnlyTransaction):
+            tx.execs.seen(ex.id, 1, 1)  # a read transaction writes nothing
 
 
 # VMs
@@ -722,7 +787,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0007"
+    assert current_revision(empty_sql_url) == head_revision() == "0008"
 
 
 def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(

@@ -103,7 +103,8 @@ INPUT_CODES = {"invalid_argument", "handle_invalid", "handle_required", "not_fou
 REST_CODES = REFUSAL_CODES | {"not_found", "method_not_allowed"}  # no route, no such method
 # Tools that cannot succeed on the test driver (no guest behind its domains): their
 # aimed cases reach the engine and end in a refusal (guest_unreachable, vm_not_running...).
-GUEST_TOOLS = {"rift_vm_exec", "rift_vm_write_file", "rift_vm_read_file"}
+GUEST_TOOLS = {"rift_vm_exec", "rift_vm_write_file", "rift_vm_read_file", "rift_vm_exec_get",
+               "rift_vm_exec_input", "rift_vm_exec_kill"}  # no exec starts on no guest
 LEAST_REACHED = 0.25  # share of each tool's (operation's) cases that must reach the engine
 
 
@@ -395,6 +396,7 @@ AIMED_SHARE = 0.6  # of each tool's (operation's) cases, drawn from `aimed`; the
 BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
 TASK_IDS = st.text(BASE32, min_size=8, max_size=8).map("task_".__add__)
 VM_IDS = st.text(BASE32, min_size=8, max_size=8).map("vm_".__add__)
+EXEC_IDS = st.text(BASE32, min_size=8, max_size=8).map("exec_".__add__)
 UNKNOWN_HANDLE = "task_aaaaaaaa." + "A" * 43  # well formed; its task is no one's
 CHARS = st.characters(codec="utf-8", exclude_characters="\x00")  # no NUL, no lone surrogate
 TEXT = st.text(CHARS, min_size=1, max_size=40)
@@ -479,6 +481,7 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "after_id": mostly(80, st.integers(0, 500), st.integers(0, 2**62)),
     "path": st.text(CHARS, max_size=30).map("/".__add__),
     "stdin": st.text(CHARS, max_size=40),
+    "data": st.text(CHARS, max_size=40),
     "content": st.text(CHARS, max_size=60),
 }
 
@@ -533,7 +536,8 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View) -> dict[str, Any]:
     real = {"handle": other(handle, view.stale, [UNKNOWN_HANDLE]),
             "task_id": other(task, view.unheld, view.closed, [unknown_task]),
             "after": other(task, [unknown_task]),
-            "vm_id": other(vm, [v for v, _ in view.vms], view.gone, [unknown_vm])}
+            "vm_id": other(vm, [v for v, _ in view.vms], view.gone, [unknown_vm]),
+            "exec_id": draw(EXEC_IDS)}  # the test driver runs no exec: none is known
     args: dict[str, Any] = {}
     for name, spec in fields_of(tool_name).items():
         usually = {"handle": 95, "takeover": 80}.get(name, 50)
@@ -667,12 +671,17 @@ ROUTES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rift_vm_get": ("GET", "/api/v1/vms/{vm_id}", ()),
     "rift_vm_destroy": ("DELETE", "/api/v1/vms/{vm_id}", ("takeover",)),
     "rift_vm_exec": ("POST", "/api/v1/vms/{vm_id}/exec", ()),
+    "rift_vm_exec_get": ("GET", "/api/v1/execs/{exec_id}",
+                         ("stdout_offset", "stderr_offset", "wait_s")),
+    "rift_vm_exec_input": ("POST", "/api/v1/execs/{exec_id}/input", ()),
+    "rift_vm_exec_kill": ("POST", "/api/v1/execs/{exec_id}/kill", ()),
+    "rift_vm_exec_list": ("GET", "/api/v1/vms/{vm_id}/execs", ("status",)),
     "rift_vm_write_file": ("PUT", "/api/v1/vms/{vm_id}/files", ("path",)),
     "rift_vm_read_file": ("GET", "/api/v1/vms/{vm_id}/files", ("path", "encoding")),
 }
 TOOL_OF = {f"{method} {path}": tool for tool, (method, path, _) in ROUTES.items()}
 BODIES = {"rift_task_new", "rift_task_attach", "rift_task_close", "rift_vm_new", "rift_vm_exec",
-          "rift_vm_write_file"}
+          "rift_vm_write_file", "rift_vm_exec_input", "rift_vm_exec_kill"}
 
 
 def rest_case(operation: Any, tool: str, args: dict[str, Any], fallback_task: str) -> Any:
@@ -685,8 +694,10 @@ def rest_case(operation: Any, tool: str, args: dict[str, Any], fallback_task: st
         task_id = rest.pop("task_id", None)
         path["task_id"] = task_id or (handle.partition(".")[0] if isinstance(handle, str)
                                       else fallback_task)
-    if "{vm_id}" in template:
-        path["vm_id"] = rest.pop("vm_id")
+    if "{vm_id}" in template:  # (the list of one VM's execs: REST names the VM always)
+        path["vm_id"] = rest.pop("vm_id", "vm_aaaaaaaa")
+    if "{exec_id}" in template:
+        path["exec_id"] = rest.pop("exec_id")
     query = {}
     for name in in_query:
         if name in rest:

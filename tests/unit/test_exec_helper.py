@@ -20,13 +20,13 @@ import pytest
 from hypervisor.exec_helper import exec_helper
 from rift.guest.exec_view import (
     EXEC_ENDED,
-    GuestView,
     input_command,
     kill_command,
     parse_view,
     read_command,
     start_command,
 )
+from rift.services.ports import GuestExec
 from tests.support.cache import CACHE
 
 MIB = 1 << 20
@@ -57,7 +57,7 @@ def _shell(line: str, stdin: bytes | None = None) -> subprocess.Popen[bytes]:
 
 def start(helper: str, exec_id: str, command: str, *, timeout_s: int = 60,
           cap: int = MIB, wait_ms: int = 5000, max_bytes: int = MIB,
-          stdin: bytes | None = None) -> GuestView:
+          stdin: bytes | None = None) -> GuestExec:
     proc = _shell(start_command(exec_id, command, timeout_s=timeout_s, cap_bytes=cap,
                                 wait_ms=wait_ms, max_bytes=max_bytes,
                                 with_stdin=stdin is not None, helper=helper))
@@ -67,7 +67,7 @@ def start(helper: str, exec_id: str, command: str, *, timeout_s: int = 60,
 
 
 def read(helper: str, exec_id: str, out: int = 0, err: int = 0, wait_ms: int = 0,
-         max_bytes: int = MIB) -> GuestView:
+         max_bytes: int = MIB) -> GuestExec:
     proc = _shell(read_command(exec_id, out, err, max_bytes, wait_ms, helper=helper))
     answer, _ = proc.communicate(timeout=30)
     return parse_view(answer)
@@ -85,7 +85,7 @@ def kill(helper: str, exec_id: str, sig: str = "TERM") -> int:
     return proc.returncode
 
 
-def until_ended(helper: str, exec_id: str, within_s: float = 20) -> GuestView:
+def until_ended(helper: str, exec_id: str, within_s: float = 20) -> GuestExec:
     deadline = time.monotonic() + within_s
     while True:
         view = read(helper, exec_id, wait_ms=500)

@@ -1,31 +1,15 @@
-"""Exec and files: the engine's checks and refusals (the SSH adapter is issue #4)."""
+"""Exec and files: the engine's checks and refusals, over a fake guest shell
+(tests/support/fake_guest.py; the SSH adapter has its own tests)."""
 
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field
 
 from hypervisor.fake import FakeHypervisor
-from rift.domain.model import Vm
-from rift.services import guests, tasks, vms
+from rift.services import execs, guests, tasks, vms
 from rift.services.context import Deps
-from rift.services.ports import ExecResult
 from tests.support.engine import ALICE, refused
-
-
-@dataclass
-class FakeShell:
-    files: dict[str, bytes] = field(default_factory=dict)
-
-    def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult:
-        return ExecResult(0, command.encode() + (stdin or b""), b"", False, False, 1)
-
-    def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
-        self.files[path] = data
-        return len(data)
-
-    def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]:
-        return self.files[path], False
+from tests.support.fake_guest import FakeShell
 
 
 def _vm(deps: Deps, ssh: bool = True) -> tuple[str, str]:
@@ -40,7 +24,7 @@ def _vm(deps: Deps, ssh: bool = True) -> tuple[str, str]:
 def test_on_a_host_with_no_guest_exec_and_files_refuse_with_guest_unreachable(
         deps: Deps) -> None:
     handle, vm_id = _vm(deps, ssh=False)
-    err = refused("guest_unreachable", guests.exec_command, deps, ALICE, handle, vm_id, "uname")
+    err = refused("guest_unreachable", execs.start, deps, ALICE, handle, vm_id, "uname")
     assert "test driver" in err.message and "rift_vm_new" in err.hint
     refused("guest_unreachable", guests.write_file, deps, ALICE, handle, vm_id, "/x", "hi")
     refused("guest_unreachable", guests.read_file, deps, ALICE, handle, vm_id, "/x")
@@ -51,7 +35,7 @@ def test_a_vm_that_is_not_running_refuses_with_its_status(deps: Deps,
     opened = tasks.new_task(deps, ALICE)
     local_hv.fail_next_create("boom")
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
-    err = refused("vm_not_running", guests.exec_command, deps, ALICE, str(opened.handle),
+    err = refused("vm_not_running", execs.start, deps, ALICE, str(opened.handle),
                   vm.id, "true")
     assert err.details["vm_status"] == "failed" and "rift_vm_new" in err.hint
 
@@ -62,8 +46,8 @@ def test_exec_and_files_go_through_the_guest_shell(make_deps) -> None:  # type: 
     shell = FakeShell()
     deps = replace(make_deps(), guests=shell)
     handle, vm_id = _vm(deps)
-    out = guests.exec_command(deps, ALICE, handle, vm_id, "cat", stdin="hi")
-    assert out.exit_code == 0 and out.stdout == "cathi" and not out.timed_out
+    out = execs.start(deps, ALICE, handle, vm_id, "cat", stdin="hi")
+    assert (out.status, out.exit_code, out.stdout, out.timed_out) == ("exited", 0, "hi", False)
     blob = bytes(range(256))
     wrote = guests.write_file(deps, ALICE, handle, vm_id, "/tmp/b", base64.b64encode(blob)
                               .decode(), encoding="base64", mode=0o600)
@@ -79,9 +63,11 @@ def test_bad_guest_input_is_refused_naming_the_field(deps: Deps) -> None:
         ({"command": ""}, "command"),
         ({"command": "x" * (64 * 1024 + 1)}, "command"),
         ({"command": "true", "timeout_s": 0}, "timeout_s"),
-        ({"command": "true", "timeout_s": 3601}, "timeout_s"),
+        ({"command": "true", "timeout_s": 24 * 3600 + 1}, "timeout_s"),
+        ({"command": "true", "wait_s": -1}, "wait_s"),
+        ({"command": "true", "wait_s": 601}, "wait_s"),
     ):
-        err = refused("invalid_argument", guests.exec_command, deps, ALICE, handle, vm_id,
+        err = refused("invalid_argument", execs.start, deps, ALICE, handle, vm_id,
                       **kwargs)
         assert err.details["field"] == field_name
     err = refused("invalid_argument", guests.write_file, deps, ALICE, handle, vm_id,
@@ -93,5 +79,5 @@ def test_bad_guest_input_is_refused_naming_the_field(deps: Deps) -> None:
     refused("invalid_argument", guests.write_file, deps, ALICE, handle, vm_id, "/x", "x",
             encoding="latin-1")
     other = tasks.new_task(deps, ALICE)
-    refused("vm_not_found", guests.exec_command, deps, ALICE, str(other.handle), vm_id, "true")
-    refused("handle_required", guests.exec_command, deps, ALICE, None, vm_id, "true")
+    refused("vm_not_found", execs.start, deps, ALICE, str(other.handle), vm_id, "true")
+    refused("handle_required", execs.start, deps, ALICE, None, vm_id, "true")

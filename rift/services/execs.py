@@ -1,0 +1,370 @@
+"""Execs (SPEC §10): commands that run detached in a VM's guest and outlive the
+call that started them. `rift_vm_exec` records the exec (`running`, with its
+`exec_started` event) before the guest starts it, so no command runs without a
+row; its end is recorded once (a compare-and-set from `running`, with its
+`exec_ended` event) by whichever call or sweep sees it first. The output stays
+in the guest (rift-exec's rings); Rift keeps only the totals it last saw.
+
+While a call waits on a guest (an exec's end, a long poll), its task's activity
+clock keeps moving at its step (`in_flight`): no lease turns quiet under a call
+that is still working.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import signal as signals
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from rift.contract.base import MAX_EXEC_S, MAX_OFFSET, MAX_WAIT_S
+from rift.contract.tools import ExecInputOut, ExecListOut
+from rift.contract.views import ExecView
+from rift.domain.errors import (
+    ExecNotFound,
+    GuestUnreachable,
+    InvalidArgument,
+    VmNotFound,
+    VmNotRunning,
+)
+from rift.domain.ids import new_exec_id
+from rift.domain.model import Exec, ExecStatus, NewEvent, Task, Vm
+from rift.services import validate
+from rift.services.context import Caller, Deps
+from rift.services.guest_kinds import reach
+from rift.services.leases import check_handle, in_write, parse_handle
+from rift.services.ports import ExecGone, GuestExec, GuestShell, Tx
+
+MIB = 1 << 20
+ANSWER_BYTES = MIB  # the most of each stream one answer carries
+
+
+# -- starting ---------------------------------------------------------------------------
+
+def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: str,
+          stdin: str | None = None, timeout_s: int | None = None,
+          wait_s: int | None = None) -> ExecView:
+    """Record the exec, start it in the guest, and answer its view at its end or
+    after `wait_s` (RIFT_EXEC_WAIT_S by default)."""
+    validate.text("command", command, max_len=validate.MAX_COMMAND)
+    if stdin is not None and len(stdin) > validate.MAX_CONTENT:
+        raise InvalidArgument("stdin", "at most 16 MiB")
+    timeout = validate.integer("timeout_s", 60 if timeout_s is None else timeout_s, 1,
+                               MAX_EXEC_S)
+    wait = validate.integer("wait_s", deps.limits.exec_wait_s if wait_s is None else wait_s,
+                            0, MAX_WAIT_S)
+    parsed = parse_handle(handle)
+    validate.vm_id(vm_id)
+    exec_id = new_exec_id()
+
+    def record(tx: Tx) -> tuple[Task, Vm, Exec]:
+        now = deps.clock.now()
+        task = check_handle(deps, tx, caller, parsed, now)
+        vm = _task_vm(tx, task, vm_id)
+        reach(vm, deps.guests)  # guest_unreachable before anything is recorded
+        ex = Exec(id=exec_id, task_id=task.id, vm_id=vm.id, owner=caller.user,
+                  command=command, status="running", timeout_s=timeout, started_at=now)
+        tx.execs.add(ex)
+        tx.events.add(NewEvent(task.id, "exec_started", now, caller.label,
+                               {"exec_id": exec_id, "vm_id": vm.id}))
+        return task, vm, ex
+
+    task, vm, ex = in_write(deps.store, record)
+    shell = reach(vm, deps.guests)
+    try:
+        with in_flight(deps, task.id, wait):
+            seen = shell.exec_start(vm, exec_id, command,
+                                    stdin.encode() if stdin is not None else None,
+                                    timeout_s=timeout, cap_bytes=deps.limits.exec_output_mib * MIB,
+                                    wait_ms=wait * 1000, max_bytes=ANSWER_BYTES)
+    except (GuestUnreachable, ExecGone) as exc:
+        _end(deps, ex, "lost", caller.label)
+        if isinstance(exc, GuestUnreachable):
+            raise
+        raise GuestUnreachable(vm.id, "the guest lost the exec as it started") from exc
+    return _answer(deps, ex, seen, 0, 0, caller.label)
+
+
+# -- reading, input, kill, list ------------------------------------------------------------
+
+def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
+        stdout_offset: int = 0, stderr_offset: int = 0, wait_s: int = 0) -> ExecView:
+    """The exec's view with output from the offsets, waiting up to `wait_s` for
+    output past them or its end."""
+    out_from = validate.integer("stdout_offset", stdout_offset, 0, MAX_OFFSET)
+    err_from = validate.integer("stderr_offset", stderr_offset, 0, MAX_OFFSET)
+    wait = validate.integer("wait_s", wait_s, 0, MAX_WAIT_S)
+    task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+    _check_offsets(ex, out_from, err_from)
+    if not ex.is_running and vm is None:
+        return ExecView.of(ex, stdout_offset=out_from, stderr_offset=err_from)
+    if vm is None:
+        return ExecView.of(_end(deps, ex, "lost", caller.label))
+    shell = reach(vm, deps.guests)
+    try:
+        with in_flight(deps, task.id, wait):
+            seen = shell.exec_read(vm, ex.id, out_from, err_from, max_bytes=ANSWER_BYTES,
+                                   wait_ms=wait * 1000)
+    except ExecGone:
+        return ExecView.of(_end(deps, ex, "lost", caller.label) if ex.is_running else ex)
+    if out_from > seen.stdout_total or err_from > seen.stderr_total:
+        field = "stdout_offset" if out_from > seen.stdout_total else "stderr_offset"
+        total = seen.stdout_total if field == "stdout_offset" else seen.stderr_total
+        raise InvalidArgument(field, f"beyond the {total} bytes the exec wrote so far")
+    return _answer(deps, ex, seen, out_from, err_from, caller.label)
+
+
+def send_input(deps: Deps, caller: Caller, handle: str | None, exec_id: str, data: str = "",
+               encoding: str | None = None, eof: bool = False) -> ExecInputOut:
+    raw = _decode(data, encoding or "utf-8")
+    _task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+    if not ex.is_running or vm is None:
+        raise InvalidArgument("exec_id", f"exec {exec_id} has ended ({ex.status}); its stdin "
+                              "takes no more input")
+    shell = reach(vm, deps.guests)
+    try:
+        written = shell.exec_input(vm, ex.id, raw, eof=eof)
+    except ExecGone as exc:
+        if exc.why == "stdin_closed":
+            raise InvalidArgument("eof", f"the stdin of exec {exec_id} is closed already "
+                                  "(eof was sent, or the command closed it)") from exc
+        _refresh(deps, shell, vm, ex, caller.label)
+        raise InvalidArgument("exec_id", f"exec {exec_id} has ended; its stdin takes no "
+                              "more input") from exc
+    return ExecInputOut(exec_id=ex.id, bytes=written)
+
+
+def kill(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
+         signal: str | None = None) -> ExecView:
+    chosen = signal or "TERM"
+    if chosen not in ("TERM", "KILL"):
+        raise InvalidArgument("signal", "TERM or KILL")
+    _task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+    if not ex.is_running:
+        return ExecView.of(ex)
+    if vm is None:
+        return ExecView.of(_end(deps, ex, "lost", caller.label))
+    shell = reach(vm, deps.guests)
+    try:
+        shell.exec_kill(vm, ex.id, chosen)  # type: ignore[arg-type]
+    except ExecGone:
+        return ExecView.of(_end(deps, ex, "lost", caller.label))
+    return ExecView.of(_refresh(deps, shell, vm, ex, caller.label))
+
+
+def list_execs(deps: Deps, caller: Caller, handle: str | None, vm_id: str | None = None,
+               status: str | None = None) -> ExecListOut:
+    which = status or "running"
+    if which not in ("running", "all"):
+        raise InvalidArgument("status", "running or all")
+    parsed = parse_handle(handle)
+    if vm_id is not None:
+        validate.vm_id(vm_id)
+
+    def work(tx: Tx) -> list[Exec]:
+        task = check_handle(deps, tx, caller, parsed, deps.clock.now())
+        if vm_id is not None:
+            _task_vm(tx, task, vm_id, running=False)
+        return tx.execs.of_task(task.id, vm_id, running_only=which == "running")
+
+    return ExecListOut(execs=[ExecView.of(ex) for ex in in_write(deps.store, work)])
+
+
+# -- ends ---------------------------------------------------------------------------------
+
+def record_ends(deps: Deps, limit: int = 100) -> list[str]:
+    """The sweep's part: end the running execs whose VM is gone (`lost`) or whose
+    guest says they ended. Answers the ids it ended."""
+    with deps.store.read() as tx:
+        running = tx.execs.running(limit)
+        vms = {ex.vm_id: tx.vms.get(ex.vm_id) for ex in running}
+    ended: list[str] = []
+    for ex in running:
+        vm = vms.get(ex.vm_id)
+        if vm is None or vm.status != "running":
+            if _end(deps, ex, "lost", "sweep").status == "lost":
+                ended.append(ex.id)
+            continue
+        if vm.ssh_port is None or deps.guests is None:
+            continue
+        try:
+            seen = deps.guests.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
+        except ExecGone:
+            _end(deps, ex, "lost", "sweep")
+            ended.append(ex.id)
+            continue
+        except GuestUnreachable:
+            continue  # a guest that does not answer now: the next sweep looks again
+        if seen.state != "running" and _record(deps, ex, seen, "sweep").status != "running":
+            ended.append(ex.id)
+    return ended
+
+
+def end_vm_execs(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
+    """In the transaction that destroys or fails `vm`: its running execs are lost."""
+    for ex in tx.execs.of_task(vm.task_id, vm.id, running_only=True):
+        _end_in(tx, ex, {"status": "lost", "ended_at": now}, now, actor)
+
+
+def _answer(deps: Deps, ex: Exec, seen: GuestExec, out_from: int, err_from: int,
+            actor: str) -> ExecView:
+    current = _record(deps, ex, seen, actor)
+    truncated = seen.stdout_from > out_from or seen.stderr_from > err_from
+    duration = current.duration_ms
+    if duration is None:
+        duration = max(0, int((deps.clock.now() - ex.started_at).total_seconds() * 1000))
+    return ExecView.of(current, stdout=seen.stdout, stderr=seen.stderr,
+                       stdout_offset=seen.stdout_from + len(seen.stdout),
+                       stderr_offset=seen.stderr_from + len(seen.stderr),
+                       truncated=truncated, duration_ms=duration)
+
+
+def _record(deps: Deps, ex: Exec, seen: GuestExec, actor: str) -> Exec:
+    """Write what the guest said: the totals, and the end once."""
+    if seen.state == "running":
+        if (seen.stdout_total, seen.stderr_total) != (ex.stdout_bytes, ex.stderr_bytes):
+            with deps.store.write() as tx:
+                tx.execs.seen(ex.id, seen.stdout_total, seen.stderr_total)
+        return replace(ex, stdout_bytes=max(ex.stdout_bytes, seen.stdout_total),
+                       stderr_bytes=max(ex.stderr_bytes, seen.stderr_total))
+    status: ExecStatus = ("lost" if seen.state == "lost" else "timed_out" if seen.timed_out
+                          else "killed" if seen.killed else "exited")
+    changes: dict[str, Any] = {
+        "status": status, "stdout_bytes": seen.stdout_total,
+        "stderr_bytes": seen.stderr_total, "timed_out": seen.timed_out}
+    if seen.state == "ended":
+        duration = max(0, (seen.ended_ms or seen.started_ms) - seen.started_ms)
+        changes |= {"exit_code": seen.exit_code, "signal": signal_name(seen.signal),
+                    "duration_ms": duration,
+                    "ended_at": ex.started_at + timedelta(milliseconds=duration)}
+    else:
+        changes["ended_at"] = deps.clock.now()
+    return _end_with(deps, ex, changes, actor)
+
+
+def _end(deps: Deps, ex: Exec, status: ExecStatus, actor: str) -> Exec:
+    return _end_with(deps, ex, {"status": status, "ended_at": deps.clock.now()}, actor)
+
+
+def _end_with(deps: Deps, ex: Exec, changes: dict[str, Any], actor: str) -> Exec:
+    def work(tx: Tx) -> Exec:
+        current = tx.execs.get(ex.id)
+        if current is None or not current.is_running:
+            return current or ex  # ended meanwhile by another call or the sweep
+        return _end_in(tx, current, changes, deps.clock.now(), actor)
+
+    return in_write(deps.store, work)
+
+
+def _end_in(tx: Tx, ex: Exec, changes: dict[str, Any], now: datetime, actor: str) -> Exec:
+    if not tx.execs.end(ex.id, **changes):
+        return tx.execs.get(ex.id) or ex
+    ended = replace(ex, **changes)
+    tx.events.add(NewEvent(ex.task_id, "exec_ended", now, actor,
+                           {"exec_id": ex.id, "vm_id": ex.vm_id, "status": ended.status,
+                            "exit_code": ended.exit_code}))
+    return ended
+
+
+def _refresh(deps: Deps, shell: GuestShell, vm: Vm, ex: Exec, actor: str) -> Exec:
+    try:
+        seen = shell.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
+    except ExecGone:
+        return _end(deps, ex, "lost", actor)
+    return _record(deps, ex, seen, actor)
+
+
+def signal_name(number: int | None) -> str | None:
+    if number is None:
+        return None
+    try:
+        return signals.Signals(number).name.removeprefix("SIG")
+    except ValueError:
+        return str(number)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def _task_vm(tx: Tx, task: Task, vm_id: str, *, running: bool = True) -> Vm:
+    vm = tx.vms.get(vm_id)
+    if vm is None or vm.task_id != task.id:
+        raise VmNotFound(vm_id)
+    if running and vm.status != "running":
+        raise VmNotRunning(vm_id, vm.status)
+    return vm
+
+
+def _held_exec(deps: Deps, caller: Caller, handle: str | None,
+               exec_id: str) -> tuple[Task, Exec, Vm | None]:
+    """The handle's task, the exec of it, and its VM while that runs."""
+    parsed = parse_handle(handle)
+    validate.exec_id(exec_id)
+
+    def work(tx: Tx) -> tuple[Task, Exec, Vm | None]:
+        task = check_handle(deps, tx, caller, parsed, deps.clock.now())
+        ex = tx.execs.get(exec_id)
+        if ex is None or ex.task_id != task.id:
+            raise ExecNotFound(exec_id)
+        vm = tx.vms.get(ex.vm_id)
+        return task, ex, vm if vm is not None and vm.status == "running" else None
+
+    return in_write(deps.store, work)
+
+
+def _check_offsets(ex: Exec, out_from: int, err_from: int) -> None:
+    """Offsets past all an ended exec wrote are refused at once (a running one's
+    totals are the guest's to say)."""
+    if ex.is_running:
+        return
+    for field, offset, total in (("stdout_offset", out_from, ex.stdout_bytes),
+                                 ("stderr_offset", err_from, ex.stderr_bytes)):
+        if offset > total:
+            raise InvalidArgument(field, f"beyond the {total} bytes the exec wrote")
+
+
+def _decode(data: str, encoding: str) -> bytes:
+    if encoding not in ("utf-8", "base64"):
+        raise InvalidArgument("encoding", "one of utf-8, base64")
+    if encoding == "utf-8":
+        raw = data.encode("utf-8")
+    else:
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidArgument("data", f"not valid base64: {exc}") from exc
+    if len(raw) > validate.MAX_CONTENT:
+        raise InvalidArgument("data", "at most 16 MiB")
+    return raw
+
+
+@contextmanager
+def in_flight(deps: Deps, task_id: str, wait_s: float) -> Iterator[None]:
+    """While the block runs (a call waiting on its guest), move the task's activity
+    clock at its step, as a call made each step would."""
+    step = deps.lease_rules.activity_step_s
+    if wait_s < step / 2:
+        yield
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(step / 2):
+            now = deps.clock.now()
+            with deps.store.write() as tx:
+                tx.tasks.touch(task_id, now, now - timedelta(seconds=step))
+
+    beater = threading.Thread(target=beat, name="rift-in-flight", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join(5)
+
+
+__all__ = ["get", "kill", "list_execs", "record_ends", "send_input", "start"]

@@ -1,0 +1,128 @@
+"""A guest shell for the engine's unit tests (no VM, no SSH): files in a dict, and
+execs whose guest side the test plays. `echo TEXT` and `cat` end at once (cat
+echoes its stdin); any other command runs until the test ends it (`finish`),
+feeds it output (`write`) or the guest forgets it (`forget`, a reboot)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rift.domain.model import Vm
+from rift.services.ports import ExecGone, GuestExec
+
+_ECHO = re.compile(r"echo (.*)")
+
+
+@dataclass
+class FakeExec:
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    state: Literal["running", "ended", "lost"] = "running"
+    exit_code: int | None = None
+    signal: int | None = None
+    killed: bool = False
+    timed_out: bool = False
+    stdin_open: bool = True
+    stdin: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class FakeShell:
+    files: dict[str, bytes] = field(default_factory=dict)
+    execs: dict[str, FakeExec] = field(default_factory=dict)
+    cap: int = 1 << 20  # the ring: the newest bytes of each stream kept
+    waits: list[int] = field(default_factory=list)  # the wait_ms of every start and read
+
+    def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
+        self.files[path] = data
+        return len(data)
+
+    def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]:
+        return self.files[path], False
+
+    # what teardown and the sweep ask of any guest shell
+
+    def close_vm(self, vm_id: str) -> None:
+        pass
+
+    def forget_task(self, task_id: str) -> None:
+        pass
+
+    def tidy_keys(self, needed: object) -> int:
+        return 0
+
+    # execs, the test's side
+
+    def write(self, exec_id: str, stdout: bytes = b"", stderr: bytes = b"") -> None:
+        self.execs[exec_id].stdout += stdout
+        self.execs[exec_id].stderr += stderr
+
+    def finish(self, exec_id: str, exit_code: int | None = 0, signal: int | None = None,
+               *, timed_out: bool = False) -> None:
+        ex = self.execs[exec_id]
+        ex.state, ex.exit_code, ex.signal, ex.timed_out = "ended", exit_code, signal, timed_out
+        ex.stdin_open = False
+
+    def forget(self, exec_id: str) -> None:
+        del self.execs[exec_id]
+
+    # execs, Rift's side (the GuestShell port)
+
+    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
+                   timeout_s: int, cap_bytes: int, wait_ms: int, max_bytes: int) -> GuestExec:
+        self.waits.append(wait_ms)
+        ex = self.execs[exec_id] = FakeExec()
+        echo = _ECHO.fullmatch(command)
+        if echo:
+            ex.stdout += echo.group(1).encode() + b"\n"
+            self.finish(exec_id)
+        elif command == "cat" and stdin is not None:
+            ex.stdout += stdin
+            self.finish(exec_id)
+        elif stdin is not None:
+            ex.stdin += stdin
+            ex.stdin_open = False
+        return self._view(exec_id, 0, 0, max_bytes)
+
+    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
+                  max_bytes: int, wait_ms: int) -> GuestExec:
+        self.waits.append(wait_ms)
+        if exec_id not in self.execs:
+            raise ExecGone("unknown")
+        return self._view(exec_id, stdout_offset, stderr_offset, max_bytes)
+
+    def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
+        ex = self.execs.get(exec_id)
+        if ex is None or ex.state != "running":
+            raise ExecGone("ended" if ex else "unknown")
+        if not ex.stdin_open:
+            raise ExecGone("stdin_closed")
+        ex.stdin += data
+        ex.stdin_open = not eof
+        return len(data)
+
+    def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None:
+        ex = self.execs.get(exec_id)
+        if ex is None:
+            raise ExecGone("unknown")
+        if ex.state == "running":
+            ex.killed = True
+            self.finish(exec_id, None, 15 if signal == "TERM" else 9)
+
+    def _view(self, exec_id: str, out_off: int, err_off: int, max_bytes: int) -> GuestExec:
+        ex = self.execs[exec_id]
+        (out, out_from), (err, err_from) = (_ring(ex.stdout, out_off, max_bytes, self.cap),
+                                            _ring(ex.stderr, err_off, max_bytes, self.cap))
+        return GuestExec(state=ex.state, exit_code=ex.exit_code, signal=ex.signal,
+                         timed_out=ex.timed_out, killed=ex.killed, stdin_open=ex.stdin_open,
+                         started_ms=1_000, ended_ms=1_250 if ex.state == "ended" else None,
+                         stdout_total=len(ex.stdout), stderr_total=len(ex.stderr),
+                         stdout_from=out_from, stderr_from=err_from, stdout=out, stderr=err)
+
+
+def _ring(stream: bytearray, offset: int, max_bytes: int, cap: int) -> tuple[bytes, int]:
+    total = len(stream)
+    start = min(max(offset, total - cap, 0), total)
+    return bytes(stream[start:start + max_bytes]), start

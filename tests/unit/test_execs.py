@@ -1,0 +1,214 @@
+"""Execs in the engine (SPEC §10), over a fake guest (tests/support/fake_guest.py)
+and the real store: the record before the start, the end once with its event,
+offsets and the ring's truncation, input and kill, lists, one answer for unknown
+and foreign ids, stale handles, lost execs (a VM destroyed, a guest that forgot),
+the sweep recording ends, and a call in flight keeping its lease active."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from rift.domain.clock import FakeClock
+from rift.services import execs, leases, sweeps, tasks, vms
+from rift.services.context import Deps
+from rift.services.tools import _task_out
+from tests.support.engine import ALICE, BOB, event_types, refused
+from tests.support.fake_guest import FakeShell
+
+
+@pytest.fixture
+def shell() -> FakeShell:
+    return FakeShell()
+
+
+@pytest.fixture
+def gdeps(deps: Deps, shell: FakeShell) -> Deps:
+    return replace(deps, guests=shell)  # type: ignore[arg-type]
+
+
+def _vm(deps: Deps) -> tuple[str, str, str]:
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    with deps.store.write() as tx:
+        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+    return str(opened.handle), vm.id, opened.task.id
+
+
+def test_an_exec_that_ends_within_its_wait_answers_its_end_and_is_recorded_once(
+        gdeps: Deps) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "echo hello")
+    assert (out.status, out.exit_code, out.stdout, out.stdout_offset, out.stdout_bytes) == \
+        ("exited", 0, "hello\n", 6, 6)
+    assert out.exec_id.startswith("exec_") and out.duration_ms == 250
+    assert out.ended_at is not None and not out.truncated
+    again = execs.get(gdeps, ALICE, handle, out.exec_id)
+    assert (again.status, again.stdout) == ("exited", "hello\n")
+    types = event_types(gdeps, task_id)
+    assert types.count("exec_started") == 1 and types.count("exec_ended") == 1
+    with gdeps.store.read() as tx:
+        ended = next(e for e in tx.events.page(task_id, 0, 100) if e.type == "exec_ended")
+    assert ended.details == {"exec_id": out.exec_id, "vm_id": vm_id, "status": "exited",
+                             "exit_code": 0}
+
+
+def test_a_running_exec_is_read_on_from_its_offsets(gdeps: Deps, shell: FakeShell) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "make", wait_s=0)
+    assert out.status == "running" and out.exit_code is None and shell.waits == [0]
+    assert _task_out(gdeps, task_id).running_execs == 1
+    shell.write(out.exec_id, b"line 1\n", b"warn\n")
+    first = execs.get(gdeps, ALICE, handle, out.exec_id, wait_s=5)
+    assert (first.stdout, first.stderr, first.stdout_offset, first.stderr_offset) == \
+        ("line 1\n", "warn\n", 7, 5)
+    assert shell.waits[-1] == 5000
+    shell.write(out.exec_id, b"line 2\n")
+    shell.finish(out.exec_id, 2)
+    rest = execs.get(gdeps, ALICE, handle, out.exec_id, first.stdout_offset,
+                     first.stderr_offset)
+    assert (rest.status, rest.exit_code, rest.stdout, rest.stderr, rest.stdout_bytes) == \
+        ("exited", 2, "line 2\n", "", 14)
+    assert _task_out(gdeps, task_id).running_execs == 0
+    err = refused("invalid_argument", execs.get, gdeps, ALICE, handle, out.exec_id, 15)
+    assert err.details["field"] == "stdout_offset"
+
+
+def test_a_read_from_before_the_ring_starts_at_the_oldest_byte_kept(
+        gdeps: Deps, shell: FakeShell) -> None:
+    shell.cap = 10
+    handle, vm_id, _ = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "yes", wait_s=0)
+    shell.write(out.exec_id, b"0123456789abcdef")
+    view = execs.get(gdeps, ALICE, handle, out.exec_id)
+    assert (view.stdout, view.stdout_offset, view.stdout_bytes, view.truncated) == \
+        ("6789abcdef", 16, 16, True)
+
+
+def test_input_reaches_stdin_until_eof_and_an_ended_exec_takes_none(
+        gdeps: Deps, shell: FakeShell) -> None:
+    handle, vm_id, _ = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "python3", wait_s=0)
+    assert execs.send_input(gdeps, ALICE, handle, out.exec_id, "print(1)\n").bytes == 9
+    assert execs.send_input(gdeps, ALICE, handle, out.exec_id, "AAE=", "base64",
+                            eof=True).bytes == 2
+    assert shell.execs[out.exec_id].stdin == b"print(1)\n\x00\x01"
+    err = refused("invalid_argument", execs.send_input, gdeps, ALICE, handle, out.exec_id, "x")
+    assert err.details["field"] == "eof"
+    shell.finish(out.exec_id)
+    err = refused("invalid_argument", execs.send_input, gdeps, ALICE, handle, out.exec_id, "x")
+    assert "ended" in err.message
+    assert execs.get(gdeps, ALICE, handle, out.exec_id).status == "exited"
+    refused("invalid_argument", execs.send_input, gdeps, ALICE, handle, out.exec_id, "!",
+            "base64")
+
+
+def test_a_kill_ends_the_exec_killed_and_a_repeat_changes_nothing(
+        gdeps: Deps, shell: FakeShell) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "sleep 100", wait_s=0)
+    killed = execs.kill(gdeps, ALICE, handle, out.exec_id)
+    assert (killed.status, killed.signal, killed.exit_code) == ("killed", "TERM", None)
+    again = execs.kill(gdeps, ALICE, handle, out.exec_id, "KILL")
+    assert again == killed
+    assert event_types(gdeps, task_id).count("exec_ended") == 1
+    err = refused("invalid_argument", execs.kill, gdeps, ALICE, handle, out.exec_id, "HUP")
+    assert err.details["field"] == "signal"
+
+
+def test_a_timeout_in_the_guest_ends_the_exec_timed_out(gdeps: Deps, shell: FakeShell) -> None:
+    handle, vm_id, _ = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "sleep 100", timeout_s=1, wait_s=0)
+    shell.finish(out.exec_id, None, 15, timed_out=True)
+    view = execs.get(gdeps, ALICE, handle, out.exec_id)
+    assert (view.status, view.timed_out, view.signal) == ("timed_out", True, "TERM")
+
+
+def test_lists_show_running_execs_or_all_without_output(gdeps: Deps, clock: FakeClock) -> None:
+    handle, vm_id, _ = _vm(gdeps)
+    done = execs.start(gdeps, ALICE, handle, vm_id, "echo hi")
+    clock.advance(1)
+    running = execs.start(gdeps, ALICE, handle, vm_id, "serve", wait_s=0)
+    listed = execs.list_execs(gdeps, ALICE, handle)
+    assert [e.exec_id for e in listed.execs] == [running.exec_id]
+    every = execs.list_execs(gdeps, ALICE, handle, vm_id, "all")
+    assert [e.exec_id for e in every.execs] == [done.exec_id, running.exec_id]
+    assert all(e.stdout == "" for e in every.execs) and every.execs[0].command == "echo hi"
+    refused("invalid_argument", execs.list_execs, gdeps, ALICE, handle, None, "ended")
+    refused("vm_not_found", execs.list_execs, gdeps, ALICE, handle, "vm_aaaaaaaa")
+
+
+def test_unknown_and_foreign_exec_ids_get_one_answer_and_a_stale_handle_is_refused(
+        gdeps: Deps) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "serve", wait_s=0)
+    other = tasks.new_task(gdeps, ALICE)
+    foreign = refused("exec_not_found", execs.get, gdeps, ALICE, str(other.handle), out.exec_id)
+    unknown = refused("exec_not_found", execs.get, gdeps, ALICE, str(other.handle),
+                      "exec_aaaaaaaa")
+    assert foreign.hint == unknown.hint and "rift_vm_exec_list" in foreign.hint
+    bobs = tasks.new_task(gdeps, BOB)
+    refused("exec_not_found", execs.kill, gdeps, BOB, str(bobs.handle), out.exec_id)
+    refused("invalid_argument", execs.get, gdeps, ALICE, handle, "exec_1")
+    leases.attach(gdeps, ALICE, task_id, takeover=True)
+    for call, args in ((execs.get, ()), (execs.kill, ()), (execs.send_input, ("x",))):
+        refused("lease_stale", call, gdeps, ALICE, handle, out.exec_id, *args)
+    assert event_types(gdeps, task_id).count("stale_rejected") == 3
+
+
+def test_an_exec_of_a_destroyed_vm_ends_lost(gdeps: Deps) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "serve", wait_s=0)
+    vms.destroy(gdeps, ALICE, vm_id, handle=handle)
+    view = execs.get(gdeps, ALICE, handle, out.exec_id)
+    assert view.status == "lost" and view.ended_at is not None
+    assert event_types(gdeps, task_id).count("exec_ended") == 1
+
+
+def test_the_sweep_records_ends_and_execs_the_guest_forgot(
+        gdeps: Deps, shell: FakeShell) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    ended = execs.start(gdeps, ALICE, handle, vm_id, "build", wait_s=0)
+    forgotten = execs.start(gdeps, ALICE, handle, vm_id, "serve", wait_s=0)
+    still = execs.start(gdeps, ALICE, handle, vm_id, "train", wait_s=0)
+    shell.finish(ended.exec_id, 0)
+    shell.forget(forgotten.exec_id)  # the guest rebooted
+    report = sweeps.sweep(gdeps)
+    assert sorted(report.execs_ended) == sorted([ended.exec_id, forgotten.exec_id])
+    with gdeps.store.read() as tx:
+        statuses = {e.id: e.status for e in tx.execs.of_task(task_id)}
+    assert statuses == {ended.exec_id: "exited", forgotten.exec_id: "lost",
+                        still.exec_id: "running"}
+    assert sweeps.sweep(gdeps).execs_ended == []
+
+
+def test_an_unreachable_guest_records_no_exec(deps: Deps) -> None:
+    handle, vm_id, task_id = _vm(deps)  # deps has no guest shell
+    refused("guest_unreachable", execs.start, deps, ALICE, handle, vm_id, "true")
+    assert "exec_started" not in event_types(deps, task_id)
+
+
+def test_a_call_waiting_on_its_guest_keeps_the_lease_active(
+        gdeps: Deps, clock: FakeClock, shell: FakeShell) -> None:
+    """While a long poll waits, the task's activity clock moves at its step."""
+    gdeps = replace(gdeps, lease_rules=replace(gdeps.lease_rules, activity_step_s=1))
+    handle, vm_id, task_id = _vm(gdeps)
+    out = execs.start(gdeps, ALICE, handle, vm_id, "train", wait_s=0)
+    before = _task_out(gdeps, task_id).last_activity_at
+    reading = threading.Event()
+
+    def slow_read(*args: object, **kwargs: object) -> object:
+        reading.set()
+        for _ in range(4):  # four steps of the clock pass while the call waits
+            clock.advance(timedelta(seconds=1).total_seconds())
+            time.sleep(0.6)
+        return FakeShell._view(shell, out.exec_id, 0, 0, 100)
+
+    shell.exec_read = slow_read  # type: ignore[method-assign]
+    execs.get(gdeps, ALICE, handle, out.exec_id, wait_s=10)
+    assert reading.is_set()
+    assert _task_out(gdeps, task_id).last_activity_at > before
