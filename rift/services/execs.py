@@ -12,8 +12,6 @@ that is still working.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import signal as signals
 import threading
 from collections.abc import Iterator
@@ -121,7 +119,10 @@ def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
 
 def send_input(deps: Deps, caller: Caller, handle: str | None, exec_id: str, data: str = "",
                encoding: str | None = None, eof: bool = False) -> ExecInputOut:
-    raw = _decode(data, encoding or "utf-8")
+    chosen = encoding or "utf-8"
+    if chosen not in ("utf-8", "base64"):
+        raise InvalidArgument("encoding", "one of utf-8, base64")
+    raw = validate.decoded("data", data, chosen)
     _task, ex, vm = _held_exec(deps, caller, handle, exec_id)
     if not ex.is_running or vm is None:
         raise InvalidArgument("exec_id", f"exec {exec_id} has ended ({ex.status}); its stdin "
@@ -325,21 +326,6 @@ def _check_offsets(ex: Exec, out_from: int, err_from: int) -> None:
                                  ("stderr_offset", err_from, ex.stderr_bytes)):
         if offset > total:
             raise InvalidArgument(field, f"beyond the {total} bytes the exec wrote")
-
-
-def _decode(data: str, encoding: str) -> bytes:
-    if encoding not in ("utf-8", "base64"):
-        raise InvalidArgument("encoding", "one of utf-8, base64")
-    if encoding == "utf-8":
-        raw = data.encode("utf-8")
-    else:
-        try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidArgument("data", f"not valid base64: {exc}") from exc
-    if len(raw) > validate.MAX_CONTENT:
-        raise InvalidArgument("data", "at most 16 MiB")
-    return raw
 
 
 @contextmanager

@@ -5,7 +5,6 @@ guest shell port does the SSH."""
 from __future__ import annotations
 
 import base64
-import binascii
 
 from rift.contract.base import MAX_PATH
 from rift.contract.tools import FileReadOut, FileWrittenOut
@@ -53,26 +52,11 @@ def _encoding(encoding: str | None) -> str:
     return encoding
 
 
-def _decode(content: str, encoding: str) -> bytes:
-    if len(content) > validate.MAX_CONTENT * (4 / 3 if encoding == "base64" else 1) + 4:
-        raise InvalidArgument("content", "at most 16 MiB")
-    if encoding == "utf-8":
-        data = content.encode("utf-8")
-    else:
-        try:
-            data = base64.b64decode(content, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidArgument("content", f"not valid base64: {exc}") from exc
-    if len(data) > validate.MAX_CONTENT:
-        raise InvalidArgument("content", "at most 16 MiB")
-    return data
-
-
 def write_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
                content: str, encoding: str | None = None,
                mode: int | None = None) -> FileWrittenOut:
     _path(path)
-    data = _decode(content, _encoding(encoding))
+    data = validate.decoded("content", content, _encoding(encoding))
     if mode is not None:
         validate.integer("mode", mode, 0, 0o7777)
     vm, shell = _guest_vm(deps, caller, handle, vm_id)

@@ -3,6 +3,9 @@ engine for callers that come through no door (the CLI, the scheduler, tests)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from rift.contract.base import MAX_COMMAND, MAX_CONTENT, MAX_TEXT
 from rift.domain.errors import InvalidArgument
 from rift.domain.ids import is_exec_id, is_task_id, is_vm_id
@@ -51,3 +54,19 @@ def vm_id(value: str, field: str = "vm_id") -> str:
     if not isinstance(value, str) or not is_vm_id(value):
         raise InvalidArgument(field, "a VM id is vm_ and 8 lowercase base32 characters")
     return value
+
+
+def decoded(field: str, text: str, encoding: str) -> bytes:
+    """The bytes `text` carries in `encoding` (utf-8 or base64), at most 16 MiB."""
+    if len(text) > MAX_CONTENT * (4 / 3 if encoding == "base64" else 1) + 4:
+        raise InvalidArgument(field, "at most 16 MiB")
+    if encoding == "utf-8":
+        data = text.encode("utf-8")
+    else:
+        try:
+            data = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidArgument(field, f"not valid base64: {exc}") from exc
+    if len(data) > MAX_CONTENT:
+        raise InvalidArgument(field, "at most 16 MiB")
+    return data
