@@ -94,7 +94,7 @@ async def _ran(s: ClientSession, handle: str, vm_id: str, command: str,
                chore: str | None = None) -> str:
     """Run `command` in the guest; it must exit 0. Answers its stdout."""
     done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm_id, command=command,
-                      timeout_s=CHORE_S)
+                      timeout_s=CHORE_S, wait_s=CHORE_S)
     assert done["exit_code"] == 0 and not done["timed_out"], done
     if chore is not None:
         TOOK[chore] = done["duration_ms"] / 1000
