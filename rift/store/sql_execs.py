@@ -13,7 +13,7 @@ from rift.domain.model import Exec
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.changes import EXEC_END_CHANGEABLE, EXEC_END_STATUSES, check_changes, check_limit
 from rift.store.sql_base import SqlRepository
-from rift.store.tables import EXEC_COLUMNS, execs, tasks
+from rift.store.tables import EXEC_COLUMNS, execs, tasks, vms
 
 
 def _exec_of(row: Row[Any]) -> Exec:
@@ -31,6 +31,8 @@ class SqlExecs(SqlRepository):
                 return DuplicateKey("execs", "id")
             if not self._exists(tasks, tasks.c.id == ex.task_id):
                 return MissingReference("execs", "task_id")
+            if not self._exists(vms, vms.c.id == ex.vm_id):
+                return MissingReference("execs", "vm_id")
             return None
 
         self._insert(execs, dataclasses.asdict(ex), diagnose)

@@ -231,7 +231,7 @@ execs = Table(
     metadata,
     Column("id", String, primary_key=True),
     Column("task_id", String, ForeignKey("tasks.id"), nullable=False),
-    Column("vm_id", String, nullable=False),
+    Column("vm_id", String, ForeignKey("vms.id"), nullable=False),
     Column("owner", String, nullable=False),
     Column("command", Text, nullable=False),
     Column("status", String, nullable=False),

@@ -50,8 +50,8 @@ def a_vm(task: Task, **changes: Any) -> Vm:
     return dataclasses.replace(vm, **changes)
 
 
-def an_exec(task: Task, vm_id: str = "vm_aaaaaaaa", **changes: Any) -> Exec:
-    ex = Exec(id=new_exec_id(), task_id=task.id, vm_id=vm_id, owner=task.owner,
+def an_exec(vm: Vm, **changes: Any) -> Exec:
+    ex = Exec(id=new_exec_id(), task_id=vm.task_id, vm_id=vm.id, owner=vm.owner,
               command="make -j2 && ./test", status="running", timeout_s=60, started_at=T0)
     return dataclasses.replace(ex, **changes)
 
@@ -62,6 +62,7 @@ def a_token(user: str, digest: str, created_at: datetime = T0) -> ApiToken:
 
 
 def insert(store: Store, *rows: Task | Vm) -> None:
+    """Tasks and VMs, in one transaction, in the order given."""
     with store.write() as tx:
         for row in rows:
             if isinstance(row, Task):
@@ -328,16 +329,18 @@ def test_due_idle_tasks_are_open_tasks_at_or_before_the_cutoff_quietest_first(
         assert tx.tasks.due_idle(at(-100), 10) == []
 
 
-def test_purge_removes_long_closed_tasks_with_their_vms_and_events(store: Store) -> None:
+def test_purge_removes_long_closed_tasks_with_their_vms_events_and_execs(
+        store: Store) -> None:
     old = a_task(status="closed", closed_at=at(-100), close_reason="idle")
     recent = a_task(status="closed", closed_at=at(0), close_reason="closed")
     still_open = a_task()
     insert(store, old, recent, still_open)
     with store.write() as tx:
         for task in (old, recent, still_open):
-            tx.vms.add(a_vm(task, status="destroyed", destroyed_at=at(-1)))
+            vm = a_vm(task, status="destroyed", destroyed_at=at(-1))
+            tx.vms.add(vm)
             tx.events.add(NewEvent(task_id=task.id, type="opened", at=T0, actor="mcp:x"))
-            tx.execs.add(an_exec(task, status="lost", ended_at=at(-1)))
+            tx.execs.add(an_exec(vm, status="lost", ended_at=at(-1)))
     with store.write() as tx:
         assert tx.tasks.purge_closed_before(at(0), 10) == [old.id]
         assert tx.tasks.purge_closed_before(at(0), 10) == []
@@ -347,6 +350,7 @@ def test_purge_removes_long_closed_tasks_with_their_vms_and_events(store: Store)
         assert tx.events.page(old.id, 0, 10) == []
         assert tx.execs.of_task(old.id) == []
         assert len(tx.execs.of_task(recent.id)) == 1
+        assert len(tx.execs.of_task(still_open.id)) == 1
         assert tx.tasks.get(recent.id) is not None
         assert len(tx.vms.of_task(recent.id)) == 1
         assert len(tx.events.page(still_open.id, 0, 10)) == 1
@@ -364,24 +368,29 @@ def test_purge_takes_at_most_limit_tasks_the_longest_closed_first(store: Store) 
 
 def test_an_exec_is_added_read_and_listed_by_task_vm_and_status(store: Store) -> None:
     task, other = a_task(), a_task()
-    insert(store, task, other)
-    first = an_exec(task, started_at=at(1), command="x" * 65536)
-    second = an_exec(task, "vm_bbbbbbbb", started_at=at(2))
-    ended = an_exec(task, started_at=at(0), status="exited", exit_code=0, ended_at=at(3),
+    vm, vm2, their_vm = a_vm(task), a_vm(task, name="db"), a_vm(other)
+    insert(store, task, other, vm, vm2, their_vm)
+    first = an_exec(vm, started_at=at(1), command="x" * 65536)
+    second = an_exec(vm2, started_at=at(2))
+    ended = an_exec(vm, started_at=at(0), status="exited", exit_code=0, ended_at=at(3),
                     duration_ms=3000, stdout_bytes=2**40, stderr_bytes=1)
-    theirs = an_exec(other, started_at=at(-5))
+    theirs = an_exec(their_vm, started_at=at(-5))
     with store.write() as tx:
         for ex in (first, second, ended, theirs):
             tx.execs.add(ex)
         with pytest.raises(DuplicateKey):
             tx.execs.add(first)
-    with store.write() as tx, pytest.raises(MissingReference):
-        tx.execs.add(an_exec(a_task()))  # no such task
+    with store.write() as tx, pytest.raises(MissingReference) as no_task:
+        tx.execs.add(an_exec(a_vm(a_task())))  # no such task (nor VM)
+    with store.write() as tx, pytest.raises(MissingReference) as no_vm:
+        tx.execs.add(an_exec(a_vm(task)))  # the task is there, the VM is not
+    assert (no_task.value.field, no_vm.value.field) == ("task_id", "vm_id")
     with store.read() as tx:
         assert tx.execs.get(first.id) == first and tx.execs.get(ended.id) == ended
         assert tx.execs.get("exec_aaaaaaaa") is None
         assert ids(tx.execs.of_task(task.id)) == [ended.id, first.id, second.id]
-        assert ids(tx.execs.of_task(task.id, "vm_bbbbbbbb")) == [second.id]
+        assert ids(tx.execs.of_task(task.id, vm2.id)) == [second.id]
+        assert tx.execs.of_task(task.id, their_vm.id) == []  # another task's VM
         assert ids(tx.execs.of_task(task.id, running_only=True)) == [first.id, second.id]
         assert ids(tx.execs.running(2)) == [theirs.id, first.id]
         assert tx.execs.count_running([task.id, other.id, "task_none0000"]) == \
@@ -391,26 +400,36 @@ def test_an_exec_is_added_read_and_listed_by_task_vm_and_status(store: Store) ->
 
 def test_an_exec_ends_once_and_its_totals_only_grow_while_it_runs(store: Store) -> None:
     task = a_task()
-    insert(store, task)
-    ex = an_exec(task)
+    vm = a_vm(task, status="running")
+    insert(store, task, vm)
+    ex, big = an_exec(vm), an_exec(vm)
     with store.write() as tx:
         tx.execs.add(ex)
+        tx.execs.add(big)
         assert tx.execs.seen(ex.id, 10, 3)
         assert tx.execs.seen(ex.id, 5, 7)  # an older look: stdout stays at 10
         current = tx.execs.get(ex.id)
         assert current is not None and (current.stdout_bytes, current.stderr_bytes) == (10, 7)
+        assert tx.execs.seen(big.id, 2**40, 2**33)  # past 32 bits
+        assert tx.execs.seen(big.id, 2**40 - 1, 0)
+        assert not tx.execs.seen("exec_aaaaaaaa", 1, 1)  # no such exec
         assert tx.execs.end(ex.id, status="killed", ended_at=at(9), signal="TERM",
                             stdout_bytes=12, duration_ms=9000)
         assert not tx.execs.end(ex.id, status="lost", ended_at=at(10))  # ended already
         assert not tx.execs.seen(ex.id, 99, 99)
+        assert not tx.execs.end("exec_aaaaaaaa", status="lost")  # no such exec
         with pytest.raises(ValueError):
             tx.execs.end(ex.id, status="running")
+        with pytest.raises(ValueError):
+            tx.execs.end(big.id, ended_at=at(9))  # an end names its status
         with pytest.raises(ValueError):
             tx.execs.end(ex.id, status="lost", command="rm -rf /")
     with store.read() as tx:
         assert tx.execs.get(ex.id) == dataclasses.replace(
             ex, status="killed", ended_at=at(9), signal="TERM", stdout_bytes=12,
             stderr_bytes=7, duration_ms=9000)
+        assert tx.execs.get(big.id) == dataclasses.replace(big, stdout_bytes=2**40,
+                                                           stderr_bytes=2**33)
         with pytest.raises(ReadOnlyTransaction):
             tx.execs.seen(ex.id, 1, 1)  # a read transaction writes nothing
 
@@ -821,6 +840,61 @@ def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
                                                              start_ms=3500)
             assert tx.vms.get(never.id) == never
             assert never.disk_gib == ran.disk_gib == 10
+    finally:
+        store.close()
+
+
+def test_migration_0008_adds_execs_to_a_0007_database_and_takes_them_away_again(
+        empty_sql_url: str) -> None:
+    """A database at 0007 with tasks and VMs in it upgrades, keeps execs of its VMs,
+    downgrades to 0007 (the execs go, the rest stays) and upgrades again."""
+    from alembic import command
+    from sqlalchemy import insert as sql_insert
+    from sqlalchemy import inspect
+
+    from rift.store.migrate import alembic_config
+    from rift.store.sql import SqlStore
+    from rift.store.tables import tasks, vms
+
+    def tables() -> set[str]:
+        engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
+        try:
+            return set(inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+
+    upgrade(empty_sql_url, "0007")
+    assert "execs" not in tables()
+    task = a_task()
+    vm = a_vm(task, status="running", ready_at=at(1))
+    engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sql_insert(tasks).values(dataclasses.asdict(task)))
+            connection.execute(sql_insert(vms).values(dataclasses.asdict(vm)))
+    finally:
+        engine.dispose()
+    upgrade(empty_sql_url)
+    assert current_revision(empty_sql_url) == "0008"
+    ex = an_exec(vm)
+    store = SqlStore(empty_sql_url)
+    try:
+        with store.write() as tx:
+            assert tx.vms.get(vm.id) == vm
+            tx.execs.add(ex)
+        with store.read() as tx:
+            assert tx.execs.of_task(task.id) == [ex]
+    finally:
+        store.close()
+    command.downgrade(alembic_config(empty_sql_url), "0007")
+    assert current_revision(empty_sql_url) == "0007"
+    assert "execs" not in tables() and {"tasks", "vms", "pools"} <= tables()
+    upgrade(empty_sql_url)
+    store = SqlStore(empty_sql_url)
+    try:
+        with store.read() as tx:
+            assert tx.vms.get(vm.id) == vm
+            assert tx.execs.of_task(task.id) == []
     finally:
         store.close()
 

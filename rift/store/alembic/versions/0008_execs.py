@@ -38,6 +38,7 @@ def upgrade() -> None:
         sa.Column("duration_ms", sa.BigInteger(), nullable=True),
         sa.ForeignKeyConstraint(["task_id"], ["tasks.id"],
                                 name=op.f("fk_execs_task_id_tasks")),
+        sa.ForeignKeyConstraint(["vm_id"], ["vms.id"], name=op.f("fk_execs_vm_id_vms")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_execs")),
     )
     op.create_index("ix_execs_task_id_started_at", "execs", ["task_id", "started_at"])
