@@ -225,8 +225,9 @@ class SshGuestShell:
             raise GuestError(f"the guest has no rift-exec and none is at hand: {exc}",
                              vm_id=vm.id) from exc
         folder = GUEST_PATH.rsplit("/", 1)[0]
-        script = (f"mkdir -p {folder} && cat > {GUEST_PATH}.new && chmod 755 {GUEST_PATH}.new "
-                  f"&& mv -f {GUEST_PATH}.new {GUEST_PATH}")
+        aside = f"{GUEST_PATH}.new.$$"  # calls racing to put it there each write their own
+        script = (f"mkdir -p {folder} && cat > {aside} && chmod 755 {aside} "
+                  f"&& mv -f {aside} {GUEST_PATH}")
         collected = self._run(vm, script, binary, self.file_timeout_s, 4096)
         if collected.exit_code != 0:
             raise GuestError("could not put rift-exec into the guest: " + collected.stderr

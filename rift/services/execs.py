@@ -179,12 +179,14 @@ def list_execs(deps: Deps, caller: Caller, handle: str | None, vm_id: str | None
 # -- ends ---------------------------------------------------------------------------------
 
 def record_ends(deps: Deps, limit: int = 100) -> list[str]:
-    """The sweep's part: end the running execs whose VM is gone (`lost`) or whose
-    guest says they ended. Answers the ids it ended."""
+    """The sweep's part: end the running execs whose VM is gone (`lost`), whose
+    guest says they ended, or that their guest has not known for
+    `RIFT_VM_CREATING_GRACE_S` since their start (`lost`). Answers the ids it ended."""
     with deps.store.read() as tx:
         running = tx.execs.running(limit)
         vms = {ex.vm_id: tx.vms.get(ex.vm_id) for ex in running}
     ended: list[str] = []
+    grace = timedelta(seconds=deps.limits.creating_grace_s)
     for ex in running:
         vm = vms.get(ex.vm_id)
         if vm is None or vm.status != "running":
@@ -196,8 +198,12 @@ def record_ends(deps: Deps, limit: int = 100) -> list[str]:
         try:
             seen = deps.guests.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
         except ExecGone:
-            _end(deps, ex, "lost", "sweep")
-            ended.append(ex.id)
+            # The row is written before the guest starts the command: a young exec the
+            # guest does not know yet may be starting (its call ends it itself if the
+            # start fails); an old one was lost (a reboot, or a crash before its start).
+            if deps.clock.now() - ex.started_at >= grace:
+                _end(deps, ex, "lost", "sweep")
+                ended.append(ex.id)
             continue
         except GuestUnreachable:
             continue  # a guest that does not answer now: the next sweep looks again

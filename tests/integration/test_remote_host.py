@@ -20,7 +20,7 @@ from hypervisor.libvirt import LibvirtHypervisor
 from hypervisor.tiny import build_tiny
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
-from rift.services import guests, hosts, tasks, vms
+from rift.services import execs, hosts, tasks, vms
 from tests.support.cache import CACHE as TEST_CACHE
 from tests.support.engine import ALICE
 
@@ -98,7 +98,7 @@ def test_a_vm_placed_on_a_remote_host_boots_and_answers_over_libvirts_ssh_transp
         vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny", memory_mib=256)
         assert vm.status == "running", vm.error
         assert vm.host == "remote"
-        out = guests.exec_command(deps, ALICE, str(opened.handle), vm.id, "uname -sr")
+        out = execs.start(deps, ALICE, str(opened.handle), vm.id, "uname -sr")
         assert out.exit_code == 0 and out.stdout.startswith("Linux ")
         names = [d.name for d in deps.hosts.hypervisor(remote_uri).list_domains()]
         assert f"rift-{vm.id}" in names
