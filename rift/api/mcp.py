@@ -1,6 +1,6 @@
 """The MCP door: `POST /mcp` on the official SDK's streamable-HTTP transport.
 
-One lowlevel `Server` serves the thirteen tools of `mcp_tools`, each checked
+One lowlevel `Server` serves the seventeen tools of `mcp_tools`, each checked
 against its contract's input model and answered as a `CallToolResult`. The SDK
 owns the protocol: one stateless session manager serves every era (protocol
 `2026-07-28`, one self-contained POST answered as JSON, or as server-sent events

@@ -1,5 +1,5 @@
 """The MCP door against a real `rift serve`, driven by the official SDK client in
-both protocol eras: holder labels, the thirteen tools, every refusal reachable on
+both protocol eras: holder labels, the seventeen tools, every refusal reachable on
 libvirt's test driver, auth and protocol faults."""
 
 from __future__ import annotations
