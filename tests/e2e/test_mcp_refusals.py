@@ -74,6 +74,8 @@ def test_every_refusal_reachable_on_the_test_driver(server: Server) -> None:
             vm = (await call(s, "rift_vm_new", handle=handle))["vm"]
             await no("guest_unreachable", "rift_vm_exec", handle=handle, vm_id=vm["id"],
                      command="true")
+            await no("exec_not_found", "rift_vm_exec_get", handle=handle,
+                     exec_id="exec_aaaaaaaa")
             await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])
             error = await no("vm_not_running", "rift_vm_exec", handle=handle, vm_id=vm["id"],
                              command="true")
