@@ -119,10 +119,7 @@ def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
 
 def send_input(deps: Deps, caller: Caller, handle: str | None, exec_id: str, data: str = "",
                encoding: str | None = None, eof: bool = False) -> ExecInputOut:
-    chosen = encoding or "utf-8"
-    if chosen not in ("utf-8", "base64"):
-        raise InvalidArgument("encoding", "one of utf-8, base64")
-    raw = validate.decoded("data", data, chosen)
+    raw = validate.decoded("data", data, validate.encoding(encoding))
     _task, ex, vm = _held_exec(deps, caller, handle, exec_id)
     if not ex.is_running or vm is None:
         raise InvalidArgument("exec_id", f"exec {exec_id} has ended ({ex.status}); its stdin "

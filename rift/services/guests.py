@@ -16,8 +16,6 @@ from rift.services.guest_kinds import reach
 from rift.services.leases import check_handle, in_write, parse_handle
 from rift.services.ports import GuestShell, Tx
 
-ENCODINGS = ("utf-8", "base64")
-
 
 def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
               vm_id: str) -> tuple[Vm, GuestShell]:
@@ -45,18 +43,11 @@ def _path(path: str) -> str:
     return path
 
 
-def _encoding(encoding: str | None) -> str:
-    encoding = encoding or "utf-8"
-    if encoding not in ENCODINGS:
-        raise InvalidArgument("encoding", "one of utf-8, base64")
-    return encoding
-
-
 def write_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
                content: str, encoding: str | None = None,
                mode: int | None = None) -> FileWrittenOut:
     _path(path)
-    data = validate.decoded("content", content, _encoding(encoding))
+    data = validate.decoded("content", content, validate.encoding(encoding))
     if mode is not None:
         validate.integer("mode", mode, 0, 0o7777)
     vm, shell = _guest_vm(deps, caller, handle, vm_id)
@@ -66,7 +57,7 @@ def write_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path:
 def read_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
               encoding: str | None = None) -> FileReadOut:
     _path(path)
-    chosen = _encoding(encoding)
+    chosen = validate.encoding(encoding)
     vm, shell = _guest_vm(deps, caller, handle, vm_id)
     data, truncated = shell.read_file(vm, path)
     if chosen == "utf-8":

@@ -70,3 +70,11 @@ def decoded(field: str, text: str, encoding: str) -> bytes:
     if len(data) > MAX_CONTENT:
         raise InvalidArgument(field, "at most 16 MiB")
     return data
+
+
+def encoding(value: str | None) -> str:
+    """A text encoding of bytes in a call: utf-8 (the default) or base64."""
+    chosen = value or "utf-8"
+    if chosen not in ("utf-8", "base64"):
+        raise InvalidArgument("encoding", "one of utf-8, base64")
+    return chosen
