@@ -84,14 +84,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(data_dir: Path) -> tuple[subprocess.Popen[str], str, str]:
+def _start(data_dir: Path, module: str = "bench.mcp", within_s: float = 30,
+           ) -> tuple[subprocess.Popen[str], str, str]:
+    """`python -m <module> --serve PORT DIR` (it prints the admin's token first),
+    once its /healthz answers: (process, URL, token)."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.mcp", "--serve", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", module, "--serve", str(port),
                              str(data_dir)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     token = proc.stdout.readline().strip()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/healthz", timeout=2).status_code == 200:
@@ -99,7 +102,7 @@ def _start(data_dir: Path) -> tuple[subprocess.Popen[str], str, str]:
         except httpx.HTTPError:
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("the benchmark server did not start within 30 s")
+    raise RuntimeError(f"the benchmark server did not start within {within_s:.0f} s")
 
 
 # -- the client -----------------------------------------------------------------------

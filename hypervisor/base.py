@@ -29,6 +29,9 @@ class DomainSpec:
     disk: str | None = None  # a qcow2 file as vda; the guest boots from it when no kernel
     seed: str | None = None  # a read-only vdb beside it (a cloud-init NoCloud seed)
     install: str | None = None  # the control plane that made it (reconciliation scope)
+    # A saved state to start from instead of booting (a snapshot image's VMs):
+    # `create` forks it (`fork_state`) under this spec's name, disk, serial and port.
+    restore_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,24 @@ class Hypervisor(Protocol):
         HypervisorError(op="restore") when the domain has no saved state (it is
         never cold-booted instead) or the hypervisor refuses.
         """
+        ...
+
+    def save_state(self, name: str, path: str) -> None:
+        """Save a running domain's memory to the file `path` (virDomainSave): the
+        domain stops but stays defined, with no managed save; `restore_state`
+        runs it again from the file, `fork_state` starts new domains from it."""
+        ...
+
+    def restore_state(self, path: str) -> None:
+        """Run the domain a `save_state` file names again from that file (the file
+        stays). HypervisorError(op="restore") when libvirt refuses."""
+        ...
+
+    def fork_state(self, path: str, spec: DomainSpec) -> None:
+        """Define and start a new domain, `spec`'s name, id, task, disk, serial log
+        and SSH port, from the memory in a `save_state` file of another domain (on
+        a host with no guest behind its domains, the test driver, it is created as
+        `spec` says). The source's file stays; on failure nothing is left defined."""
         ...
 
     def set_owner(self, name: str, task_id: str) -> None:

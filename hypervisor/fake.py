@@ -10,7 +10,7 @@ running domain and restore starts only a saved one, and no capacity is checked
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypervisor.base import DomainRecord, DomainSpec, HostInfo, HypervisorError
 from hypervisor.domain_xml import build_domain_xml, domain_xml_with_task
@@ -47,6 +47,7 @@ class FakeHypervisor:
         self._destroy_failure: str | None = None
         self._failures: dict[str, list[str]] = {}  # op -> messages of its next calls
         self.version = FAKE_VERSIONS  # what versions() answers; tests change it
+        self.states: dict[str, str] = {}  # save_state file -> the domain it saved
 
     # failure injection
 
@@ -83,6 +84,9 @@ class FakeHypervisor:
             return HostInfo(driver="fake", vcpus=self.vcpus, memory_mib=self.memory_mib)
 
     def create(self, spec: DomainSpec) -> None:
+        if spec.restore_from is not None:
+            self.fork_state(spec.restore_from, replace(spec, restore_from=None))
+            return
         xml = build_domain_xml(spec)
         with self._lock:
             self._touch("create", spec.name)
@@ -128,6 +132,39 @@ class FakeHypervisor:
             if not domain.saved:
                 raise HypervisorError("restore", f"domain '{name}' has no saved state")
             domain.active, domain.saved = True, False
+
+    def save_state(self, name: str, path: str) -> None:
+        with self._lock:
+            domain = self._domain("save", name)
+            if not domain.active:
+                raise HypervisorError("save", "Requested operation is not valid: "
+                                      "domain is not running")
+            domain.active = False
+            self.states[path] = name
+
+    def restore_state(self, path: str) -> None:
+        with self._lock:
+            self._touch("restore", path)
+            failures = self._failures.get("restore")
+            if failures:
+                raise HypervisorError("restore", failures.pop(0))
+            name = self.states.get(path)
+            domain = self.domains.get(name or "")
+            if domain is None:
+                raise HypervisorError("restore", f"cannot read the saved state {path}")
+            if domain.active:
+                raise HypervisorError("restore", f"domain '{name}' is already active")
+            domain.active = True
+
+    def fork_state(self, path: str, spec: DomainSpec) -> None:
+        with self._lock:
+            failures = self._failures.get("fork")
+            if failures:
+                self._touch("fork", spec.name)
+                raise HypervisorError("fork", failures.pop(0))
+            if path not in self.states:
+                raise HypervisorError("fork", f"cannot read the saved state {path}")
+        self.create(spec)
 
     def set_owner(self, name: str, task_id: str) -> None:
         with self._lock:

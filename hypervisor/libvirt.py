@@ -6,11 +6,15 @@ The only module that imports libvirt. Every libvirt call runs inside
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import libvirt
@@ -22,6 +26,12 @@ from hypervisor.domain_xml import (
     domain_xml_with_task,
     parse_rift_mark,
     rift_mark_with_task,
+)
+from hypervisor.save_image import (
+    fork_copy_path,
+    fork_domain_xml,
+    read_save_header,
+    write_fork,
 )
 
 log = logging.getLogger(__name__)
@@ -119,6 +129,9 @@ class LibvirtHypervisor:
         return HostInfo(driver=driver, vcpus=int(node[2]), memory_mib=int(node[1]))
 
     def create(self, spec: DomainSpec) -> None:
+        if spec.restore_from is not None:
+            self.fork_state(spec.restore_from, replace(spec, restore_from=None))
+            return
         xml = build_domain_xml(spec)
         conn = self._connection()
         flags = libvirt.VIR_DOMAIN_DEFINE_VALIDATE if self._validate else 0
@@ -165,6 +178,55 @@ class LibvirtHypervisor:
             # Starting a domain with a managed save image restores from it (and
             # libvirt deletes the image once the domain runs).
             dom.create()
+
+    def save_state(self, name: str, path: str) -> None:
+        dom = self._domain("save", name)
+        with _translated("save"):
+            dom.save(path)
+
+    def restore_state(self, path: str) -> None:
+        conn = self._connection()
+        with _translated("restore"):
+            conn.restore(path)
+
+    def fork_state(self, path: str, spec: DomainSpec) -> None:
+        conn = self._connection()
+        with _translated("fork"):
+            driver = str(conn.getType()).lower()
+        if driver == "test":  # no guest memory to carry: a domain like any other
+            self.create(spec)
+            return
+        try:
+            saved = read_save_header(path)
+            if spec.serial_log is None or spec.ssh_port is None:
+                raise ValueError("a fork needs a serial log and an SSH port")
+            xml = fork_domain_xml(saved.xml, name=spec.name, uuid=str(uuid.uuid4()),
+                                  vm_id=spec.vm_id, task_id=spec.task_id, disk=spec.disk,
+                                  serial_log=spec.serial_log, ssh_port=spec.ssh_port,
+                                  seed=spec.seed)
+        except (OSError, ValueError) as exc:
+            raise HypervisorError("fork", f"the saved state cannot be forked: {exc}") from exc
+        forked = fork_copy_path(path, spec.name)
+        try:
+            write_fork(path, forked, xml)
+        except (OSError, ValueError) as exc:
+            raise HypervisorError("fork", f"could not write the fork's state: {exc}") from exc
+        try:
+            with _translated("define"):
+                # Defined first, the restore runs into it: the fork is persistent.
+                dom = conn.defineXML(xml)
+            try:
+                with _translated("restore"):
+                    conn.restore(forked)
+            except BaseException:
+                try:
+                    self._remove(dom)
+                except HypervisorError as cleanup:
+                    log.error("could not undo a failed fork of %s: %s", spec.name, cleanup)
+                raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(forked)
 
     def set_owner(self, name: str, task_id: str) -> None:
         dom = self._domain("set_owner", name)

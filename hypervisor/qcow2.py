@@ -20,6 +20,8 @@ import json
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -83,28 +85,51 @@ def qcow2_image(images_dir: Path, name: str) -> Qcow2Image:
     return Qcow2Image(name=name, disk=disk.resolve(), virtual_size=size)
 
 
-def add_qcow2(images_dir: Path, name: str, source: Path) -> Path:
-    """Register `source` as image `name` and answer its folder.
-
-    Refuses (ImageError) a name that is reserved, malformed or taken, and a file
-    that is not qcow2 or has a backing file. The folder appears whole or not at all.
-    """
+def check_new_name(images_dir: Path, name: str) -> Path:
+    """The folder a new image `name` would take; ImageError for a name that is
+    reserved, malformed or taken."""
     if name in RESERVED:
         raise ImageError(f"{name!r} is built by Rift (`rift image build {name}`); "
                          "choose another name")
     if not _NAME.fullmatch(name):
         raise ImageError(f"image name {name!r} must match [a-z0-9][a-z0-9_.-]* "
                          "(at most 64 characters)")
-    images_dir = images_dir.resolve()
-    target = images_dir / name
+    target = images_dir.resolve() / name
     if target.exists() or target.is_symlink():
         raise ImageError(f"image {name!r} exists already; `rift image remove {name}` first")
+    return target
+
+
+@contextmanager
+def new_image_folder(images_dir: Path, name: str) -> Iterator[Path]:
+    """A work folder for image `name` that becomes `<images dir>/<name>` when the
+    block ends well (atomically: the image appears whole or not at all) and goes
+    when it does not."""
+    target = check_new_name(images_dir, name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".add-{name}-", dir=target.parent))
+    try:
+        yield work
+        work.chmod(0o755)
+        try:
+            work.rename(target)  # atomic; fails when a racing add took the name
+        except OSError as exc:
+            raise ImageError(f"image {name!r} exists already") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def add_qcow2(images_dir: Path, name: str, source: Path) -> Path:
+    """Register `source` as image `name` and answer its folder.
+
+    Refuses (ImageError) a name that is reserved, malformed or taken, and a file
+    that is not qcow2 or has a backing file. The folder appears whole or not at all.
+    """
+    check_new_name(images_dir, name)
     if not source.is_file():
         raise ImageError(f"{source} is not a file")
     _standalone_qcow2(source)  # refuse early, before copying anything
-    images_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".add-{name}-", dir=images_dir))
-    try:
+    with new_image_folder(images_dir, name) as work:
         disk = work / DISK_FILE
         _run(["cp", "--reflink=auto", "--sparse=always", str(source), str(disk)])
         disk.chmod(0o444)
@@ -116,17 +141,10 @@ def add_qcow2(images_dir: Path, name: str, source: Path) -> Path:
             "source": str(source.resolve()),
             "disk": {"file": DISK_FILE, "format": KIND_QCOW2,
                      "virtual_size": virtual_size,
-                     "bytes": disk.stat().st_size, "sha256": _sha256_file(disk)},
+                     "bytes": disk.stat().st_size, "sha256": sha256_file(disk)},
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        work.chmod(0o755)
-        try:
-            work.rename(target)  # atomic; fails when a racing add took the name
-        except OSError as exc:
-            raise ImageError(f"image {name!r} exists already") from exc
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+    return images_dir.resolve() / name
 
 
 def remove_image(images_dir: Path, name: str) -> None:
@@ -220,7 +238,7 @@ def _run(argv: list[str], *, cwd: Path | None = None) -> str:
     return run_command(argv, cwd=cwd, timeout_s=DISK_TIMEOUT_S)
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):

@@ -23,6 +23,11 @@
  *       Copy this stdin to the command's; with --eof, close it after.
  *   rift-exec kill DIR TERM|KILL
  *       Signal the command's process group (TERM: KILL follows after 5 s).
+ *   rift-exec reseed DIR
+ *       Reseed the kernel's random number generator from its input pool now
+ *       (RNDRESEEDCRNG; root only), which Rift fed fresh bytes first: a fork of
+ *       a saved VM would else go on with its source's generator state. DIR is
+ *       not used.
  *
  * The view: one line, then the stdout bytes, then the stderr bytes:
  *   rift-exec state=running|ended|lost code=N signal=N timed_out=0|1
@@ -42,6 +47,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/random.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -611,9 +618,19 @@ static int cmd_kill(int argc, char **argv) {
     return 0;
 }
 
+static int cmd_reseed(int argc) {
+    if (argc != 3) return 2;
+    int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return 1;
+    int rc = ioctl(fd, RNDRESEEDCRNG);
+    close(fd);
+    if (rc != 0) perror("rift-exec: RNDRESEEDCRNG");
+    return rc == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: rift-exec start|read|input|kill DIR ...\n");
+        fprintf(stderr, "usage: rift-exec start|read|input|kill|reseed DIR ...\n");
         return 2;
     }
     dir = argv[2];
@@ -622,6 +639,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[1], "read") == 0) code = cmd_read(argc, argv);
     else if (strcmp(argv[1], "input") == 0) code = cmd_input(argc, argv);
     else if (strcmp(argv[1], "kill") == 0) code = cmd_kill(argc, argv);
+    else if (strcmp(argv[1], "reseed") == 0) code = cmd_reseed(argc);
     if (code == 2) fprintf(stderr, "rift-exec: bad arguments\n");
     fflush(stdout);
     return code;

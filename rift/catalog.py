@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from hypervisor.qcow2 import KIND_KERNEL, image_kind
+from hypervisor.snapshot_image import fixed_sizes
 
 BUILTIN = ("tiny", "debian")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -27,9 +28,13 @@ class DirectoryImages:
         return (self.root / name).is_dir()
 
     def kind(self, name: str) -> str:
-        """`qcow2` (registered with `rift image add`) or `kernel` (direct kernel boot,
+        """`qcow2` (registered with `rift image add`), `snapshot` (made from a
+        snapshot with `rift image add --snapshot`) or `kernel` (direct kernel boot,
         as `tiny` and `debian`; also what an image not built yet will be)."""
         return image_kind(self.root, name) or KIND_KERNEL
+
+    def fixed_sizes(self, name: str) -> tuple[int, int, int] | None:
+        return fixed_sizes(self.root, name) if _NAME_RE.match(name) else None
 
 
 class StaticImages:
@@ -40,3 +45,6 @@ class StaticImages:
 
     def names(self) -> list[str]:
         return list(self._names)
+
+    def fixed_sizes(self, name: str) -> tuple[int, int, int] | None:
+        return None

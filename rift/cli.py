@@ -143,7 +143,7 @@ def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
         print(f"removed {args.name}")
     else:
         cols = ("name", "uri", "state", "vcpus", "used_vcpus", "memory_mib", "used_memory_mib",
-                "vms", "pooled")
+                "vms", "paused", "pooled", "snapshots", "snapshot_mib")
         _print(hosts.list_hosts(deps), cols, args.json)
     return 0
 
@@ -192,14 +192,25 @@ def _image_add(settings: Settings, args: argparse.Namespace) -> int:
     from hypervisor.base import ImageError
     from hypervisor.qcow2 import add_qcow2
 
+    if (args.path is None) == (args.snapshot is None):
+        print("image add takes a qcow2 file or --snapshot SNAP_ID (one of them)",
+              file=sys.stderr)
+        return 2
     started = time.monotonic()
-    try:
-        folder = add_qcow2(settings.data_dir / "images", args.name, Path(args.path))
-    except ImageError as exc:
-        print(f"image add failed: {exc}", file=sys.stderr)
-        return 1
-    print(f"added {args.name} (qcow2) in {folder} ({time.monotonic() - started:.1f} s); "
-          f"rift_vm_new with image={args.name} boots it")
+    if args.snapshot is not None:
+        from rift.services.snapshot_images import add_image_from_snapshot
+
+        folder = add_image_from_snapshot(_deps(settings), args.name, args.snapshot)
+        what = f"from snapshot {args.snapshot}"
+    else:
+        try:
+            folder = add_qcow2(settings.data_dir / "images", args.name, Path(args.path))
+        except ImageError as exc:
+            print(f"image add failed: {exc}", file=sys.stderr)
+            return 1
+        what = "(qcow2)"
+    print(f"added {args.name} {what} in {folder} ({time.monotonic() - started:.1f} s); "
+          f"rift_vm_new with image={args.name} starts it")
     return 0
 
 
@@ -299,9 +310,12 @@ def parser() -> argparse.ArgumentParser:
     il = i.add_parser("list")
     il.add_argument("--json", action="store_true")
     iadd = i.add_parser("add", help="register a qcow2 image (cloud-init NoCloud, root by key, "
-                        "SSH on 22)")
+                        "SSH on 22), or make one from a snapshot (--snapshot)")
     iadd.add_argument("name")
-    iadd.add_argument("path", help="the qcow2 file; it is copied")
+    iadd.add_argument("path", nargs="?", help="the qcow2 file; it is copied")
+    iadd.add_argument("--snapshot", metavar="SNAP_ID",
+                      help="a snapshot (rift_vm_snapshot) whose state every VM of the "
+                      "image starts from")
     irm = i.add_parser("remove", help="delete an image no live VM uses")
     irm.add_argument("name")
     for x in (ib, il, iadd, irm):

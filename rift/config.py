@@ -40,6 +40,8 @@ class Settings(BaseSettings):
         default=30 * 24 * 3600, ge=0, description="How long a closed task stays readable.")
     max_open_tasks: int = Field(default=32, ge=1, description="Open tasks per user.")
     max_vms_per_task: int = Field(default=16, ge=1, description="Live VMs per task.")
+    max_snapshots_per_task: int = Field(default=8, ge=0, le=1024,
+        description="Snapshots per task (rift_vm_snapshot, and a fork of a running VM).")
     rate_task_new_per_h: int = Field(default=120, ge=1,
         description="Task creations per user per hour.")
     rate_vm_new_per_h: int = Field(default=240, ge=1, description="VM creations per user per hour.")

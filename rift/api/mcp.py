@@ -14,7 +14,6 @@ point. Rift tokens are checked by the SDK's own bearer middleware through a
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -24,9 +23,8 @@ from typing import Any
 import anyio
 import mcp_types as types
 from fastapi import FastAPI
-from mcp.server.auth.middleware.auth_context import AuthContextMiddleware, get_access_token
+from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import (
-    AuthenticatedUser,
     BearerAuthBackend,
     RequireAuthMiddleware,
 )
@@ -38,21 +36,20 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import Request
 from starlette.routing import Route
 
 from rift.api.guard import MAX_BODY
-from rift.api.mcp_additions import ClientGone, Door, Refusals, client_name, result
-from rift.api.mcp_tools import TOOLS, Tool
+from rift.api.mcp_additions import ClientGone, Door, Refusals, caller_of, success
+from rift.api.mcp_tasks import Tasks, TaskServer, install_tasks
+from rift.api.mcp_tools import TOOLS
+from rift.api.mcp_waits import InFlight, plain_call
 from rift.api.state import AppState
 from rift.contract.base import parse
 from rift.domain.errors import Unauthorized
 from rift.services import accounts
-from rift.services.context import Caller
+from rift.services.tools import WATCHED
 
 log = logging.getLogger("rift.api.mcp")
-
-_NO_STRUCTURED_CONTENT = ("2024-11-05", "2025-03-26")  # eras that read text only
 
 INSTRUCTIONS = (
     "Rift lends virtual machines. rift_task_new opens a task and answers its handle; pass the "
@@ -79,23 +76,9 @@ class RiftTokenVerifier:
                            subject=record.user)
 
 
-def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
-    user = ctx.request.scope.get("user") if isinstance(ctx.request, Request) else None
-    token = user.access_token if isinstance(user, AuthenticatedUser) else get_access_token()
-    if token is None or token.subject is None:
-        raise RuntimeError("an MCP call reached a tool without an authenticated user")
-    return Caller(token.subject, f"mcp:{client_name(ctx) or 'unknown'}")
-
-
-def success(tool: Tool, out: dict[str, Any], protocol_version: str) -> types.CallToolResult:
-    text = tool.render(out)
-    if protocol_version in _NO_STRUCTURED_CONTENT:
-        text += "\n" + json.dumps(out, ensure_ascii=False, separators=(",", ":"))
-    return result(text, out, False)
-
-
 def build_server(state: AppState) -> Server[Any]:
     listing = types.ListToolsResult(tools=[t.definition for t in TOOLS.values()])
+    in_flight = InFlight()
 
     async def list_tools(ctx: ServerRequestContext[Any, Any],
                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -108,20 +91,28 @@ def build_server(state: AppState) -> Server[Any]:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name[:100]}")
         caller = caller_of(ctx)
         args = parse(tool.contract.input, params.arguments, tool.name)
-        answer = await anyio.to_thread.run_sync(tool.call, state.deps, caller, args)
-        return success(tool, answer.model_dump(mode="json"), ctx.protocol_version)
+        if tool.name in WATCHED:
+            answer = await plain_call(state.deps, ctx, tool.name, caller, args, in_flight)
+        else:
+            answer = await anyio.to_thread.run_sync(tool.call, state.deps, caller, args)
+        out = answer.model_dump(mode="json")
+        return success(tool.render(out), out, ctx.protocol_version)
 
     def input_schema_of(name: str) -> dict[str, Any] | None:
         tool = TOOLS.get(name)
         return tool.contract.input_schema if tool else None
 
-    server: Server[Any] = Server(
+    server = TaskServer(
         "rift", version=package_version("rift"), instructions=INSTRUCTIONS,
         on_list_tools=list_tools, get_tool_input_schema=input_schema_of)
-    install_extensions(server, [Refusals(state.metrics)], call_tool)
+    tasks = Tasks(lambda: state.deps, state.metrics)
+    install_extensions(server, [Refusals(state.metrics), tasks], call_tool)
     # The SDK's default middleware is an OpenTelemetry span per message: Rift exports no
     # traces, and the span costs a tenth of a call's server time.
     server.middleware = []
+    install_tasks(server, tasks)
+    server.add_notification_handler("notifications/cancelled", types.CancelledNotificationParams,
+                                    in_flight.cancelled)
     return server
 
 

@@ -39,6 +39,8 @@ import secrets
 from typing import Any
 
 import mcp_types as types
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -50,6 +52,7 @@ from starlette.types import Message, Receive, Scope, Send
 from rift.api.guard import jsonrpc_error_body
 from rift.api.metrics import Metrics
 from rift.domain.errors import RiftError
+from rift.services.context import Caller
 
 log = logging.getLogger("rift.api.mcp")
 
@@ -67,6 +70,17 @@ def result(text: str, structured: dict[str, Any], is_error: bool) -> types.CallT
 def refusal(error: dict[str, Any]) -> types.CallToolResult:
     return result(f"{error['code']}: {error['message']}\nhint: {error['hint']}",
                   {"error": error}, True)
+
+
+_NO_STRUCTURED_CONTENT = ("2024-11-05", "2025-03-26")  # eras that read text only
+
+
+def success(text: str, out: dict[str, Any], protocol_version: str) -> types.CallToolResult:
+    """A tool's answer: its text rendering and its output as structured content
+    (also as JSON text for the eras that read text only)."""
+    if protocol_version in _NO_STRUCTURED_CONTENT:
+        text += "\n" + json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+    return result(text, out, False)
 
 
 class Refusals(Extension):
@@ -137,6 +151,15 @@ def name_in_user_agent(user_agent: str | None) -> str | None:
     if not _PRODUCT_RE.fullmatch(first) or first.lower() in _LIBRARIES:
         return None
     return clean_name(first)
+
+
+def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
+    """The user of the request's token, and the holder label of its client."""
+    user = ctx.request.scope.get("user") if isinstance(ctx.request, Request) else None
+    token = user.access_token if isinstance(user, AuthenticatedUser) else get_access_token()
+    if token is None or token.subject is None:
+        raise RuntimeError("an MCP call reached a tool without an authenticated user")
+    return Caller(token.subject, f"mcp:{client_name(ctx) or 'unknown'}")
 
 
 def client_name(ctx: ServerRequestContext[Any, Any]) -> str | None:

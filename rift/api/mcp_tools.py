@@ -12,7 +12,7 @@ from typing import Any
 import mcp_types as types
 
 from rift.contract.tools import CONTRACTS, ToolContract
-from rift.services.tools import CALLS, Call
+from rift.services.tools import CALLS, WATCHED, Call
 
 Render = Callable[[dict[str, Any]], str]
 
@@ -37,6 +37,9 @@ class Tool:
                 title=c.title, read_only_hint=c.read_only,
                 destructive_hint=None if c.read_only else c.destructive,
                 idempotent_hint=c.idempotent),
+            # The calls that wait may run as tasks (2025-11-25; rift/api/mcp_tasks.py).
+            execution=types.ToolExecution(task_support="optional") if c.name in WATCHED
+            else None,
         )
 
 
@@ -139,6 +142,11 @@ def _vm(out: dict[str, Any]) -> str:
     return _vm_line(out["vm"])
 
 
+def _snapshot(snap: dict[str, Any]) -> str:
+    return (f"snapshot {snap['id']} {snap['name']!r} of {snap['vm_id']}: "
+            f"{snap['bytes'] / (1 << 20):.0f} MiB")
+
+
 # -- the table ------------------------------------------------------------------------
 
 _RENDERS: dict[str, Render] = {
@@ -152,6 +160,11 @@ _RENDERS: dict[str, Render] = {
     "rift_vm_new": _vm,
     "rift_vm_get": _vm,
     "rift_vm_destroy": _vm,
+    "rift_vm_pause": _vm,
+    "rift_vm_resume": _vm,
+    "rift_vm_snapshot": lambda out: _snapshot(out["snapshot"]),
+    "rift_vm_snapshot_delete": lambda out: "deleted " + _snapshot(out["snapshot"]),
+    "rift_vm_fork": lambda out: "\n".join(_vm_line(vm) for vm in out["vms"]),
     "rift_vm_exec": _exec,
     "rift_vm_exec_get": _exec,
     "rift_vm_exec_input": lambda out: f"wrote {out['bytes']} bytes to {out['exec_id']}'s stdin",

@@ -10,18 +10,31 @@ event loop.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import StreamingResponse
 
 from rift.api.auth import rest_caller
 from rift.api.state import AppState
 from rift.contract import tools as c
-from rift.contract.base import ExecId, HandleText, Input, Takeover, TaskId, VmId
+from rift.contract.base import (
+    MAX_OFFSET,
+    ExecId,
+    HandleText,
+    Input,
+    SnapshotId,
+    Takeover,
+    TaskId,
+    VmId,
+)
 from rift.contract.base import Path as GuestPathText
 from rift.contract.views import ExecView
 from rift.domain.errors import InvalidArgument, RiftError
 from rift.domain.secrets import Handle
+from rift.services import execs
 from rift.services.context import Caller
 from rift.services.tools import CALLS
 
@@ -31,6 +44,7 @@ HandleHeader = Annotated[HandleText | None, Header(alias="Rift-Handle")]
 TaskIdPath = Annotated[TaskId, Path()]
 VmIdPath = Annotated[VmId, Path()]
 ExecIdPath = Annotated[ExecId, Path()]
+SnapshotIdPath = Annotated[SnapshotId, Path()]
 GuestPath = Annotated[GuestPathText, Query()]
 REFUSALS: dict[int | str, dict[str, Any]] = {
     code: {"model": c.Refusal, "description": "a refusal: {error: {code, message, hint}}"}
@@ -142,6 +156,47 @@ def destroy_vm(request: Request, caller: CallerDep, vm_id: VmIdPath, handle: Han
                takeover=takeover)
 
 
+@router.post("/vms/{vm_id}/pause", response_model=c.VmOut, summary="pause a VM")
+def pause_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
+             handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_pause", caller, handle=handle, vm_id=vm_id)
+
+
+@router.post("/vms/{vm_id}/resume", response_model=c.VmOut, summary="resume a paused VM")
+def resume_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
+              handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_resume", caller, handle=handle, vm_id=vm_id)
+
+
+@router.post("/vms/{vm_id}/snapshots", response_model=c.SnapshotOut, status_code=201,
+             summary="snapshot a VM (its memory and disk as of now)")
+def snapshot_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
+                body: c.SnapshotBody | None = None, handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_snapshot", caller, body, handle=handle, vm_id=vm_id)
+
+
+@router.delete("/snapshots/{snapshot_id}", response_model=c.SnapshotOut,
+               summary="delete a snapshot")
+def delete_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotIdPath,
+                    handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_snapshot_delete", caller, handle=handle,
+               snapshot_id=snapshot_id)
+
+
+@router.post("/snapshots/{snapshot_id}/fork", response_model=c.VmsOut, status_code=201,
+             summary="new VMs from a snapshot")
+def fork_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotIdPath,
+                  body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_fork", caller, body, handle=handle, snapshot_id=snapshot_id)
+
+
+@router.post("/vms/{vm_id}/fork", response_model=c.VmsOut, status_code=201,
+             summary="new VMs from a running VM (snapshotted first)")
+def fork_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
+            body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_fork", caller, body, handle=handle, vm_id=vm_id)
+
+
 @router.post("/vms/{vm_id}/exec", response_model=ExecView,
              summary="run a command in the VM; answers at its end or after wait_s")
 def exec_command(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.ExecBody,
@@ -161,6 +216,71 @@ def list_execs(request: Request, caller: CallerDep, vm_id: VmIdPath,
 def get_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
              query: Annotated[c.ExecGetQuery, Query()], handle: HandleHeader = None) -> Any:
     return run(request, "rift_vm_exec_get", caller, query, handle=handle, exec_id=exec_id)
+
+
+@router.get("/execs/{exec_id}/stream", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": (
+                "Server-Sent Events: `stdout` and `stderr` ({text, next_offset, truncated?}), "
+                "each with an `id` to resume from (Last-Event-ID), then `end` (the exec view "
+                "without output), or `refused` ({error}) if the lease moved on")}},
+            summary="the exec's output as Server-Sent Events until its end")
+def stream_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
+                query: Annotated[c.ExecStreamQuery, Query()], handle: HandleHeader = None,
+                last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+                ) -> StreamingResponse:
+    offsets = _resumed(last_event_id) or (query.stdout_offset, query.stderr_offset)
+    # The first read is an ordinary call: a refusal is an ordinary answer, before any event.
+    first: ExecView = run(request, "rift_vm_exec_get", caller, handle=handle, exec_id=exec_id,
+                          stdout_offset=offsets[0], stderr_offset=offsets[1])
+    deps = request.app.state.rift.deps
+    return StreamingResponse(
+        exec_events(first, lambda out, err: execs.get(deps, caller, handle, exec_id, out, err,
+                                                      STREAM_WAIT_S)),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _resumed(last_event_id: str | None) -> tuple[int, int] | None:
+    """The offsets in an event id this stream sent (`<stdout>-<stderr>`)."""
+    parts = (last_event_id or "").split("-")
+    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 19 for p in parts):
+        return None
+    return min(int(parts[0]), MAX_OFFSET), min(int(parts[1]), MAX_OFFSET)
+
+
+def exec_events(view: ExecView, read: Callable[[int, int], ExecView]) -> Iterator[str]:
+    """The events of one exec's stream: its output as it comes, a comment each quiet
+    `STREAM_WAIT_S` (a keep-alive), and its end. Runs in a worker thread."""
+    while True:
+        said = False
+        for name in ("stdout", "stderr"):
+            text: str = getattr(view, name)
+            if text:
+                data: dict[str, Any] = {"text": text,
+                                        "next_offset": getattr(view, f"{name}_offset")}
+                if view.truncated:
+                    data["truncated"] = True
+                yield _event(name, data, f"{view.stdout_offset}-{view.stderr_offset}")
+                said = True
+        if view.status != "running":
+            yield _event("end", view.model_dump(mode="json", exclude=_OUTPUT))
+            return
+        if not said:
+            yield ": still running\n\n"
+        try:
+            view = read(view.stdout_offset, view.stderr_offset)
+        except RiftError as exc:
+            yield _event("refused", {"error": exc.to_dict()})
+            return
+
+
+_OUTPUT = {"stdout", "stderr"}
+STREAM_WAIT_S = 15  # the longest quiet between two events (a comment keeps proxies open)
+
+
+def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 @router.post("/execs/{exec_id}/input", response_model=c.ExecInputOut,

@@ -29,7 +29,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from rift.domain.errors import InvalidArgument
-from rift.domain.ids import is_exec_id, is_task_id, is_vm_id
+from rift.domain.ids import is_exec_id, is_snapshot_id, is_task_id, is_vm_id
 
 MAX_TEXT = 200
 MAX_COMMAND = 64 * 1024
@@ -74,6 +74,13 @@ def _exec_id(value: str) -> str:
     return value
 
 
+def _snapshot_id(value: str) -> str:
+    if not is_snapshot_id(value):
+        raise PydanticCustomError("snapshot_id", "a snapshot id is snap_ and 8 lowercase "
+                                  "base32 characters")
+    return value
+
+
 TASK_ID_PATTERN = "^task_[a-z2-7]{8}$"
 VM_ID_PATTERN = "^vm_[a-z2-7]{8}$"
 TaskId = Annotated[str, AfterValidator(_task_id), Field(
@@ -82,6 +89,9 @@ TaskId = Annotated[str, AfterValidator(_task_id), Field(
 VmId = Annotated[str, AfterValidator(_vm_id), Field(
     description="A VM id (`vm_` + 8 characters).",
     json_schema_extra={"pattern": VM_ID_PATTERN})]
+SnapshotId = Annotated[str, AfterValidator(_snapshot_id), Field(
+    description="A snapshot id (`snap_` + 8 characters), from rift_vm_snapshot.",
+    json_schema_extra={"pattern": "^snap_[a-z2-7]{8}$"})]
 ExecId = Annotated[str, AfterValidator(_exec_id), Field(
     description="An exec id (`exec_` + 8 characters), from rift_vm_exec.",
     json_schema_extra={"pattern": "^exec_[a-z2-7]{8}$"})]

@@ -32,13 +32,14 @@ from rift.contract.base import (
     Name,
     Output,
     Path,
+    SnapshotId,
     Takeover,
     TaskId,
     VmId,
     Whole,
     inline,
 )
-from rift.contract.views import EventView, ExecView, TaskView, VmView
+from rift.contract.views import EventView, ExecView, SnapshotView, TaskView, VmView
 from rift.domain.model import DEFAULT_DISK_GIB
 
 Encoding = Annotated[Literal["utf-8", "base64"], Field(description="How `content` is encoded.")]
@@ -118,6 +119,40 @@ class VmDestroyIn(TakeoverBody):
     vm_id: VmId
 
 
+class VmHeldIn(Input):
+    """A VM of the handle's task: what pause and resume take."""
+
+    handle: HandleText | None = None
+    vm_id: VmId
+
+
+class SnapshotBody(Input):
+    name: Name | None = None
+
+
+class VmSnapshotIn(SnapshotBody):
+    handle: HandleText | None = None
+    vm_id: VmId
+
+
+class VmSnapshotDeleteIn(Input):
+    handle: HandleText | None = None
+    snapshot_id: SnapshotId
+
+
+class ForkBody(Input):
+    name: Name | None = None
+    count: Annotated[int, Field(ge=1, le=1024, description=(
+        "How many forks (all or none; at most the task's room under "
+        "RIFT_MAX_VMS_PER_TASK).")), Whole] = 1
+
+
+class VmForkIn(ForkBody):
+    handle: HandleText | None = None
+    snapshot_id: SnapshotId | None = None  # one of the two
+    vm_id: VmId | None = None
+
+
 class ExecBody(Input):
     command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND,
                                   description="The shell command (at most 64 KiB).")]
@@ -137,12 +172,15 @@ class VmExecIn(ExecBody):
     vm_id: VmId
 
 
-class ExecGetQuery(Input):
+class ExecStreamQuery(Input):
     stdout_offset: Annotated[int, Field(ge=0, le=MAX_OFFSET, description=(
         "Read stdout from this byte on (stdout_offset of the last answer)."
     )), Whole] = 0
     stderr_offset: Annotated[int, Field(ge=0, le=MAX_OFFSET, description="The same for stderr."),
                              Whole] = 0
+
+
+class ExecGetQuery(ExecStreamQuery):
     wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S, description=(
         "Seconds to wait for output past the offsets, or the end.")), Whole] = 0
 
@@ -241,6 +279,14 @@ class TaskEventsOut(Output):
 
 class VmOut(Output):
     vm: VmView
+
+
+class SnapshotOut(Output):
+    snapshot: SnapshotView
+
+
+class VmsOut(Output):
+    vms: list[VmView]
 
 
 class ExecInputOut(Output):
@@ -375,6 +421,39 @@ CONTRACTS: dict[str, ToolContract] = {c.name: c for c in (
         "rules (for VMs an earlier conversation left behind).",
         (*_HELD[1:], "task_held", "vm_not_found", "invalid_argument", "hypervisor_error"),
         VmDestroyIn, VmOut, destructive=True, idempotent=True, slow=True),
+    ToolContract(
+        "rift_vm_pause", "Pause a VM",
+        "Park a running VM of the handle's task: its memory is saved to disk and it stops, "
+        "holding no vCPUs or memory until rift_vm_resume brings it back with its processes, "
+        "execs and files as they were. Pausing a paused VM answers it as it is.",
+        (*_HELD, "vm_not_found", "vm_not_running", "invalid_argument", "hypervisor_error"),
+        VmHeldIn, VmOut, idempotent=True, slow=True),
+    ToolContract(
+        "rift_vm_resume", "Resume a VM",
+        "Bring a paused VM of the handle's task back where it was (on its own host, which "
+        "needs room for it). Resuming a running VM answers it as it is.",
+        (*_HELD, "vm_not_found", "vm_not_running", "no_capacity", "invalid_argument",
+         "hypervisor_error"), VmHeldIn, VmOut, idempotent=True, slow=True),
+    ToolContract(
+        "rift_vm_snapshot", "Snapshot a VM",
+        "Keep a running VM's memory and disk as of now, for rift_vm_fork: the VM runs on "
+        "after a pause of about a restore. The snapshot belongs to the task (at most "
+        "RIFT_MAX_SNAPSHOTS_PER_TASK) and goes when it closes.",
+        (*_HELD, "vm_not_found", "vm_not_running", "quota_exceeded", "invalid_argument",
+         "hypervisor_error"), VmSnapshotIn, SnapshotOut, slow=True),
+    ToolContract(
+        "rift_vm_snapshot_delete", "Delete a snapshot",
+        "Delete a snapshot of the handle's task and its files.",
+        (*_HELD, "snapshot_not_found", "invalid_argument"), VmSnapshotDeleteIn, SnapshotOut,
+        destructive=True),
+    ToolContract(
+        "rift_vm_fork", "Fork a VM",
+        "Start count new VMs in the handle's task from a snapshot (snapshot_id) or from a "
+        "running VM (vm_id: snapshotted first, that snapshot deleted after), each with the "
+        "processes and files it had and an identity of its own (host key, MAC, clock, "
+        "entropy, disk). All or none: over the quota or the host's room, none is made.",
+        (*_HELD, "snapshot_not_found", "vm_not_found", "vm_not_running", "quota_exceeded",
+         "no_capacity", "invalid_argument", "hypervisor_error"), VmForkIn, VmsOut, slow=True),
     ToolContract(
         "rift_vm_exec", "Run a command in a VM",
         "Run a shell command in a running VM of the handle's task. It runs detached in the "

@@ -12,8 +12,9 @@ from rift.contract.base import Output
 from rift.domain.clock import iso
 from rift.domain.leases import LeaseRules
 from rift.domain.model import Event, Exec, StartKind, Task, Vm
+from rift.domain.records import Snapshot
 
-VmStatusView = Literal["creating", "running", "failed", "destroyed"]
+VmStatusView = Literal["creating", "running", "paused", "failed", "destroyed"]
 
 
 class SshView(Output):
@@ -60,6 +61,23 @@ class VmView(Output):
             if vm.start_kind is not None and vm.start_ms is not None else None)
 
 
+class SnapshotView(Output):
+    """A VM's memory and disk as of one moment (SPEC §12), kept for forks."""
+
+    id: str
+    task_id: str
+    vm_id: str
+    name: str
+    created_at: str
+    bytes: int
+
+    @classmethod
+    def of(cls, snap: Snapshot) -> SnapshotView:
+        return cls.model_construct(id=snap.id, task_id=snap.task_id, vm_id=snap.vm_id,
+                                   name=snap.name, created_at=iso(snap.created_at) or "",
+                                   bytes=snap.bytes)
+
+
 class TaskView(Output):
     id: str
     name: str
@@ -75,10 +93,11 @@ class TaskView(Output):
     close_reason: Literal["closed", "idle", "operator"] | None
     vms: list[VmView]
     running_execs: int
+    snapshots: list[SnapshotView]
 
     @classmethod
     def of(cls, task: Task, vms: list[Vm], rules: LeaseRules,
-           running_execs: int = 0) -> TaskView:
+           running_execs: int = 0, snapshots: list[Snapshot] | None = None) -> TaskView:
         held = task.is_held
         return cls.model_construct(
             id=task.id, name=task.name, owner=task.owner, status=task.status,
@@ -88,7 +107,9 @@ class TaskView(Output):
             lease_quiet_at=iso(rules.lease_quiet_at(task)) if held else None,
             closes_at=iso(rules.closes_at(task)), created_at=iso(task.created_at) or "",
             closed_at=iso(task.closed_at), close_reason=task.close_reason,
-            vms=[VmView.of(vm) for vm in vms], running_execs=running_execs)
+            vms=[VmView.of(vm) for vm in vms], running_execs=running_execs,
+            snapshots=[SnapshotView.of(snap) for snap in snapshots or []
+                       if snap.state == "ready"])
 
 
 class EventView(Output):

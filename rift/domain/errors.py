@@ -127,6 +127,20 @@ class VmNotFound(RiftError):
         )
 
 
+class SnapshotNotFound(RiftError):
+    """An unknown snapshot id and another task's get the same answer: no probing."""
+
+    code = "snapshot_not_found"
+    status = 404
+
+    def __init__(self, snapshot_id: str) -> None:
+        super().__init__(
+            f"no snapshot {snapshot_id} in the handle's task",
+            "rift_task_get lists the task's snapshots",
+            snapshot_id=snapshot_id,
+        )
+
+
 class ExecNotFound(RiftError):
     """An unknown exec id and another task's get the same answer: no probing."""
 
@@ -145,10 +159,12 @@ class VmNotRunning(RiftError):
     code = "vm_not_running"
     status = 409
 
-    def __init__(self, vm_id: str, status: str) -> None:
+    def __init__(self, vm_id: str, status: str, doing: str | None = None) -> None:
         super().__init__(
-            f"VM {vm_id} is {status}, not running",
-            "rift_vm_new makes another",
+            f"VM {vm_id} is {doing or status}, not running",
+            "rift_vm_resume brings it back" if status == "paused"
+            else "rift_vm_get shows when it is done" if doing is not None
+            else "rift_vm_new makes another",
             vm_id=vm_id,
             vm_status=status,
         )

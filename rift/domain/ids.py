@@ -1,4 +1,5 @@
-"""Identifiers: `task_` / `vm_` / `tok_` / `pool_` / `exec_` + 8 lowercase base32 characters."""
+"""Identifiers: `task_` / `vm_` / `tok_` / `pool_` / `exec_` / `snap_` + 8 lowercase base32
+characters."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 import secrets
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
-_ID_RE = re.compile(r"^(task|vm|tok|pool|exec)_[a-z2-7]{8}$")
+_ID_RE = re.compile(r"^(task|vm|tok|pool|exec|snap)_[a-z2-7]{8}$")
 
 
 def _random_suffix() -> str:
@@ -57,3 +58,11 @@ def is_pool_id(value: str) -> bool:
 
 def is_exec_id(value: str) -> bool:
     return is_id(value, "exec")
+
+
+def new_snapshot_id() -> str:
+    return "snap_" + _random_suffix()
+
+
+def is_snapshot_id(value: str) -> bool:
+    return is_id(value, "snap")

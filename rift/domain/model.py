@@ -12,8 +12,15 @@ from rift.domain.errors import TaskClosed, TaskReleased
 
 TaskStatus = Literal["open", "closed"]
 CloseReason = Literal["closed", "idle", "operator"]
-VmStatus = Literal["creating", "running", "failed", "destroyed"]
-LIVE_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running")
+VmStatus = Literal["creating", "running", "paused", "failed", "destroyed"]
+# A live VM is the task's: it counts against the task's VMs, keeps its SSH port and
+# goes when the task closes. A paused one holds only its disk and saved memory.
+LIVE_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running", "paused")
+# What holds vCPUs and memory on a host (with a VM whose resume is under way).
+HOLDING_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running")
+# A change of a VM's state under way (SPEC §12), recorded before libvirt is asked,
+# so reconciliation finishes or rolls back one that a crash cut short.
+VmChange = Literal["pausing", "resuming", "snapshotting"]
 # Every status but `destroyed`: what a destroy or a close still puts away, and
 # what the Boxes page lists.
 DESTROYABLE_VM_STATUSES: tuple[VmStatus, ...] = (*LIVE_VM_STATUSES, "failed")
@@ -31,6 +38,7 @@ def default_memory_mib(image: str) -> int:
 EVENT_TYPES = (
     "opened", "attached", "taken_over", "released", "closed",
     "vm_creating", "vm_running", "vm_failed", "vm_destroyed", "stale_rejected",
+    "vm_paused", "vm_resumed", "snapshot_made", "snapshot_deleted",
 )
 
 
@@ -166,6 +174,9 @@ class Vm:
     # both None until it runs, and for ever when it never ran.
     start_kind: StartKind | None = None
     start_ms: int | None = None
+    # A pause or resume under way, and since when (None when there is none).
+    change: VmChange | None = None
+    change_at: datetime | None = None
 
     @property
     def domain_name(self) -> str:
@@ -174,6 +185,11 @@ class Vm:
     @property
     def is_live(self) -> bool:
         return self.status in LIVE_VM_STATUSES
+
+    @property
+    def keeps_execs(self) -> bool:
+        """Its guest still holds its execs: running, or paused with them saved."""
+        return self.status in ("running", "paused") and self.destroy_requested_at is None
 
 
 @dataclass(frozen=True)

@@ -110,3 +110,30 @@ class PoolVm:
     ssh_port: int | None = None
     host_key: str | None = None  # pinned when it first answered: a restore checks it
     ready_at: datetime | None = None
+
+
+# A snapshot's life (SPEC §12): `making` while the VM is saved and its disk copied,
+# `ready` once it can be forked, `deleting` while its files go (then the row goes).
+SnapshotState = Literal["making", "ready", "deleting"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A VM's memory and disk as of one moment, kept on its host for forks: its
+    files (`snapshots/<id>/` there) are the saved memory and, for images with a
+    disk, a copy of the VM's overlay. It belongs to the task."""
+
+    id: str
+    task_id: str
+    vm_id: str
+    owner: str
+    name: str
+    host: str
+    image: str
+    vcpus: int
+    memory_mib: int
+    disk_gib: int
+    state: SnapshotState
+    created_at: datetime
+    bytes: int = 0  # its files' size on the host's disk
+    host_key: str | None = None  # the guest's SSH host key when it was taken

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,11 +13,12 @@ from typing import Literal, TypeVar
 from rift.domain.errors import GuestUnreachable, InvalidArgument
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError, GuestExecError, GuestFileError
-from rift.guest.keys import forget_task, key_for_task, tidy
+from rift.guest.keys import forget_task, keep_boot_key, key_for_task, tidy
 from rift.guest.shell import SshGuestShell
 from rift.services.ports import ExecGone, GuestExec
 
 T = TypeVar("T")
+log = logging.getLogger("rift")
 
 
 def task_key(keys_dir: Path, task_id: str) -> str:
@@ -73,6 +76,9 @@ class SshGuests:
     def task_key(self, task_id: str) -> str:
         return task_key(self.keys_dir, task_id)
 
+    def task_key_file(self, task_id: str) -> Path:
+        return key_for_task(self.keys_dir, task_id)[0]
+
     def forget_task(self, task_id: str) -> None:
         forget_task(self.keys_dir, task_id)
 
@@ -96,6 +102,32 @@ class SshGuests:
 
     def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float) -> None:
         self._call(vm, lambda: self.shell.reconnect(vm, host_key, timeout_s))
+
+    def drop_connections(self, vm_id: str) -> None:
+        self.shell.drop_connections(vm_id)
+
+    def resumed(self, vm: Vm, timeout_s: float) -> None:
+        def call() -> None:
+            self.shell.reconnect(vm, None, timeout_s)
+            self.shell.set_clock(vm, time.time())  # now, after the login took its time
+
+        self._call(vm, call)
+
+    def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
+               boot_key: Path | None = None) -> str:
+        def call() -> str:
+            began = time.monotonic()
+            if boot_key is not None:
+                keep_boot_key(self.keys_dir, vm.id, vm.id, source=boot_key)
+            self.shell.reconnect(vm, host_key, timeout_s)
+            logged_in = time.monotonic()
+            line = self.shell.refresh_identity(vm, mac)
+            log.info("fork identity", extra={
+                "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
+                "identity_ms": round((time.monotonic() - logged_in) * 1000, 1)})
+            return line
+
+        return self._call(vm, call)
 
     def close_vm(self, vm_id: str) -> None:
         self.shell.close_vm(vm_id)

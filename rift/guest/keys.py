@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,19 @@ def load_key(path: Path) -> paramiko.Ed25519Key:
     return paramiko.Ed25519Key(filename=str(path))
 
 
+def new_host_key() -> tuple[str, str]:
+    """A new ed25519 SSH host key for a guest's sshd: (its private key in OpenSSH's
+    format, its public key line). It goes to the guest over SSH and is kept nowhere
+    here."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    return private.strip(), public.strip()
+
+
 def public_line(key: paramiko.PKey) -> str:
     """`ssh-ed25519 AAAA… rift`: the line for authorized_keys."""
     return f"{key.get_name()} {key.get_base64()} {KEY_COMMENT}"
@@ -58,17 +72,27 @@ def forget_task(keys_dir: Path, task_id: str) -> bool:
     return True
 
 
-def keep_boot_key(keys_dir: Path, key_id: str, vm_id: str) -> None:
-    """Keep the key `vm_id` booted with (`key_id`'s, a pool's) under the VM's id,
-    as a second name of the same file: it outlives its pool, and goes with the VM
-    (`tidy`). A missing key is left missing."""
+def keep_boot_key(keys_dir: Path, key_id: str, vm_id: str, *,
+                  source: Path | None = None) -> None:
+    """Keep the key `vm_id` booted with (`key_id`'s, a pool's; or the file `source`,
+    a snapshot image's) under the VM's id, as a second name of the same file where
+    it can be (else a copy): it outlives its pool, and goes with the VM (`tidy`).
+    A VM that has a boot key keeps it (a snapshot image's VM, pooled: its guest
+    comes back from a reboot with the image's key, not the pool's). A missing key
+    is left missing."""
     target = key_path(keys_dir, vm_id)
-    aside = keys_dir / f".{vm_id}.{secrets.token_hex(8)}.tmp"
-    try:
-        os.link(key_path(keys_dir, key_id), aside)
-    except FileNotFoundError:
+    if target.exists():
         return
+    aside = keys_dir / f".{vm_id}.{secrets.token_hex(8)}.tmp"
+    origin = source if source is not None else key_path(keys_dir, key_id)
     try:
+        try:
+            os.link(origin, aside)
+        except FileNotFoundError:
+            return
+        except OSError:  # another file system
+            shutil.copyfile(origin, aside)
+            aside.chmod(0o600)
         os.replace(aside, target)
     finally:
         aside.unlink(missing_ok=True)

@@ -46,7 +46,7 @@ from rift.guest.exec_view import (
     read_command,
     start_command,
 )
-from rift.guest.keys import keep_boot_key, key_path, load_key, public_line
+from rift.guest.keys import keep_boot_key, key_path, load_key, new_host_key, public_line
 from rift.guest.pool import ConnectionPool
 from rift.guest.ready import read_markers, same_key, serial_tail, wait_for_marker
 from rift.guest.run import Collected, collect, command_line, feed_stdin, kill_line
@@ -60,6 +60,7 @@ _KILL_WAIT_S = 5.0
 _LOGIN_RETRY_S = 0.5  # between SSH logins to a guest that prints no ready marker
 _HAND_OVER_S = 10.0  # a hand-over is a few shell builtins: its guest is gone past this
 _NOT_FOUND = 127  # the shell's exit status for a command it cannot find
+_RESTART_S = 5.0  # how long a fork's SSH server may take to listen again
 _HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
 _IS_DIRECTORY = 21
 _NO_SUCH_FILE = 20
@@ -112,6 +113,8 @@ class SshGuestShell:
         self._standby: dict[str, tuple[paramiko.Transport, paramiko.Channel]] = {}
         # VMs put away (close_vm) since their boot wait began: the wait ends at once
         self._closed: set[str] = set()
+        # VM id -> until when its SSH server may still be restarting (a fork's)
+        self._restarting: dict[str, float] = {}
         self._serial: dict[str, Path] = {}  # vm id -> serial log given by its boot wait
         self._pool: ConnectionPool[paramiko.Transport] = ConnectionPool(
             self._connect, per_vm=connections_per_vm)
@@ -428,6 +431,53 @@ class SshGuestShell:
             self._pool.add(vm.id, address, transport)
             return
 
+    def drop_connections(self, vm_id: str) -> None:
+        """Close the VM's connections (calls in flight fail), keeping its host key
+        pinned and its task known: a pause is about to cut them."""
+        self._pool.close_vm(vm_id)
+        with self._lock:
+            standby = self._standby.pop(vm_id, None)
+        if standby is not None:
+            standby[0].close()
+
+    def set_clock(self, vm: Vm, now: float) -> None:
+        """Set the guest's clock to `now` (a restore brings back the clock it was
+        saved with)."""
+        collected = self._run(vm, f'date -s "@{round(now)}" >/dev/null', None,
+                              _HAND_OVER_S, 4096)
+        if collected.exit_code != 0:
+            reason = collected.stderr.decode("utf-8", "replace").strip()
+            raise GuestError(f"setting the clock failed (exit {collected.exit_code}): "
+                             f"{reason}", vm_id=vm.id)
+
+    def refresh_identity(self, vm: Vm, mac: str) -> str:
+        """Give a fork (a guest restored from another's saved state) an identity of
+        its own: a new SSH host key (its SSH server started anew with it; this
+        connection stays), the MAC `mac` on its network interface (in Rift's own
+        images: a cloud image's network configuration matches its MAC), fresh
+        bytes of this host mixed into its entropy pool and its random number
+        generator reseeded from it (`rift-exec reseed`), and this host's clock.
+        Pins and answers the new host key line."""
+        script = identity_script(mac, secrets.token_bytes(32), time.time())
+        collected = self._run(vm, script, None, _HAND_OVER_S * 4, 4096)
+        status = collected.exit_code
+        if status in (_RESEED_OLD, _RESEED_NONE) and self.helper_binary is not None:
+            self._upload_helper(vm)  # a guest with an older rift-exec, or none
+            status = self._run(vm, f"{GUEST_PATH} reseed /", None, _HAND_OVER_S,
+                               4096).exit_code
+        if status != 0:
+            reason = collected.stderr.decode("utf-8", "replace").strip()[-300:]
+            raise GuestError(f"the fork's new identity failed (exit {status}): {reason}",
+                             vm_id=vm.id)
+        lines = collected.stdout.decode("utf-8", "replace").split("\n")
+        key_line = next((line for line in reversed(lines) if line.startswith("ssh-")), None)
+        if key_line is None:
+            raise GuestError("the fork's new host key was not printed", vm_id=vm.id)
+        self.pin_host_key(vm.id, key_line.strip())
+        with self._lock:
+            self._restarting[vm.id] = time.monotonic() + _RESTART_S
+        return key_line.strip()
+
     def pin_host_key(self, vm_id: str, host_key_line: str) -> None:
         """Accept only this host key from the VM (else the first one seen is pinned)."""
         with self._lock:
@@ -443,6 +493,7 @@ class SshGuestShell:
         with self._lock:
             self._host_keys.pop(vm_id, None)
             self._task_of.pop(vm_id, None)
+            self._restarting.pop(vm_id, None)
             self._serial.pop(vm_id, None)
             standby = self._standby.pop(vm_id, None)
             self._closed.add(vm_id)
@@ -469,6 +520,20 @@ class SshGuestShell:
 
     def _connect(self, vm_id: str, address: tuple[str, int], *,
                  timeout_s: float | None = None) -> paramiko.Transport:
+        """A logged-in connection; while a fork's SSH server restarts with its new
+        host key (`refresh_identity`), a refused login is tried again."""
+        while True:
+            try:
+                return self._connect_once(vm_id, address, timeout_s=timeout_s)
+            except GuestError:
+                with self._lock:
+                    until = self._restarting.get(vm_id, 0.0)
+                if time.monotonic() >= until:
+                    raise
+                time.sleep(0.02)
+
+    def _connect_once(self, vm_id: str, address: tuple[str, int], *,
+                      timeout_s: float | None = None) -> paramiko.Transport:
         timeout = self.connect_timeout_s if timeout_s is None else timeout_s
         with self._lock:
             task_id = self._task_of.get(vm_id)
@@ -623,6 +688,71 @@ HAND_OVER_FUNCTION = (
     "[ $((g - $3)) -ge -1 ] && [ $((g - $3)) -le 1 ]; else false; fi "
     "|| date -s \"@$3\" >/dev/null; }; }"
 )
+
+
+# A fork's new identity (refresh_identity), for busybox sh and bash alike: a host
+# key made anew, and the SSH server (dropbear on `tiny`, sshd elsewhere) started
+# again with it in the background once the old one has let go of :22 (sessions
+# open now stay; a login meanwhile is retried, see `_connect`); the MAC, the
+# entropy, and the clock (the host's when the script was sent, plus the guest's
+# uptime since, in hundredths of a second); the new key's line is printed;
+# rift-exec's reseed ends it (its exit status plus 100 when it fails).
+_IDENTITY = r"""
+set -e
+read began _ < /proc/uptime
+# Static busybox where the image has it (`debian`): a dynamic binary costs a
+# hundred milliseconds or more to start under TCG.
+bb=; [ -x /usr/lib/rift/busybox ] && bb=/usr/lib/rift/busybox
+if [ -f /run/dropbear.pid ]; then
+  k=/etc/dropbear/dropbear_ed25519_host_key
+  rm -f "$k.new"
+  set -- $(dropbearkey -t ed25519 -f "$k.new" 2>/dev/null | grep '^ssh-')
+  mv -f "$k.new" "$k"
+  line="$1 $2"
+  restart="dropbear -s -j -k -p 22 -r $k -W 1048576 -P /run/dropbear.pid"
+else
+  restart=
+  k=/etc/ssh/ssh_host_ed25519_key
+  (umask 077; printf '%s\n' "$RIFT_HOST_KEY" > "$k.new")
+  $bb mv -f "$k.new" "$k"
+  printf '%s root@rift\n' "$RIFT_HOST_PUB" > "$k.pub"
+  line="$RIFT_HOST_PUB"
+fi
+if [ -n "$restart" ]; then  # dropbear reads its key once: a new one, started anew
+  read old < /run/dropbear.pid
+  (kill "$old"; while kill -0 "$old" 2>/dev/null; do usleep 10000; done; $restart) \
+    </dev/null >/dev/null 2>&1 &
+elif [ -f /run/sshd.pid ]; then  # sshd re-executes itself on a hangup, reading the key
+  read old < /run/sshd.pid
+  kill -HUP "$old"
+else  # under systemd (a cloud image); socket-activated, each login reads the key anew
+  (systemctl reload ssh.service) </dev/null >/dev/null 2>&1 &
+fi
+if [ -n "$bb" ] || [ -f /run/dropbear.pid ]; then  # Rift's own images
+  for dev in /sys/class/net/*; do dev=${dev##*/}; [ "$dev" != lo ] && break; done
+  $bb ip link set dev "$dev" address "$RIFT_MAC"
+fi
+printf '%s' "$RIFT_ENTROPY" > /dev/urandom
+read ended _ < /proc/uptime
+spent=$(( ${ended%.*}${ended#*.} - ${began%.*}${began#*.} ))
+$bb date -s "@$(( (RIFT_NOW_CS + spent + 50) / 100 ))" >/dev/null
+echo "$line"
+set +e
+"$RIFT_EXEC" reseed / || exit $((100 + $?))
+"""
+_RESEED_OLD = 102  # rift-exec without `reseed` (usage)
+_RESEED_NONE = 227  # no rift-exec (the shell's 127)
+
+
+def identity_script(mac: str, entropy: bytes, now: float) -> str:
+    """The whole of a fork's new identity, its values up front: an ed25519 host key
+    made here for sshd (ssh-keygen in the guest costs a few hundred milliseconds
+    under TCG; dropbear makes its own, in its own format, at once)."""
+    private, public = new_host_key()
+    return (f"RIFT_MAC={shlex.quote(mac)} RIFT_ENTROPY={entropy.hex()} "
+            f"RIFT_NOW_CS={round(now * 100)} RIFT_EXEC={GUEST_PATH} "
+            f"RIFT_HOST_KEY={shlex.quote(private)} RIFT_HOST_PUB={shlex.quote(public)}\n"
+            f"{_IDENTITY}")
 
 
 def hand_over_call(public_key_line: str, now: float, entropy: bytes) -> str:

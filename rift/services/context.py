@@ -24,6 +24,7 @@ class Limits:
     creating_grace_s: int = 600  # a row `creating` this old is a create that died
     exec_wait_s: int = 45
     exec_output_mib: int = 16
+    max_snapshots_per_task: int = 8
 
 
 @dataclass
@@ -61,6 +62,11 @@ class GuestRuntime:
     def vm_disks_dir(self) -> Path:
         """Where each VM of a qcow2 image keeps its overlay and its cloud-init seed."""
         return self.disks_dir or self.images_dir.parent / "disks"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        """Where each snapshot keeps its saved memory and its copy of a VM's disk."""
+        return self.images_dir.parent / "snapshots"
 
 
 @dataclass(frozen=True)

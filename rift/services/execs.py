@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal as signals
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -37,6 +38,7 @@ from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import reach
 from rift.services.leases import check_handle, in_write, parse_handle
 from rift.services.ports import ExecGone, GuestExec, GuestShell, Tx
+from rift.services.watch import STEP_S, Watch, newest_line
 
 MIB = 1 << 20
 ANSWER_BYTES = MIB  # the most of each stream one answer carries
@@ -46,9 +48,10 @@ ANSWER_BYTES = MIB  # the most of each stream one answer carries
 
 def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: str,
           stdin: str | None = None, timeout_s: int | None = None,
-          wait_s: int | None = None) -> ExecView:
+          wait_s: int | None = None, watch: Watch | None = None) -> ExecView:
     """Record the exec, start it in the guest, and answer its view at its end or
-    after `wait_s` (RIFT_EXEC_WAIT_S by default)."""
+    after `wait_s` (RIFT_EXEC_WAIT_S by default). A `watch` hears of the exec
+    and its newest output line while the call waits, and can stop the wait."""
     validate.text("command", command, max_len=validate.MAX_COMMAND)
     if stdin is not None and len(stdin) > validate.MAX_CONTENT:
         raise InvalidArgument("stdin", "at most 16 MiB")
@@ -73,27 +76,40 @@ def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: s
         return task, vm, ex
 
     task, vm, ex = in_write(deps.store, record)
+    if watch is not None:
+        watch.begun(exec_id)
     shell = reach(vm, deps.guests)
+    deadline = time.monotonic() + wait
+    first = wait if watch is None else min(wait, STEP_S)
     try:
         with in_flight(deps, task.id, wait):
             seen = shell.exec_start(vm, exec_id, command,
                                     stdin.encode() if stdin is not None else None,
                                     timeout_s=timeout, cap_bytes=deps.limits.exec_output_mib * MIB,
-                                    wait_ms=wait * 1000, max_bytes=ANSWER_BYTES)
+                                    wait_ms=int(first * 1000), max_bytes=ANSWER_BYTES)
     except (GuestUnreachable, ExecGone) as exc:
-        _end(deps, ex, "lost", caller.label)
+        lost = _end(deps, ex, "lost", caller.label)
+        if _vm_gone(deps, vm.id):  # destroyed while the call waited: the exec is lost
+            return ExecView.of(lost)
         if isinstance(exc, GuestUnreachable):
             raise
         raise GuestUnreachable(vm.id, "the guest lost the exec as it started") from exc
+    if watch is not None and seen.state == "running" and wait > first:
+        try:
+            with in_flight(deps, task.id, wait):
+                seen = _follow_to_end(shell, vm, ex.id, seen, deadline, watch)
+        except (GuestUnreachable, ExecGone):
+            return _out_of_sight(deps, ex, caller.label)
     return _answer(deps, ex, seen, 0, 0, caller.label)
 
 
 # -- reading, input, kill, list ------------------------------------------------------------
 
 def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
-        stdout_offset: int = 0, stderr_offset: int = 0, wait_s: int = 0) -> ExecView:
+        stdout_offset: int = 0, stderr_offset: int = 0, wait_s: int = 0,
+        watch: Watch | None = None) -> ExecView:
     """The exec's view with output from the offsets, waiting up to `wait_s` for
-    output past them or its end."""
+    output past them or its end (in steps when a `watch` can stop it)."""
     out_from = validate.integer("stdout_offset", stdout_offset, 0, MAX_OFFSET)
     err_from = validate.integer("stderr_offset", stderr_offset, 0, MAX_OFFSET)
     wait = validate.integer("wait_s", wait_s, 0, MAX_WAIT_S)
@@ -103,11 +119,22 @@ def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
         return ExecView.of(ex, stdout_offset=out_from, stderr_offset=err_from)
     if vm is None:
         return ExecView.of(_end(deps, ex, "lost", caller.label))
+    if watch is not None:
+        watch.begun(ex.id)
     shell = reach(vm, deps.guests)
+    deadline = time.monotonic() + wait
     try:
         with in_flight(deps, task.id, wait):
-            seen = shell.exec_read(vm, ex.id, out_from, err_from, max_bytes=ANSWER_BYTES,
-                                   wait_ms=wait * 1000)
+            left: float = wait
+            while True:
+                step = left if watch is None else min(left, STEP_S)
+                seen = shell.exec_read(vm, ex.id, out_from, err_from, max_bytes=ANSWER_BYTES,
+                                       wait_ms=max(0, int(step * 1000)))
+                news = (seen.state != "running" or seen.stdout_total > out_from
+                        or seen.stderr_total > err_from)
+                left = deadline - time.monotonic()
+                if news or watch is None or watch.stopped or left <= 0:
+                    break
     except ExecGone:
         return ExecView.of(_end(deps, ex, "lost", caller.label) if ex.is_running else ex)
     if out_from > seen.stdout_total or err_from > seen.stderr_total:
@@ -186,10 +213,12 @@ def record_ends(deps: Deps, limit: int = 100) -> list[str]:
     grace = timedelta(seconds=deps.limits.creating_grace_s)
     for ex in running:
         vm = vms.get(ex.vm_id)
-        if vm is None or vm.status != "running":
+        if vm is None or not vm.keeps_execs:
             if _end(deps, ex, "lost", "sweep").status == "lost":
                 ended.append(ex.id)
             continue
+        if vm.status != "running" or vm.change is not None:
+            continue  # paused, or pausing or resuming: its execs wait in its guest
         if vm.ssh_port is None or deps.guests is None:
             continue
         try:
@@ -213,6 +242,41 @@ def end_vm_execs(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
     """In the transaction that destroys or fails `vm`: its running execs are lost."""
     for ex in tx.execs.of_task(vm.task_id, vm.id, running_only=True):
         _end_in(tx, ex, {"status": "lost", "ended_at": now}, now, actor)
+
+
+def _out_of_sight(deps: Deps, ex: Exec, actor: str) -> ExecView:
+    """A started exec its guest stopped answering about: lost if its VM went, else
+    as last recorded (the guest may answer the next read)."""
+    if _vm_gone(deps, ex.vm_id):
+        return ExecView.of(_end(deps, ex, "lost", actor))
+    with deps.store.read() as tx:
+        return ExecView.of(tx.execs.get(ex.id) or ex)
+
+
+def _vm_gone(deps: Deps, vm_id: str) -> bool:
+    """Gone, or going (its destroy is recorded before libvirt is asked); a paused
+    VM keeps its execs in its saved state."""
+    with deps.store.read() as tx:
+        vm = tx.vms.get(vm_id)
+    return vm is None or not vm.keeps_execs
+
+
+def _follow_to_end(shell: GuestShell, vm: Vm, exec_id: str, seen: GuestExec,
+                   deadline: float, watch: Watch) -> GuestExec:
+    """Wait for the exec's end in steps, noting its newest output line before each,
+    until `deadline` or a stop; answer its view with output from the start."""
+    tail = 4096
+    while seen.state == "running" and not watch.stopped:
+        seen = shell.exec_read(vm, exec_id, max(0, seen.stdout_total - tail),
+                               max(0, seen.stderr_total - tail), max_bytes=tail, wait_ms=0)
+        watch.note(newest_line(seen.stdout) or newest_line(seen.stderr))
+        left = deadline - time.monotonic()
+        if left <= 0 or seen.state != "running":
+            break
+        # Offsets past any output: the guest answers at the end, or when the step is up.
+        seen = shell.exec_read(vm, exec_id, MAX_OFFSET, MAX_OFFSET, max_bytes=0,
+                               wait_ms=int(min(left, STEP_S) * 1000))
+    return shell.exec_read(vm, exec_id, 0, 0, max_bytes=ANSWER_BYTES, wait_ms=0)
 
 
 def _answer(deps: Deps, ex: Exec, seen: GuestExec, out_from: int, err_from: int,
@@ -298,14 +362,16 @@ def _task_vm(tx: Tx, task: Task, vm_id: str, *, running: bool = True) -> Vm:
     vm = tx.vms.get(vm_id)
     if vm is None or vm.task_id != task.id:
         raise VmNotFound(vm_id)
-    if running and vm.status != "running":
-        raise VmNotRunning(vm_id, vm.status)
+    if running and (vm.status != "running" or vm.change is not None):
+        raise VmNotRunning(vm_id, vm.status, doing=vm.change)
     return vm
 
 
 def _held_exec(deps: Deps, caller: Caller, handle: str | None,
                exec_id: str) -> tuple[Task, Exec, Vm | None]:
-    """The handle's task, the exec of it, and its VM while that runs."""
+    """The handle's task, the exec of it, and its VM while that runs. A running exec
+    of a paused VM is refused (`vm_not_running`, naming rift_vm_resume): it waits
+    in the saved state, out of reach."""
     parsed = parse_handle(handle)
     validate.exec_id(exec_id)
 
@@ -315,6 +381,8 @@ def _held_exec(deps: Deps, caller: Caller, handle: str | None,
         if ex is None or ex.task_id != task.id:
             raise ExecNotFound(exec_id)
         vm = tx.vms.get(ex.vm_id)
+        if ex.is_running and vm is not None and vm.status == "paused":
+            raise VmNotRunning(vm.id, vm.status)  # its exec waits in the saved state
         return task, ex, vm if vm is not None and vm.status == "running" else None
 
     return in_write(deps.store, work)

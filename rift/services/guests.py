@@ -31,8 +31,8 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
         return vm
 
     vm = in_write(deps.store, work)
-    if vm.status != "running":
-        raise VmNotRunning(vm_id, vm.status)
+    if vm.status != "running" or vm.change is not None:
+        raise VmNotRunning(vm_id, vm.status, doing=vm.change)
     return vm, reach(vm, deps.guests)
 
 

@@ -69,6 +69,9 @@ def list_hosts(deps: Deps) -> list[dict[str, Any]]:
         usage = tx.vms.usage_by_host()
         pooled = tx.pools.usage_by_host()
         members = tx.pools.vms()
+        snaps = tx.snapshots.bytes_by_host()
+        paused = {h.name: sum(1 for vm in tx.vms.live_on_host(h.name) if vm.status == "paused")
+                  for h in hosts}
     rows = []
     for h in hosts:
         used = usage.get(h.name)
@@ -79,6 +82,9 @@ def list_hosts(deps: Deps) -> list[dict[str, Any]]:
             "used_memory_mib": (used.memory_mib if used else 0) + (held.memory_mib if held else 0),
             "vms": used.vms if used else 0,
             "pooled": sum(1 for m in members if m.host == h.name),
+            "paused": paused[h.name],  # holding only their disk and saved memory
+            "snapshots": snaps.get(h.name, (0, 0))[0],
+            "snapshot_mib": round(snaps.get(h.name, (0, 0))[1] / (1 << 20)),
             "state": ("unreachable" if h.unreachable_since else
                       "drained" if h.drained else "active"),
             "unreachable_since": h.unreachable_since.isoformat() if h.unreachable_since else None,
@@ -100,10 +106,15 @@ def remove_host(deps: Deps, name: str) -> None:
     with deps.store.write() as tx:
         if tx.hosts.get(name) is None:
             raise InvalidArgument("name", f"no host {name!r}; rift host list shows them")
-        used = tx.vms.usage_by_host().get(name)
-        if used and used.vms:
-            raise InvalidArgument("name", f"host {name!r} still has {used.vms} VMs; "
+        live = tx.vms.live_on_host(name)
+        if live:
+            raise InvalidArgument("name", f"host {name!r} still has {len(live)} VMs; "
                                   "rift host drain it and wait for its tasks to close")
+        kept = tx.snapshots.bytes_by_host().get(name, (0, 0))[0]
+        if kept:
+            raise InvalidArgument("name", f"host {name!r} still keeps {kept} snapshots; "
+                                  "they go with their tasks: rift host drain it and wait for "
+                                  "them to close")
         pooled = [m for m in tx.pools.vms() if m.host == name]
         if pooled:
             raise InvalidArgument("name", f"host {name!r} still keeps {len(pooled)} pooled VMs; "

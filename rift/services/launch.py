@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from hypervisor.base import HypervisorError, ImageError
-from rift.domain.errors import HypervisorFailed, ImageNotFound
+from rift.domain.errors import HypervisorFailed, ImageNotFound, InvalidArgument
 from rift.domain.model import NewEvent, StartKind, Task, Vm
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import GuestKind, NotReady, kind_on, usable
@@ -35,6 +35,24 @@ def check_image(deps: Deps, kind: GuestKind, image: str, uri: str) -> None:
         raise ImageNotFound(image, ready, hint=hint) from exc
 
 
+def fixed_sizes(image: str, fixed: tuple[int, int, int] | None, vcpus: int | None,
+                memory_mib: int | None,
+                disk_gib: int | None) -> tuple[int | None, int | None, int | None]:
+    """The sizes a VM (or pool) of `image` gets: as asked, unless the image starts
+    from a saved state (made from a snapshot), whose sizes (`fixed`, the catalog's
+    `fixed_sizes`) every VM has. Asking for others is invalid_argument, naming the
+    sizes to leave out."""
+    if fixed is None:
+        return vcpus, memory_mib, disk_gib
+    for field, asked, size in zip(("vcpus", "memory_mib", "disk_gib"),
+                                  (vcpus, memory_mib, disk_gib), fixed, strict=True):
+        if asked is not None and asked != size:
+            raise InvalidArgument(field, f"image {image!r} starts from a saved state of "
+                                  f"{fixed[0]} vCPU, {fixed[1]} MiB and {fixed[2]} GiB; "
+                                  f"leave {field} out (or give {size})")
+    return fixed
+
+
 def pick_ssh_port(tx: Tx, host: str) -> int:
     """A loopback port no live VM or pool VM of the host uses and that is free now."""
     taken = {vm.ssh_port for vm in tx.vms.live_on_host(host) if vm.ssh_port}
@@ -52,7 +70,8 @@ def pick_ssh_port(tx: Tx, host: str) -> int:
     raise HypervisorFailed("no free loopback port for the guest's SSH", host=host)
 
 
-def _failed(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
+def fail_start(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
+    """A start that did not come to run: the row turns `failed` with its event."""
     now = deps.clock.now()
     with deps.store.write() as tx:
         if tx.vms.update(vm.id, ("creating",), status="failed", error=error):
@@ -63,15 +82,16 @@ def _failed(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
 
 def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
            called: datetime | None = None) -> Vm:
-    """Cold-boot the VM's domain (`start.kind` `boot`); `called` is when the call
-    that asked for it began, which `start.ms` counts from (default: now)."""
+    """Start the VM's domain as its kind does (`start.kind` `boot`, or `fork` for an
+    image made from a snapshot); `called` is when the call that asked for it began,
+    which `start.ms` counts from (default: now)."""
     started = deps.clock.now()
     try:
         # Marked with this installation: reconciliation's scope.
         deps.hosts.hypervisor(uri).create(replace(kind.plan(vm), install=deps.install_id))
     except (HypervisorError, ImageError, HypervisorFailed) as exc:
         kind.clean_up(vm.id)  # nothing was defined: the VM's files are unused
-        return _failed(deps, caller, vm, str(exc))
+        return fail_start(deps, caller, vm, str(exc))
     try:
         kind.wait_ready(vm)
     except NotReady as exc:
@@ -79,12 +99,14 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
         # next sweep's reconciliation destroys the orphaned domain.
         with suppress(HypervisorFailed):
             destroy_domain(deps, vm, uri)
-        return _failed(deps, caller, vm, str(exc))
-    return running(deps, caller, vm, uri, "boot", called or started, boot_s_since=started)
+        return fail_start(deps, caller, vm, str(exc))
+    return running(deps, caller, vm, uri, kind.start_kind, called or started,
+                   boot_s_since=started)
 
 
 def running(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: StartKind,
-            called: datetime, boot_s_since: datetime | None = None) -> Vm:
+            called: datetime, boot_s_since: datetime | None = None,
+            details: dict[str, object] | None = None) -> Vm:
     """The VM answers: its row turns `running` with how it started (`kind`: `boot`,
     `pool`, `restore`, `fork`) and the milliseconds since `called`, unless the VM was
     destroyed or its task closed meanwhile (then the domain goes again).
@@ -92,7 +114,7 @@ def running(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: StartKind,
     now = deps.clock.now()
     start_s = max(0.0, (now - called).total_seconds())
     start_ms = round(start_s * 1000)
-    details: dict[str, object] = {"vm_id": vm.id, "start_kind": kind, "start_ms": start_ms}
+    details = {"vm_id": vm.id, "start_kind": kind, "start_ms": start_ms, **(details or {})}
     if boot_s_since is not None:
         details["boot_s"] = (now - boot_s_since).total_seconds()
     task: Task | None = None

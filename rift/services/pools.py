@@ -43,7 +43,14 @@ from rift.services import validate
 from rift.services.capacity import host_loads, room
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import GuestKind, NotReady, kind_on
-from rift.services.launch import SSH_HOST, check_image, launch, pick_ssh_port, running
+from rift.services.launch import (
+    SSH_HOST,
+    check_image,
+    fixed_sizes,
+    launch,
+    pick_ssh_port,
+    running,
+)
 from rift.services.ports import Tx
 from rift.services.teardown import destroy_domain
 
@@ -87,7 +94,7 @@ def image_build(deps: Deps, image: str) -> str:
     digest = hashlib.sha256(image.encode())
     with suppress(FileNotFoundError):
         for path in sorted(folder.iterdir()):
-            if path.is_file():
+            if path.is_file() and not path.name.startswith("."):  # (forks' copies)
                 facts = path.stat()
                 digest.update(f"{path.name}:{facts.st_size}:{facts.st_mtime_ns};".encode())
     return digest.hexdigest()[:16]
@@ -110,6 +117,8 @@ def set_pool(deps: Deps, image: str, *, running: int | None = None, saved: int |
     """Create or resize the pool of that image and size (on `host`, or any).
     Refused when the image is not built, the host is not known, its size fits no
     host, or more running VMs than fit."""
+    vcpus, memory_mib, _ = fixed_sizes(image, deps.images.fixed_sizes(image), vcpus,
+                                       memory_mib, None)
     vcpus = validate.integer("vcpus", DEFAULT_VCPUS if vcpus is None else vcpus, 1, 64)
     memory_mib = validate.integer(
         "memory_mib", default_memory_mib(image) if memory_mib is None else memory_mib, 64, 65536)
@@ -202,12 +211,14 @@ def pool_counts(deps: Deps) -> dict[tuple[str, str], int]:
 
 # -- hand-out ------------------------------------------------------------------------------
 
-def take(tx: Tx, image: str, vcpus: int, memory_mib: int, disk_gib: int) -> Taken | None:
+def take(tx: Tx, image: str, vcpus: int, memory_mib: int, disk_gib: int,
+         pooled_disk_gib: int = DEFAULT_DISK_GIB) -> Taken | None:
     """Take a pooled VM of that image and size for a new VM row: a running one
     first, else a saved one whose host has room to restore it; None when the pools
-    have none (pooled VMs have the default disk: another `disk_gib` boots). The
-    take is a compare-and-set: a racing caller takes another."""
-    if disk_gib != DEFAULT_DISK_GIB:
+    have none (pooled VMs have the default disk, or their image's fixed one:
+    another `disk_gib` boots). The take is a compare-and-set: a racing caller
+    takes another."""
+    if disk_gib != pooled_disk_gib:
         return None
     sources: tuple[tuple[PoolVmState, PoolGoal, StartKind], ...] = (
         ("ready", "running", "pool"), ("saved", "saved", "restore"))

@@ -24,6 +24,7 @@ from rift.services.repositories import (
     HostRepository,
     MetaRepository,
     PoolRepository,
+    SnapshotRepository,
     TaskRepository,
     TokenRepository,
     UserRepository,
@@ -56,6 +57,8 @@ class Tx(Protocol):
     def pools(self) -> PoolRepository: ...
     @property
     def execs(self) -> ExecRepository: ...
+    @property
+    def snapshots(self) -> SnapshotRepository: ...
 
 
 class Store(Protocol):
@@ -75,6 +78,10 @@ class ImageCatalog(Protocol):
     """The guest images Rift knows; `tiny` is always among them."""
 
     def names(self) -> list[str]: ...
+    def fixed_sizes(self, name: str) -> tuple[int, int, int] | None:
+        """(vCPUs, memory MiB, disk GiB) that every VM of `name` has (an image made
+        from a snapshot: its saved state has them), or None when VMs choose."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,10 @@ class GuestShell(Protocol):
     def task_key(self, task_id: str) -> str:
         """The OpenSSH public key line of the task's key pair (made on first use)."""
         ...
+    def task_key_file(self, task_id: str) -> Path:
+        """The file of the task's private key (made on first use): what
+        `rift image add --snapshot` copies for the image's VMs to log in with."""
+        ...
     def forget_task(self, task_id: str) -> None: ...
     def tidy_keys(self, needed: Callable[[str], bool]) -> int:
         """Delete the key of every task `needed(task_id)` says no to, and any key a
@@ -153,6 +164,23 @@ class GuestShell(Protocol):
     def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float) -> None:
         """After a restore: pin `host_key` and log in again (retrying until
         `timeout_s`), so the next call finds a connection open."""
+        ...
+    def drop_connections(self, vm_id: str) -> None:
+        """Close the VM's connections before a pause cuts them; its host key stays
+        pinned."""
+        ...
+    def resumed(self, vm: Vm, timeout_s: float) -> None:
+        """After a resume: log in again (retrying until `timeout_s`) and set the
+        guest's clock to this host's."""
+        ...
+    def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
+               boot_key: Path | None = None) -> str:
+        """After a fork's restore: log in (its source's `host_key`, retrying until
+        `timeout_s`) and give it an identity of its own (a new host key, the MAC
+        `mac`, fresh entropy, the clock). Answers its new host key line.
+        `boot_key` (a snapshot image's key file) is the key its guest accepts now:
+        kept as the VM's boot key, the login takes it and hands the VM over to
+        its own key."""
         ...
     def close_vm(self, vm_id: str) -> None: ...
     def close(self) -> None: ...

@@ -32,6 +32,7 @@ from rift.services.execs import end_vm_execs
 from rift.services.guest_kinds import vm_files
 from rift.services.pools import stale_pool_vms
 from rift.services.teardown import destroy_domain, destroy_vm
+from rift.services.vm_state import settle_change
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
 # still `creating` after it is a create whose process died.
@@ -50,13 +51,15 @@ class ReconcileReport:
     disks_removed: list[str] = field(default_factory=list)
     destroys_finished: list[str] = field(default_factory=list)
     pool_vms_removed: list[str] = field(default_factory=list)
+    changes_settled: list[str] = field(default_factory=list)  # pauses and resumes
     # Each host's domain names as listed, and when the listing began.
     listed: dict[str, tuple[set[str], datetime]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.orphans_destroyed or self.vanished or self.interrupted
                     or self.unreachable or self.stopped or self.disks_removed
-                    or self.destroys_finished or self.pool_vms_removed)
+                    or self.destroys_finished or self.pool_vms_removed
+                    or self.changes_settled)
 
 
 def _pool_ids(deps: Deps) -> set[str]:
@@ -117,8 +120,7 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
                 deps.log.warning("orphan destroy refused", extra={"domain": domain.name,
                                                                   "error": str(exc)})
     for vm in before.values():
-        if vm.status == "running":
-            _check_running(deps, vm, ours.get(vm.id), uri, report)
+        _check_row(deps, vm, ours.get(vm.id), uri, report)
     stale = deps.clock.now() - timedelta(seconds=deps.limits.creating_grace_s)
     for vm in after.values():
         if vm.status == "creating" and vm.created_at < stale:
@@ -139,6 +141,69 @@ def _check_running(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
             report.vanished.append(vm.id)
     elif not domain.active:
         _stopped(deps, vm, uri, report)
+
+
+def _check_row(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+               report: ReconcileReport) -> None:
+    """A live row read before the listing, against its domain in the listing."""
+    if vm.change is not None:
+        _check_changing(deps, vm, domain, uri, report)
+    elif vm.status == "running":
+        _check_running(deps, vm, domain, uri, report)
+    elif vm.status == "paused":
+        _check_paused(deps, vm, domain, uri, report)
+
+
+def _check_changing(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+                    report: ReconcileReport) -> None:
+    """A pause or resume under way for longer than any takes (a crash cut it): finished
+    or rolled back by what the domain shows; failed when it has neither run nor a
+    saved state."""
+    if vm.destroy_requested_at is not None:
+        _finish_destroy(deps, vm, report)
+        return
+    if vm.change == "snapshotting":
+        return  # its snapshot settles it (rift.services.snapshots.settle_snapshots)
+    stale = deps.clock.now() - timedelta(seconds=deps.limits.creating_grace_s)
+    if vm.change_at is None or vm.change_at >= stale:
+        return  # a change under way now: its call settles it
+    done = settle_change(deps, vm, domain)
+    if done is not None:
+        report.changes_settled.append(vm.id)
+        deps.log.warning("vm change settled", extra={"vm_id": vm.id, "done": done})
+        return
+    _lost_saved_state(deps, vm, domain, uri, report)
+
+
+def _check_paused(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+                  report: ReconcileReport) -> None:
+    """A `paused` row against its domain: stopped with a saved state, as it should be;
+    running (started outside Rift) turns the row running; gone, or stopped with no
+    saved state, fails it."""
+    if vm.destroy_requested_at is not None:
+        _finish_destroy(deps, vm, report)
+    elif domain is not None and domain.active:
+        now = deps.clock.now()
+        with deps.store.write() as tx:
+            if tx.vms.update_changing(vm.id, "paused", None, status="running"):
+                tx.events.add(NewEvent(vm.task_id, "vm_resumed", now, SWEEP, {
+                    "vm_id": vm.id, "reason": "its domain was started outside Rift"}))
+                report.changes_settled.append(vm.id)
+    elif domain is None or not domain.saved:
+        _lost_saved_state(deps, vm, domain, uri, report)
+
+
+def _lost_saved_state(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+                      report: ReconcileReport) -> None:
+    if domain is not None:
+        try:
+            destroy_domain(deps, vm, uri)
+        except HypervisorFailed:
+            return  # the next sweep tries again
+    why = ("the domain is gone: it was destroyed or lost outside Rift (host restart, "
+           "virsh)" if domain is None else "its saved state is gone: it cannot resume")
+    if _fail(deps, vm, vm.status, why):
+        report.vanished.append(vm.id)
 
 
 def _finish_destroy(deps: Deps, vm: Vm, report: ReconcileReport) -> None:
@@ -233,7 +298,8 @@ def reconcile(deps: Deps) -> ReconcileReport:
             "destroys_finished": len(report.destroys_finished),
             "stopped": len(report.stopped), "disks_removed": len(report.disks_removed),
             "interrupted": len(report.interrupted), "unreachable": report.unreachable,
-            "pool_vms_removed": len(report.pool_vms_removed)})
+            "pool_vms_removed": len(report.pool_vms_removed),
+            "changes_settled": len(report.changes_settled)})
     return report
 
 

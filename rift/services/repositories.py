@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from rift.domain.model import ApiToken, Event, Exec, Host, NewEvent, Task, User, Vm, VmStatus
+from rift.domain.model import (
+    ApiToken,
+    Event,
+    Exec,
+    Host,
+    NewEvent,
+    Task,
+    User,
+    Vm,
+    VmChange,
+    VmStatus,
+)
 from rift.domain.records import (
     ChangeMark,
     HostUsage,
@@ -24,6 +35,8 @@ from rift.domain.records import (
     Pool,
     PoolVm,
     PoolVmState,
+    Snapshot,
+    SnapshotState,
     WebSession,
 )
 
@@ -74,6 +87,28 @@ class TaskRepository(Protocol):
         ...
 
 
+class SnapshotRepository(Protocol):
+    """Snapshots (SPEC §12). A change is a compare-and-set on the state."""
+
+    def add(self, snap: Snapshot) -> None: ...
+    def get(self, snapshot_id: str) -> Snapshot | None: ...
+    def of_task(self, task_id: str) -> list[Snapshot]:
+        """Oldest first."""
+        ...
+    def of_tasks(self, task_ids: Sequence[str]) -> dict[str, list[Snapshot]]:
+        """Every asked task id is a key (with ``[]`` when it has none)."""
+        ...
+    def all(self) -> list[Snapshot]: ...
+    def update(self, snapshot_id: str, expected: Sequence[SnapshotState],
+               **changes: Any) -> bool: ...
+    def remove(self, snapshot_id: str, expected: Sequence[SnapshotState]) -> bool:
+        """Delete the row while its state is one of ``expected``."""
+        ...
+    def bytes_by_host(self) -> dict[str, tuple[int, int]]:
+        """Host name -> (how many snapshots, their bytes)."""
+        ...
+
+
 class ExecRepository(Protocol):
     """Execs (SPEC §10). An exec ends once: `end` is a compare-and-set from
     `running`, so one caller records its end (and writes its `exec_ended` event).
@@ -121,12 +156,18 @@ class VmRepository(Protocol):
         """Compare-and-set: apply ``changes`` only while the VM's status is one of
         ``expected_status``. True when this call changed the row."""
         ...
+    def update_changing(self, vm_id: str, status: VmStatus, change: VmChange | None, /,
+                        **changes: Any) -> bool:
+        """Compare-and-set: apply ``changes`` only while the VM is ``status`` with
+        ``change`` under way (None: with none). True when this call changed the row."""
+        ...
     def live_of_closed_tasks(self, limit: int) -> list[Vm]:
         """Live VMs in tasks that have closed: what a close cut short left behind."""
         ...
     def live_on_host(self, host: str) -> list[Vm]: ...
     def usage_by_host(self) -> dict[str, HostUsage]:
-        """vCPUs and memory of live VMs, by host name."""
+        """vCPUs and memory of the VMs that hold them (creating, running, or
+        resuming), by host name."""
         ...
 
 

@@ -16,6 +16,7 @@ from rift.services.context import SWEEP, Deps
 from rift.services.execs import record_ends
 from rift.services.heartbeat import beat
 from rift.services.reconcile import ReconcileReport, reconcile
+from rift.services.snapshots import dead_snapshot_files, settle_snapshots
 from rift.services.teardown import close_in_tx, destroy_vms, forget_task_key
 
 BATCH = 200
@@ -30,6 +31,7 @@ class SweepReport:
     keys_forgotten: int = 0
     execs_ended: list[str] = field(default_factory=list)
     reconciled: ReconcileReport = field(default_factory=ReconcileReport)
+    snapshots_settled: list[str] = field(default_factory=list)
 
 
 def close_idle(deps: Deps, report: SweepReport) -> None:
@@ -107,6 +109,7 @@ def sweep(deps: Deps) -> SweepReport:
     purge_closed(deps, report)
     forget_unneeded_keys(deps, report)
     report.reconciled = reconcile(deps)
+    report.snapshots_settled = settle_snapshots(deps) + dead_snapshot_files(deps)
     report.execs_ended = record_ends(deps)
     beat(deps)
     if report.closed or report.destroyed or report.purged or report.refused:

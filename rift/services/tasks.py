@@ -37,6 +37,7 @@ from rift.services.leases import (
     take_lease,
 )
 from rift.services.ports import Tx
+from rift.services.snapshots import remove_task_snapshots
 from rift.services.teardown import close_in_tx, destroy_vms, forget_task_key
 
 HOUR = timedelta(hours=1)
@@ -51,7 +52,8 @@ def request_digest(**fields: Any) -> str:
 
 def view(deps: Deps, tx: Tx, task: Task) -> TaskView:
     return TaskView.of(task, tx.vms.of_task(task.id), deps.lease_rules,
-                       tx.execs.count_running([task.id])[task.id])
+                       tx.execs.count_running([task.id])[task.id],
+                       tx.snapshots.of_task(task.id))
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,9 @@ def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
         page = page[:size]
         vms = tx.vms.of_tasks([t.id for t in page])
         running = tx.execs.count_running([t.id for t in page])
-    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id]) for t in page]
+        snaps = tx.snapshots.of_tasks([t.id for t in page])
+    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id], snaps[t.id])
+             for t in page]
     return TaskListOut(tasks=views, next_after=page[-1].id if more and page else None)
 
 
@@ -182,6 +186,7 @@ def _finish_close(deps: Deps, task_id: str, actor: str) -> TaskCloseOut:
     destroyed, refused = destroy_vms(deps, vms, actor)
     if not refused:
         forget_task_key(deps, task_id)
+    remove_task_snapshots(deps, task_id, actor)
     with deps.store.read() as tx:
         task = tx.tasks.get(task_id)
         assert task is not None

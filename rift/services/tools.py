@@ -1,4 +1,4 @@
-"""The calls of SPEC §3 and §10: each takes its tool's input model and answers
+"""The calls of SPEC §3, §10 and §12: each takes its tool's input model and answers
 its output model (rift/contract/tools.py).
 
 MCP tools and REST routes both call these (no door holds a rule of its own);
@@ -12,8 +12,9 @@ from typing import Any
 
 from rift.contract import tools as c
 from rift.contract.views import ExecView, TaskView
-from rift.services import execs, guests, leases, tasks, vms
+from rift.services import execs, guests, leases, snapshots, tasks, vm_state, vms
 from rift.services.context import Caller, Deps
+from rift.services.watch import Watch
 
 
 def _task_out(deps: Deps, task_id: str) -> TaskView:
@@ -21,7 +22,8 @@ def _task_out(deps: Deps, task_id: str) -> TaskView:
         task = tx.tasks.get(task_id)
         assert task is not None
         return TaskView.of(task, tx.vms.of_task(task_id), deps.lease_rules,
-                           tx.execs.count_running([task_id])[task_id])
+                           tx.execs.count_running([task_id])[task_id],
+                           tx.snapshots.of_task(task_id))
 
 
 def task_new(deps: Deps, caller: Caller, args: c.TaskNewIn) -> c.TaskNewOut:
@@ -58,9 +60,10 @@ def task_events(deps: Deps, caller: Caller, args: c.TaskEventsIn) -> c.TaskEvent
     return tasks.task_events(deps, caller, args.task_id, args.after_id, args.limit)
 
 
-def vm_new(deps: Deps, caller: Caller, args: c.VmNewIn) -> c.VmOut:
+def vm_new(deps: Deps, caller: Caller, args: c.VmNewIn, watch: Watch | None = None) -> c.VmOut:
     return c.VmOut(vm=vms.new_vm(deps, caller, args.handle, args.name, args.image, args.vcpus,
-                                 args.memory_mib, args.idempotency_key, args.disk_gib))
+                                 args.memory_mib, args.idempotency_key, args.disk_gib,
+                                 watch=watch))
 
 
 def vm_get(deps: Deps, caller: Caller, args: c.VmGetIn) -> c.VmOut:
@@ -71,14 +74,40 @@ def vm_destroy(deps: Deps, caller: Caller, args: c.VmDestroyIn) -> c.VmOut:
     return c.VmOut(vm=vms.destroy(deps, caller, args.vm_id, args.handle, args.takeover))
 
 
-def vm_exec(deps: Deps, caller: Caller, args: c.VmExecIn) -> ExecView:
+def vm_pause(deps: Deps, caller: Caller, args: c.VmHeldIn) -> c.VmOut:
+    return c.VmOut(vm=vm_state.pause(deps, caller, args.handle, args.vm_id))
+
+
+def vm_resume(deps: Deps, caller: Caller, args: c.VmHeldIn) -> c.VmOut:
+    return c.VmOut(vm=vm_state.resume(deps, caller, args.handle, args.vm_id))
+
+
+def vm_snapshot(deps: Deps, caller: Caller, args: c.VmSnapshotIn) -> c.SnapshotOut:
+    return c.SnapshotOut(snapshot=snapshots.make(deps, caller, args.handle, args.vm_id,
+                                                 args.name))
+
+
+def vm_snapshot_delete(deps: Deps, caller: Caller,
+                       args: c.VmSnapshotDeleteIn) -> c.SnapshotOut:
+    return c.SnapshotOut(snapshot=snapshots.delete(deps, caller, args.handle,
+                                                   args.snapshot_id))
+
+
+def vm_fork(deps: Deps, caller: Caller, args: c.VmForkIn) -> c.VmsOut:
+    return c.VmsOut(vms=snapshots.fork(deps, caller, args.handle, args.snapshot_id,
+                                       args.vm_id, args.name, args.count))
+
+
+def vm_exec(deps: Deps, caller: Caller, args: c.VmExecIn, watch: Watch | None = None,
+            ) -> ExecView:
     return execs.start(deps, caller, args.handle, args.vm_id, args.command, args.stdin,
-                       args.timeout_s, args.wait_s)
+                       args.timeout_s, args.wait_s, watch)
 
 
-def vm_exec_get(deps: Deps, caller: Caller, args: c.VmExecGetIn) -> ExecView:
+def vm_exec_get(deps: Deps, caller: Caller, args: c.VmExecGetIn, watch: Watch | None = None,
+                ) -> ExecView:
     return execs.get(deps, caller, args.handle, args.exec_id, args.stdout_offset,
-                     args.stderr_offset, args.wait_s)
+                     args.stderr_offset, args.wait_s, watch)
 
 
 def vm_exec_input(deps: Deps, caller: Caller, args: c.VmExecInputIn) -> c.ExecInputOut:
@@ -116,6 +145,11 @@ CALLS: dict[str, Call] = {
     "rift_vm_new": vm_new,
     "rift_vm_get": vm_get,
     "rift_vm_destroy": vm_destroy,
+    "rift_vm_pause": vm_pause,
+    "rift_vm_resume": vm_resume,
+    "rift_vm_snapshot": vm_snapshot,
+    "rift_vm_snapshot_delete": vm_snapshot_delete,
+    "rift_vm_fork": vm_fork,
     "rift_vm_exec": vm_exec,
     "rift_vm_exec_get": vm_exec_get,
     "rift_vm_exec_input": vm_exec_input,
@@ -124,3 +158,24 @@ CALLS: dict[str, Call] = {
     "rift_vm_write_file": vm_write_file,
     "rift_vm_read_file": vm_read_file,
 }
+
+
+# -- the calls that wait (SPEC §10), and how a cancel ends what each made ------------------
+
+WatchedCall = Callable[[Deps, Caller, Any, Watch | None], Any]
+
+WATCHED: dict[str, WatchedCall] = {
+    "rift_vm_new": vm_new,
+    "rift_vm_exec": vm_exec,
+    "rift_vm_exec_get": vm_exec_get,
+}
+
+
+def stop_made(deps: Deps, caller: Caller, tool: str, handle: str | None, target: str) -> None:
+    """End what a cancelled call made or watched: kill the exec (TERM, then KILL
+    5 s later), or destroy the VM. Under the call's own handle: a lease that
+    moved on refuses it (`lease_stale`), and nothing changes."""
+    if tool == "rift_vm_new":
+        vms.destroy(deps, caller, target, handle)
+    else:
+        execs.kill(deps, caller, handle, target, "TERM")

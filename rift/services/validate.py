@@ -8,7 +8,7 @@ import binascii
 
 from rift.contract.base import MAX_COMMAND, MAX_CONTENT, MAX_TEXT
 from rift.domain.errors import InvalidArgument
-from rift.domain.ids import is_exec_id, is_task_id, is_vm_id
+from rift.domain.ids import is_exec_id, is_snapshot_id, is_task_id, is_vm_id
 
 __all__ = ["MAX_COMMAND", "MAX_CONTENT", "MAX_TEXT", "integer", "limit", "task_id", "text",
            "vm_id"]
@@ -47,6 +47,12 @@ def task_id(value: str, field: str = "task_id") -> str:
 def exec_id(value: str, field: str = "exec_id") -> str:
     if not isinstance(value, str) or not is_exec_id(value):
         raise InvalidArgument(field, "an exec id is exec_ and 8 lowercase base32 characters")
+    return value
+
+
+def snapshot_id(value: str, field: str = "snapshot_id") -> str:
+    if not isinstance(value, str) or not is_snapshot_id(value):
+        raise InvalidArgument(field, "a snapshot id is snap_ and 8 lowercase base32 characters")
     return value
 
 

@@ -20,7 +20,7 @@ from rift.services import validate
 from rift.services.capacity import place
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import GuestKind, kind_on
-from rift.services.launch import SSH_HOST, check_image, launch, pick_ssh_port
+from rift.services.launch import SSH_HOST, check_image, fixed_sizes, launch, pick_ssh_port
 from rift.services.leases import (
     check_handle,
     ensure_open,
@@ -33,6 +33,7 @@ from rift.services.pools import Taken, start_taken, take
 from rift.services.ports import Tx
 from rift.services.tasks import check_rate, request_digest
 from rift.services.teardown import destroy_vm
+from rift.services.watch import Watch
 
 
 def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
@@ -58,22 +59,34 @@ def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: dateti
                lambda since: tx.vms.oldest_created_since(caller.user, since))
 
 
+def _sizes(deps: Deps, image: str, vcpus: int | None, memory_mib: int | None,
+           disk_gib: int | None) -> tuple[int, int, int, int]:
+    """The new VM's vCPUs, memory and disk (defaults filled in, or its image's fixed
+    sizes), and the disk its image's pooled VMs have."""
+    fixed = deps.images.fixed_sizes(image)
+    vcpus, memory_mib, disk_gib = fixed_sizes(image, fixed, vcpus, memory_mib, disk_gib)
+    vcpus = validate.integer("vcpus", 1 if vcpus is None else vcpus, 1, 64)
+    memory_mib = validate.integer(
+        "memory_mib", default_memory_mib(image) if memory_mib is None else memory_mib, 64, 65536)
+    disk_gib = validate.integer("disk_gib", DEFAULT_DISK_GIB if disk_gib is None else disk_gib,
+                                1, MAX_DISK_GIB)
+    return vcpus, memory_mib, disk_gib, DEFAULT_DISK_GIB if fixed is None else fixed[2]
+
+
 def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
            image: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
-           idempotency_key: str | None = None, disk_gib: int | None = None) -> VmView:
-    """Place, record (`creating`), create the domain, and answer once it runs or failed."""
+           idempotency_key: str | None = None, disk_gib: int | None = None,
+           watch: Watch | None = None) -> VmView:
+    """Place, record (`creating`), create the domain, and answer once it runs or failed.
+    A `watch` hears of the VM and its stage."""
     called = deps.clock.now()  # `start.ms` counts from here
     parsed = parse_handle(handle)
     validate.text("name", name)
     validate.text("idempotency_key", idempotency_key)
     image = image if image is not None else deps.default_image
     validate.text("image", image)
-    vcpus = validate.integer("vcpus", 1 if vcpus is None else vcpus, 1, 64)
-    if memory_mib is None:
-        memory_mib = default_memory_mib(image)
-    memory_mib = validate.integer("memory_mib", memory_mib, 64, 65536)
-    disk_gib = validate.integer("disk_gib", DEFAULT_DISK_GIB if disk_gib is None else disk_gib,
-                                1, MAX_DISK_GIB)
+    vcpus, memory_mib, disk_gib, pooled_disk_gib = _sizes(deps, image, vcpus, memory_mib,
+                                                          disk_gib)
     digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
                             memory_mib=memory_mib, disk_gib=disk_gib)
 
@@ -90,7 +103,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         if image not in known:
             raise ImageNotFound(image, sorted(known))
         _check_vm_budget(deps, tx, caller, task, now)
-        taken = take(tx, image, vcpus, memory_mib, disk_gib)
+        taken = take(tx, image, vcpus, memory_mib, disk_gib, pooled_disk_gib)
         if taken is not None:  # a pooled VM: its host, id and SSH port come with it
             host = tx.hosts.get(taken.vm.host)
             assert host is not None
@@ -110,7 +123,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label,
                                {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
                                "vcpus": vcpus, "memory_mib": memory_mib, "disk_gib": disk_gib,
-                               "start": "boot" if taken is None else taken.kind}))
+                               "start": kind.start_kind if taken is None else taken.kind}))
         return vm, host.uri, kind, taken, False
 
     try:
@@ -121,12 +134,21 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         vm, uri, kind, taken, replayed = in_write(deps.store, record)
     if replayed or uri is None or kind is None:
         return VmView.of(vm)
+    _tell(watch, vm, taken)
     if taken is not None:
         started = start_taken(deps, caller, vm, uri, kind, taken, called)
         # Its replacement starts only now: a boot beside the hand-over would slow it.
         deps.observers.pools_changed()
         return VmView.of(started)
     return VmView.of(launch(deps, caller, vm, uri, kind, called))
+
+
+def _tell(watch: Watch | None, vm: Vm, taken: Taken | None) -> None:
+    if watch is not None:
+        watch.begun(vm.id)
+        stage = ("booting" if taken is None else "handing over a pooled VM"
+                 if taken.kind == "pool" else "restoring a saved state")
+        watch.note(f"{vm.id}: {stage}")
 
 
 def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,

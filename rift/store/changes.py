@@ -9,13 +9,14 @@ from typing import Any
 
 VM_CHANGEABLE = frozenset({
     "name", "status", "host", "ready_at", "destroyed_at", "error", "ssh_host", "ssh_port",
-    "destroy_requested_at", "start_kind", "start_ms",
+    "destroy_requested_at", "start_kind", "start_ms", "change", "change_at",
 })
 HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachable_since",
                              "last_error"})
 POOL_CHANGEABLE = frozenset({"running", "saved", "failures", "retry_at", "last_error",
                              "filler", "fill_until"})
 POOL_VM_CHANGEABLE = frozenset({"state", "ssh_port", "host_key", "ready_at"})
+SNAPSHOT_CHANGEABLE = frozenset({"state", "bytes", "host_key"})
 EXEC_END_CHANGEABLE = frozenset({"status", "ended_at", "exit_code", "signal", "timed_out",
                                  "stdout_bytes", "stderr_bytes", "duration_ms"})
 EXEC_END_STATUSES = frozenset({"exited", "killed", "timed_out", "lost"})

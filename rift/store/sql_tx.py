@@ -11,6 +11,7 @@ from rift.store.sql_execs import SqlExecs
 from rift.store.sql_hosts import SqlHosts
 from rift.store.sql_meta import SqlMeta
 from rift.store.sql_pools import SqlPools
+from rift.store.sql_snapshots import SqlSnapshots
 from rift.store.sql_tasks import SqlTasks
 from rift.store.sql_vms import SqlVms
 from rift.store.sql_web import SqlWeb
@@ -20,8 +21,8 @@ class SqlTx:
     """Implements the engine's ``Tx`` port over one SQLAlchemy connection;
     ``writable`` is False inside ``store.read()``."""
 
-    __slots__ = ("events", "execs", "hosts", "meta", "pools", "tasks", "tokens", "users", "vms",
-                 "web")
+    __slots__ = ("events", "execs", "hosts", "meta", "pools", "snapshots", "tasks", "tokens",
+                 "users", "vms", "web")
 
     def __init__(self, conn: Connection, *, writable: bool) -> None:
         self.tasks = SqlTasks(conn, writable=writable)
@@ -34,3 +35,4 @@ class SqlTx:
         self.web = SqlWeb(conn, writable=writable)
         self.pools = SqlPools(conn, writable=writable)
         self.execs = SqlExecs(conn, writable=writable)
+        self.snapshots = SqlSnapshots(conn, writable=writable)

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Select, bindparam, func, select, update
+from sqlalchemy import Row, Select, bindparam, func, or_, select, update
 
-from rift.domain.model import LIVE_VM_STATUSES, Vm, VmStatus
+from rift.domain.model import HOLDING_VM_STATUSES, LIVE_VM_STATUSES, Vm, VmChange, VmStatus
 from rift.domain.records import HostUsage
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.changes import VM_CHANGEABLE, check_changes, check_limit
@@ -105,6 +105,16 @@ class SqlVms(SqlRepository):
         statement = update(vms).where(*where).values(**changes)
         return self._conn.execute(statement).rowcount == 1
 
+    def update_changing(self, vm_id: str, status: VmStatus, change: VmChange | None, /,
+                        **changes: Any) -> bool:
+        self._writing("update")
+        check_changes("vm", changes, VM_CHANGEABLE)
+        statement = (update(vms).where(vms.c.id == vm_id, vms.c.status == status,
+                                       vms.c.change.is_(None) if change is None
+                                       else vms.c.change == change)
+                     .values(**changes))
+        return self._conn.execute(statement).rowcount == 1
+
     def live_of_closed_tasks(self, limit: int) -> list[Vm]:
         """VMs still creating or running in tasks that have closed: what a
         close that died half-way left for the sweep to destroy."""
@@ -135,7 +145,7 @@ class SqlVms(SqlRepository):
                 func.coalesce(func.sum(vms.c.memory_mib), 0),
                 func.count(),
             )
-            .where(vms.c.status.in_(LIVE_VM_STATUSES))
+            .where(or_(vms.c.status.in_(HOLDING_VM_STATUSES), vms.c.change == "resuming"))
             .group_by(vms.c.host)
         )
         return {

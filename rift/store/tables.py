@@ -20,7 +20,7 @@ from sqlalchemy import (
 )
 
 from rift.domain.model import Event, Exec, Task, Vm
-from rift.domain.records import Pool, PoolVm
+from rift.domain.records import Pool, PoolVm, Snapshot
 from rift.store.timestamps import UtcDateTime
 
 NAMING_CONVENTION = {
@@ -113,6 +113,9 @@ vms = Table(
     Column("disk_gib", Integer, nullable=False, server_default="10"),
     Column("start_kind", String, nullable=True),
     Column("start_ms", Integer, nullable=True),
+    # A pause or resume under way, and since when (migration 0009).
+    Column("change", String, nullable=True),
+    Column("change_at", UtcDateTime, nullable=True),
     Index("ux_vms_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     Index("ix_vms_task_id", "task_id"),
     Index("ix_vms_status_host", "status", "host"),
@@ -225,6 +228,27 @@ pool_vms = Table(
     Index("ix_pool_vms_pool_id", "pool_id"),
 )
 
+# Snapshots (migration 0010): a VM's memory and disk kept on its host for forks.
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("task_id", String, ForeignKey("tasks.id"), nullable=False),
+    Column("vm_id", String, nullable=False),
+    Column("owner", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("host", String, nullable=False),
+    Column("image", String, nullable=False),
+    Column("vcpus", Integer, nullable=False),
+    Column("memory_mib", Integer, nullable=False),
+    Column("disk_gib", Integer, nullable=False),
+    Column("state", String, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("host_key", String, nullable=True),
+    Index("ix_snapshots_task_id", "task_id"),
+)
+
 # Execs (migration 0008): commands run detached in guests; their output stays there.
 execs = Table(
     "execs",
@@ -251,3 +275,4 @@ execs = Table(
 POOL_COLUMNS = tuple(pools.c[f.name] for f in fields(Pool))
 POOL_VM_COLUMNS = tuple(pool_vms.c[f.name] for f in fields(PoolVm))
 EXEC_COLUMNS = tuple(execs.c[f.name] for f in fields(Exec))
+SNAPSHOT_COLUMNS = tuple(snapshots.c[f.name] for f in fields(Snapshot))

@@ -1,7 +1,7 @@
 """The Boxes page in Chromium against a real `rift serve`: login, a task an MCP
-client made, live changes without a reload (takeover, close, the sweep, another
-replica), another user's tasks absent, hostile names as text, the session
-cookie, logout, and the screenshot in the README."""
+client made, live changes without a reload (takeover, close, a pause, a
+snapshot, the sweep, another replica), another user's tasks absent, hostile
+names as text, the session cookie, logout, and the screenshot in the README."""
 
 from __future__ import annotations
 
@@ -66,6 +66,30 @@ def test_a_task_an_mcp_client_made_shows_and_changes_live(server: Server, page: 
     expect(task).to_have_count(0)
     assert same_page(page)
     assert opened["handle"] not in page.content() and taken["handle"] not in page.content()
+
+
+def test_a_paused_vm_and_the_tasks_snapshots_show_live(server: Server, page: Any) -> None:
+    agent = Agent(server.url, server.token, "claude-code")
+    opened = agent.call("rift_task_new", name="park and branch")
+    task_id, handle = opened["task"]["id"], opened["handle"]
+    vm = agent.call("rift_vm_new", handle=handle, name="base", image="tiny")["vm"]
+    log_in(page, server.url, "admin", server.password)
+    mark_page(page)
+    task = card(page, task_id)
+    row = task.locator(f"tr[data-vm='{vm['id']}']")
+    expect(row.locator("[data-h=Status]")).to_have_text("running")
+    agent.call("rift_vm_pause", handle=handle, vm_id=vm["id"])
+    expect(row.locator("[data-h=Status] .s-paused")).to_have_text("paused")
+    agent.call("rift_vm_resume", handle=handle, vm_id=vm["id"])
+    snap = agent.call("rift_vm_snapshot", handle=handle, vm_id=vm["id"],
+                      name="known good")["snapshot"]
+    shown = task.locator(f".snapshot[data-snapshot='{snap['id']}']")
+    expect(shown).to_contain_text("known good")
+    expect(shown).to_contain_text(vm["id"])
+    agent.call("rift_vm_snapshot_delete", handle=handle, snapshot_id=snap["id"])
+    expect(shown).to_have_count(0)
+    assert same_page(page)
+    agent.call("rift_task_close", handle=handle)
 
 
 def test_another_users_tasks_never_show(server: Server, page: Any) -> None:

@@ -31,6 +31,8 @@ TOOL_NAMES = {
     "rift_task_list", "rift_task_get", "rift_task_events", "rift_vm_new", "rift_vm_get",
     "rift_vm_destroy", "rift_vm_exec", "rift_vm_write_file", "rift_vm_read_file",
     "rift_vm_exec_get", "rift_vm_exec_input", "rift_vm_exec_kill", "rift_vm_exec_list",
+    "rift_vm_pause", "rift_vm_resume", "rift_vm_snapshot", "rift_vm_snapshot_delete",
+    "rift_vm_fork",
 }
 
 
@@ -148,9 +150,10 @@ def test_tools_list_shows_seventeen_strict_schemas_and_annotations(server: Serve
         reads = {"rift_task_list", "rift_task_get", "rift_task_events", "rift_vm_get",
                  "rift_vm_read_file", "rift_vm_exec_get", "rift_vm_exec_list"}
         destructive = {"rift_task_close", "rift_vm_destroy", "rift_task_attach",
-                       "rift_vm_exec_kill"}
+                       "rift_vm_exec_kill", "rift_vm_snapshot_delete"}
         idempotent = reads | {"rift_task_new", "rift_vm_new", "rift_task_release",
-                              "rift_task_close", "rift_vm_destroy", "rift_vm_exec_kill"}
+                              "rift_task_close", "rift_vm_destroy", "rift_vm_exec_kill",
+                              "rift_vm_pause", "rift_vm_resume"}
         for name, tool in listed.items():
             notes = tool.annotations
             assert notes is not None

@@ -76,6 +76,10 @@ def test_every_refusal_reachable_on_the_test_driver(server: Server) -> None:
                      command="true")
             await no("exec_not_found", "rift_vm_exec_get", handle=handle,
                      exec_id="exec_aaaaaaaa")
+            await no("snapshot_not_found", "rift_vm_snapshot_delete", handle=handle,
+                     snapshot_id="snap_aaaaaaaa")
+            await no("snapshot_not_found", "rift_vm_fork", handle=handle,
+                     snapshot_id="snap_aaaaaaaa")
             await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])
             error = await no("vm_not_running", "rift_vm_exec", handle=handle, vm_id=vm["id"],
                              command="true")

@@ -14,10 +14,8 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import paramiko
 import pytest
 from mcp.client.session import ClientSession
 
@@ -26,6 +24,7 @@ from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.servers import (
     Server,
     cached_debian,
+    logs_in,
     real_vms_missing,
     start_real_server,
     stop_server,
@@ -71,23 +70,6 @@ def _filled(srv: Server) -> bool:
     rows = _pools(srv)
     return bool(rows) and all(r["running"]["ready"] == r["running"]["want"]
                               and r["saved"]["ready"] == r["saved"]["want"] for r in rows)
-
-
-def _logs_in(port: int, key_file: Path) -> bool:
-    """Whether root logs in to the guest with that private key (raw paramiko; the
-    host key is not checked: this is the test's own guest on loopback)."""
-    transport = paramiko.Transport(("127.0.0.1", port))
-    try:
-        transport.banner_timeout = transport.auth_timeout = 30
-        transport.start_client(timeout=30)
-        transport.auth_publickey("root", paramiko.Ed25519Key(filename=str(key_file)))
-        chan = transport.open_session(timeout=30)
-        chan.exec_command("true")
-        return chan.recv_exit_status() == 0
-    except paramiko.AuthenticationException:
-        return False
-    finally:
-        transport.close()
 
 
 async def _exec(s: ClientSession, handle: str, vm_id: str, command: str) -> str:
@@ -169,13 +151,13 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                     assert len(authorized.splitlines()) == 1  # the task's key alone
                     # A new login takes the task's key, and no pool's key any more.
                     port = vm["ssh"]["port"]
-                    assert _logs_in(port, real.data_dir / "keys" / opened["task"]["id"])
+                    assert logs_in(port, real.data_dir / "keys" / opened["task"]["id"])
                     for pool_key in (real.data_dir / "keys").glob("pool_*"):
-                        assert not _logs_in(port, pool_key), (image, kind, pool_key.name)
+                        assert not logs_in(port, pool_key), (image, kind, pool_key.name)
                     if kind == "pool":
                         await _reboot(s, handle, vm["id"], authorized)
                         for pool_key in (real.data_dir / "keys").glob("pool_*"):
-                            assert not _logs_in(port, pool_key), (image, "reboot")
+                            assert not logs_in(port, pool_key), (image, "reboot")
                     keys.add((await _exec(s, handle, vm["id"], HOST_KEY[image])).strip())
                     # The exec helper the image carries runs in it (its keeper under
                     # the guest's own init and shell).

@@ -151,12 +151,44 @@ def test_a_vm_of_an_added_debian_qcow2_runs_bookworm_and_leaves_nothing_after_de
                              command="id -un; hostname; sshd -T | grep -i '^passwordauth'")
             assert who["stdout"].split() == [
                 "root", vm["id"].replace("_", "-"), "passwordauthentication", "no"], who
+            # An exec that outlives its call, read on by a long poll, and one killed.
+            bg = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"], wait_s=0,
+                            command="for i in 1 2; do echo q$i; sleep 1; done")
+            assert bg["status"] == "running", bg
+            polled = await call(s, "rift_vm_exec_get", handle=handle, exec_id=bg["exec_id"],
+                                wait_s=20)
+            while polled["status"] == "running":
+                polled = await call(s, "rift_vm_exec_get", handle=handle,
+                                    exec_id=bg["exec_id"], wait_s=20)
+            assert (polled["status"], polled["stdout"]) == ("exited", "q1\nq2\n"), polled
+            long = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"], wait_s=0,
+                              command="sleep 300 & sleep 301")
+            await call(s, "rift_vm_exec_kill", handle=handle, exec_id=long["exec_id"])
+            left = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
+                              command="sleep 1; pgrep -x sleep || echo none")
+            assert left["stdout"] == "none\n", left
             wrote = await call(s, "rift_vm_write_file", handle=handle, vm_id=vm["id"],
                                path="/root/hello.txt", content="hello from rift\n")
             assert wrote["bytes"] == 16
             back = await call(s, "rift_vm_read_file", handle=handle, vm_id=vm["id"],
                               path="/root/hello.txt")
             assert back["content"] == "hello from rift\n"
+
+            # Paused and resumed, it has its file; a fork of it has the file and disks
+            # of its own (its overlay and seed go with it).
+            paused = (await call(s, "rift_vm_pause", handle=handle, vm_id=vm["id"]))["vm"]
+            assert paused["status"] == "paused"
+            await call(s, "rift_vm_resume", handle=handle, vm_id=vm["id"])
+            back = await call(s, "rift_vm_read_file", handle=handle, vm_id=vm["id"],
+                              path="/root/hello.txt")
+            assert back["content"] == "hello from rift\n"
+            fork = (await call(s, "rift_vm_fork", handle=handle, vm_id=vm["id"]))["vms"][0]
+            assert fork["status"] == "running", fork
+            forked = await call(s, "rift_vm_read_file", handle=handle, vm_id=fork["id"],
+                                path="/root/hello.txt")
+            assert forked["content"] == "hello from rift\n"
+            assert f"{fork['id']}.qcow2" in _vm_files(real)
+            await call(s, "rift_vm_destroy", handle=handle, vm_id=fork["id"])
 
             # The image is in use: it stays.
             refused = real.rift("image", "remove", "bookworm")

@@ -164,14 +164,17 @@ def test_twenty_vm_news_over_two_replicas_share_a_pool_of_two_and_each_vm_goes_o
     assert len(vms) == CLIENTS and all(vm["status"] == "running" for vm in vms)
     assert len({vm["id"] for vm in vms}) == CLIENTS
     from_pool = [vm for vm in vms if vm["start"]["kind"] == "pool"]
-    # Each pooled VM went to exactly one task; the rest booted; nothing failed.
-    assert sorted(f"rift-{vm['id']}" for vm in from_pool) == sorted(pooled)
-    assert len({vm["task_id"] for vm in from_pool}) == 2
-    assert Counter(vm["start"]["kind"] for vm in vms) == {"pool": 2, "boot": CLIENTS - 2}
+    # Each pooled VM went to exactly one task (the pool may refill during the rush, and
+    # a refilled VM may be handed out too); the rest booted; nothing failed.
+    assert len(from_pool) >= len(pooled)
+    assert len({vm["task_id"] for vm in from_pool}) == len(from_pool)
+    assert Counter(vm["start"]["kind"] for vm in vms) == {
+        "pool": len(from_pool), "boot": CLIENTS - len(from_pool)}
     # The pool refills in the background, and every domain is a VM's or the pool's.
     wait_until("the pool is filled again", lambda: _pool_ready(b) == 2)
     domains = {name for name in shared_domains() if name.startswith("rift-")}
     assert {f"rift-{vm['id']}" for vm in vms} <= domains and len(domains) == CLIENTS + 2
+    assert pooled <= domains
 
 
 # -- sweeps on every replica ------------------------------------------------------------

@@ -33,6 +33,11 @@ ROUTES: dict[str, tuple[str, str]] = {
     "rift_vm_new": ("post", "/api/v1/tasks/{task_id}/vms"),
     "rift_vm_get": ("get", "/api/v1/vms/{vm_id}"),
     "rift_vm_destroy": ("delete", "/api/v1/vms/{vm_id}"),
+    "rift_vm_pause": ("post", "/api/v1/vms/{vm_id}/pause"),
+    "rift_vm_resume": ("post", "/api/v1/vms/{vm_id}/resume"),
+    "rift_vm_snapshot": ("post", "/api/v1/vms/{vm_id}/snapshots"),
+    "rift_vm_snapshot_delete": ("delete", "/api/v1/snapshots/{snapshot_id}"),
+    "rift_vm_fork": ("post", "/api/v1/snapshots/{snapshot_id}/fork"),
     "rift_vm_exec": ("post", "/api/v1/vms/{vm_id}/exec"),
     "rift_vm_exec_get": ("get", "/api/v1/execs/{exec_id}"),
     "rift_vm_exec_input": ("post", "/api/v1/execs/{exec_id}/input"),
@@ -40,6 +45,10 @@ ROUTES: dict[str, tuple[str, str]] = {
     "rift_vm_exec_list": ("get", "/api/v1/vms/{vm_id}/execs"),
     "rift_vm_write_file": ("put", "/api/v1/vms/{vm_id}/files"),
     "rift_vm_read_file": ("get", "/api/v1/vms/{vm_id}/files"),
+}
+# Tools with a second route: between them, the routes carry every field.
+ALSO_ROUTES: dict[str, list[tuple[str, str]]] = {
+    "rift_vm_fork": [("post", "/api/v1/vms/{vm_id}/fork")],
 }
 
 
@@ -79,20 +88,11 @@ def listed() -> dict[str, types.Tool]:
     return {t.name: t for t in anyio.run(tools)}
 
 
-@pytest.mark.parametrize("tool", sorted(CONTRACTS))
-def test_the_mcp_and_openapi_schemas_of_a_tool_come_from_its_models(
-        tool: str, openapi: dict[str, Any], listed: dict[str, types.Tool]) -> None:
-    contract = CONTRACTS[tool]
-    method, path = ROUTES[tool]
-    operation = openapi["paths"][path][method]
-    published = listed[tool]
-
-    # MCP publishes the input model's schema, whole and without references …
-    assert published.input_schema == inline(contract.input.model_json_schema())
-    fields = published.input_schema["properties"]
-    # … and REST takes each field it carries from the same model: the body's …
+def _carried(tool: str, operation: dict[str, Any], fields: dict[str, Any]) -> set[str]:
+    """The tool's fields a REST operation carries, each typed by the same model."""
+    # REST takes each field it carries from the same model: the body's …
     body = operation.get("requestBody", {}).get("content", {}).get("application/json")
-    carried = set()
+    carried: set[str] = set()
     if body is not None:
         schema = _normal(body["schema"])
         assert schema["additionalProperties"] is False
@@ -110,6 +110,23 @@ def test_the_mcp_and_openapi_schemas_of_a_tool_come_from_its_models(
         if name in fields or param["in"] != "path":
             assert _normal(param["schema"]) == fields[name], (tool, name)
             carried.add(name)
+    return carried
+
+
+@pytest.mark.parametrize("tool", sorted(CONTRACTS))
+def test_the_mcp_and_openapi_schemas_of_a_tool_come_from_its_models(
+        tool: str, openapi: dict[str, Any], listed: dict[str, types.Tool]) -> None:
+    contract = CONTRACTS[tool]
+    method, path = ROUTES[tool]
+    operation = openapi["paths"][path][method]
+    published = listed[tool]
+
+    # MCP publishes the input model's schema, whole and without references …
+    assert published.input_schema == inline(contract.input.model_json_schema())
+    fields = published.input_schema["properties"]
+    carried: set[str] = set()
+    for also_method, also_path in [(method, path), *ALSO_ROUTES.get(tool, [])]:
+        carried |= _carried(tool, openapi["paths"][also_path][also_method], fields)
     assert carried == set(fields), (tool, set(fields) ^ carried)
 
     # Both doors answer the output model: REST as its response, MCP as its

@@ -223,3 +223,48 @@ def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
     listed = {h["name"]: h for h in hosts.list_hosts(engine)}
     assert listed["large"]["state"] == "drained"
     assert listed["large"]["used_memory_mib"] == 1024 * placed.count("large")
+
+
+def test_a_paused_vm_is_a_managed_save_on_the_test_driver_and_resumes_at_once(
+        engine: Deps, host_uri: str) -> None:
+    from rift.services import reconcile, vm_state
+
+    opened = tasks.new_task(engine, ALICE)
+    handle = str(opened.handle)
+    vm = vms.new_vm(engine, ALICE, handle, memory_mib=3000)
+    assert vm_state.pause(engine, ALICE, handle, vm.id).status == "paused"
+    conn = engine.hosts.hypervisor(host_uri)._connection()  # type: ignore[attr-defined]
+    dom = conn.lookupByName(f"rift-{vm.id}")
+    assert not dom.isActive() and dom.hasManagedSaveImage(0)
+    # Its memory is free for another VM meanwhile, and reconciliation leaves it be.
+    other = vms.new_vm(engine, ALICE, handle, memory_mib=3000)  # no room for both
+    assert other.status == "running"
+    assert not reconcile.reconcile(engine)
+    with pytest.raises(RiftError) as full:
+        vm_state.resume(engine, ALICE, handle, vm.id)
+    assert full.value.code == "no_capacity"
+    vms.destroy(engine, ALICE, other.id, handle)
+    assert vm_state.resume(engine, ALICE, handle, vm.id).status == "running"
+    assert dom.isActive() and not dom.hasManagedSaveImage(0)
+    vm_state.pause(engine, ALICE, handle, vm.id)
+    closed = tasks.close_task(engine, ALICE, handle=handle)
+    assert vm.id in closed.destroyed and _domains(engine, host_uri) == {}
+
+
+def test_a_snapshot_is_a_saved_file_on_the_test_driver_and_forks_answer_at_once(
+        engine: Deps, host_uri: str, data_dir: Path) -> None:
+    from rift.services import snapshots
+
+    opened = tasks.new_task(engine, ALICE)
+    handle = str(opened.handle)
+    vm = vms.new_vm(engine, ALICE, handle, memory_mib=512)
+    snap = snapshots.make(engine, ALICE, handle, vm.id, name="base")
+    state = data_dir / "snapshots" / snap.id / "state"
+    assert state.is_file() and snap.bytes > 0
+    assert vms.get_vm(engine, ALICE, vm.id).status == "running"
+    forks = snapshots.fork(engine, ALICE, handle, snapshot_id=snap.id, count=2)
+    assert [f.status for f in forks] == ["running", "running"]
+    assert set(_domains(engine, host_uri)) == {f"rift-{v.id}" for v in (vm, *forks)}
+    closed = tasks.close_task(engine, ALICE, handle=handle)
+    assert len(closed.destroyed) == 3 and closed.task.snapshots == []
+    assert _domains(engine, host_uri) == {} and not state.parent.exists()

@@ -806,7 +806,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0008"
+    assert current_revision(empty_sql_url) == head_revision() == "0010"
 
 
 def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
@@ -822,7 +822,7 @@ def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
     task = a_task()
     ran = a_vm(task, status="destroyed", ready_at=at(3.5), destroyed_at=at(9))
     never = a_vm(task, status="failed", error="libvirt said no")
-    before_0006 = {"disk_gib", "start_kind", "start_ms"}
+    before_0006 = {"disk_gib", "start_kind", "start_ms", *AFTER_0008}
     engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
     try:
         with engine.begin() as connection:
@@ -871,11 +871,11 @@ def test_migration_0008_adds_execs_to_a_0007_database_and_takes_them_away_again(
     try:
         with engine.begin() as connection:
             connection.execute(sql_insert(tasks).values(dataclasses.asdict(task)))
-            connection.execute(sql_insert(vms).values(dataclasses.asdict(vm)))
+            connection.execute(sql_insert(vms).values(_row_before_0009(vm)))
     finally:
         engine.dispose()
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == "0008"
+    assert current_revision(empty_sql_url) == head_revision()
     ex = an_exec(vm)
     store = SqlStore(empty_sql_url)
     try:
@@ -926,3 +926,51 @@ def test_the_installation_has_an_id_and_meta_is_compare_and_set(store: Store) ->
         assert tx.meta.swap("heartbeat_at", "a", "d")
     with store.read() as tx:
         assert tx.meta.get("heartbeat_at") == "d"
+
+
+AFTER_0008 = ("change", "change_at")  # the VM fields that migration 0009 adds
+
+
+def _row_before_0009(vm: Vm) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(vm).items() if k not in AFTER_0008}
+
+
+def test_migration_0009_adds_vm_changes_and_its_downgrade_keeps_paused_vms_live(
+        empty_sql_url: str) -> None:
+    """A 0008 database's VMs upgrade with no change under way; a paused VM pausing
+    again downgrades as a running one (reconciliation then judges its domain)."""
+    from alembic import command
+    from sqlalchemy import insert as sql_insert
+    from sqlalchemy import select as sql_select
+
+    from rift.store.migrate import alembic_config
+    from rift.store.sql import SqlStore
+    from rift.store.tables import tasks, vms
+
+    upgrade(empty_sql_url, "0008")
+    task = a_task()
+    vm = a_vm(task, status="running", ready_at=at(1))
+    engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sql_insert(tasks).values(dataclasses.asdict(task)))
+            connection.execute(sql_insert(vms).values(_row_before_0009(vm)))
+    finally:
+        engine.dispose()
+    upgrade(empty_sql_url)
+    store = SqlStore(empty_sql_url)
+    try:
+        with store.write() as tx:
+            assert tx.vms.get(vm.id) == vm and vm.change is None
+            assert tx.vms.update(vm.id, ("running",), status="paused")
+    finally:
+        store.close()
+    command.downgrade(alembic_config(empty_sql_url), "0008")
+    engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            assert connection.execute(sql_select(vms.c.status)).scalars().all() == ["running"]
+    finally:
+        engine.dispose()
+    upgrade(empty_sql_url)
+    assert current_revision(empty_sql_url) == head_revision()

@@ -248,6 +248,7 @@ class View:
     stale: tuple[str, ...]  # handles that stopped working (superseded, released, closed)
     closed: tuple[str, ...]
     gone: tuple[str, ...]  # destroyed VMs
+    snapshots: tuple[tuple[str, str], ...] = ()  # (ready snapshot, its task)
 
 
 def _remember(seen: list[str], value: str, keep: int = 50) -> None:
@@ -269,10 +270,11 @@ class Pool:
         self.held: dict[str, str] = {}
         self.unheld: list[str] = []
         self.vms: dict[str, str] = {}
-        self.full: set[str] = set()  # tasks whose VM quota a creation met
+        self.full: set[str] = set()  # tasks whose VM or snapshot quota a call met
         self.stale: list[str] = []
         self.closed: list[str] = []
         self.gone: list[str] = []
+        self.snapshots: dict[str, str] = {}
 
     def call(self, tool: str, **args: Any) -> Outcome:
         out, error = self.door.call(tool, args)
@@ -298,6 +300,11 @@ class Pool:
         if self.held and not any(task in self.held for task in self.vms.values()):
             newest = list(self.held)[-1]
             self.call("rift_vm_new", handle=self.held[newest], name="aimed at")
+        if not any(task in self.held for task in self.snapshots.values()):
+            vm_id, task = next(((vm, task) for vm, task in reversed(self.vms.items())
+                                if task in self.held), (None, None))
+            if vm_id is not None and task is not None:
+                self.call("rift_vm_snapshot", handle=self.held[task], vm_id=vm_id)
 
     def sweep(self) -> None:
         """Close every open task but the newest held ones (a test's last step)."""
@@ -317,35 +324,50 @@ class Pool:
 
     def view(self) -> View:
         return View(tuple(self.held.items()), tuple(self.unheld), tuple(self.vms.items()),
-                    tuple(self.stale), tuple(self.closed), tuple(self.gone))
+                    tuple(self.stale), tuple(self.closed), tuple(self.gone),
+                    tuple(self.snapshots.items()))
 
     # what the answers tell
 
     def observe(self, tool: str, args: dict[str, Any], out: dict[str, Any] | None,
                 error: dict[str, Any] | None) -> None:
         if out is not None:
-            task = out.get("task")
-            if isinstance(task, dict):
-                if isinstance(out.get("handle"), str):
-                    campaign.handle_secret(out["handle"])
-                    self._hold(task["id"], out["handle"])
-                elif tool == "rift_task_release":
-                    self._unhold(task["id"])
-                elif tool == "rift_task_close" or task.get("status") == "closed":
-                    self._closed(task["id"])
-            vm = out.get("vm")
-            if isinstance(vm, dict):
-                if vm["status"] in ("creating", "running") and (
-                        vm["task_id"] in self.held or vm["task_id"] in self.unheld):
-                    self.vms[vm["id"]] = vm["task_id"]
-                else:
-                    self._gone(vm["id"])
-            return
-        code = (error or {}).get("code")
-        task_id = (error or {}).get("task_id")
-        handle = args.get("handle")
+            self._answered(tool, out)
+        else:
+            self._refused(tool, args, error or {})
+
+    def _answered(self, tool: str, out: dict[str, Any]) -> None:
+        task = out.get("task")
+        if isinstance(task, dict):
+            if isinstance(out.get("handle"), str):
+                campaign.handle_secret(out["handle"])
+                self._hold(task["id"], out["handle"])
+            elif tool == "rift_task_release":
+                self._unhold(task["id"])
+            elif tool == "rift_task_close" or task.get("status") == "closed":
+                self._closed(task["id"])
+        for vm in [out.get("vm"), *out.get("vms", ())]:  # (forks answer `vms`)
+            if not isinstance(vm, dict):
+                continue
+            if vm["status"] in ("creating", "running") and (
+                    vm["task_id"] in self.held or vm["task_id"] in self.unheld):
+                self.vms[vm["id"]] = vm["task_id"]
+            else:
+                self._gone(vm["id"])
+        snapshot = out.get("snapshot")
+        if isinstance(snapshot, dict):
+            if tool == "rift_vm_snapshot_delete":
+                self.snapshots.pop(snapshot["id"], None)
+            else:
+                self.snapshots[snapshot["id"]] = snapshot["task_id"]
+
+    def _refused(self, tool: str, args: dict[str, Any], error: dict[str, Any]) -> None:
+        code, task_id, handle = error.get("code"), error.get("task_id"), args.get("handle")
+        if code == "snapshot_not_found":
+            self.snapshots.pop(str(args.get("snapshot_id")), None)
         if not isinstance(task_id, str):
-            if code == "quota_exceeded" and tool == "rift_vm_new" and isinstance(handle, str):
+            if code == "quota_exceeded" and tool in (
+                    "rift_vm_new", "rift_vm_fork", "rift_vm_snapshot") and isinstance(handle, str):
                 self.full.add(handle.partition(".")[0])
             return
         if code == "task_closed":
@@ -376,6 +398,9 @@ class Pool:
             self.unheld.remove(task_id)
         self.full.discard(task_id)
         _remember(self.closed, task_id)
+        for snapshot_id, task in list(self.snapshots.items()):
+            if task == task_id:
+                del self.snapshots[snapshot_id]
         for vm_id, task in list(self.vms.items()):
             if task == task_id:
                 self._gone(vm_id)
@@ -397,6 +422,7 @@ BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
 TASK_IDS = st.text(BASE32, min_size=8, max_size=8).map("task_".__add__)
 VM_IDS = st.text(BASE32, min_size=8, max_size=8).map("vm_".__add__)
 EXEC_IDS = st.text(BASE32, min_size=8, max_size=8).map("exec_".__add__)
+SNAPSHOT_IDS = st.text(BASE32, min_size=8, max_size=8).map("snap_".__add__)
 UNKNOWN_HANDLE = "task_aaaaaaaa." + "A" * 43  # well formed; its task is no one's
 CHARS = st.characters(codec="utf-8", exclude_characters="\x00")  # no NUL, no lone surrogate
 TEXT = st.text(CHARS, min_size=1, max_size=40)
@@ -477,6 +503,7 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     # a key used before replays its first call (or conflicts, or finds its task closed)
     "idempotency_key": mostly(70, TEXT, st.sampled_from(["key-1", "key-2"])),
     "vcpus": mostly(90, st.integers(1, 4), st.integers(1, 64)),
+    "count": mostly(90, st.integers(1, 2), st.integers(1, 1024)),  # forks
     "memory_mib": mostly(90, st.integers(64, 1024), st.integers(64, 65536)),
     "after_id": mostly(80, st.integers(0, 500), st.integers(0, 2**62)),
     "path": st.text(CHARS, max_size=30).map("/".__add__),
@@ -514,13 +541,14 @@ def pick(draw: st.DrawFn, values: list[T] | tuple[T, ...], default: T) -> T:
 
 
 @st.composite
-def aimed(draw: st.DrawFn, tool_name: str, view: View) -> dict[str, Any]:
+def aimed(draw: st.DrawFn, tool_name: str, view: View,
+          fork_from: str | None = None) -> dict[str, Any]:
     """Arguments of the right types and ranges, at one of the fuzzer's held tasks, its
     handle and one of its VMs; one time in five a field takes another real value
     instead (a stale handle, a released or closed task, another task's or a destroyed
     VM) or an id no one has."""
     required = required_of(tool_name)
-    unknown_task, unknown_vm = draw(TASK_IDS), draw(VM_IDS)
+    unknown_task, unknown_vm, unknown_snapshot = draw(TASK_IDS), draw(VM_IDS), draw(SNAPSHOT_IDS)
 
     def vms_of(task: str) -> list[str]:
         return [vm for vm, owner in view.vms if owner == task]
@@ -533,11 +561,14 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View) -> dict[str, Any]:
     with_vms = [pair for pair in view.held if vms_of(pair[0])]
     task, handle = pick(draw, with_vms or view.held, (unknown_task, UNKNOWN_HANDLE))
     vm = pick(draw, vms_of(task), unknown_vm)
+    snapshot = pick(draw, [snap for snap, owner in view.snapshots if owner == task],
+                    unknown_snapshot)
     real = {"handle": other(handle, view.stale, [UNKNOWN_HANDLE]),
             "task_id": other(task, view.unheld, view.closed, [unknown_task]),
             "after": other(task, [unknown_task]),
             "vm_id": other(vm, [v for v, _ in view.vms], view.gone, [unknown_vm]),
-            "exec_id": draw(EXEC_IDS)}  # the test driver runs no exec: none is known
+            "exec_id": draw(EXEC_IDS),  # the test driver runs no exec: none is known
+            "snapshot_id": other(snapshot, [s for s, _ in view.snapshots], [unknown_snapshot])}
     args: dict[str, Any] = {}
     for name, spec in fields_of(tool_name).items():
         usually = {"handle": 95, "takeover": 80}.get(name, 50)
@@ -549,6 +580,12 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View) -> dict[str, Any]:
         args["handle" if by_handle else "task_id"] = real["handle" if by_handle else "task_id"]
         if draw(chance(90)):
             args.pop("task_id" if by_handle else "handle", None)
+    if tool_name == "rift_vm_fork":
+        # a running VM or a snapshot: mostly one of them (a VM: snapshots are not held)
+        by_vm = draw(chance(80)) if fork_from is None else fork_from == "vm_id"
+        args["vm_id" if by_vm else "snapshot_id"] = real["vm_id" if by_vm else "snapshot_id"]
+        if draw(chance(90)) or fork_from is not None:  # (REST: the path names one)
+            args.pop("snapshot_id" if by_vm else "vm_id", None)
     if args.get("encoding") == "base64" and "content" in args:
         args["content"] = base64.b64encode(draw(st.binary(max_size=60))).decode()
     return args
@@ -670,6 +707,11 @@ ROUTES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rift_vm_new": ("POST", "/api/v1/tasks/{task_id}/vms", ()),
     "rift_vm_get": ("GET", "/api/v1/vms/{vm_id}", ()),
     "rift_vm_destroy": ("DELETE", "/api/v1/vms/{vm_id}", ("takeover",)),
+    "rift_vm_pause": ("POST", "/api/v1/vms/{vm_id}/pause", ()),
+    "rift_vm_resume": ("POST", "/api/v1/vms/{vm_id}/resume", ()),
+    "rift_vm_snapshot": ("POST", "/api/v1/vms/{vm_id}/snapshots", ()),
+    "rift_vm_snapshot_delete": ("DELETE", "/api/v1/snapshots/{snapshot_id}", ()),
+    "rift_vm_fork": ("POST", "/api/v1/snapshots/{snapshot_id}/fork", ()),
     "rift_vm_exec": ("POST", "/api/v1/vms/{vm_id}/exec", ()),
     "rift_vm_exec_get": ("GET", "/api/v1/execs/{exec_id}",
                          ("stdout_offset", "stderr_offset", "wait_s")),
@@ -679,14 +721,18 @@ ROUTES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rift_vm_write_file": ("PUT", "/api/v1/vms/{vm_id}/files", ("path",)),
     "rift_vm_read_file": ("GET", "/api/v1/vms/{vm_id}/files", ("path", "encoding")),
 }
-TOOL_OF = {f"{method} {path}": tool for tool, (method, path, _) in ROUTES.items()}
+TOOL_OF = {f"{method} {path}": tool for tool, (method, path, _) in ROUTES.items()} | {
+    "GET /api/v1/execs/{exec_id}/stream": "rift_vm_exec_get",  # the same read, as events
+    "POST /api/v1/vms/{vm_id}/fork": "rift_vm_fork"}  # a fork of a running VM
 BODIES = {"rift_task_new", "rift_task_attach", "rift_task_close", "rift_vm_new", "rift_vm_exec",
-          "rift_vm_write_file", "rift_vm_exec_input", "rift_vm_exec_kill"}
+          "rift_vm_write_file", "rift_vm_exec_input", "rift_vm_exec_kill", "rift_vm_snapshot",
+          "rift_vm_fork"}
 
 
 def rest_case(operation: Any, tool: str, args: dict[str, Any], fallback_task: str) -> Any:
     """The REST case of a tool call's arguments."""
-    _, template, in_query = ROUTES[tool]
+    _, _, in_query = ROUTES[tool]
+    template = operation.path
     rest = dict(args)
     handle = rest.pop("handle", None)
     path: dict[str, Any] = {}
@@ -698,6 +744,10 @@ def rest_case(operation: Any, tool: str, args: dict[str, Any], fallback_task: st
         path["vm_id"] = rest.pop("vm_id", "vm_aaaaaaaa")
     if "{exec_id}" in template:
         path["exec_id"] = rest.pop("exec_id")
+    if "{snapshot_id}" in template:
+        path["snapshot_id"] = rest.pop("snapshot_id", "snap_aaaaaaaa")
+    if template.endswith("/stream"):
+        rest.pop("wait_s", None)  # the stream waits until the end: it takes no wait_s
     query = {}
     for name in in_query:
         if name in rest:
@@ -805,7 +855,8 @@ def test_no_rest_operation_answers_an_internal_error(
         rest.pool.ready()
         view = rest.pool.view()
         if generated is None:
-            args = data.draw(aimed(tool_name, view), label="arguments")
+            fork_from = "snapshot_id" if "{snapshot_id}" in op.path else "vm_id"
+            args = data.draw(aimed(tool_name, view, fork_from), label="arguments")
             case = rest_case(op, tool_name, args,
                              view.held[-1][0] if view.held else "task_aaaaaaaa")
         else:
@@ -1402,9 +1453,11 @@ def test_vanished_live_streams_are_noticed_and_freed(
 
 def test_mcp_holds_no_stream_and_forgets_callers_that_vanished(
         server: Server, running: Running) -> None:
-    """Rift's MCP opens no listen stream: GET /mcp is a prompt 405 in every era, and
-    `subscriptions/listen` is not served. A caller that vanishes in the middle of
-    its request (half a body, then RST) leaves nothing in flight."""
+    """Rift's MCP keeps no standing stream: GET /mcp is a prompt 405 in every era, and
+    a `subscriptions/listen` asking for list changes (Rift's tools never change) is
+    acknowledged with nothing honored, and freed when its caller goes. A caller that
+    vanishes in the middle of its request (half a body, then RST) leaves nothing in
+    flight."""
     auth = {"Authorization": f"Bearer {server.token}",
             "Accept": "application/json, text/event-stream"}
     for era_headers in ERAS.values():
@@ -1414,12 +1467,15 @@ def test_mcp_holds_no_stream_and_forgets_callers_that_vanished(
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientInfo": {"name": "listener", "version": "1"},
             "io.modelcontextprotocol/clientCapabilities": {}}
-    listen = httpx.post(server.url + "/mcp", timeout=10, headers=auth | MODERN | {
-        "Content-Type": "application/json", "Mcp-Method": "subscriptions/listen"},
-        json={"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
-              "params": {"_meta": meta, "notifications": {"toolsListChanged": True}}})
-    error = _jsonrpc_error_in(listen)
-    assert error is not None and error["code"] == -32601, listen.text
+    with httpx.stream("POST", server.url + "/mcp", timeout=10, headers=auth | MODERN | {
+            "Content-Type": "application/json", "Mcp-Method": "subscriptions/listen"},
+            json={"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
+                  "params": {"_meta": meta, "notifications": {"toolsListChanged": True}}},
+            ) as listen:
+        first = next(line for line in listen.iter_lines() if line.startswith("data:"))
+    ack = json.loads(first[5:])
+    assert ack["method"] == "notifications/subscriptions/acknowledged", ack
+    assert ack["params"]["notifications"] == {"taskIds": []}, ack
     errors_before = internal_errors(server)
     base_sockets = _open_sockets(running.pid)
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",

@@ -80,7 +80,7 @@ SECTION = "Crashes"
 KINDS = ("vm_new", "vm_destroy", "task_close", "sweep")
 SHOWN = {"vm_new": "vm new", "vm_destroy": "vm destroy", "task_close": "task close",
          "sweep": "sweep"}
-TEST_DRIVER_TRIALS = campaign.scale(12, 50)
+TEST_DRIVER_TRIALS = campaign.scale(8, 50)
 REAL_TRIALS = campaign.scale(2, 5)
 REAL_KINDS = ("vm_new", "task_close", "vm_destroy", "sweep")  # trial i: REAL_KINDS[i % 4]
 AGENTS = 5  # per test-driver trial: four over REST, the last over MCP

@@ -42,8 +42,8 @@ from tests.support.servers import (
 )
 
 AGENTS = 32
-REAL_AGENTS = 4
-DURATION_S = campaign.scale(20, 60)
+REAL_AGENTS = campaign.scale(2, 4)
+DURATION_S = campaign.scale(15, 60)
 INTENDED = {"lease_stale", "task_held", "task_closed", "task_released"}
 ROOMY = {"RIFT_RATE_TASK_NEW_PER_H": "1000000", "RIFT_RATE_VM_NEW_PER_H": "1000000",
          "RIFT_MAX_OPEN_TASKS": "1000"}

@@ -6,6 +6,7 @@ feeds it output (`write`) or the guest forgets it (`forget`, a reboot)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,6 +35,8 @@ class FakeShell:
     execs: dict[str, FakeExec] = field(default_factory=dict)
     cap: int = 1 << 20  # the ring: the newest bytes of each stream kept
     waits: list[int] = field(default_factory=list)  # the wait_ms of every start and read
+    # The guest's side while Rift waits (exec id, wait_ms): what happens meanwhile.
+    on_wait: Callable[[str, int], None] | None = None
 
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
         self.files[path] = data
@@ -84,6 +87,7 @@ class FakeShell:
         elif stdin is not None:
             ex.stdin += stdin
             ex.stdin_open = False
+        self._meanwhile(exec_id, wait_ms)
         return self._view(exec_id, 0, 0, max_bytes)
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
@@ -91,7 +95,12 @@ class FakeShell:
         self.waits.append(wait_ms)
         if exec_id not in self.execs:
             raise ExecGone("unknown")
+        self._meanwhile(exec_id, wait_ms)
         return self._view(exec_id, stdout_offset, stderr_offset, max_bytes)
+
+    def _meanwhile(self, exec_id: str, wait_ms: int) -> None:
+        if wait_ms > 0 and self.on_wait is not None and self.execs[exec_id].state == "running":
+            self.on_wait(exec_id, wait_ms)
 
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
         ex = self.execs.get(exec_id)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import paramiko
 import pytest
 
 from hypervisor import write_test_host_xml
@@ -237,3 +238,20 @@ def wait_until(check: Callable[[], T | None], within_s: float, what: str,
         if time.monotonic() > deadline:
             pytest.fail(f"not within {within_s:.0f} s: {what}")
         time.sleep(every_s)
+
+
+def logs_in(port: int, key_file: Path) -> bool:
+    """Whether root logs in to the guest with that private key (raw paramiko; the
+    host key is not checked: this is the test's own guest on loopback)."""
+    transport = paramiko.Transport(("127.0.0.1", port))
+    try:
+        transport.banner_timeout = transport.auth_timeout = 30
+        transport.start_client(timeout=30)
+        transport.auth_publickey("root", paramiko.Ed25519Key(filename=str(key_file)))
+        chan = transport.open_session(timeout=30)
+        chan.exec_command("true")
+        return chan.recv_exit_status() == 0
+    except paramiko.AuthenticationException:
+        return False
+    finally:
+        transport.close()

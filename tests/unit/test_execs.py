@@ -17,6 +17,7 @@ from rift.domain.clock import FakeClock
 from rift.services import execs, leases, sweeps, tasks, vms
 from rift.services.context import Deps
 from rift.services.tools import _task_out
+from rift.services.watch import STEP_S, Watch, newest_line
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeShell
 
@@ -215,3 +216,59 @@ def test_a_call_waiting_on_its_guest_keeps_the_lease_active(
     execs.get(gdeps, ALICE, handle, out.exec_id, wait_s=10)
     assert reading.is_set()
     assert _task_out(gdeps, task_id).last_activity_at > before
+
+
+def test_a_watched_exec_waits_in_steps_noting_its_newest_line(
+        gdeps: Deps, shell: FakeShell) -> None:
+    """A door watching a call hears of the exec and of its newest output line at
+    each step (at most STEP_S), and gets the view from the start at the end."""
+    handle, vm_id, _ = _vm(gdeps)
+    watch = Watch()
+    steps: list[int] = []
+
+    def guest(exec_id: str, wait_ms: int) -> None:
+        steps.append(wait_ms)
+        if len(steps) == 1:
+            shell.write(exec_id, b"compiling a.c\ncompiling b.c\n")
+        else:
+            assert watch.message == "compiling b.c" and watch.target == exec_id
+            shell.write(exec_id, b"linked\n")
+            shell.finish(exec_id)
+
+    shell.on_wait = guest
+    out = execs.start(gdeps, ALICE, handle, vm_id, "make", wait_s=60, watch=watch)
+    assert (out.status, out.stdout) == ("exited", "compiling a.c\ncompiling b.c\nlinked\n")
+    assert steps == [int(STEP_S * 1000)] * 2
+    assert watch.status().endswith("s: compiling b.c")
+
+
+def test_a_stopped_watch_ends_the_wait_within_a_step(gdeps: Deps, shell: FakeShell) -> None:
+    handle, vm_id, _ = _vm(gdeps)
+    watch = Watch()
+    shell.on_wait = lambda exec_id, wait_ms: watch.stop()
+    out = execs.start(gdeps, ALICE, handle, vm_id, "make", wait_s=600, watch=watch)
+    assert out.status == "running" and len(shell.waits) <= 3  # no wait after the stop
+    polls: list[int] = []
+
+    def quiet_then_news(exec_id: str, wait_ms: int) -> None:
+        polls.append(wait_ms)
+        if len(polls) == 3:
+            shell.write(exec_id, b"epoch 1\n")
+
+    shell.on_wait = quiet_then_news
+    got = execs.get(gdeps, ALICE, handle, out.exec_id, wait_s=60, watch=Watch())
+    assert got.stdout == "epoch 1\n" and polls == [int(STEP_S * 1000)] * 3
+
+
+def test_a_watched_vm_new_names_its_vm_and_its_stage(deps: Deps) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    watch = Watch()
+    vm = vms.new_vm(deps, ALICE, str(opened.handle), watch=watch)
+    assert watch.target == vm.id and watch.message == f"{vm.id}: booting"
+
+
+def test_the_newest_line_is_the_last_with_text() -> None:
+    assert newest_line(b"a\nb\n\n  \n") == "b"
+    assert newest_line(b"50%\r60%\r") == "60%"
+    assert newest_line(b"\xff\xfeok") == "\ufffd\ufffdok"
+    assert newest_line(b"") == ""

@@ -36,7 +36,9 @@ IMAGE_FORMATS = {
     "hypervisor.image_files": (GUEST_KINDS,),
     "hypervisor.kernel_boot": (GUEST_KINDS,),
     "hypervisor.disks": (GUEST_KINDS,),
-    "hypervisor.qcow2": (GUEST_KINDS, "rift/services/image_removal.py"),
+    # the operator's image commands: removing one, making one from a snapshot
+    "hypervisor.qcow2": (GUEST_KINDS, "rift/services/image_removal.py",
+                         "rift/services/snapshot_images.py"),
 }
 
 

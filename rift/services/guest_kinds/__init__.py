@@ -14,6 +14,9 @@ how Rift waits for its guest and reaches it, and how the VM's own files go.
   the domain's `disk`, and removed by `clean_up` like every VM's disks.
 - `Qcow2Guest`: an operator's qcow2 image: the VM's own overlay on it and a
   cloud-init seed with the task's key; ready once an SSH login succeeds.
+- `SnapshotGuest`: an image made from a snapshot (`rift image add NAME
+  --snapshot SNAP_ID`): each VM a fork of its saved state, on its own overlay,
+  given an identity of its own once it answers.
 - `NoGuests`: a real host on a control plane wired without a guest runtime
   (unit tests): its VMs fail at start, saying so.
 
@@ -27,25 +30,27 @@ from __future__ import annotations
 
 from hypervisor.base import ImageError
 from hypervisor.qcow2 import KIND_QCOW2, image_kind
+from hypervisor.snapshot_image import KIND_SNAPSHOT
 from rift.services.context import Deps, GuestRuntime
 from rift.services.guest_kinds.base import (
     GuestKind,
     NotReady,
     Verdict,
     VmFiles,
+    mac_of,
     reach,
     serial_log,
     vm_files,
 )
-from rift.services.guest_kinds.real import KernelGuest, Qcow2Guest
+from rift.services.guest_kinds.real import KernelGuest, Qcow2Guest, SnapshotGuest
 from rift.services.guest_kinds.test_driver import NoGuests, TestDriverGuest
 from rift.services.ports import GuestShell
 
 TEST_DRIVERS = ("test", "fake")
 
-__all__ = ["GuestKind", "KernelGuest", "NoGuests", "NotReady", "Qcow2Guest", "TestDriverGuest",
-           "Verdict", "VmFiles", "guest_kind", "is_test_host", "kind_on", "reach",
-           "serial_log", "usable", "vm_files"]
+__all__ = ["GuestKind", "KernelGuest", "NoGuests", "NotReady", "Qcow2Guest", "SnapshotGuest",
+           "TestDriverGuest", "Verdict", "VmFiles", "guest_kind", "is_test_host", "kind_on",
+           "mac_of", "reach", "serial_log", "usable", "vm_files"]
 
 
 def is_test_host(uri: str) -> bool:
@@ -64,8 +69,11 @@ def guest_kind(uri: str, image: str, runtime: GuestRuntime | None,
         return TestDriverGuest(files)
     if runtime is None:
         return NoGuests()
-    if image_kind(runtime.images_dir, image) == KIND_QCOW2:
+    kind = image_kind(runtime.images_dir, image)
+    if kind == KIND_QCOW2:
         return Qcow2Guest(uri, image, runtime, guests, files)
+    if kind == KIND_SNAPSHOT:
+        return SnapshotGuest(uri, image, runtime, guests, files)
     return KernelGuest(uri, image, runtime, guests, files)
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from hypervisor.base import DomainSpec
-from hypervisor.disks import remove_vm_disks, vm_ids_with_disks
+from hypervisor.disks import remove_vm_disks, vm_disks, vm_ids_with_disks
 from rift.domain.errors import GuestUnreachable
-from rift.domain.model import Vm
+from rift.domain.model import StartKind, Vm
 from rift.services.context import Deps, GuestRuntime
 from rift.services.ports import GuestShell
 
@@ -28,6 +29,7 @@ class GuestKind(Protocol):
     """How VMs of one image start on one host, are waited for, reached and put away."""
 
     label: str  # what `rift doctor` shows beside the image: `test driver`, `kernel`, `qcow2`
+    start_kind: StartKind  # what its VMs' `start.kind` is when they do not come from a pool
 
     def check(self) -> None:
         """ImageError unless the image can start on this host (built, registered)."""
@@ -74,6 +76,13 @@ def reach(vm: Vm, guests: GuestShell | None) -> GuestShell:
     return guests
 
 
+def mac_of(vm_id: str) -> str:
+    """A VM's own MAC address, from its id (locally administered, QEMU's prefix):
+    what a fork's guest is given in place of its source's."""
+    tail = hashlib.sha256(vm_id.encode()).digest()[:3]
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in tail)
+
+
 def serial_log(runtime: GuestRuntime, vm_id: str) -> Path:
     """The file the VM's serial console writes to."""
     return runtime.serial_dir / f"{vm_id}.log"
@@ -93,6 +102,13 @@ class VmFiles:
             return
         serial_log(self.runtime, vm_id).unlink(missing_ok=True)
         remove_vm_disks(self.runtime.vm_disks_dir, vm_id)
+
+    def overlay(self, vm_id: str) -> Path | None:
+        """The VM's own disk (its copy-on-write overlay), when it has one here."""
+        if self.runtime is None:
+            return None
+        path = vm_disks(self.runtime.vm_disks_dir.resolve(), vm_id).overlay
+        return path if path.is_file() else None
 
     def with_disks(self) -> set[str]:
         """The ids of the VMs that have an overlay or a seed here."""

@@ -12,20 +12,28 @@ from hypervisor.disks import iso_maker as seed_maker
 from hypervisor.disks import make_overlay, remove_vm_disks, vm_disks
 from hypervisor.image_files import ImageFiles, image_files
 from hypervisor.kernel_boot import guest_spec
-from hypervisor.qcow2 import prepare_vm_disks, qcow2_guest_spec, qcow2_image
+from hypervisor.qcow2 import (
+    KIND_QCOW2,
+    Qcow2Image,
+    prepare_vm_disks,
+    qcow2_guest_spec,
+    qcow2_image,
+)
+from hypervisor.snapshot_image import snapshot_image
 from rift.domain.errors import GuestUnreachable, HypervisorFailed
-from rift.domain.model import DEFAULT_DISK_GIB, Vm
+from rift.domain.model import DEFAULT_DISK_GIB, StartKind, Vm
 from rift.services.context import GuestRuntime
 from rift.services.guest_kinds.base import (
     NO_RUNTIME,
     NotReady,
     Verdict,
     VmFiles,
+    mac_of,
     serial_log,
 )
 from rift.services.ports import GuestShell
 
-__all__ = ["DEFAULT_DISK_GIB", "GIB", "KernelGuest", "Qcow2Guest"]
+__all__ = ["DEFAULT_DISK_GIB", "GIB", "KernelGuest", "Qcow2Guest", "SnapshotGuest"]
 
 
 class _RealGuest:
@@ -33,6 +41,7 @@ class _RealGuest:
     key, the boot wait, and the VM's files."""
 
     label = "real"
+    start_kind: StartKind = "boot"
     markers = True  # the guest's init prints a ready marker on the serial console
 
     def __init__(self, uri: str, image: str, runtime: GuestRuntime,
@@ -81,6 +90,20 @@ class _RealGuest:
 GIB = 1 << 30
 
 
+def own_overlay(runtime: GuestRuntime, vm_id: str, base: Path, size_bytes: int) -> Path:
+    """The VM's copy-on-write overlay of `base` (sparse, of `size_bytes`), made in
+    its disks folder; ImageError, with nothing left behind, when it cannot be."""
+    disks_dir = runtime.vm_disks_dir.resolve()
+    disks_dir.mkdir(parents=True, exist_ok=True)
+    overlay = vm_disks(disks_dir, vm_id).overlay
+    try:
+        make_overlay(base, overlay, size_bytes)
+    except ImageError:
+        remove_vm_disks(disks_dir, vm_id)
+        raise
+    return overlay
+
+
 class KernelGuest(_RealGuest):
     """A kernel image booted directly with Rift's init; the key rides on the
     kernel command line, and the init prints its ready marker. An image with a
@@ -108,15 +131,8 @@ class KernelGuest(_RealGuest):
         """The VM's overlay of the image's base disk, made here; None without one."""
         if image.disk is None:
             return None
-        disks_dir = self.runtime.vm_disks_dir.resolve()
-        disks_dir.mkdir(parents=True, exist_ok=True)
-        overlay = vm_disks(disks_dir, vm.id).overlay
-        try:
-            make_overlay(image.disk, overlay, max(vm.disk_gib * GIB, image.disk_bytes))
-        except ImageError:
-            remove_vm_disks(disks_dir, vm.id)
-            raise
-        return overlay
+        return own_overlay(self.runtime, vm.id, image.disk,
+                           max(vm.disk_gib * GIB, image.disk_bytes))
 
 
 class Qcow2Guest(_RealGuest):
@@ -149,3 +165,51 @@ class Qcow2Guest(_RealGuest):
         except ImageError as exc:
             return str(exc)  # names the package that writes the cloud-init seed
         return None
+
+
+class SnapshotGuest(_RealGuest):
+    """An image made from a snapshot (hypervisor.snapshot_image): each VM is a fork
+    of the image's saved state, started by libvirt from its own copy of it
+    (`DomainSpec.restore_from`), on its own overlay of the image's disk (of the
+    disk's size: the saved kernel knows it) and, for a state of a qcow2 image,
+    with a cloud-init seed of its own. Once it answers (logging in with the
+    image's key, which the hand-over swaps for the VM's own at once) it gets an
+    identity of its own, as every fork does."""
+
+    label = "snapshot"
+    start_kind: StartKind = "fork"  # of the image's saved state
+
+    def check(self) -> None:
+        snapshot_image(self.runtime.images_dir, self.image)
+
+    def plan(self, vm: Vm) -> DomainSpec:
+        guests = self._guests(vm)
+        assert vm.ssh_port is not None
+        image = snapshot_image(self.runtime.images_dir, self.image)
+        # The key the VM is handed over to (its task's, its pool's), made on first use.
+        key_line = guests.task_key(vm.task_id)
+        disk = seed = None
+        if image.disk is not None:
+            if image.origin_kind == KIND_QCOW2:
+                disks = prepare_vm_disks(
+                    Qcow2Image(self.image, image.disk, image.disk_bytes),
+                    self.runtime.vm_disks_dir, vm_id=vm.id, public_key_line=key_line)
+                disk, seed = str(disks.overlay), str(disks.seed)
+            else:
+                disk = str(own_overlay(self.runtime, vm.id, image.disk, image.disk_bytes))
+        return DomainSpec(
+            name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus,
+            memory_mib=vm.memory_mib, image=self.image,
+            domain_type=self.runtime.accel(self.uri), ssh_port=vm.ssh_port,
+            serial_log=str(self._serial_log(vm)), disk=disk, seed=seed,
+            restore_from=str(image.state))
+
+    def wait_ready(self, vm: Vm) -> None:
+        image = snapshot_image(self.runtime.images_dir, self.image)
+        timeout_s = self.runtime.boot_timeout_s
+        try:
+            self._guests(vm).forked(vm, image.host_key, mac_of(vm.id), timeout_s,
+                                    boot_key=image.key)
+        except GuestUnreachable as exc:
+            raise NotReady(f"the guest did not answer SSH within {timeout_s:.0f}s of its "
+                           f"restore: {exc.message}") from exc

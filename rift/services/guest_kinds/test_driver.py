@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from hypervisor.base import DomainSpec
 from rift.domain.errors import HypervisorFailed
-from rift.domain.model import Vm
+from rift.domain.model import StartKind, Vm
 from rift.services.guest_kinds.base import NO_RUNTIME, NotReady, Verdict, VmFiles
 
 
@@ -15,6 +15,7 @@ class TestDriverGuest:
     """No guest behind the domain: running at once, no SSH address."""
 
     label = "test driver"
+    start_kind: StartKind = "boot"
 
     def __init__(self, files: VmFiles) -> None:
         self.files = files
@@ -48,6 +49,7 @@ class NoGuests:
     """A real host, but this control plane was wired without a guest runtime."""
 
     label = "no guest runtime"
+    start_kind: StartKind = "boot"
 
     def check(self) -> None:
         return None  # nothing to look at: the start says what is missing

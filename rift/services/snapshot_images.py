@@ -1,0 +1,54 @@
+"""`rift image add NAME --snapshot SNAP_ID`: the operator turns one task's snapshot
+into an image that every user's VMs start from (hypervisor.snapshot_image has the
+files; rift.services.guest_kinds.SnapshotGuest starts its VMs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypervisor.base import ImageError
+from hypervisor.qcow2 import KIND_KERNEL, image_kind
+from hypervisor.snapshot_image import (
+    KIND_SNAPSHOT,
+    SnapshotSource,
+    add_snapshot_image,
+    snapshot_image,
+)
+from rift.domain.errors import InvalidArgument, SnapshotNotFound
+from rift.services import validate
+from rift.services.context import Deps
+from rift.services.snapshots import DISK_FILE, STATE_FILE, snapshot_dir
+
+
+def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
+    """Make image `name` from the ready snapshot `snapshot_id` (of any task) and
+    answer its folder. The snapshot stays its task's; the image is a copy.
+    Refused: no such ready snapshot (snapshot_not_found), a name that is taken or
+    malformed, a control plane without real guests, files that cannot be copied
+    (invalid_argument, saying which)."""
+    validate.snapshot_id(snapshot_id)
+    if deps.runtime is None or deps.guests is None:
+        raise InvalidArgument("snapshot_id", "this control plane runs no real guests (no "
+                              "guest runtime), so it keeps no images")
+    with deps.store.read() as tx:
+        snap = tx.snapshots.get(snapshot_id)
+    folder = snapshot_dir(deps, snapshot_id)
+    if snap is None or snap.state != "ready" or folder is None:
+        raise SnapshotNotFound(snapshot_id)
+    images_dir = deps.runtime.images_dir
+    origin_kind = image_kind(images_dir, snap.image) or KIND_KERNEL
+    try:
+        if origin_kind == KIND_SNAPSHOT:  # a snapshot of a VM of a snapshot image
+            origin_kind = snapshot_image(images_dir, snap.image).origin_kind
+        disk = folder / DISK_FILE
+        source = SnapshotSource(
+            snapshot_id=snap.id, image=snap.image, origin_kind=origin_kind,
+            state=folder / STATE_FILE, disk=disk if disk.is_file() else None,
+            key=deps.guests.task_key_file(snap.task_id), host_key=snap.host_key,
+            vcpus=snap.vcpus, memory_mib=snap.memory_mib, disk_gib=snap.disk_gib)
+        made = add_snapshot_image(images_dir, name, source)
+    except ImageError as exc:
+        raise InvalidArgument("name", str(exc)) from exc
+    deps.log.info("image added from a snapshot", extra={
+        "image": name, "snapshot_id": snap.id, "from_image": snap.image})
+    return made

@@ -1,0 +1,214 @@
+"""Snapshots and forks (SPEC §12) against fakes: the rows and events, the quotas
+and the host's room (all or none), the refusals, and what a crash leaves."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from hypervisor.fake import FakeHypervisor
+from rift.domain.clock import FakeClock
+from rift.services import reconcile, snapshots, sweeps, tasks, vm_state, vms
+from rift.services.context import Deps, GuestRuntime
+from tests.support.engine import ALICE, BOB, event_types, refused, snapshot
+
+
+def _running(deps: Deps, **size: int) -> tuple[str, str, str]:
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny", **size)
+    return opened.task.id, str(opened.handle), vm.id
+
+
+def test_a_snapshot_keeps_the_vm_running_and_is_listed_in_its_task(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle, vm_id = _running(deps)
+    snap = snapshots.make(deps, ALICE, handle, vm_id, name="clean")
+    assert snap.id.startswith("snap_") and (snap.vm_id, snap.name) == (vm_id, "clean")
+    assert local_hv.domains[f"rift-{vm_id}"].active
+    assert vms.get_vm(deps, ALICE, vm_id).status == "running"
+    task = tasks.get_task(deps, ALICE, handle=handle)
+    assert [s.id for s in task.snapshots] == [snap.id]
+    assert event_types(deps, task_id)[-1] == "snapshot_made"
+    with deps.store.read() as tx:
+        vm = tx.vms.get(vm_id)
+    assert vm is not None and vm.change is None
+
+
+def test_forks_are_new_vms_of_the_task_that_start_as_forks_with_their_source_named(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle, vm_id = _running(deps)
+    snap = snapshots.make(deps, ALICE, handle, vm_id)
+    forks = snapshots.fork(deps, ALICE, handle, snapshot_id=snap.id, name="try", count=3)
+    assert [f.name for f in forks] == ["try-1", "try-2", "try-3"]
+    assert all(f.status == "running" and f.start and f.start.kind == "fork" for f in forks)
+    assert len({f.id for f in forks} | {vm_id}) == 4
+    assert {f"rift-{f.id}" for f in forks} < set(local_hv.domains)
+    events = [e for e in tasks.task_events(deps, ALICE, task_id, 0, 100).events
+              if e.type in ("vm_creating", "vm_running") and e.details["vm_id"] != vm_id]
+    assert len(events) == 6
+    assert all(e.details["from"] == {"snapshot_id": snap.id, "vm_id": vm_id} for e in events)
+
+
+def test_a_fork_of_a_running_vm_snapshots_it_first_and_keeps_no_snapshot(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle, vm_id = _running(deps)
+    forks = snapshots.fork(deps, ALICE, handle, vm_id=vm_id)
+    assert len(forks) == 1 and forks[0].status == "running"
+    assert tasks.get_task(deps, ALICE, handle=handle).snapshots == []
+    kinds = event_types(deps, task_id)
+    assert kinds.count("snapshot_made") == kinds.count("snapshot_deleted") == 1
+
+
+def test_a_fork_over_the_quota_or_the_room_is_refused_and_makes_none(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle, vm_id = _running(deps, memory_mib=8192)
+    snap = snapshots.make(deps, ALICE, handle, vm_id)
+    before = snapshot(deps)
+    over = refused("quota_exceeded", snapshots.fork, deps, ALICE, handle,
+                   snapshot_id=snap.id, count=16)  # 1 + 16 > RIFT_MAX_VMS_PER_TASK
+    assert "rift_vm_destroy" in over.hint
+    full = refused("no_capacity", snapshots.fork, deps, ALICE, handle, snapshot_id=snap.id,
+                   count=4)  # 5 x 8 GiB > the host's 32 GiB
+    assert full.details["asked"] == {"vcpus": 4, "memory_mib": 4 * 8192}
+    refused("no_capacity", snapshots.fork, deps, ALICE, handle, vm_id=vm_id, count=4)
+    assert snapshot(deps) == before
+    assert len(snapshots.fork(deps, ALICE, handle, snapshot_id=snap.id, count=3)) == 3
+
+
+def test_the_snapshot_quota_holds_and_a_deleted_snapshot_is_gone(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    limited = replace(deps, limits=replace(deps.limits, max_snapshots_per_task=2))
+    task_id, handle, vm_id = _running(limited)
+    first = snapshots.make(limited, ALICE, handle, vm_id)
+    snapshots.make(limited, ALICE, handle, vm_id)
+    before = snapshot(limited)
+    error = refused("quota_exceeded", snapshots.make, limited, ALICE, handle, vm_id)
+    assert "rift_vm_snapshot_delete" in error.hint
+    assert snapshot(limited) == before
+    gone = snapshots.delete(limited, ALICE, handle, first.id)
+    assert gone.id == first.id
+    assert event_types(limited, task_id)[-1] == "snapshot_deleted"
+    refused("snapshot_not_found", snapshots.delete, limited, ALICE, handle, first.id)
+    refused("snapshot_not_found", snapshots.fork, limited, ALICE, handle, snapshot_id=first.id)
+    assert snapshots.make(limited, ALICE, handle, vm_id).vm_id == vm_id
+
+
+def test_snapshots_and_forks_refuse_what_is_not_the_callers(deps: Deps) -> None:
+    _, handle, vm_id = _running(deps)
+    snap = snapshots.make(deps, ALICE, handle, vm_id)
+    other = tasks.new_task(deps, BOB)
+    bob = str(other.handle)
+    refused("vm_not_found", snapshots.make, deps, BOB, bob, vm_id)
+    unknown = refused("snapshot_not_found", snapshots.fork, deps, BOB, bob, snapshot_id=snap.id)
+    foreign = refused("snapshot_not_found", snapshots.delete, deps, BOB, bob, snap.id)
+    assert "rift_task_get" in unknown.hint and foreign.code == unknown.code
+    refused("invalid_argument", snapshots.fork, deps, ALICE, handle)  # neither
+    refused("invalid_argument", snapshots.fork, deps, ALICE, handle, snapshot_id=snap.id,
+            vm_id=vm_id)  # both
+    refused("invalid_argument", snapshots.fork, deps, ALICE, handle, snapshot_id=snap.id,
+            count=0)
+    refused("invalid_argument", snapshots.delete, deps, ALICE, handle, "snap_NOPE")
+    vm_state.pause(deps, ALICE, handle, vm_id)
+    paused = refused("vm_not_running", snapshots.make, deps, ALICE, handle, vm_id)
+    assert "rift_vm_resume" in paused.hint
+
+
+def test_a_snapshot_libvirt_cannot_save_leaves_the_vm_running_and_nothing_else(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle, vm_id = _running(deps)
+    before = snapshot(deps)
+    local_hv.fail_next("save", "No space left on device")
+    error = refused("hypervisor_error", snapshots.make, deps, ALICE, handle, vm_id)
+    assert "No space left" in error.message
+    assert snapshot(deps) == before
+    assert local_hv.domains[f"rift-{vm_id}"].active
+
+
+def test_a_fork_libvirt_refuses_fails_that_fork_alone(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle, vm_id = _running(deps)
+    snap = snapshots.make(deps, ALICE, handle, vm_id)
+    local_hv.fail_next("fork", "cannot restore")
+    forks = snapshots.fork(deps, ALICE, handle, snapshot_id=snap.id, count=2)
+    assert sorted(f.status for f in forks) == ["failed", "running"]
+    failed = next(f for f in forks if f.status == "failed")
+    assert "cannot restore" in (failed.error or "")
+    assert f"rift-{failed.id}" not in local_hv.domains
+
+
+def test_closing_the_task_deletes_its_snapshots_and_the_sweep_those_of_idle_tasks(
+        deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    task_id, handle, vm_id = _running(deps)
+    snapshots.make(deps, ALICE, handle, vm_id)
+    tasks.close_task(deps, ALICE, handle=handle)
+    with deps.store.read() as tx:
+        assert tx.snapshots.of_task(task_id) == []
+    assert event_types(deps, task_id).count("snapshot_deleted") == 1
+    idle_id, idle_handle, idle_vm = _running(deps)
+    snapshots.make(deps, ALICE, idle_handle, idle_vm)
+    clock.advance(deps.lease_rules.task_idle_s + 1)
+    report = sweeps.sweep(deps)
+    assert idle_id in report.closed and report.snapshots_settled
+    with deps.store.read() as tx:
+        assert tx.snapshots.all() == []
+
+
+def test_a_snapshot_cut_by_a_crash_after_the_save_is_abandoned_and_its_vm_runs_on(
+        deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    task_id, handle, vm_id = _running(deps)
+    snap, vm, _uri = snapshots._begin(deps, ALICE, snapshots.parse_handle(handle), vm_id, None)
+    local_hv.save_state(vm.domain_name, snapshots.state_path(deps, snap.id))  # then: kill -9
+    assert not local_hv.domains[vm.domain_name].active
+    assert not reconcile.reconcile(deps)  # reconciliation leaves a snapshot's VM to it
+    assert not snapshots.settle_snapshots(deps)  # young: its call may finish it
+    clock.advance(reconcile.CREATING_GRACE_S + 1)
+    assert snapshots.settle_snapshots(deps) == [snap.id]
+    assert local_hv.domains[vm.domain_name].active
+    with deps.store.read() as tx:
+        assert tx.snapshots.all() == []
+        current = tx.vms.get(vm_id)
+    assert current is not None and (current.status, current.change) == ("running", None)
+    assert "snapshot_made" not in event_types(deps, task_id)
+
+
+def test_host_list_counts_paused_vms_and_snapshots_and_remove_refuses_them(
+        deps: Deps) -> None:
+    from rift.services import hosts
+
+    _, handle, vm_id = _running(deps)
+    snapshots.make(deps, ALICE, handle, vm_id)
+    vm_state.pause(deps, ALICE, handle, vm_id)
+    (local,) = hosts.list_hosts(deps)
+    assert (local["paused"], local["snapshots"], local["vms"]) == (1, 1, 0)
+    assert "VMs" in refused("invalid_argument", hosts.remove_host, deps, "local").message
+    vms.destroy(deps, ALICE, vm_id, handle)
+    assert "snapshots" in refused("invalid_argument", hosts.remove_host, deps,
+                                  "local").message
+
+
+def test_the_sweep_removes_snapshot_folders_without_a_row_and_forks_copies_a_crash_left(
+        deps: Deps, tmp_path: Path) -> None:
+    runtime = GuestRuntime(images_dir=tmp_path / "images", serial_dir=tmp_path / "serial",
+                           boot_timeout_s=5, accel=lambda uri: "qemu")
+    deps = replace(deps, runtime=runtime)
+    _, handle, vm_id = _running(deps)
+    snap = snapshots.make(deps, ALICE, handle, vm_id)
+    kept = runtime.snapshots_dir / snap.id
+    kept.mkdir(parents=True, exist_ok=True)
+    orphan = runtime.snapshots_dir / "snap_aaaaaaaa"
+    orphan.mkdir()
+    (orphan / "state").write_bytes(b"x")
+    old, new = kept / ".fork-rift-vm_aaaaaaaa.save", kept / ".fork-rift-vm_bbbbbbbb.save"
+    in_image = runtime.images_dir / "counting" / ".fork-rift-vm_cccccccc.save"
+    in_image.parent.mkdir(parents=True)
+    for path in (old, new, in_image):
+        path.write_bytes(b"copy")
+    long_ago = time.time() - deps.limits.creating_grace_s - 60
+    for path in (old, in_image):
+        os.utime(path, (long_ago, long_ago))
+    gone = snapshots.dead_snapshot_files(deps)
+    assert sorted(gone) == sorted(["snap_aaaaaaaa", old.name, in_image.name])
+    assert not orphan.exists() and not old.exists() and not in_image.exists()
+    assert new.exists() and kept.is_dir()  # a fork under way keeps its copy
