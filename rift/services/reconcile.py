@@ -73,15 +73,18 @@ def _live(deps: Deps, host: str) -> dict[str, Vm]:
 
 
 def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
-    """Fail the row (compare-and-set on `expected`), unless its destroy was asked
-    for since it was read: that destroy finishes it (the call under way, or the
-    next sweep), so nothing outside Rift is blamed for a domain Rift took down."""
+    """Fail the row (compare-and-set on `expected` and on the change it was read
+    with), unless its destroy was asked for since it was read: that destroy finishes
+    it (the call under way, or the next sweep), so nothing outside Rift is blamed for
+    a domain Rift took down. A pause, resume or snapshot begun since the row was read
+    wins too: the domain it stops or starts is not a domain lost."""
     now = deps.clock.now()
     with deps.store.write() as tx:
         current = tx.vms.get(vm.id)
         if current is None or current.destroy_requested_at is not None:
             return False
-        won = tx.vms.update(vm.id, (expected,), status="failed", error=error)
+        won = tx.vms.update_changing(vm.id, expected, vm.change, status="failed",
+                                     error=error)
         if won:
             tx.events.add(NewEvent(vm.task_id, "vm_failed", now, SWEEP,
                                    {"vm_id": vm.id, "error": error}))
@@ -195,15 +198,23 @@ def _check_paused(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
 
 def _lost_saved_state(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
                       report: ReconcileReport) -> None:
-    if domain is not None:
-        try:
-            destroy_domain(deps, vm, uri)
-        except HypervisorFailed:
-            return  # the next sweep tries again
     why = ("the domain is gone: it was destroyed or lost outside Rift (host restart, "
            "virsh)" if domain is None else "its saved state is gone: it cannot resume")
     if _fail(deps, vm, vm.status, why):
         report.vanished.append(vm.id)
+        if domain is not None:
+            _take_down(deps, vm, uri)
+
+
+def _take_down(deps: Deps, vm: Vm, uri: str) -> None:
+    """The domain of a row just failed. The row goes first (by compare-and-set), so a
+    pause or resume begun after the listing keeps its domain; a destroy refused here
+    leaves the domain an orphan, which the next sweep destroys."""
+    try:
+        destroy_domain(deps, vm, uri)
+    except HypervisorFailed as exc:
+        deps.log.warning("destroy of a failed vm refused", extra={"vm_id": vm.id,
+                                                                  "error": str(exc)})
 
 
 def _finish_destroy(deps: Deps, vm: Vm, report: ReconcileReport) -> None:
@@ -231,13 +242,10 @@ def _stopped(deps: Deps, vm: Vm, uri: str, report: ReconcileReport) -> None:
     outside Rift): undefine the domain, fail the row. (A destroy of Rift's own that
     a crash cut off between the stop and the undefine has its request on the row
     and is finished as a destroy instead.)"""
-    try:
-        destroy_domain(deps, vm, uri)
-    except HypervisorFailed:
-        return  # the next sweep tries again
     if _fail(deps, vm, "running", "the guest stopped: its domain was shut off (a poweroff "
              "inside the guest, or a stop outside Rift)"):
         report.stopped.append(vm.id)
+        _take_down(deps, vm, uri)
 
 
 def _unreachable_note(host: str) -> str:

@@ -196,3 +196,24 @@ def test_a_paused_vm_whose_saved_state_or_domain_went_fails_and_nothing_is_left(
     assert vms.get_vm(deps, ALICE, vm2).status == "failed"
     assert not reconcile.reconcile(deps)
 
+
+def test_a_pause_between_the_sweeps_read_and_its_listing_keeps_its_domain(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    """The sweep read the row running, then a pause stopped the domain with its state
+    saved before the listing: the row is not failed and the domain not taken down, so
+    the resume finds it (a fresh-clone CI once answered `Domain not found` there)."""
+    task_id, handle, vm_id = _running(deps)
+    listing = local_hv.list_domains
+
+    def paused_then_listed() -> list:  # type: ignore[type-arg]
+        vm_state.pause(deps, ALICE, handle, vm_id)
+        return listing()
+
+    local_hv.list_domains = paused_then_listed  # type: ignore[method-assign]
+    report = reconcile.reconcile(deps)
+    local_hv.list_domains = listing  # type: ignore[method-assign]
+    assert not report.stopped and not report.vanished, report
+    assert (local_hv.domains[f"rift-{vm_id}"].saved, vms.get_vm(deps, ALICE, vm_id).status) \
+        == (True, "paused")
+    assert vm_state.resume(deps, ALICE, handle, vm_id).status == "running"
+    assert "vm_failed" not in event_types(deps, task_id)
