@@ -37,8 +37,8 @@ pytestmark = [
 
 LIMIT_S = 300
 # Each count lands whole (written aside, then renamed): a reader never sees a half-written file.
-COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; "
-           "sleep 0.2; done")
+COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; "
+           "mv /tmp/count.new /tmp/count; sleep 0.2; done")
 
 
 @pytest.fixture(scope="module")
