@@ -85,7 +85,8 @@ def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
     """A task's key pair goes once the task is closed with no live VM (or gone):
     a task closed for being idle with no VM, a close a crash cut before its key
     went, a key a crash left half written. A pool's key goes with its pool, a
-    handed-out VM's boot key (its pool's, under its id) with the VM."""
+    VM's boot key (its pool's or its snapshot image's, under its id) with the VM:
+    a pooled VM of a snapshot image logs in with it before it is handed out."""
     if deps.guests is None:
         return
 
@@ -93,9 +94,9 @@ def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
         with deps.store.read() as tx:
             if is_pool_id(task_id):  # a pool's key: needed while the pool is there
                 return tx.pools.get(task_id) is not None
-            if is_vm_id(task_id):  # a handed-out VM's boot key: while the VM lives
+            if is_vm_id(task_id):  # a VM's boot key: while it lives, pooled or handed out
                 vm = tx.vms.get(task_id)
-                return vm is not None and vm.is_live
+                return (vm is not None and vm.is_live) or tx.pools.get_vm(task_id) is not None
             task = tx.tasks.get(task_id)
             return task is not None and (task.is_open or tx.vms.count_live(task_id) > 0)
 

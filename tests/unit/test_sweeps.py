@@ -10,7 +10,7 @@ from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
 from rift.guest.adapter import SshGuests
 from rift.guest.keys import keep_boot_key, key_for_task
-from rift.services import sweeps, tasks, vms
+from rift.services import pools, sweeps, tasks, vms
 from rift.services.context import Deps
 from rift.services.teardown import close_in_tx
 from tests.support.engine import ALICE, event_types, refused
@@ -132,3 +132,25 @@ def test_a_handed_out_vms_boot_key_stays_while_the_vm_lives_and_goes_after(
     vms.destroy(deps, ALICE, vm.id, handle=str(opened.handle))
     assert sweeps.sweep(deps).keys_forgotten == 1
     assert not (keys / vm.id).exists()
+
+
+def test_a_pooled_vms_boot_key_stays_before_it_is_handed_out(
+        deps: Deps, tmp_path: Path) -> None:
+    """A pooled VM of a snapshot image logs in with the image's key, kept under its
+    id, while it starts and waits in its pool: the sweep keeps that key (it once
+    deleted it mid-start, and the VM never answered a login)."""
+    keys = tmp_path / "keys"
+    deps = dataclasses.replace(deps, guests=SshGuests(keys))
+    pool = pools.set_pool(deps, "tiny", running=1)
+    key_for_task(keys, pool.id)
+    image_key = tmp_path / "image-key"
+    key_for_task(tmp_path, "image-key")
+    with deps.store.write() as tx:
+        tx.pools.add_vm(pools.PoolVm(
+            id="vm_pooledaa", pool_id=pool.id, goal="running", state="starting",
+            host="local", image="tiny", vcpus=1, memory_mib=256, key_id=pool.id, mark="m",
+            created_at=deps.clock.now()))
+    keep_boot_key(keys, pool.id, "vm_pooledaa", source=image_key)
+    keep_boot_key(keys, pool.id, "vm_goneaaaa", source=image_key)  # no row of either kind
+    assert sweeps.sweep(deps).keys_forgotten == 1
+    assert (keys / "vm_pooledaa").exists() and not (keys / "vm_goneaaaa").exists()
