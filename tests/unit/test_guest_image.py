@@ -16,7 +16,7 @@ import pytest
 from hypervisor.base import ImageError
 from hypervisor.cloud_kernel import module_order
 from hypervisor.cpio import Archive
-from hypervisor.domain_xml import TCG_TB_CACHE_MIB, build_domain_xml
+from hypervisor.domain_xml import build_domain_xml, tcg_tb_cache_mib
 from hypervisor.image_files import ImageFiles, image_files
 from hypervisor.kernel_boot import guest_cmdline, guest_spec
 from hypervisor.kvm import TCG, _read_cache, _write_cache, probe_accel
@@ -141,12 +141,16 @@ def test_the_key_rides_on_the_kernel_command_line_as_one_word() -> None:
     assert base64.b64decode(word.removeprefix("rift.key=")).decode() == KEY
 
 
-def test_a_tcg_guest_gets_a_small_translation_cache_and_a_forwarded_port() -> None:
+def test_a_tcg_guests_translation_cache_is_half_its_memory_within_32_and_256_mib() -> None:
+    assert [tcg_tb_cache_mib(m) for m in (64, 128, 256, 512, 4096)] == [32, 64, 128, 256, 256]
+
+
+def test_a_tcg_guest_gets_a_translation_cache_of_its_size_and_a_forwarded_port() -> None:
     spec = guest_spec(IMAGE, name="rift-vm_a", task_id="task_a", vm_id="vm_a", vcpus=1,
                       memory_mib=256, domain_type="qemu", public_key_line=KEY, ssh_port=40022,
                       serial_log=Path("/var/serial/vm_a.log"))
     root = ET.fromstring(build_domain_xml(spec))  # noqa: S314 - our own output
-    assert root.findtext("features/tcg/tb-cache") == str(TCG_TB_CACHE_MIB)
+    assert root.findtext("features/tcg/tb-cache") == "128"  # half of 256 MiB
     assert root.findtext("os/kernel") == "/img/tiny/vmlinux"
     assert "rift.key=" in (root.findtext("os/cmdline") or "")
     kvm = ET.fromstring(build_domain_xml(  # noqa: S314
