@@ -23,11 +23,21 @@
  *       Copy this stdin to the command's; with --eof, close it after.
  *   rift-exec kill DIR TERM|KILL
  *       Signal the command's process group (TERM: KILL follows after 5 s).
- *   rift-exec reseed DIR
- *       Reseed the kernel's random number generator from its input pool now
- *       (RNDRESEEDCRNG; root only), which Rift fed fresh bytes first: a fork of
- *       a saved VM would else go on with its source's generator state. DIR is
- *       not used.
+ *   rift-exec identity DIR MAC NOW_CS SETTLE_MS KEY PIDFILE [-- RESTART...]
+ *       Make a fork of a saved VM its own (root only), in this one process:
+ *       stdin holds a line of hex (fresh bytes of Rift's host), then the public
+ *       key line and the private key of a new SSH host key (both empty when the
+ *       key is in place already). The key goes to KEY and KEY.pub (written
+ *       aside, then renamed); MAC (aa:bb:cc:dd:ee:ff, or - to keep it) onto the
+ *       first network interface but lo; the bytes into the kernel's input pool,
+ *       and its random number generator reseeded from it (RNDRESEEDCRNG: a fork
+ *       would else go on with its source's generator state); the clock to
+ *       NOW_CS (hundredths of a second since the epoch, Rift's clock when it
+ *       sent this) plus the time since this began. Then, SETTLE_MS later and in
+ *       the background, the SSH server starts anew with the new key: without
+ *       RESTART, a hangup to the process PIDFILE names (sshd re-executes
+ *       itself); with it, that process is stopped and RESTART run (or RESTART
+ *       alone, PIDFILE -). DIR is not used.
  *
  * The view: one line, then the stdout bytes, then the stderr bytes:
  *   rift-exec state=running|ended|lost code=N signal=N timed_out=0|1
@@ -35,7 +45,8 @@
  *   out_from=N out_len=N err_from=N err_len=N
  * (MS: milliseconds since the epoch, guest clock; `lost`: the keeper died
  * without writing the status). Exit status: 0 done, 2 usage, 3 no such exec,
- * 4 the exec ended (input), 5 its stdin is closed (input), 1 other failure.
+ * 4 the exec ended (input), 5 its stdin is closed (input), 1 other failure
+ * (identity: 10 + the step that failed, its reason on stderr).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,6 +58,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <net/if.h>
+#include <net/if_arp.h>
+#include <sys/socket.h>
 #include <linux/random.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
@@ -618,19 +633,175 @@ static int cmd_kill(int argc, char **argv) {
     return 0;
 }
 
-static int cmd_reseed(int argc) {
-    if (argc != 3) return 2;
+/* identity: its steps, each exiting 10 + its number with the reason when it fails. */
+enum { ID_INPUT = 1, ID_KEY, ID_MAC, ID_ENTROPY, ID_CLOCK, ID_RESTART };
+
+static void id_fail(int step, const char *what) {
+    fprintf(stderr, "rift-exec identity: %s: %s\n", what, errno ? strerror(errno) : "failed");
+    exit(10 + step);
+}
+
+static void id_write_file(const char *path, const char *data, size_t len, mode_t mode) {
+    char aside[PATH_MAX];
+    snprintf(aside, sizeof aside, "%s.new", path);
+    unlink(aside);
+    int fd = open(aside, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0 || write_all(fd, data, len) < 0 || close(fd) < 0) id_fail(ID_KEY, aside);
+    if (rename(aside, path) < 0) id_fail(ID_KEY, path);
+}
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int not_dot_or_lo(const struct dirent *e) {
+    return e->d_name[0] != '.' && strcmp(e->d_name, "lo") != 0;
+}
+
+static void id_mac(const char *mac) {
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    unsigned char *hw = (unsigned char *)ifr.ifr_hwaddr.sa_data;
+    for (int i = 0; i < 6; i++) {
+        int hi = hex_digit(mac[3 * i]), lo = hex_digit(mac[3 * i + 1]);
+        char sep = mac[3 * i + 2];
+        if (hi < 0 || lo < 0 || sep != (i == 5 ? '\0' : ':')) {
+            errno = EINVAL;
+            id_fail(ID_MAC, "MAC");
+        }
+        hw[i] = (unsigned char)(hi << 4 | lo);
+    }
+    struct dirent **names;
+    int n = scandir("/sys/class/net", &names, not_dot_or_lo, alphasort);
+    if (n <= 0) {
+        if (n == 0) errno = ENODEV;
+        id_fail(ID_MAC, "/sys/class/net");
+    }
+    size_t name_len = strlen(names[0]->d_name);
+    if (name_len >= IFNAMSIZ) {
+        errno = ENAMETOOLONG;
+        id_fail(ID_MAC, names[0]->d_name);
+    }
+    memcpy(ifr.ifr_name, names[0]->d_name, name_len + 1);
+    ifr.ifr_hwaddr.sa_family = ARPHRD_ETHER;
+    int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (sock < 0 || ioctl(sock, SIOCSIFHWADDR, &ifr) < 0) id_fail(ID_MAC, ifr.ifr_name);
+    close(sock);
+}
+
+static void id_entropy(const char *hex) {
+    unsigned char bytes[256];
+    size_t n = 0;
+    for (; hex[2 * n] && hex[2 * n + 1] && n < sizeof bytes; n++) {
+        int hi = hex_digit(hex[2 * n]), lo = hex_digit(hex[2 * n + 1]);
+        if (hi < 0 || lo < 0) break;
+        bytes[n] = (unsigned char)(hi << 4 | lo);
+    }
+    if (n < 16) {
+        errno = EINVAL;
+        id_fail(ID_ENTROPY, "fewer than 16 bytes of entropy");
+    }
     int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return 1;
-    int rc = ioctl(fd, RNDRESEEDCRNG);
+    if (fd < 0 || write_all(fd, bytes, n) < 0) id_fail(ID_ENTROPY, "/dev/urandom");
+    if (ioctl(fd, RNDRESEEDCRNG) != 0) id_fail(ID_ENTROPY, "RNDRESEEDCRNG");
     close(fd);
-    if (rc != 0) perror("rift-exec: RNDRESEEDCRNG");
-    return rc == 0 ? 0 : 1;
+}
+
+static pid_t id_pid(const char *pidfile) {
+    if (strcmp(pidfile, "-") == 0) return 0;
+    FILE *f = fopen(pidfile, "re");
+    long pid = 0;
+    if (f) {
+        if (fscanf(f, "%ld", &pid) != 1) pid = 0;
+        fclose(f);
+    }
+    return pid > 1 ? (pid_t)pid : 0;
+}
+
+/* In a session of its own, its stdio on /dev/null (so the SSH channel ends now):
+ * SETTLE_MS later, the SSH server starts anew. */
+static void id_restart(int settle_ms, const char *pidfile, char **restart) {
+    pid_t child = fork();
+    if (child < 0) id_fail(ID_RESTART, "fork");
+    if (child > 0) return;
+    setsid();
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+        dup2(null, 0);
+        dup2(null, 1);
+        dup2(null, 2);
+        if (null > 2) close(null);
+    }
+    sleep_ms(settle_ms);
+    pid_t old = id_pid(pidfile);
+    if (!restart[0]) {
+        if (old) kill(old, SIGHUP);
+        _exit(0);
+    }
+    if (old) {
+        kill(old, SIGTERM);
+        for (int i = 0; i < 500 && kill(old, 0) == 0; i++) sleep_ms(10);
+    }
+    execvp(restart[0], restart);
+    _exit(127);
+}
+
+static int cmd_identity(int argc, char **argv) {
+    if (argc < 8 || (argc > 8 && strcmp(argv[8], "--") != 0)) return 2;
+    const char *mac = argv[3], *key = argv[6], *pidfile = argv[7];
+    char *end;
+    long long now_cs = strtoll(argv[4], &end, 10);
+    if (*end || now_cs <= 0) return 2;
+    int settle_ms = atoi(argv[5]);
+    int64_t began = mono_ms();
+    static char input[64 * 1024];
+    size_t len = 0;
+    for (;;) {
+        if (len == sizeof input - 1) {
+            errno = EFBIG;
+            id_fail(ID_INPUT, "stdin");
+        }
+        ssize_t n = read(0, input + len, sizeof input - 1 - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) id_fail(ID_INPUT, "stdin");
+        if (n == 0) break;
+        len += (size_t)n;
+    }
+    input[len] = 0;
+    char *pub = strchr(input, '\n');
+    char *private = pub ? strchr(pub + 1, '\n') : NULL;
+    if (!private) {
+        errno = EINVAL;
+        id_fail(ID_INPUT, "stdin: the entropy line and the public key line");
+    }
+    *pub++ = 0;
+    *private++ = 0;
+    if (*pub) {
+        char path[PATH_MAX], line[1024];
+        id_write_file(key, private, strlen(private), 0600);
+        snprintf(path, sizeof path, "%s.pub", key);
+        int n = snprintf(line, sizeof line, "%s root@rift\n", pub);
+        if (n < 0 || (size_t)n >= sizeof line) {
+            errno = EINVAL;
+            id_fail(ID_KEY, "the public key line is too long");
+        }
+        id_write_file(path, line, (size_t)n, 0644);
+    }
+    if (strcmp(mac, "-") != 0) id_mac(mac);
+    id_entropy(input);
+    int64_t at_ms = now_cs * 10 + (mono_ms() - began);
+    struct timespec ts = {at_ms / 1000, (long)(at_ms % 1000) * 1000000};
+    if (clock_settime(CLOCK_REALTIME, &ts) < 0) id_fail(ID_CLOCK, "clock_settime");
+    id_restart(settle_ms, pidfile, argc > 9 ? argv + 9 : argv + argc);
+    return 0;
 }
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: rift-exec start|read|input|kill|reseed DIR ...\n");
+        fprintf(stderr, "usage: rift-exec start|read|input|kill|identity DIR ...\n");
         return 2;
     }
     dir = argv[2];
@@ -639,7 +810,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[1], "read") == 0) code = cmd_read(argc, argv);
     else if (strcmp(argv[1], "input") == 0) code = cmd_input(argc, argv);
     else if (strcmp(argv[1], "kill") == 0) code = cmd_kill(argc, argv);
-    else if (strcmp(argv[1], "reseed") == 0) code = cmd_reseed(argc);
+    else if (strcmp(argv[1], "identity") == 0) code = cmd_identity(argc, argv);
     if (code == 2) fprintf(stderr, "rift-exec: bad arguments\n");
     fflush(stdout);
     return code;

@@ -124,7 +124,7 @@ class SshGuests:
             line = self.shell.refresh_identity(vm, mac)
             log.info("fork identity", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
-                "identity_ms": round((time.monotonic() - logged_in) * 1000, 1)})
+                "refresh_ms": round((time.monotonic() - logged_in) * 1000, 1)})
             return line
 
         return self._call(vm, call)

@@ -60,7 +60,8 @@ _KILL_WAIT_S = 5.0
 _LOGIN_RETRY_S = 0.5  # between SSH logins to a guest that prints no ready marker
 _HAND_OVER_S = 10.0  # a hand-over is a few shell builtins: its guest is gone past this
 _NOT_FOUND = 127  # the shell's exit status for a command it cannot find
-_RESTART_S = 5.0  # how long a fork's SSH server may take to listen again
+_SETTLE_S = 2.5  # how long a fork's SSH server waits before it starts anew (identity)
+_RESTART_S = _SETTLE_S + 5.0  # how long it may take to listen again, from then
 _HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
 _IS_DIRECTORY = 21
 _NO_SUCH_FILE = 20
@@ -456,15 +457,16 @@ class SshGuestShell:
         connection stays), the MAC `mac` on its network interface (in Rift's own
         images: a cloud image's network configuration matches its MAC), fresh
         bytes of this host mixed into its entropy pool and its random number
-        generator reseeded from it (`rift-exec reseed`), and this host's clock.
+        generator reseeded from it, and this host's clock (`rift-exec identity`).
         Pins and answers the new host key line."""
-        script = identity_script(mac, secrets.token_bytes(32), time.time())
-        collected = self._run(vm, script, None, _HAND_OVER_S * 4, 4096)
+        collected = self._run(vm, identity_script(mac, secrets.token_bytes(32), time.time()),
+                              None, _HAND_OVER_S * 4, 4096)
+        if collected.exit_code in _OLD_HELPER and self.helper_binary is not None:
+            self._upload_helper(vm)  # a guest with an older rift-exec, or none: again
+            collected = self._run(vm, identity_script(mac, secrets.token_bytes(32),
+                                                      time.time()),
+                                  None, _HAND_OVER_S * 4, 4096)
         status = collected.exit_code
-        if status in (_RESEED_OLD, _RESEED_NONE) and self.helper_binary is not None:
-            self._upload_helper(vm)  # a guest with an older rift-exec, or none
-            status = self._run(vm, f"{GUEST_PATH} reseed /", None, _HAND_OVER_S,
-                               4096).exit_code
         if status != 0:
             reason = collected.stderr.decode("utf-8", "replace").strip()[-300:]
             raise GuestError(f"the fork's new identity failed (exit {status}): {reason}",
@@ -690,58 +692,43 @@ HAND_OVER_FUNCTION = (
 )
 
 
-# A fork's new identity (refresh_identity), for busybox sh and bash alike: a host
-# key made anew, and the SSH server (dropbear on `tiny`, sshd elsewhere) started
-# again with it in the background once the old one has let go of :22 (sessions
-# open now stay; a login meanwhile is retried, see `_connect`); the MAC, the
-# entropy, and the clock (the host's when the script was sent, plus the guest's
-# uptime since, in hundredths of a second); the new key's line is printed;
-# rift-exec's reseed ends it (its exit status plus 100 when it fails).
+# A fork's new identity (refresh_identity), for busybox sh and bash alike: the new
+# host key's line printed first, then `rift-exec identity` (one static process: a
+# program started under TCG costs about a hundred milliseconds) writes the key, the
+# MAC (on Rift's own images: a cloud image's network configuration matches its
+# MAC), the entropy and the clock, and starts the SSH server anew with the key in
+# the background, RIFT_SETTLE_MS later: the agent's first calls run on the
+# connection open now and have the guest's one vCPU to themselves (a login
+# meanwhile is retried, see `_connect`). dropbear (`tiny`) makes its key itself,
+# in its own format; sshd gets the one made on the control plane.
 _IDENTITY = r"""
 set -e
-read began _ < /proc/uptime
-# Static busybox where the image has it (`debian`): a dynamic binary costs a
-# hundred milliseconds or more to start under TCG.
-bb=; [ -x /usr/lib/rift/busybox ] && bb=/usr/lib/rift/busybox
+mac=-
+if [ -x /usr/lib/rift/busybox ] || [ -f /run/dropbear.pid ]; then mac=$RIFT_MAC; fi
 if [ -f /run/dropbear.pid ]; then
   k=/etc/dropbear/dropbear_ed25519_host_key
   rm -f "$k.new"
   set -- $(dropbearkey -t ed25519 -f "$k.new" 2>/dev/null | grep '^ssh-')
   mv -f "$k.new" "$k"
-  line="$1 $2"
-  restart="dropbear -s -j -k -p 22 -r $k -W 1048576 -P /run/dropbear.pid"
-else
-  restart=
-  k=/etc/ssh/ssh_host_ed25519_key
-  (umask 077; printf '%s\n' "$RIFT_HOST_KEY" > "$k.new")
-  $bb mv -f "$k.new" "$k"
-  printf '%s root@rift\n' "$RIFT_HOST_PUB" > "$k.pub"
-  line="$RIFT_HOST_PUB"
+  echo "$1 $2"
+  exec "$RIFT_EXEC" identity / "$mac" "$RIFT_NOW_CS" "$RIFT_SETTLE_MS" "$k" /run/dropbear.pid \
+    -- dropbear -s -j -k -p 22 -r "$k" -W 1048576 -P /run/dropbear.pid <<RIFT_END
+$RIFT_ENTROPY
+
+
+RIFT_END
 fi
-if [ -n "$restart" ]; then  # dropbear reads its key once: a new one, started anew
-  read old < /run/dropbear.pid
-  (kill "$old"; while kill -0 "$old" 2>/dev/null; do usleep 10000; done; $restart) \
-    </dev/null >/dev/null 2>&1 &
-elif [ -f /run/sshd.pid ]; then  # sshd re-executes itself on a hangup, reading the key
-  read old < /run/sshd.pid
-  kill -HUP "$old"
-else  # under systemd (a cloud image); socket-activated, each login reads the key anew
-  (systemctl reload ssh.service) </dev/null >/dev/null 2>&1 &
-fi
-if [ -n "$bb" ] || [ -f /run/dropbear.pid ]; then  # Rift's own images
-  for dev in /sys/class/net/*; do dev=${dev##*/}; [ "$dev" != lo ] && break; done
-  $bb ip link set dev "$dev" address "$RIFT_MAC"
-fi
-printf '%s' "$RIFT_ENTROPY" > /dev/urandom
-read ended _ < /proc/uptime
-spent=$(( ${ended%.*}${ended#*.} - ${began%.*}${began#*.} ))
-$bb date -s "@$(( (RIFT_NOW_CS + spent + 50) / 100 ))" >/dev/null
-echo "$line"
-set +e
-"$RIFT_EXEC" reseed / || exit $((100 + $?))
+echo "$RIFT_HOST_PUB"
+pidfile=/run/sshd.pid; set --
+[ -f "$pidfile" ] || { pidfile=-; set -- -- systemctl reload ssh.service; }
+exec "$RIFT_EXEC" identity / "$mac" "$RIFT_NOW_CS" "$RIFT_SETTLE_MS" \
+  /etc/ssh/ssh_host_ed25519_key "$pidfile" "$@" <<RIFT_END
+$RIFT_ENTROPY
+$RIFT_HOST_PUB
+$RIFT_HOST_KEY
+RIFT_END
 """
-_RESEED_OLD = 102  # rift-exec without `reseed` (usage)
-_RESEED_NONE = 227  # no rift-exec (the shell's 127)
+_OLD_HELPER = (2, 127)  # `identity` refused as usage (an older rift-exec), or none there
 
 
 def identity_script(mac: str, entropy: bytes, now: float) -> str:
@@ -751,6 +738,7 @@ def identity_script(mac: str, entropy: bytes, now: float) -> str:
     private, public = new_host_key()
     return (f"RIFT_MAC={shlex.quote(mac)} RIFT_ENTROPY={entropy.hex()} "
             f"RIFT_NOW_CS={round(now * 100)} RIFT_EXEC={GUEST_PATH} "
+            f"RIFT_SETTLE_MS={round(_SETTLE_S * 1000)} "
             f"RIFT_HOST_KEY={shlex.quote(private)} RIFT_HOST_PUB={shlex.quote(public)}\n"
             f"{_IDENTITY}")
 
