@@ -17,7 +17,8 @@ libvirt restoring the same saved state, on qemu:///system (TCG here):
 
     .venv/bin/python -m bench forks      (`make bench` runs it with the others)
 
-RIFT_BENCH_FORK_SAMPLES (default 5) sets the single forks per image.
+RIFT_BENCH_FORK_SAMPLES (default 5) sets the single forks per image;
+RIFT_BENCH_FORK_IMAGES (default `tiny,debian`) the images.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ from tests.support.servers import (
 from tests.support.witnesses import our_domains, remove_domain
 
 SAMPLES = int(os.environ.get("RIFT_BENCH_FORK_SAMPLES", "5"))
-IMAGES = (("tiny", 256), ("debian", 512))
+IMAGES = tuple((image, memory) for image, memory in (("tiny", 256), ("debian", 512))
+               if image in os.environ.get("RIFT_BENCH_FORK_IMAGES", "tiny,debian").split(","))
 AT_ONCE = 4
 
 
@@ -142,6 +144,19 @@ async def rift_side(srv: Server) -> list[Side]:
 
 # -- the floor: raw libvirt restoring the same state -----------------------------------------
 
+_PORTS_LOCK = threading.Lock()
+_PORTS_TAKEN: set[int] = set()
+
+
+def _own_port() -> int:
+    """A free port no other raw fork of this run was given (threads pick at once)."""
+    with _PORTS_LOCK:
+        while (port := free_port()) in _PORTS_TAKEN:
+            pass
+        _PORTS_TAKEN.add(port)
+        return port
+
+
 def _raw_fork(conn: libvirt.virConnect, srv: Server, side: Side, work: Path,
               key: paramiko.PKey, n: int) -> tuple[str, float]:
     """One raw fork of the snapshot, timed from the define to an exec's answer; a
@@ -163,7 +178,7 @@ def _raw_fork_once(conn: libvirt.virConnect, srv: Server, side: Side, work: Path
     folder = srv.data_dir / "snapshots" / side.snapshot_id
     state = folder / "state"
     name = f"rift-bench-fork-{side.image}-{n}"
-    port = free_port()
+    port = _own_port()
     disk = None
     if (folder / "disk.qcow2").is_file():
         disk = work / f"{name}.qcow2"
@@ -190,7 +205,11 @@ def _raw_fork_once(conn: libvirt.virConnect, srv: Server, side: Side, work: Path
 
 
 def _drop(conn: libvirt.virConnect, name: str) -> None:
-    dom = conn.lookupByName(name)
+    try:
+        dom = conn.lookupByName(name)
+    except libvirt.libvirtError:
+        progress(f"{name} was gone before its drop")
+        return
     if dom.isActive():
         dom.destroy()
     dom.undefine()
@@ -229,7 +248,7 @@ def floor_side(srv: Server, sides: list[Side], work: Path) -> None:
 def fork_steps(srv: Server) -> dict[str, list[float]]:
     steps: dict[str, list[float]] = {}
     for line in log_lines(srv.log):
-        if line.get("msg") == "vm forked":
+        if line.get("msg") in ("vm forked", "fork identity"):
             for key, value in line.items():
                 if key.endswith("_ms"):
                     steps.setdefault(key.removesuffix("_ms"), []).append(float(value))
@@ -285,7 +304,7 @@ def main() -> int:
           "`rift_vm_exec true`; 4 at once: `count` 4 until all four answered one. Raw floor: "
           "the snapshot's state file re-headed for a new domain, define + restore, raw "
           "paramiko on a new connection until `true` answers (the disk copy before it).")
-    print_table("The server's fork steps (`vm forked` log lines), ms",
+    print_table("The server's fork steps (`vm forked` and `fork identity` log lines), ms",
                 [(step, str(len(v)), f"{p50(v):,.0f}", f"{min(v):,.0f}-{max(v):,.0f}")
                  for step, v in steps.items()], ("step", "n", "p50", "range"))
     return 0
