@@ -28,7 +28,6 @@ from rift.domain.errors import (
     ExecNotFound,
     GuestUnreachable,
     InvalidArgument,
-    VmNotFound,
     VmNotRunning,
 )
 from rift.domain.ids import new_exec_id
@@ -36,7 +35,7 @@ from rift.domain.model import Exec, ExecStatus, NewEvent, Task, Vm
 from rift.services import validate
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import reach
-from rift.services.leases import check_handle, in_write, parse_handle
+from rift.services.leases import check_handle, in_write, parse_handle, task_vm
 from rift.services.ports import ExecGone, GuestExec, GuestShell, Tx
 from rift.services.watch import STEP_S, Watch, newest_line
 
@@ -66,7 +65,7 @@ def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: s
     def record(tx: Tx) -> tuple[Task, Vm, Exec]:
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
-        vm = _task_vm(tx, task, vm_id)
+        vm = task_vm(tx, task, vm_id)
         reach(vm, deps.guests)  # guest_unreachable before anything is recorded
         ex = Exec(id=exec_id, task_id=task.id, vm_id=vm.id, owner=caller.user,
                   command=command, status="running", timeout_s=timeout, started_at=now)
@@ -194,7 +193,7 @@ def list_execs(deps: Deps, caller: Caller, handle: str | None, vm_id: str | None
     def work(tx: Tx) -> list[Exec]:
         task = check_handle(deps, tx, caller, parsed, deps.clock.now())
         if vm_id is not None:
-            _task_vm(tx, task, vm_id, running=False)
+            task_vm(tx, task, vm_id, running=False)
         return tx.execs.of_task(task.id, vm_id, running_only=which == "running")
 
     return ExecListOut(execs=[ExecView.of(ex) for ex in in_write(deps.store, work)])
@@ -357,15 +356,6 @@ def signal_name(number: int | None) -> str | None:
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-def _task_vm(tx: Tx, task: Task, vm_id: str, *, running: bool = True) -> Vm:
-    vm = tx.vms.get(vm_id)
-    if vm is None or vm.task_id != task.id:
-        raise VmNotFound(vm_id)
-    if running and (vm.status != "running" or vm.change is not None):
-        raise VmNotRunning(vm_id, vm.status, doing=vm.change)
-    return vm
-
 
 def _held_exec(deps: Deps, caller: Caller, handle: str | None,
                exec_id: str) -> tuple[Task, Exec, Vm | None]:

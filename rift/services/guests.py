@@ -8,12 +8,12 @@ import base64
 
 from rift.contract.base import MAX_PATH
 from rift.contract.tools import FileReadOut, FileWrittenOut
-from rift.domain.errors import InvalidArgument, VmNotFound, VmNotRunning
+from rift.domain.errors import InvalidArgument
 from rift.domain.model import Vm
 from rift.services import validate
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import reach
-from rift.services.leases import check_handle, in_write, parse_handle
+from rift.services.leases import check_handle, check_running, in_write, parse_handle, task_vm
 from rift.services.ports import GuestShell, Tx
 
 
@@ -24,15 +24,12 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
     validate.vm_id(vm_id)
 
     def work(tx: Tx) -> Vm:
-        task = check_handle(deps, tx, caller, parsed, deps.clock.now())
-        vm = tx.vms.get(vm_id)
-        if vm is None or vm.task_id != task.id:
-            raise VmNotFound(vm_id)
-        return vm
+        return task_vm(tx, check_handle(deps, tx, caller, parsed, deps.clock.now()), vm_id,
+                       running=False)
 
     vm = in_write(deps.store, work)
-    if vm.status != "running" or vm.change is not None:
-        raise VmNotRunning(vm_id, vm.status, doing=vm.change)
+    # Checked after the write: the handle's check (its activity) stands either way.
+    check_running(vm)
     return vm, reach(vm, deps.guests)
 
 

@@ -21,8 +21,10 @@ from rift.domain.errors import (
     TaskHeld,
     TaskNotFound,
     TaskReleased,
+    VmNotFound,
+    VmNotRunning,
 )
-from rift.domain.model import NewEvent, Task
+from rift.domain.model import NewEvent, Task, Vm
 from rift.domain.secrets import Handle, matches
 from rift.services import validate
 from rift.services.context import Caller, Deps
@@ -59,6 +61,24 @@ def owned_task(tx: Tx, caller: Caller, task_id: str) -> Task:
     if task is None or task.owner != caller.user:
         raise TaskNotFound(task_id)
     return task
+
+
+def task_vm(tx: Tx, task: Task, vm_id: str, *, running: bool = True) -> Vm:
+    """The VM `vm_id` of `task` (another task's is answered like a missing one:
+    `vm_not_found`); with `running`, one that runs with no pause, resume or
+    snapshot under way, else `vm_not_running` (naming what it is doing)."""
+    vm = tx.vms.get(vm_id)
+    if vm is None or vm.task_id != task.id:
+        raise VmNotFound(vm_id)
+    if running:
+        check_running(vm)
+    return vm
+
+
+def check_running(vm: Vm) -> None:
+    """`vm_not_running` unless the VM runs with no change under way."""
+    if vm.status != "running" or vm.change is not None:
+        raise VmNotRunning(vm.id, vm.status, doing=vm.change)
 
 
 def ensure_open(task: Task) -> None:

@@ -41,7 +41,6 @@ from rift.domain.errors import (
     NoCapacity,
     QuotaExceeded,
     SnapshotNotFound,
-    VmNotFound,
     VmNotRunning,
 )
 from rift.domain.ids import new_snapshot_id, new_vm_id
@@ -53,7 +52,7 @@ from rift.services.capacity import host_loads, room
 from rift.services.context import SWEEP, Caller, Deps
 from rift.services.guest_kinds import GuestKind, kind_on, mac_of, vm_files
 from rift.services.launch import SSH_HOST, fail_start, pick_ssh_port, running
-from rift.services.leases import check_handle, in_write, parse_handle
+from rift.services.leases import check_handle, in_write, parse_handle, task_vm
 from rift.services.ports import Tx
 from rift.services.teardown import destroy_domain
 
@@ -133,11 +132,10 @@ def _begin(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
 
 
 def _task_vm(tx: Tx, task: Task, vm_id: str) -> Vm:
-    vm = tx.vms.get(vm_id)
-    if vm is None or vm.task_id != task.id:
-        raise VmNotFound(vm_id)
-    if vm.status != "running" or vm.change is not None or vm.destroy_requested_at:
-        raise VmNotRunning(vm_id, vm.status, doing=vm.change)
+    """The task's running VM (leases.task_vm), not one whose destroy is under way."""
+    vm = task_vm(tx, task, vm_id)
+    if vm.destroy_requested_at:
+        raise VmNotRunning(vm_id, vm.status)
     return vm
 
 
