@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+TEST_CACHE = "/var/cache/rift-tests"  # where scripts/test.sh keeps the images
+
+
+def use_test_cache() -> None:
+    """Point RIFT_TEST_CACHE at the tests' image cache unless it is set (call it
+    before importing tests.support, which reads it), where the cache can be made."""
+    if os.environ.get("RIFT_TEST_CACHE"):
+        return
+    try:
+        Path(TEST_CACHE).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    os.environ["RIFT_TEST_CACHE"] = TEST_CACHE
 
 
 def per_op(fn: Callable[[], object], n: int, warmup: int = 20) -> list[float]:

@@ -37,13 +37,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if not os.environ.get("RIFT_TEST_CACHE"):  # where scripts/test.sh keeps the images
-    try:
-        Path("/var/cache/rift-tests").mkdir(parents=True, exist_ok=True)
-        os.environ["RIFT_TEST_CACHE"] = "/var/cache/rift-tests"
-    except OSError:
-        pass
-
 import libvirt
 import paramiko
 import pytest
