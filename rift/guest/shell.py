@@ -459,13 +459,14 @@ class SshGuestShell:
         bytes of this host mixed into its entropy pool and its random number
         generator reseeded from it, and this host's clock (`rift-exec identity`).
         Pins and answers the new host key line."""
-        collected = self._run(vm, identity_script(mac, secrets.token_bytes(32), time.time()),
-                              None, _HAND_OVER_S * 4, 4096)
+        def once() -> Collected:
+            script = identity_script(mac, secrets.token_bytes(32), time.time())
+            return self._run(vm, script, None, _HAND_OVER_S * 4, 4096)
+
+        collected = once()
         if collected.exit_code in _OLD_HELPER and self.helper_binary is not None:
             self._upload_helper(vm)  # a guest with an older rift-exec, or none: again
-            collected = self._run(vm, identity_script(mac, secrets.token_bytes(32),
-                                                      time.time()),
-                                  None, _HAND_OVER_S * 4, 4096)
+            collected = once()
         status = collected.exit_code
         if status != 0:
             reason = collected.stderr.decode("utf-8", "replace").strip()[-300:]

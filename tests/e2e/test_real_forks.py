@@ -20,6 +20,7 @@ from mcp.client.session import ClientSession
 
 from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.servers import (
+    COUNTER,
     Server,
     cached_debian,
     logs_in,
@@ -36,9 +37,6 @@ pytestmark = [
 ]
 
 LIMIT_S = 300
-# Each count lands whole (written aside, then renamed): a reader never sees a half-written file.
-COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; "
-           "mv /tmp/count.new /tmp/count; sleep 0.2; done")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from mcp.client.session import ClientSession
 
 from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.servers import (
+    COUNTER,
     REAL_URI,
     Server,
     kill_server,
@@ -43,9 +44,6 @@ pytestmark = [
 
 LIMIT_S = 300
 CYCLES = 20
-# Each count lands whole (written aside, then renamed): a reader never sees a half-written file.
-COUNTER = ("i=0; while true; do i=$((i+1)); echo $i; echo $i > /tmp/count.new; "
-           "mv /tmp/count.new /tmp/count; sleep 0.2; done")
 _PROCS: dict[Path, Any] = {}  # data dir -> its `rift serve` now
 _NOW: dict[Path, Server] = {}  # data dir -> the server as it answers now (after restarts)
 

@@ -240,6 +240,12 @@ def wait_until(check: Callable[[], T | None], within_s: float, what: str,
         time.sleep(every_s)
 
 
+# A counter in a guest (an exec that runs on): each count to stdout and to /tmp/count,
+# which lands whole (written aside, then renamed), so a reader never sees it half-written.
+COUNTER = ("i=0; while true; do i=$((i+1)); echo $i; echo $i > /tmp/count.new; "
+           "mv /tmp/count.new /tmp/count; sleep 0.2; done")
+
+
 def logs_in(port: int, key_file: Path) -> bool:
     """Whether root logs in to the guest with that private key (raw paramiko; the
     host key is not checked: this is the test's own guest on loopback)."""
