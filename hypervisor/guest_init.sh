@@ -61,9 +61,10 @@ chmod 600 /root/.ssh/authorized_keys
 mkdir -p /etc/dropbear
 hostkey=/etc/dropbear/dropbear_ed25519_host_key
 dropbearkey -t ed25519 -f "$hostkey" >/dev/null 2>&1 || fail "dropbearkey failed"
-# -s: no password logins; -j -k: no port forwarding; -W: a 1 MiB receive window
+# -s: no password logins; -k: no remote port forwarding (local forwarding carries
+# exposures: SSH direct-tcpip channels to guest ports); -W: a 1 MiB receive window
 # (the default 24 KiB makes uploads slow).
-dropbear -s -j -k -p 22 -r "$hostkey" -W 1048576 -P /run/dropbear.pid \
+dropbear -s -k -p 22 -r "$hostkey" -W 1048576 -P /run/dropbear.pid \
     || fail "dropbear did not start"
 
 # Wait until :22 (0016) listens (state 0A) before saying so.

@@ -19,7 +19,7 @@ from rift.domain.store_errors import DuplicateKey
 from rift.guest.adapter import SshGuests
 from rift.logs import setup_logging
 from rift.services import accounts, hosts
-from rift.services.context import Deps, GuestRuntime, Limits
+from rift.services.context import Deps, ExposureUrls, GuestRuntime, Limits
 from rift.services.ports import HostPool
 from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore
@@ -72,6 +72,8 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         install_id = tx.meta.get("install_id")
     runtime = guest_runtime(settings, install=install_id)
     deps = Deps(
+        exposure_urls=ExposureUrls(settings.public_url or ExposureUrls.public_url,
+                                   settings.preview_domain),
         store=store,
         install_id=install_id,
         clock=clock or SystemClock(),

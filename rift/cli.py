@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +36,18 @@ def _print(rows: list[dict[str, Any]], columns: Sequence[str], as_json: bool) ->
     print(json.dumps(rows, indent=2) if as_json else table(rows, columns))
 
 
+def served_url(host: str, port: int) -> str:
+    """The URL `rift serve --host HOST --port PORT` is reached at from this machine
+    (this machine's name when it listens on every address)."""
+    from rift.api.rebinding import WILDCARDS
+
+    if host in WILDCARDS:
+        host = socket.getfqdn()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -42,6 +55,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from rift.api.guard import guarded_h11
     from rift.bootstrap import close_deps, ensure_admin
 
+    if settings.public_url is None:  # exposures' URLs name the address served
+        settings = settings.model_copy(update={"public_url": served_url(args.host, args.port)})
     deps = _deps(settings)
     first = ensure_admin(deps)
     if first is not None:

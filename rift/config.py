@@ -81,6 +81,13 @@ class Settings(BaseSettings):
         default=None, description="The URL people and agents reach Rift at (e.g. "
         "`https://rift.example.com`); its host is one Rift answers to (DNS rebinding "
         "protection).")
+    preview_domain: str | None = Field(
+        default=None, pattern=r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}"
+        r"[a-z0-9])?$", description="A domain whose subdomains reach exposures (SPEC §13): "
+        "`rift_vm_expose` then answers `https://<secret>.<domain>/`, and a request whose "
+        "`Host` is such a name goes to that exposure (a wildcard DNS record and certificate "
+        "for `*.<domain>` point at Rift, or at a proxy in front of it). Unset: exposures are "
+        "reached at `RIFT_PUBLIC_URL/x/<secret>/`.")
     allowed_hosts: str | None = Field(
         default=None, description="Comma-separated `Host` values every door answers "
         "(`name`, `name:port`, `name:*` for any port; `*` turns the check off); default: the "

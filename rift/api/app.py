@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rift.api.auth import rest_caller
 from rift.api.errors import install_error_handlers
+from rift.api.exposures import ExposureProxy, redact
 from rift.api.guard import BodyGuard
 from rift.api.mcp import mount_mcp
 from rift.api.metrics import Metrics, door_of
@@ -71,7 +72,7 @@ class AccessLog:
         try:
             await self.app(scope, receive, sending)
         finally:
-            log.info("request", extra={"method": scope["method"], "path": scope["path"],
+            log.info("request", extra={"method": scope["method"], "path": redact(scope["path"]),
                                        "status": status,
                                        "ms": round((time.perf_counter() - start) * 1000, 1)})
 
@@ -133,5 +134,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
 
     app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)
     app.add_middleware(RebindingGuard, settings=security)
+    # Before the guards: an exposure's request and body are its guest's to judge.
+    app.add_middleware(ExposureProxy, state=state, preview_domain=settings.preview_domain)
     app.add_middleware(AccessLog, metrics=state.metrics)  # outermost: it logs the guard's refusals
     return app

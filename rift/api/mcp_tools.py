@@ -165,6 +165,10 @@ _RENDERS: dict[str, Render] = {
     "rift_vm_snapshot": lambda out: _snapshot(out["snapshot"]),
     "rift_vm_snapshot_delete": lambda out: "deleted " + _snapshot(out["snapshot"]),
     "rift_vm_fork": lambda out: "\n".join(_vm_line(vm) for vm in out["vms"]),
+    "rift_vm_expose": lambda out: (f"port {out['exposure']['port']} of "
+                                   f"{out['exposure']['vm_id']} is at {out['exposure']['url']} "
+                                   "(shown only now; anyone with it reaches the port)"),
+    "rift_vm_unexpose": _vm,
     "rift_vm_exec": _exec,
     "rift_vm_exec_get": _exec,
     "rift_vm_exec_input": lambda out: f"wrote {out['bytes']} bytes to {out['exec_id']}'s stdin",

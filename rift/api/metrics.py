@@ -45,6 +45,8 @@ def door_of(path: str) -> str:
         return "mcp"
     if path.startswith("/api/"):
         return "rest"
+    if path.startswith("/x/"):
+        return "exposure"
     return "live" if path == "/live" else "other"
 
 

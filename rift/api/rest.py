@@ -197,6 +197,20 @@ def fork_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
     return run(request, "rift_vm_fork", caller, body, handle=handle, vm_id=vm_id)
 
 
+@router.post("/vms/{vm_id}/exposures", response_model=c.ExposureOut, status_code=201,
+             summary="expose a guest port at a URL of its own (shown only in this answer)")
+def expose_port(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.PortBody,
+                handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_expose", caller, body, handle=handle, vm_id=vm_id)
+
+
+@router.delete("/vms/{vm_id}/exposures/{port}", response_model=c.VmOut,
+               summary="end a guest port's exposure")
+def unexpose_port(request: Request, caller: CallerDep, vm_id: VmIdPath,
+                  port: Annotated[c.GuestPort, Path()], handle: HandleHeader = None) -> Any:
+    return run(request, "rift_vm_unexpose", caller, handle=handle, vm_id=vm_id, port=port)
+
+
 @router.post("/vms/{vm_id}/exec", response_model=ExecView,
              summary="run a command in the VM; answers at its end or after wait_s")
 def exec_command(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.ExecBody,

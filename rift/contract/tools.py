@@ -39,7 +39,14 @@ from rift.contract.base import (
     Whole,
     inline,
 )
-from rift.contract.views import EventView, ExecView, SnapshotView, TaskView, VmView
+from rift.contract.views import (
+    EventView,
+    ExecView,
+    ExposureView,
+    SnapshotView,
+    TaskView,
+    VmView,
+)
 from rift.domain.model import DEFAULT_DISK_GIB
 
 Encoding = Annotated[Literal["utf-8", "base64"], Field(description="How `content` is encoded.")]
@@ -151,6 +158,21 @@ class VmForkIn(ForkBody):
     handle: HandleText | None = None
     snapshot_id: SnapshotId | None = None  # one of the two
     vm_id: VmId | None = None
+
+
+GuestPort = Annotated[int, Field(ge=1, le=65535, description=(
+    "A TCP port the guest listens on (on any address, loopback included).")), Whole]
+
+
+class PortBody(Input):
+    port: GuestPort
+
+
+class VmPortIn(PortBody):
+    """A port of a VM of the handle's task: what expose and unexpose take."""
+
+    handle: HandleText | None = None
+    vm_id: VmId
 
 
 class ExecBody(Input):
@@ -279,6 +301,10 @@ class TaskEventsOut(Output):
 
 class VmOut(Output):
     vm: VmView
+
+
+class ExposureOut(Output):
+    exposure: ExposureView
 
 
 class SnapshotOut(Output):
@@ -454,6 +480,20 @@ CONTRACTS: dict[str, ToolContract] = {c.name: c for c in (
         "entropy, disk). All or none: over the quota or the host's room, none is made.",
         (*_HELD, "snapshot_not_found", "vm_not_found", "vm_not_running", "quota_exceeded",
          "no_capacity", "invalid_argument", "hypervisor_error"), VmForkIn, VmsOut, slow=True),
+    ToolContract(
+        "rift_vm_expose", "Expose a port of a VM",
+        "Make a TCP port of a running VM of the handle's task reachable over HTTP and "
+        "WebSocket at a URL of its own, proxied by Rift; the URL's secret is its only key, "
+        "shown only in this answer. Exposing the port again mints a new URL and ends the "
+        "old one; rift_vm_unexpose, destroying the VM or closing the task ends it.",
+        (*_HELD, "vm_not_found", "vm_not_running", "invalid_argument"), VmPortIn, ExposureOut,
+        destructive=True),
+    ToolContract(
+        "rift_vm_unexpose", "End a port's exposure",
+        "End the exposure of a port of a VM of the handle's task: its URL answers 404 from "
+        "now on. A port not exposed changes nothing.",
+        (*_HELD, "vm_not_found", "invalid_argument"), VmPortIn, VmOut, destructive=True,
+        idempotent=True),
     ToolContract(
         "rift_vm_exec", "Run a command in a VM",
         "Run a shell command in a running VM of the handle's task. It runs detached in the "

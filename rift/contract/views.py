@@ -12,7 +12,7 @@ from rift.contract.base import Output
 from rift.domain.clock import iso
 from rift.domain.leases import LeaseRules
 from rift.domain.model import Event, Exec, StartKind, Task, Vm
-from rift.domain.records import Snapshot
+from rift.domain.records import Exposure, Snapshot
 
 VmStatusView = Literal["creating", "running", "paused", "failed", "destroyed"]
 
@@ -28,6 +28,27 @@ class StartView(Output):
 
     kind: StartKind
     ms: int
+
+
+class PortView(Output):
+    """An exposed guest port as the VM view lists it (never its URL)."""
+
+    port: int
+    created_at: str
+
+
+class ExposureView(Output):
+    """An exposure as `rift_vm_expose` answers it: the only time its URL is shown."""
+
+    vm_id: str
+    port: int
+    url: str
+    created_at: str
+
+    @classmethod
+    def of(cls, exposure: Exposure, url: str) -> ExposureView:
+        return cls.model_construct(vm_id=exposure.vm_id, port=exposure.port, url=url,
+                                   created_at=iso(exposure.created_at) or "")
 
 
 class VmView(Output):
@@ -46,9 +67,10 @@ class VmView(Output):
     destroyed_at: str | None
     error: str | None
     start: StartView | None
+    exposures: list[PortView]
 
     @classmethod
-    def of(cls, vm: Vm) -> VmView:
+    def of(cls, vm: Vm, exposures: list[Exposure] | None = None) -> VmView:
         reachable = vm.status == "running" and vm.ssh_port is not None
         return cls.model_construct(
             id=vm.id, task_id=vm.task_id, name=vm.name, image=vm.image, status=vm.status,
@@ -58,7 +80,9 @@ class VmView(Output):
             created_at=iso(vm.created_at) or "", ready_at=iso(vm.ready_at),
             destroyed_at=iso(vm.destroyed_at), error=vm.error,
             start=StartView.model_construct(kind=vm.start_kind, ms=vm.start_ms)
-            if vm.start_kind is not None and vm.start_ms is not None else None)
+            if vm.start_kind is not None and vm.start_ms is not None else None,
+            exposures=[PortView.model_construct(port=e.port, created_at=iso(e.created_at) or "")
+                       for e in exposures or []])
 
 
 class SnapshotView(Output):
@@ -97,7 +121,8 @@ class TaskView(Output):
 
     @classmethod
     def of(cls, task: Task, vms: list[Vm], rules: LeaseRules,
-           running_execs: int = 0, snapshots: list[Snapshot] | None = None) -> TaskView:
+           running_execs: int = 0, snapshots: list[Snapshot] | None = None,
+           exposures: dict[str, list[Exposure]] | None = None) -> TaskView:
         held = task.is_held
         return cls.model_construct(
             id=task.id, name=task.name, owner=task.owner, status=task.status,
@@ -107,7 +132,8 @@ class TaskView(Output):
             lease_quiet_at=iso(rules.lease_quiet_at(task)) if held else None,
             closes_at=iso(rules.closes_at(task)), created_at=iso(task.created_at) or "",
             closed_at=iso(task.closed_at), close_reason=task.close_reason,
-            vms=[VmView.of(vm) for vm in vms], running_execs=running_execs,
+            vms=[VmView.of(vm, (exposures or {}).get(vm.id)) for vm in vms],
+            running_execs=running_execs,
             snapshots=[SnapshotView.of(snap) for snap in snapshots or []
                        if snap.state == "ready"])
 

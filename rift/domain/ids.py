@@ -8,7 +8,7 @@ import re
 import secrets
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
-_ID_RE = re.compile(r"^(task|vm|tok|pool|exec|snap)_[a-z2-7]{8}$")
+_ID_RE = re.compile(r"^(task|vm|tok|pool|exec|snap|exp)_[a-z2-7]{8}$")
 
 
 def _random_suffix() -> str:
@@ -66,3 +66,7 @@ def new_snapshot_id() -> str:
 
 def is_snapshot_id(value: str) -> bool:
     return is_id(value, "snap")
+
+
+def new_exposure_id() -> str:
+    return f"exp_{_random_suffix()}"

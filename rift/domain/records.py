@@ -137,3 +137,19 @@ class Snapshot:
     created_at: datetime
     bytes: int = 0  # its files' size on the host's disk
     host_key: str | None = None  # the guest's SSH host key when it was taken
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """One TCP port of a running VM reachable through Rift (SPEC §13) at a URL whose
+    secret only its holder knows: the store keeps the secret's SHA-256 `digest`.
+    Exposing the port again replaces the row (the old URL stops working); the row
+    goes when the port is unexposed or the VM is destroyed."""
+
+    id: str
+    vm_id: str
+    task_id: str
+    owner: str
+    port: int
+    digest: str = field(repr=False)
+    created_at: datetime

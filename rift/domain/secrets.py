@@ -87,3 +87,19 @@ class Token:
     @staticmethod
     def looks_valid(text: str) -> bool:
         return bool(_TOKEN_RE.fullmatch(text))
+
+
+EXPOSURE_SECRET_BYTES = 20  # 160 bits
+_EXPOSURE_RE = re.compile(r"^[a-z2-7]{32}$")
+
+
+def new_exposure_secret() -> str:
+    """An exposure's secret: 20 random bytes in lowercase unpadded base32 (32
+    characters), so it is one DNS label of a preview domain's host name as well
+    as one segment of a path."""
+    raw = secrets.token_bytes(EXPOSURE_SECRET_BYTES)
+    return base64.b32encode(raw).decode().rstrip("=").lower()
+
+
+def is_exposure_secret(text: str) -> bool:
+    return bool(_EXPOSURE_RE.match(text))

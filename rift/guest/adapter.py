@@ -12,10 +12,10 @@ from typing import Literal, TypeVar
 
 from rift.domain.errors import GuestUnreachable, InvalidArgument
 from rift.domain.model import Vm
-from rift.guest.errors import GuestError, GuestExecError, GuestFileError
+from rift.guest.errors import GuestError, GuestExecError, GuestFileError, GuestPortClosed
 from rift.guest.keys import forget_task, keep_boot_key, key_for_task, tidy
 from rift.guest.shell import SshGuestShell
-from rift.services.ports import ExecGone, GuestExec
+from rift.services.ports import ExecGone, GuestExec, PortChannel, PortClosed
 
 T = TypeVar("T")
 log = logging.getLogger("rift")
@@ -33,6 +33,8 @@ def _refusals(vm_id: str) -> Iterator[None]:
         raise ExecGone(exc.why) from exc  # type: ignore[arg-type]
     except GuestFileError as exc:
         raise InvalidArgument("path", str(exc)) from exc
+    except GuestPortClosed as exc:
+        raise PortClosed(exc.port, exc.message) from exc
     except GuestError as exc:
         raise GuestUnreachable(vm_id, str(exc)) from exc
 
@@ -48,6 +50,9 @@ class SshGuests:
     def _call(self, vm: Vm, call: Callable[[], T]) -> T:
         with _refusals(vm.id):
             return call()
+
+    def open_port(self, vm: Vm, port: int, timeout_s: float) -> PortChannel:
+        return self._call(vm, lambda: self.shell.open_port(vm, port, timeout_s))
 
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
         return self._call(vm, lambda: self.shell.write_file(vm, path, data, mode))

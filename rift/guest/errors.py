@@ -36,3 +36,11 @@ class GuestExecError(GuestError):
         super().__init__(f"exec {exec_id}: {why}", vm_id=vm_id)
         self.exec_id = exec_id
         self.why = why
+
+
+class GuestPortClosed(GuestError):
+    """Nothing in the guest accepted a connection to the port."""
+
+    def __init__(self, port: int, reason: str, *, vm_id: str | None = None) -> None:
+        super().__init__(f"nothing listens on port {port} in the guest ({reason})", vm_id=vm_id)
+        self.port = port

@@ -34,7 +34,7 @@ import paramiko
 from hypervisor.base import ImageError
 from hypervisor.exec_helper import GUEST_PATH
 from rift.domain.model import Vm
-from rift.guest.errors import GuestError, GuestExecError, GuestFileError
+from rift.guest.errors import GuestError, GuestExecError, GuestFileError, GuestPortClosed
 from rift.guest.exec_view import (
     EXEC_ENDED,
     NO_SUCH_EXEC,
@@ -117,6 +117,8 @@ class SshGuestShell:
         # VM id -> until when its SSH server may still be restarting (a fork's)
         self._restarting: dict[str, float] = {}
         self._serial: dict[str, Path] = {}  # vm id -> serial log given by its boot wait
+        # vm id -> the connection that carries its exposures' channels (many at once)
+        self._tunnels: dict[str, paramiko.Transport] = {}
         self._pool: ConnectionPool[paramiko.Transport] = ConnectionPool(
             self._connect, per_vm=connections_per_vm)
 
@@ -436,6 +438,7 @@ class SshGuestShell:
         """Close the VM's connections (calls in flight fail), keeping its host key
         pinned and its task known: a pause is about to cut them."""
         self._pool.close_vm(vm_id)
+        self._close_tunnel(vm_id)
         with self._lock:
             standby = self._standby.pop(vm_id, None)
         if standby is not None:
@@ -486,6 +489,43 @@ class SshGuestShell:
         with self._lock:
             self._host_keys[vm_id] = host_key_line
 
+    def open_port(self, vm: Vm, port: int, timeout_s: float) -> paramiko.Channel:
+        """A byte stream to TCP `port` on the guest's loopback: a `direct-tcpip`
+        channel on the VM's tunnel connection, which carries every exposure's
+        channels at once (opened on first use, again when it died). GuestError
+        when the guest cannot be reached; GuestPortClosed when nothing listens."""
+        address = _address(vm)
+        self._remember(vm)
+        for attempt in (1, 2):
+            with self._lock:
+                transport = self._tunnels.get(vm.id)
+            if transport is None or not transport.is_active():
+                transport = self._connect(vm.id, address, timeout_s=timeout_s)
+                with self._lock:
+                    old = self._tunnels.get(vm.id)
+                    self._tunnels[vm.id] = transport
+                if old is not None:
+                    old.close()
+            try:
+                return transport.open_channel("direct-tcpip", ("127.0.0.1", port),
+                                              ("127.0.0.1", 0), timeout=timeout_s)
+            except paramiko.ChannelException as exc:
+                raise GuestPortClosed(port, str(exc), vm_id=vm.id) from exc
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                with self._lock:
+                    if self._tunnels.get(vm.id) is transport:
+                        del self._tunnels[vm.id]
+                transport.close()
+                if attempt == 2:
+                    raise GuestError(f"no channel to port {port}: {exc}", vm_id=vm.id) from exc
+        raise AssertionError("unreachable")
+
+    def _close_tunnel(self, vm_id: str) -> None:
+        with self._lock:
+            tunnel = self._tunnels.pop(vm_id, None)
+        if tunnel is not None:
+            tunnel.close()
+
     def connections(self, vm_id: str) -> int:
         """How many SSH connections to the VM are open now."""
         return self._pool.count(vm_id)
@@ -493,6 +533,7 @@ class SshGuestShell:
     def close_vm(self, vm_id: str) -> None:
         """Close the VM's connections (calls in flight fail) and forget its host key."""
         self._pool.close_vm(vm_id)
+        self._close_tunnel(vm_id)
         with self._lock:
             self._host_keys.pop(vm_id, None)
             self._task_of.pop(vm_id, None)
@@ -505,6 +546,11 @@ class SshGuestShell:
 
     def close(self) -> None:
         self._pool.close()
+        with self._lock:
+            tunnels = list(self._tunnels.values())
+            self._tunnels.clear()
+        for tunnel in tunnels:
+            tunnel.close()
         with self._lock:
             self._host_keys.clear()
             self._task_of.clear()
@@ -713,7 +759,7 @@ if [ -f /run/dropbear.pid ]; then
   mv -f "$k.new" "$k"
   echo "$1 $2"
   exec "$RIFT_EXEC" identity / "$mac" "$RIFT_NOW_CS" "$RIFT_SETTLE_MS" "$k" /run/dropbear.pid \
-    -- dropbear -s -j -k -p 22 -r "$k" -W 1048576 -P /run/dropbear.pid <<RIFT_END
+    -- dropbear -s -k -p 22 -r "$k" -W 1048576 -P /run/dropbear.pid <<RIFT_END
 $RIFT_ENTROPY
 
 

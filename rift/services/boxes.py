@@ -50,9 +50,10 @@ def read_page(deps: Deps, user: str) -> BoxesPage:
         vms = tx.vms.of_tasks([t.id for t in opened + closed])
         running = tx.execs.count_running([t.id for t in opened])
         snaps = tx.snapshots.of_tasks([t.id for t in opened])
+        exposed = tx.exposures.of_vms([v.id for t in opened for v in vms.get(t.id, [])])
     opened.sort(key=lambda t: (t.last_activity_at, t.created_at), reverse=True)
     open_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id],
-                              snaps[t.id]) for t in opened]
+                              snaps[t.id], exposed) for t in opened]
     closed_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in closed]
     shown = [[v.model_dump() for v in open_views], [v.model_dump() for v in closed_views]]
     blob = json.dumps([*shown, len(found) > OPEN_MAX],

@@ -70,6 +70,20 @@ class GuestRuntime:
 
 
 @dataclass(frozen=True)
+class ExposureUrls:
+    """Where exposures are reached (SPEC §13): `public_url` + `/x/<secret>/`, or
+    `https://<secret>.<preview_domain>/` when a preview domain is set."""
+
+    public_url: str = "http://127.0.0.1:8080"
+    preview_domain: str | None = None
+
+    def url(self, secret: str) -> str:
+        if self.preview_domain:
+            return f"https://{secret}.{self.preview_domain}/"
+        return f"{self.public_url.rstrip('/')}/x/{secret}/"
+
+
+@dataclass(frozen=True)
 class Deps:
     store: Store
     clock: Clock
@@ -83,6 +97,7 @@ class Deps:
     runtime: GuestRuntime | None = None
     install_id: str | None = None  # marks this control plane's domains on shared hosts
     default_image: str = "debian"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_IMAGE)
+    exposure_urls: ExposureUrls = field(default_factory=ExposureUrls)
 
 
 @dataclass(frozen=True)

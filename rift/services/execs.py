@@ -237,10 +237,12 @@ def record_ends(deps: Deps, limit: int = 100) -> list[str]:
     return ended
 
 
-def end_vm_execs(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
-    """In the transaction that destroys or fails `vm`: its running execs are lost."""
+def end_vm_work(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
+    """In the transaction that destroys or fails `vm`: its running execs are lost
+    and its exposures end (their URLs answer 404 from the commit on)."""
     for ex in tx.execs.of_task(vm.task_id, vm.id, running_only=True):
         _end_in(tx, ex, {"status": "lost", "ended_at": now}, now, actor)
+    tx.exposures.remove(vm.id)
 
 
 def _out_of_sight(deps: Deps, ex: Exec, actor: str) -> ExecView:

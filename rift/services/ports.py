@@ -21,6 +21,7 @@ from rift.domain.model import Vm
 from rift.services.repositories import (
     EventRepository,
     ExecRepository,
+    ExposureRepository,
     HostRepository,
     MetaRepository,
     PoolRepository,
@@ -59,6 +60,8 @@ class Tx(Protocol):
     def execs(self) -> ExecRepository: ...
     @property
     def snapshots(self) -> SnapshotRepository: ...
+    @property
+    def exposures(self) -> ExposureRepository: ...
 
 
 class Store(Protocol):
@@ -114,10 +117,37 @@ class ExecGone(Exception):
         self.why = why
 
 
+class PortClosed(Exception):
+    """The guest answered, but nothing in it accepted a connection to the port."""
+
+    def __init__(self, port: int, reason: str) -> None:
+        super().__init__(reason)
+        self.port = port
+
+
+class PortChannel(Protocol):
+    """A byte stream to a TCP port in a guest (an SSH `direct-tcpip` channel). Its
+    `fileno()` turns readable when data or the end arrives; after
+    `setblocking(False)`, `recv` with nothing there raises TimeoutError (or
+    BlockingIOError) and `send` may take less than it is given (`send_ready` says
+    whether it takes any)."""
+
+    def fileno(self) -> int: ...
+    def recv(self, nbytes: int) -> bytes: ...
+    def send(self, data: bytes) -> int: ...
+    def send_ready(self) -> bool: ...
+    def setblocking(self, blocking: bool) -> None: ...
+    def shutdown_write(self) -> None: ...
+    def close(self) -> None: ...
+
+
 class GuestShell(Protocol):
-    """Guests over SSH: commands, files, execs, the per-task key, waiting for a boot.
-    Refusals come out as Rift errors (`guest_unreachable`, `invalid_argument`), an
-    exec the guest cannot serve as ExecGone."""
+    """Guests over SSH: commands, files, execs, the per-task key, waiting for a boot,
+    streams to guest ports. Refusals come out as Rift errors (`guest_unreachable`,
+    `invalid_argument`), an exec the guest cannot serve as ExecGone, a port nothing
+    listens on as PortClosed."""
+
+    def open_port(self, vm: Vm, port: int, timeout_s: float) -> PortChannel: ...
 
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int: ...
     def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]: ...

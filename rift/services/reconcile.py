@@ -28,7 +28,7 @@ from hypervisor.kvm import PROBE_STALE_S, probe_started_at
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import NewEvent, Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
-from rift.services.execs import end_vm_execs
+from rift.services.execs import end_vm_work
 from rift.services.guest_kinds import vm_files
 from rift.services.pools import stale_pool_vms
 from rift.services.teardown import destroy_domain, destroy_vm
@@ -88,7 +88,7 @@ def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
         if won:
             tx.events.add(NewEvent(vm.task_id, "vm_failed", now, SWEEP,
                                    {"vm_id": vm.id, "error": error}))
-            end_vm_execs(tx, vm, now, SWEEP)
+            end_vm_work(tx, vm, now, SWEEP)
     return won
 
 

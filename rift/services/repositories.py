@@ -30,6 +30,7 @@ from rift.domain.model import (
 )
 from rift.domain.records import (
     ChangeMark,
+    Exposure,
     HostUsage,
     LoginFailures,
     Pool,
@@ -107,6 +108,22 @@ class SnapshotRepository(Protocol):
     def bytes_by_host(self) -> dict[str, tuple[int, int]]:
         """Host name -> (how many snapshots, their bytes)."""
         ...
+
+
+class ExposureRepository(Protocol):
+    """Exposures (SPEC §13): one per guest port, found by its secret's digest."""
+
+    def put(self, exposure: Exposure) -> Exposure | None:
+        """Add it, replacing (and answering) the VM port's exposure before."""
+        ...
+    def by_digest(self, digest: str) -> Exposure | None: ...
+    def of_vms(self, vm_ids: Sequence[str]) -> dict[str, list[Exposure]]:
+        """Every asked VM id is a key (with ``[]`` when it has none), by port."""
+        ...
+    def remove(self, vm_id: str, port: int | None = None) -> list[Exposure]:
+        """Delete the VM's exposure of `port` (every one when None); answers them."""
+        ...
+    def all(self) -> list[Exposure]: ...
 
 
 class ExecRepository(Protocol):

@@ -51,9 +51,9 @@ def request_digest(**fields: Any) -> str:
 
 
 def view(deps: Deps, tx: Tx, task: Task) -> TaskView:
-    return TaskView.of(task, tx.vms.of_task(task.id), deps.lease_rules,
-                       tx.execs.count_running([task.id])[task.id],
-                       tx.snapshots.of_task(task.id))
+    vms = tx.vms.of_task(task.id)
+    return TaskView.of(task, vms, deps.lease_rules, tx.execs.count_running([task.id])[task.id],
+                       tx.snapshots.of_task(task.id), tx.exposures.of_vms([v.id for v in vms]))
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,9 @@ def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
         vms = tx.vms.of_tasks([t.id for t in page])
         running = tx.execs.count_running([t.id for t in page])
         snaps = tx.snapshots.of_tasks([t.id for t in page])
-    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id], snaps[t.id])
-             for t in page]
+        exposed = tx.exposures.of_vms([v.id for found in vms.values() for v in found])
+    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id], snaps[t.id],
+                         exposed) for t in page]
     return TaskListOut(tasks=views, next_after=page[-1].id if more and page else None)
 
 

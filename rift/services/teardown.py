@@ -18,7 +18,7 @@ from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import DESTROYABLE_VM_STATUSES, CloseReason, NewEvent, Task, Vm
 from rift.services.context import Deps
-from rift.services.execs import end_vm_execs
+from rift.services.execs import end_vm_work
 from rift.services.guest_kinds import kind_on
 from rift.services.ports import Tx
 
@@ -82,7 +82,7 @@ def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = 
         if tx.vms.update(vm.id, _DESTROYABLE, status="destroyed", destroyed_at=now):
             tx.events.add(NewEvent(vm.task_id, "vm_destroyed", now, actor,
                                    {"vm_id": vm.id, "host": vm.host, **(details or {})}))
-            end_vm_execs(tx, vm, now, actor)
+            end_vm_work(tx, vm, now, actor)
         current = tx.vms.get(vm.id)
     return current or vm
 

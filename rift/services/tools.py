@@ -12,7 +12,7 @@ from typing import Any
 
 from rift.contract import tools as c
 from rift.contract.views import ExecView, TaskView
-from rift.services import execs, guests, leases, snapshots, tasks, vm_state, vms
+from rift.services import execs, exposures, guests, leases, snapshots, tasks, vm_state, vms
 from rift.services.context import Caller, Deps
 from rift.services.watch import Watch
 
@@ -21,9 +21,7 @@ def _task_out(deps: Deps, task_id: str) -> TaskView:
     with deps.store.read() as tx:
         task = tx.tasks.get(task_id)
         assert task is not None
-        return TaskView.of(task, tx.vms.of_task(task_id), deps.lease_rules,
-                           tx.execs.count_running([task_id])[task_id],
-                           tx.snapshots.of_task(task_id))
+        return tasks.view(deps, tx, task)
 
 
 def task_new(deps: Deps, caller: Caller, args: c.TaskNewIn) -> c.TaskNewOut:
@@ -98,6 +96,15 @@ def vm_fork(deps: Deps, caller: Caller, args: c.VmForkIn) -> c.VmsOut:
                                        args.vm_id, args.name, args.count))
 
 
+def vm_expose(deps: Deps, caller: Caller, args: c.VmPortIn) -> c.ExposureOut:
+    return c.ExposureOut(exposure=exposures.expose(deps, caller, args.handle, args.vm_id,
+                                                   args.port))
+
+
+def vm_unexpose(deps: Deps, caller: Caller, args: c.VmPortIn) -> c.VmOut:
+    return c.VmOut(vm=exposures.unexpose(deps, caller, args.handle, args.vm_id, args.port))
+
+
 def vm_exec(deps: Deps, caller: Caller, args: c.VmExecIn, watch: Watch | None = None,
             ) -> ExecView:
     return execs.start(deps, caller, args.handle, args.vm_id, args.command, args.stdin,
@@ -150,6 +157,8 @@ CALLS: dict[str, Call] = {
     "rift_vm_snapshot": vm_snapshot,
     "rift_vm_snapshot_delete": vm_snapshot_delete,
     "rift_vm_fork": vm_fork,
+    "rift_vm_expose": vm_expose,
+    "rift_vm_unexpose": vm_unexpose,
     "rift_vm_exec": vm_exec,
     "rift_vm_exec_get": vm_exec_get,
     "rift_vm_exec_input": vm_exec_input,

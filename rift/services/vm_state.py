@@ -30,6 +30,7 @@ from rift.domain.model import NewEvent, Vm, VmChange, VmStatus
 from rift.services import validate
 from rift.services.capacity import host_loads, room
 from rift.services.context import SWEEP, Caller, Deps
+from rift.services.exposures import vm_view
 from rift.services.leases import check_handle, in_write, parse_handle
 from rift.services.ports import Tx
 
@@ -46,7 +47,7 @@ def pause(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView:
     """Save the VM's memory and stop its domain; a paused VM is answered as it is."""
     vm = _claim(deps, caller, handle, vm_id, "paused")
     if vm.status == "paused":
-        return VmView.of(vm)
+        return _view(deps, vm)
     hv = deps.hosts.hypervisor(_uri(deps, vm))
     if deps.guests is not None:
         deps.guests.drop_connections(vm.id)  # calls in flight end now, not mid-save
@@ -55,7 +56,7 @@ def pause(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView:
     except HypervisorError as exc:
         _undo(deps, vm, "running", "pausing")
         raise HypervisorFailed(str(exc), host=vm.host) from exc
-    return VmView.of(_settle(deps, vm, "paused", caller.label))
+    return _view(deps, _settle(deps, vm, "paused", caller.label))
 
 
 def resume(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView:
@@ -63,7 +64,7 @@ def resume(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView
     again and set its clock; a running VM is answered as it is."""
     vm = _claim(deps, caller, handle, vm_id, "running")
     if vm.status == "running":
-        return VmView.of(vm)
+        return _view(deps, vm)
     hv = deps.hosts.hypervisor(_uri(deps, vm))
     try:
         hv.restore(vm.domain_name)
@@ -77,7 +78,12 @@ def resume(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView
         except GuestUnreachable as exc:  # it runs: its calls say what fails
             deps.log.warning("resumed guest does not answer", extra={
                 "vm_id": vm.id, "error": exc.message})
-    return VmView.of(_settle(deps, vm, "running", caller.label))
+    return _view(deps, _settle(deps, vm, "running", caller.label))
+
+
+def _view(deps: Deps, vm: Vm) -> VmView:
+    with deps.store.read() as tx:
+        return vm_view(tx, vm)
 
 
 def _claim(deps: Deps, caller: Caller, handle: str | None, vm_id: str, want: Want) -> Vm:

@@ -19,6 +19,7 @@ from rift.domain.store_errors import DuplicateKey
 from rift.services import validate
 from rift.services.capacity import place
 from rift.services.context import Caller, Deps
+from rift.services.exposures import vm_view
 from rift.services.guest_kinds import GuestKind, kind_on
 from rift.services.launch import SSH_HOST, check_image, fixed_sizes, launch, pick_ssh_port
 from rift.services.leases import (
@@ -46,7 +47,7 @@ def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
 def get_vm(deps: Deps, caller: Caller, vm_id: str) -> VmView:
     validate.vm_id(vm_id)
     with deps.store.read() as tx:
-        return VmView.of(owned_vm(tx, caller, vm_id))
+        return vm_view(tx, owned_vm(tx, caller, vm_id))
 
 
 def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime) -> None:

@@ -8,6 +8,7 @@ from sqlalchemy.engine import Connection
 from rift.store.sql_accounts import SqlTokens, SqlUsers
 from rift.store.sql_events import SqlEvents
 from rift.store.sql_execs import SqlExecs
+from rift.store.sql_exposures import SqlExposures
 from rift.store.sql_hosts import SqlHosts
 from rift.store.sql_meta import SqlMeta
 from rift.store.sql_pools import SqlPools
@@ -21,8 +22,8 @@ class SqlTx:
     """Implements the engine's ``Tx`` port over one SQLAlchemy connection;
     ``writable`` is False inside ``store.read()``."""
 
-    __slots__ = ("events", "execs", "hosts", "meta", "pools", "snapshots", "tasks", "tokens",
-                 "users", "vms", "web")
+    __slots__ = ("events", "execs", "exposures", "hosts", "meta", "pools", "snapshots", "tasks",
+                 "tokens", "users", "vms", "web")
 
     def __init__(self, conn: Connection, *, writable: bool) -> None:
         self.tasks = SqlTasks(conn, writable=writable)
@@ -36,3 +37,4 @@ class SqlTx:
         self.pools = SqlPools(conn, writable=writable)
         self.execs = SqlExecs(conn, writable=writable)
         self.snapshots = SqlSnapshots(conn, writable=writable)
+        self.exposures = SqlExposures(conn, writable=writable)

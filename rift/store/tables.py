@@ -20,7 +20,7 @@ from sqlalchemy import (
 )
 
 from rift.domain.model import Event, Exec, Task, Vm
-from rift.domain.records import Pool, PoolVm, Snapshot
+from rift.domain.records import Exposure, Pool, PoolVm, Snapshot
 from rift.store.timestamps import UtcDateTime
 
 NAMING_CONVENTION = {
@@ -272,7 +272,23 @@ execs = Table(
     Index("ix_execs_status_started_at", "status", "started_at"),
 )
 
+# Exposures (migration 0011): guest ports reached through Rift, by their secret's digest.
+exposures = Table(
+    "exposures",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("vm_id", String, ForeignKey("vms.id"), nullable=False),
+    Column("task_id", String, ForeignKey("tasks.id"), nullable=False),
+    Column("owner", String, nullable=False),
+    Column("port", Integer, nullable=False),
+    Column("digest", String, nullable=False, unique=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Index("ux_exposures_vm_id_port", "vm_id", "port", unique=True),
+    Index("ix_exposures_task_id", "task_id"),
+)
+
 POOL_COLUMNS = tuple(pools.c[f.name] for f in fields(Pool))
 POOL_VM_COLUMNS = tuple(pool_vms.c[f.name] for f in fields(PoolVm))
 EXEC_COLUMNS = tuple(execs.c[f.name] for f in fields(Exec))
 SNAPSHOT_COLUMNS = tuple(snapshots.c[f.name] for f in fields(Snapshot))
+EXPOSURE_COLUMNS = tuple(exposures.c[f.name] for f in fields(Exposure))

@@ -32,7 +32,7 @@ TOOL_NAMES = {
     "rift_vm_destroy", "rift_vm_exec", "rift_vm_write_file", "rift_vm_read_file",
     "rift_vm_exec_get", "rift_vm_exec_input", "rift_vm_exec_kill", "rift_vm_exec_list",
     "rift_vm_pause", "rift_vm_resume", "rift_vm_snapshot", "rift_vm_snapshot_delete",
-    "rift_vm_fork",
+    "rift_vm_fork", "rift_vm_expose", "rift_vm_unexpose",
 }
 
 
@@ -136,7 +136,7 @@ def test_slow_tools_answer_as_an_event_stream_in_the_handshake_era(server: Serve
 
 # -- the tool list --------------------------------------------------------------------
 
-def test_tools_list_shows_seventeen_strict_schemas_and_annotations(server: Server) -> None:
+def test_tools_list_shows_every_tool_with_a_strict_schema_and_annotations(server: Server) -> None:
     async def scenario() -> None:
         async with mcp_session(server.url, server.token) as session:
             listed = {t.name: t for t in (await session.list_tools()).tools}
@@ -150,7 +150,8 @@ def test_tools_list_shows_seventeen_strict_schemas_and_annotations(server: Serve
         reads = {"rift_task_list", "rift_task_get", "rift_task_events", "rift_vm_get",
                  "rift_vm_read_file", "rift_vm_exec_get", "rift_vm_exec_list"}
         destructive = {"rift_task_close", "rift_vm_destroy", "rift_task_attach",
-                       "rift_vm_exec_kill", "rift_vm_snapshot_delete"}
+                       "rift_vm_exec_kill", "rift_vm_snapshot_delete", "rift_vm_expose",
+                       "rift_vm_unexpose"}
         idempotent = reads | {"rift_task_new", "rift_vm_new", "rift_task_release",
                               "rift_task_close", "rift_vm_destroy", "rift_vm_exec_kill",
                               "rift_vm_pause", "rift_vm_resume"}

@@ -38,6 +38,8 @@ ROUTES: dict[str, tuple[str, str]] = {
     "rift_vm_snapshot": ("post", "/api/v1/vms/{vm_id}/snapshots"),
     "rift_vm_snapshot_delete": ("delete", "/api/v1/snapshots/{snapshot_id}"),
     "rift_vm_fork": ("post", "/api/v1/snapshots/{snapshot_id}/fork"),
+    "rift_vm_expose": ("post", "/api/v1/vms/{vm_id}/exposures"),
+    "rift_vm_unexpose": ("delete", "/api/v1/vms/{vm_id}/exposures/{port}"),
     "rift_vm_exec": ("post", "/api/v1/vms/{vm_id}/exec"),
     "rift_vm_exec_get": ("get", "/api/v1/execs/{exec_id}"),
     "rift_vm_exec_input": ("post", "/api/v1/execs/{exec_id}/input"),

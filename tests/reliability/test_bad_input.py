@@ -712,6 +712,8 @@ ROUTES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rift_vm_snapshot": ("POST", "/api/v1/vms/{vm_id}/snapshots", ()),
     "rift_vm_snapshot_delete": ("DELETE", "/api/v1/snapshots/{snapshot_id}", ()),
     "rift_vm_fork": ("POST", "/api/v1/snapshots/{snapshot_id}/fork", ()),
+    "rift_vm_expose": ("POST", "/api/v1/vms/{vm_id}/exposures", ()),
+    "rift_vm_unexpose": ("DELETE", "/api/v1/vms/{vm_id}/exposures/{port}", ()),
     "rift_vm_exec": ("POST", "/api/v1/vms/{vm_id}/exec", ()),
     "rift_vm_exec_get": ("GET", "/api/v1/execs/{exec_id}",
                          ("stdout_offset", "stderr_offset", "wait_s")),
@@ -726,7 +728,7 @@ TOOL_OF = {f"{method} {path}": tool for tool, (method, path, _) in ROUTES.items(
     "POST /api/v1/vms/{vm_id}/fork": "rift_vm_fork"}  # a fork of a running VM
 BODIES = {"rift_task_new", "rift_task_attach", "rift_task_close", "rift_vm_new", "rift_vm_exec",
           "rift_vm_write_file", "rift_vm_exec_input", "rift_vm_exec_kill", "rift_vm_snapshot",
-          "rift_vm_fork"}
+          "rift_vm_fork", "rift_vm_expose"}
 
 
 def rest_case(operation: Any, tool: str, args: dict[str, Any], fallback_task: str) -> Any:
@@ -746,6 +748,8 @@ def rest_case(operation: Any, tool: str, args: dict[str, Any], fallback_task: st
         path["exec_id"] = rest.pop("exec_id")
     if "{snapshot_id}" in template:
         path["snapshot_id"] = rest.pop("snapshot_id", "snap_aaaaaaaa")
+    if "{port}" in template:
+        path["port"] = rest.pop("port", 1)
     if template.endswith("/stream"):
         rest.pop("wait_s", None)  # the stream waits until the end: it takes no wait_s
     query = {}

@@ -6,12 +6,13 @@ feeds it output (`write`) or the guest forgets it (`forget`, a reboot)."""
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from rift.domain.model import Vm
-from rift.services.ports import ExecGone, GuestExec
+from rift.services.ports import ExecGone, GuestExec, PortClosed
 
 _ECHO = re.compile(r"echo (.*)")
 
@@ -37,6 +38,20 @@ class FakeShell:
     waits: list[int] = field(default_factory=list)  # the wait_ms of every start and read
     # The guest's side while Rift waits (exec id, wait_ms): what happens meanwhile.
     on_wait: Callable[[str, int], None] | None = None
+    # guest port -> the address of the test's server that plays it (open_port)
+    ports: dict[int, tuple[str, int]] = field(default_factory=dict)
+    opened: list[tuple[str, int]] = field(default_factory=list)
+
+    def open_port(self, vm: Vm, port: int, timeout_s: float) -> SocketChannel:
+        """A guest port is a server of the test's on this machine (`ports`)."""
+        self.opened.append((vm.id, port))
+        address = self.ports.get(port)
+        if address is None:
+            raise PortClosed(port, "connection refused")
+        try:
+            return SocketChannel(socket.create_connection(address, timeout=timeout_s))
+        except OSError as exc:
+            raise PortClosed(port, str(exc)) from exc
 
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
         self.files[path] = data
@@ -46,6 +61,12 @@ class FakeShell:
         return self.files[path], False
 
     # what teardown and the sweep ask of any guest shell
+
+    def drop_connections(self, vm_id: str) -> None:
+        pass  # a pause: nothing here is connected
+
+    def resumed(self, vm: Vm, timeout_s: float) -> None:
+        pass
 
     def close_vm(self, vm_id: str) -> None:
         pass
@@ -135,3 +156,31 @@ def _ring(stream: bytearray, offset: int, max_bytes: int, cap: int) -> tuple[byt
     total = len(stream)
     start = min(max(offset, total - cap, 0), total)
     return bytes(stream[start:start + max_bytes]), start
+
+
+class SocketChannel:
+    """A TCP connection to a test's server, as the PortChannel an SSH channel is."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def recv(self, nbytes: int) -> bytes:
+        return self.sock.recv(nbytes)
+
+    def send(self, data: bytes) -> int:
+        return self.sock.send(data)
+
+    def send_ready(self) -> bool:
+        return True
+
+    def setblocking(self, blocking: bool) -> None:
+        self.sock.setblocking(blocking)
+
+    def shutdown_write(self) -> None:
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.sock.close()

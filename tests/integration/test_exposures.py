@@ -1,0 +1,329 @@
+"""Exposures (SPEC §13): the engine's rules on a SQLite store and fake hypervisors,
+and the proxy over real HTTP (uvicorn on a loopback port) to real HTTP servers of
+the test's standing in for guest ports (the fake guest shell's `open_port`
+connects to them, where the real one opens an SSH `direct-tcpip` channel)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from rift.api.app import create_app
+from rift.config import Settings
+from rift.domain.secrets import digest
+from rift.services import exposures, tasks, vm_state, vms
+from rift.services.context import Deps, ExposureUrls
+from tests.support.engine import ALICE, BOB, event_types, refused
+from tests.support.fake_guest import FakeShell
+
+GUEST_PORT = 8000
+
+
+class GuestHandler(http.server.BaseHTTPRequestHandler):
+    """What a guest's web server answers: its request echoed as JSON; `/stream`
+    writes two chunks with a pause the test controls; `/big` MiB of zeros."""
+
+    protocol_version = "HTTP/1.1"
+    release = threading.Event()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._chunk(b"data: one\n\n")
+            GuestHandler.release.wait(10)
+            self._chunk(b"data: two\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        if self.path.startswith("/big/"):
+            size = int(self.path.split("/")[2]) * 2**20
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            block = bytes(2**16)
+            for _ in range(size // len(block)):
+                self.wfile.write(block)
+            return
+        self._echo(b"")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        seen = 0
+        while seen < length:
+            got = self.rfile.read(min(2**16, length - seen))
+            if not got:
+                break
+            seen += len(got)
+        self._echo(str(seen).encode())
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _echo(self, body: bytes) -> None:
+        answer = json.dumps({"path": self.path, "method": self.command, "body": body.decode(),
+                             "headers": {k.lower(): v for k, v in self.headers.items()}})
+        data = answer.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Set-Cookie", "guest=1; Path=/")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def guest_server() -> Iterator[tuple[str, int]]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), GuestHandler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    GuestHandler.release.clear()
+    try:
+        yield ("127.0.0.1", server.server_address[1])
+    finally:
+        GuestHandler.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def shell(guest_server: tuple[str, int]) -> FakeShell:
+    return FakeShell(ports={GUEST_PORT: guest_server})
+
+
+@pytest.fixture
+def gdeps(deps: Deps, shell: FakeShell) -> Deps:
+    return replace(deps, guests=shell,  # type: ignore[arg-type]
+                   exposure_urls=ExposureUrls("http://rift.test:8080"))
+
+
+def _vm(deps: Deps) -> tuple[str, str, str]:
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    with deps.store.write() as tx:
+        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+    return str(opened.handle), vm.id, opened.task.id
+
+
+def _secret(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[1]
+
+
+# -- the engine ----------------------------------------------------------------------------
+
+def test_an_exposure_answers_its_url_once_and_the_vm_view_lists_only_its_port(
+        gdeps: Deps) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    made = exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT)
+    secret = _secret(made.url)
+    assert made.url == f"http://rift.test:8080/x/{secret}/"
+    assert len(secret) == 32 and (made.vm_id, made.port) == (vm_id, GUEST_PORT)
+    view = vms.get_vm(gdeps, ALICE, vm_id)
+    assert [(p.port, p.created_at) for p in view.exposures] == [(GUEST_PORT, made.created_at)]
+    assert secret not in json.dumps(view.model_dump())
+    assert secret not in json.dumps(tasks.get_task(gdeps, ALICE, task_id=task_id).model_dump())
+    with gdeps.store.read() as tx:  # only the digest is kept
+        kept = tx.exposures.all()
+    assert [e.digest for e in kept] == [digest(secret)] and secret not in repr(kept)
+    target = exposures.resolve(gdeps, secret)
+    assert target is not None and (target.vm.id, target.port) == (vm_id, GUEST_PORT)
+    assert "vm_exposed" in event_types(gdeps, task_id)
+
+
+def test_exposing_again_ends_the_old_url_and_unexpose_ends_the_new_one(gdeps: Deps) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    first = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    second = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    assert first != second
+    assert exposures.resolve(gdeps, first) is None
+    assert exposures.resolve(gdeps, second) is not None
+    assert len(vms.get_vm(gdeps, ALICE, vm_id).exposures) == 1
+    view = exposures.unexpose(gdeps, ALICE, handle, vm_id, GUEST_PORT)
+    assert view.exposures == [] and exposures.resolve(gdeps, second) is None
+    again = exposures.unexpose(gdeps, ALICE, handle, vm_id, GUEST_PORT)  # changes nothing
+    assert again.exposures == []
+    assert event_types(gdeps, task_id).count("vm_unexposed") == 1
+
+
+def test_destroying_the_vm_or_closing_the_task_ends_its_exposures(gdeps: Deps) -> None:
+    handle, vm_id, _task_id = _vm(gdeps)
+    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    vms.destroy(gdeps, ALICE, vm_id, handle)
+    assert exposures.resolve(gdeps, secret) is None
+    handle, vm_id, _task_id = _vm(gdeps)
+    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    tasks.close_task(gdeps, ALICE, handle=handle)
+    assert exposures.resolve(gdeps, secret) is None
+    with gdeps.store.read() as tx:
+        assert tx.exposures.all() == []
+
+
+def test_a_pause_keeps_the_exposure_and_its_vm_says_it_is_paused(gdeps: Deps) -> None:
+    handle, vm_id, _task_id = _vm(gdeps)
+    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    paused = vm_state.pause(gdeps, ALICE, handle, vm_id)
+    assert paused.status == "paused" and [p.port for p in paused.exposures] == [GUEST_PORT]
+    target = exposures.resolve(gdeps, secret)
+    assert target is not None and target.vm.status == "paused"
+    resumed = vm_state.resume(gdeps, ALICE, handle, vm_id)
+    assert [p.port for p in resumed.exposures] == [GUEST_PORT]
+
+
+def test_bad_exposures_are_refused_and_change_nothing(gdeps: Deps) -> None:
+    handle, vm_id, _task_id = _vm(gdeps)
+    for port in (0, 65536, -1):
+        err = refused("invalid_argument", exposures.expose, gdeps, ALICE, handle, vm_id, port)
+        assert err.details["field"] == "port"
+    refused("task_not_found", exposures.expose, gdeps, BOB, handle, vm_id, GUEST_PORT)
+    other = tasks.new_task(gdeps, ALICE)
+    refused("vm_not_found", exposures.expose, gdeps, ALICE, str(other.handle), vm_id, GUEST_PORT)
+    vm_state.pause(gdeps, ALICE, handle, vm_id)
+    err = refused("vm_not_running", exposures.expose, gdeps, ALICE, handle, vm_id, GUEST_PORT)
+    assert "rift_vm_resume" in err.hint
+    with gdeps.store.read() as tx:
+        assert tx.exposures.all() == []
+    assert exposures.resolve(gdeps, "not-a-secret") is None
+
+
+# -- the proxy, over HTTP ------------------------------------------------------------------
+
+class Served:
+    def __init__(self, deps: Deps, settings: Settings) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(settings, deps), host="127.0.0.1",
+                                                    port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def served(gdeps: Deps, tmp_path: Path) -> Iterator[Served]:
+    settings = Settings(data_dir=tmp_path, hypervisor_uri="fake:///local",
+                        preview_domain="preview.test")
+    running = Served(gdeps, settings)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_a_request_reaches_the_guest_port_with_its_path_body_and_forwarded_headers(
+        gdeps: Deps, served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    handle, vm_id, _task_id = _vm(gdeps)
+    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    caplog.set_level(logging.INFO)
+    with httpx.Client(base_url=served.url, timeout=30) as client:
+        got = client.get(f"/x/{secret}/some/page?q=1", headers={"Cookie": "rift_session=abc"})
+        assert got.status_code == 200, got.text
+        seen = got.json()
+        assert (seen["path"], seen["method"]) == ("/some/page?q=1", "GET")
+        assert seen["headers"]["host"] == f"localhost:{GUEST_PORT}"
+        assert seen["headers"]["x-forwarded-host"] == f"127.0.0.1:{served.port}"
+        assert "cookie" not in seen["headers"]  # Rift's own cookies stay with Rift
+        assert "set-cookie" not in got.headers  # nor may a guest set any on Rift's origin
+        assert got.headers["content-security-policy"].startswith("sandbox")
+        body = bytes(range(256)) * 4096 * 20  # 20 MiB up
+        posted = client.post(f"/x/{secret}/upload", content=body)
+        assert posted.status_code == 200 and posted.json()["body"] == str(len(body))
+        size = 0
+        with client.stream("GET", f"/x/{secret}/big/32") as big:  # 32 MiB down
+            for part in big.iter_bytes():
+                size += len(part)
+        assert size == 32 * 2**20
+        assert client.get(f"/x/{secret}").json()["path"] == "/"
+    ours = [r for r in caplog.records if r.name.startswith("rift")]
+    assert not [r for r in ours if secret in str(r.__dict__)]
+    paths = [getattr(r, "path", None) for r in ours if r.msg == "request"]
+    assert len(paths) >= 3 and set(paths) == {"/x/…"}  # the last may log after this
+
+
+def test_a_stream_from_the_guest_arrives_as_it_is_written(gdeps: Deps, served: Served) -> None:
+    handle, vm_id, _task_id = _vm(gdeps)
+    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    with httpx.Client(base_url=served.url, timeout=30) as client, \
+            client.stream("GET", f"/x/{secret}/stream") as events:
+        assert events.headers["content-type"] == "text/event-stream"
+        parts = events.iter_bytes()
+        first = next(parts)
+        assert first == b"data: one\n\n"  # before the guest writes the second
+        GuestHandler.release.set()
+        rest = b"".join(parts)
+    assert rest == b"data: two\n\n"
+
+
+def test_unknown_ended_and_unreachable_exposures_answer_plainly(
+        gdeps: Deps, served: Served, shell: FakeShell) -> None:
+    handle, vm_id, _task_id = _vm(gdeps)
+    ended = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    exposures.unexpose(gdeps, ALICE, handle, vm_id, GUEST_PORT)
+    closed = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, 9).url)  # nothing listens
+    with httpx.Client(base_url=served.url, timeout=30) as client:
+        unknown = client.get("/x/" + "a" * 32 + "/")
+        gone = client.get(f"/x/{ended}/")
+        assert (unknown.status_code, gone.status_code) == (404, 404)
+        assert unknown.text == gone.text
+        assert client.get("/x/short/").status_code == 404
+        refused_port = client.get(f"/x/{closed}/")
+        assert refused_port.status_code == 502 and "port 9" in refused_port.text
+        secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+        vm_state.pause(gdeps, ALICE, handle, vm_id)
+        paused = client.get(f"/x/{secret}/")
+        assert paused.status_code == 503 and "rift_vm_resume" in paused.text
+        assert client.get("/healthz").json() == {"status": "ok"}  # the API is still the API
+
+
+def test_a_preview_domain_reaches_the_exposure_by_its_host_name(gdeps: Deps,
+                                                                  served: Served) -> None:
+    deps = replace(gdeps, exposure_urls=ExposureUrls("http://rift.test", "preview.test"))
+    handle, vm_id, _task_id = _vm(deps)
+    made = exposures.expose(deps, ALICE, handle, vm_id, GUEST_PORT)
+    secret = made.url.removeprefix("https://").split(".", 1)[0]
+    assert made.url == f"https://{secret}.preview.test/"
+    with httpx.Client(base_url=served.url, timeout=30) as client:
+        got = client.get("/app/?x=2", headers={"Host": f"{secret}.preview.test:8443"})
+        assert got.status_code == 200 and got.json()["path"] == "/app/?x=2"
+        assert "content-security-policy" not in got.headers  # an origin of its own
+        assert got.headers.get("set-cookie") == "guest=1; Path=/"
+        other = client.get("/", headers={"Host": "b" * 32 + ".preview.test"})
+        assert other.status_code == 404
+
+
+def test_two_hundred_requests_at_once_all_answer(gdeps: Deps, served: Served) -> None:
+    handle, vm_id, _task_id = _vm(gdeps)
+    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+    with httpx.Client(base_url=served.url, timeout=60, limits=limits) as client, \
+            ThreadPoolExecutor(max_workers=200) as pool:
+        answers = list(pool.map(lambda i: client.get(f"/x/{secret}/n/{i}"), range(200)))
+    assert [a.status_code for a in answers] == [200] * 200
+    assert sorted(a.json()["path"] for a in answers) == sorted(f"/n/{i}" for i in range(200))
