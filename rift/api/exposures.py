@@ -1,6 +1,6 @@
-"""The exposures' door (SPEC §13): HTTP/1.1 to a guest port, proxied through the
-VM's SSH connection (a `direct-tcpip` channel per request), at
-`/x/<secret>/…` or at `<secret>.<RIFT_PREVIEW_DOMAIN>`.
+"""The exposures' door (SPEC §13): HTTP/1.1 and WebSocket to a guest port, proxied
+through the VM's SSH connection (a `direct-tcpip` channel per request or
+WebSocket), at `/x/<secret>/…` or at `<secret>.<RIFT_PREVIEW_DOMAIN>`.
 
 An ASGI middleware in front of the app: a request for an exposure never reaches
 the API's guards (its body is the guest's business, streamed both ways with
@@ -16,13 +16,19 @@ worker thread: a guest that answers slowly or never costs one channel."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import logging
+import os
 from typing import Any
 
 import anyio
 import h11
 from starlette.types import ASGIApp, Receive, Scope, Send
+from wsproto.connection import Connection as WsConnection
+from wsproto.connection import ConnectionType
+from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 
 from rift.api.state import AppState
 from rift.domain.errors import GuestUnreachable
@@ -81,7 +87,8 @@ class ExposureProxy:
         self.preview_domain = preview_domain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = match(scope, self.preview_domain) if scope["type"] == "http" else None
+        found = (match(scope, self.preview_domain) if scope["type"] in ("http", "websocket")
+                 else None)
         if found is None:
             await self.app(scope, receive, send)
             return
@@ -89,22 +96,23 @@ class ExposureProxy:
         deps = self.state.deps
         target = await anyio.to_thread.run_sync(resolve, deps, secret)
         if target is None:
-            await _plain(send, 404, "no such exposure")
+            await refuse(scope, send, 404, "no such exposure")
             return
         if target.vm.status != "running":
-            await _plain(send, 503, f"VM {target.vm.id} is {target.vm.status}: "
+            await refuse(scope, send, 503, f"VM {target.vm.id} is {target.vm.status}: "
                          "rift_vm_resume brings it back")
             return
         try:
             chan = await anyio.to_thread.run_sync(_open, deps, target)
         except PortClosed:
-            await _plain(send, 502, f"nothing listens on port {target.port} in the guest")
+            await refuse(scope, send, 502, f"nothing listens on port {target.port} in the guest")
             return
         except GuestUnreachable as exc:
-            await _plain(send, 502, f"the guest does not answer: {exc.message}")
+            await refuse(scope, send, 502, f"the guest does not answer: {exc.message}")
             return
+        relay = Relay if scope["type"] == "http" else WebSocketRelay
         try:
-            await Relay(chan, scope, receive, send, target.port, target_path, own_origin).run()
+            await relay(chan, scope, receive, send, target.port, target_path, own_origin).run()
         finally:
             chan.close()
 
@@ -115,13 +123,43 @@ def _open(deps: Deps, target: Target) -> PortChannel:
     return chan
 
 
-async def _plain(send: Send, status: int, text: str) -> None:
+async def refuse(scope: Scope, send: Send, status: int, text: str) -> None:
+    """A plain answer: to a WebSocket handshake as an HTTP response where the
+    server can send one (ASGI's `websocket.http.response`), else a refusal."""
+    if scope["type"] == "http":
+        await _plain(send, status, text)
+    elif "websocket.http.response" in scope.get("extensions", {}):
+        await _plain(send, status, text, "websocket.http.response")
+    else:
+        await send({"type": "websocket.close", "code": 1008, "reason": text[:120]})
+
+
+async def _plain(send: Send, status: int, text: str, kind: str = "http.response") -> None:
     body = (text + "\n").encode()
-    await send({"type": "http.response.start", "status": status,
+    await send({"type": f"{kind}.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                             (b"content-length", str(len(body)).encode()),
                             (b"cache-control", b"no-store")]})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": f"{kind}.body", "body": body})
+
+
+def forwarded_headers(scope: Scope, port: int, own_origin: bool,
+                      dropped: frozenset[bytes] = _DROPPED) -> list[tuple[bytes, bytes]]:
+    """The client's headers as the guest gets them: without the hop-by-hop ones,
+    Rift's own cookies (under Rift's origin), with `Host: localhost:<port>` and
+    the `X-Forwarded-*` of the original request."""
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in dropped]
+    if own_origin:  # Rift's own cookies (the Boxes page's session) stay with Rift
+        headers = [(k, v) for k, v in headers if k.lower() != b"cookie"]
+    scheme = str(scope.get("scheme") or "http")
+    headers += [(b"host", f"localhost:{port}".encode()),
+                (b"x-forwarded-host", _header(scope, b"host")),
+                (b"x-forwarded-proto", {"ws": "http", "wss": "https"}.get(scheme, scheme)
+                 .encode())]
+    client = scope.get("client")
+    if client:
+        headers.append((b"x-forwarded-for", str(client[0]).encode()))
+    return headers
 
 
 class Relay:
@@ -161,22 +199,13 @@ class Relay:
 
     def _request(self) -> h11.Request:
         scope = self.scope
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _DROPPED]
-        if self.own_origin:  # Rift's own cookies (the Boxes page's session) stay with Rift
-            headers = [(k, v) for k, v in headers if k.lower() != b"cookie"]
+        headers = forwarded_headers(scope, self.port, self.own_origin)
         length = _header(scope, b"content-length")
         if length:
             headers.append((b"content-length", length))
         elif _header(scope, b"transfer-encoding"):
             headers.append((b"transfer-encoding", b"chunked"))
-        host = _header(scope, b"host")
-        client = scope.get("client")
-        headers += [(b"host", f"localhost:{self.port}".encode()),
-                    (b"x-forwarded-host", host),
-                    (b"x-forwarded-proto", scope.get("scheme", "http").encode()),
-                    (b"connection", b"close")]
-        if client:
-            headers.append((b"x-forwarded-for", str(client[0]).encode()))
+        headers.append((b"connection", b"close"))
         return h11.Request(method=scope["method"], target=self.target, headers=headers)
 
     async def _upload(self) -> None:
@@ -233,6 +262,132 @@ class Relay:
                        if k not in (b"set-cookie", b"content-security-policy")]
             headers.append((b"content-security-policy", SANDBOX))
         return headers
+
+
+# What a WebSocket handshake to the guest sets itself (beside _DROPPED).
+_WS_DROPPED = _DROPPED | {b"sec-websocket-key", b"sec-websocket-version",
+                          b"sec-websocket-extensions", b"sec-websocket-protocol"}
+_WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+MAX_MESSAGE = 16 * 2**20  # a WebSocket message larger than this ends the connection (1009)
+
+
+class WebSocketRelay:
+    """One WebSocket between the client (ASGI) and the guest: the guest's handshake
+    first (h11), then frames (wsproto, as the client: it masks what it sends).
+    The client is accepted only once the guest accepted, with its subprotocol."""
+
+    def __init__(self, chan: PortChannel, scope: Scope, receive: Receive, send: Send,
+                 port: int, target: bytes, own_origin: bool) -> None:
+        self.chan = chan
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.port = port
+        self.target = target
+        self.own_origin = own_origin
+
+    async def run(self) -> None:
+        connect = await self.receive()
+        if connect["type"] != "websocket.connect":
+            return
+        key = base64.b64encode(os.urandom(16))
+        headers = forwarded_headers(self.scope, self.port, self.own_origin, _WS_DROPPED)
+        headers += [(b"connection", b"Upgrade"), (b"upgrade", b"websocket"),
+                    (b"sec-websocket-key", key), (b"sec-websocket-version", b"13")]
+        wanted = self.scope.get("subprotocols") or []
+        if wanted:
+            headers.append((b"sec-websocket-protocol", ", ".join(wanted).encode()))
+        handshake = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        try:
+            await _send_all(self.chan, handshake.send(
+                h11.Request(method="GET", target=self.target, headers=headers)) or b"")
+            head = await asyncio.wait_for(self._head(handshake), HEAD_S)
+        except (h11.ProtocolError, OSError, EOFError, TimeoutError) as exc:
+            await refuse(self.scope, self.send, 502,
+                         f"the guest did not take a WebSocket on port {self.port} "
+                         f"({type(exc).__name__})")
+            return
+        answer = dict((bytes(k), bytes(v)) for k, v in head.headers)
+        accept = base64.b64encode(hashlib.sha1(key + _WS_GUID).digest())  # noqa: S324 (RFC 6455)
+        if head.status_code != 101 or answer.get(b"sec-websocket-accept") != accept:
+            await refuse(self.scope, self.send, 502,
+                         f"the guest's port {self.port} answered HTTP {head.status_code}, "
+                         "not a WebSocket")
+            return
+        protocol = answer.get(b"sec-websocket-protocol", b"").decode("latin-1") or None
+        await self.send({"type": "websocket.accept", "subprotocol": protocol})
+        ws = WsConnection(ConnectionType.CLIENT)
+        leftover = handshake.trailing_data[0]
+        if leftover:
+            ws.receive_data(leftover)
+        up = asyncio.ensure_future(self._up(ws))
+        down = asyncio.ensure_future(self._down(ws))
+        try:
+            await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (up, down):
+                task.cancel()
+            for task in (up, down):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _head(self, handshake: h11.Connection) -> Any:
+        while True:
+            event = handshake.next_event()
+            if event is h11.NEED_DATA:
+                handshake.receive_data(await _recv(self.chan, CHUNK))
+                continue
+            if isinstance(event, h11.InformationalResponse | h11.Response):
+                return event
+            if isinstance(event, h11.ConnectionClosed):
+                raise EOFError("the guest closed before answering")
+
+    async def _up(self, ws: WsConnection) -> None:
+        """The client's messages to the guest; its close closes the guest's side."""
+        while True:
+            message = await self.receive()
+            if message["type"] == "websocket.disconnect":
+                with contextlib.suppress(Exception):
+                    await _send_all(self.chan, ws.send(CloseConnection(
+                        code=message.get("code", 1000))))
+                return
+            if message.get("text") is not None:
+                await _send_all(self.chan, ws.send(TextMessage(data=message["text"])))
+            elif message.get("bytes") is not None:
+                await _send_all(self.chan, ws.send(BytesMessage(data=message["bytes"])))
+
+    async def _down(self, ws: WsConnection) -> None:
+        """The guest's messages to the client (whole: fragments are joined), its
+        pings answered, its close passed on."""
+        parts: list[Any] = []
+        size = 0
+        while True:
+            data = await _recv(self.chan, CHUNK)
+            ws.receive_data(data or None)
+            for event in ws.events():
+                if isinstance(event, TextMessage | BytesMessage):
+                    parts.append(event.data)
+                    size += len(event.data)
+                    if size > MAX_MESSAGE:
+                        await self.send({"type": "websocket.close", "code": 1009})
+                        return
+                    if event.message_finished:
+                        joined = "".join(parts) if isinstance(event, TextMessage) \
+                            else b"".join(parts)
+                        key = "text" if isinstance(event, TextMessage) else "bytes"
+                        await self.send({"type": "websocket.send", key: joined})
+                        parts, size = [], 0
+                elif isinstance(event, Ping):
+                    await _send_all(self.chan, ws.send(event.response()))
+                elif isinstance(event, CloseConnection):
+                    with contextlib.suppress(Exception):
+                        await _send_all(self.chan, ws.send(event.response()))
+                    await self.send({"type": "websocket.close", "code": event.code,
+                                     "reason": event.reason or ""})
+                    return
+            if not data:  # the guest went without a close frame
+                await self.send({"type": "websocket.close", "code": 1011})
+                return
 
 
 async def _recv(chan: PortChannel, size: int) -> bytes:

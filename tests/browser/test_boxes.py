@@ -54,6 +54,11 @@ def test_a_task_an_mcp_client_made_shows_and_changes_live(server: Server, page: 
     expect(row.locator("[data-h=Image]")).to_have_text("debian")  # RIFT_DEFAULT_IMAGE
     expect(row.locator("[data-h=Size]")).to_have_text("1 vCPU · 512 MiB")
     expect(row.locator("[data-h=Host]")).to_have_text("local")
+    expect(row.locator("[data-h=Ports]")).to_have_text("none")
+    exposed = agent.call("rift_vm_expose", handle=opened["handle"], vm_id=vm["id"],
+                         port=5173)["exposure"]
+    expect(row.locator("[data-h=Ports]")).to_have_text("5173")  # the port, never its URL
+    assert exposed["url"].split("/x/")[1].strip("/") not in page.content()
     expect(task.locator(".activity time")).to_have_attribute("title", re.compile(r" UTC$"))
 
     taken = Agent(server.url, server.token, "cursor").call(

@@ -17,6 +17,7 @@ real-guest tests are.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -120,6 +121,20 @@ async def _first_exec_s(s: ClientSession, handle: str, image: str,
     return vm["id"], time.monotonic() - started
 
 
+async def _exposed(s: ClientSession, handle: str, vm_id: str, port: int, path: str) -> str:
+    """Expose `port` and GET `path` at its URL until the guest's server answers."""
+    url = (await call(s, "rift_vm_expose", handle=handle, vm_id=vm_id, port=port))[
+        "exposure"]["url"]
+    deadline = time.monotonic() + 60
+    async with httpx2.AsyncClient(timeout=30) as http:
+        while True:
+            got = await http.get(url + path)
+            if got.status_code == 200:
+                return got.text
+            assert got.status_code == 502 and time.monotonic() < deadline, got.text
+            await asyncio.sleep(0.5)  # its server is not listening yet
+
+
 @pytest.mark.timeout(BUILD_S + LIMIT_S + 120)
 def test_a_debian_vm_runs_venv_pip_git_gcc_and_apt_and_boots_beside_tiny(
         real: Server, tmp_path: Path) -> None:
@@ -131,6 +146,10 @@ def test_a_debian_vm_runs_venv_pip_git_gcc_and_apt_and_boots_beside_tiny(
             handle = (await call(s, "rift_task_new", name="debian chores"))["handle"]
             # One guest at a time: tiny first, gone before debian starts.
             tiny, seen["tiny"] = await _first_exec_s(s, handle, "tiny")
+            # a port of its guest, exposed through dropbear's direct-tcpip channels
+            await _ran(s, handle, tiny, "mkdir -p /tmp/www && echo tiny > /tmp/www/i.txt && "
+                       "busybox httpd -p 127.0.0.1:8001 -h /tmp/www")
+            assert await _exposed(s, handle, tiny, 8001, "i.txt") == "tiny\n"
             await call(s, "rift_vm_destroy", handle=handle, vm_id=tiny)
             # debian is the default image; its overlay is the disk_gib asked for.
             vm, seen["debian"] = await _first_exec_s(s, handle, "debian", named=False,
@@ -155,6 +174,12 @@ def test_a_debian_vm_runs_venv_pip_git_gcc_and_apt_and_boots_beside_tiny(
                 "git add a.txt && git -c user.name=Agent -c user.email=agent@rift.invalid "
                 "commit -q -m first && git log --format=%s"), "git")
             assert out.strip() == "first", out
+            # a server of the agent's, reached at its exposure's URL through sshd
+            started = await call(s, "rift_vm_exec", handle=handle, vm_id=vm, wait_s=1,
+                                 command="cd /root/repo && exec python3 -m http.server 8000 "
+                                         "--bind 127.0.0.1")
+            assert started["status"] == "running", started
+            assert await _exposed(s, handle, vm, 8000, "a.txt") == "hi\n"
 
             await _put(s, handle, vm, "/root/hello.c",
                        b'#include <stdio.h>\nint main(void) { puts("hello from gcc"); '

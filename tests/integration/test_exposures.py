@@ -26,10 +26,12 @@ from rift.config import Settings
 from rift.domain.secrets import digest
 from rift.services import exposures, tasks, vm_state, vms
 from rift.services.context import Deps, ExposureUrls
+from tests.support import ws
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeShell
 
 GUEST_PORT = 8000
+WS_PORT = 8100
 
 
 class GuestHandler(http.server.BaseHTTPRequestHandler):
@@ -327,3 +329,34 @@ def test_two_hundred_requests_at_once_all_answer(gdeps: Deps, served: Served) ->
         answers = list(pool.map(lambda i: client.get(f"/x/{secret}/n/{i}"), range(200)))
     assert [a.status_code for a in answers] == [200] * 200
     assert sorted(a.json()["path"] for a in answers) == sorted(f"/n/{i}" for i in range(200))
+
+
+def test_a_websocket_reaches_the_guest_port_both_ways(gdeps: Deps, shell: FakeShell,
+                                                      served: Served) -> None:
+    rift = ("127.0.0.1", served.port)
+    host = f"127.0.0.1:{served.port}"
+    with ws.echo_server() as address:
+        shell.ports[WS_PORT] = address
+        handle, vm_id, _task_id = _vm(gdeps)
+        secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, WS_PORT).url)
+        with ws.Client(rift, host, f"/x/{secret}/chat?room=1", ["chat"]) as client:
+            assert client.open() == "chat"  # the guest's choice of subprotocol
+            client.send("hello")
+            assert client.receive() == "echo: hello"
+            blob = bytes(range(256)) * 1024
+            client.send(blob)
+            assert client.receive() == blob  # its two fragments, joined
+            client.send("ping me")  # the guest pings first: Rift answers it
+            assert client.receive() == "echo: ping me"
+            assert client.close() == 1000
+        exposures.unexpose(gdeps, ALICE, handle, vm_id, WS_PORT)
+        for target in ("/x/" + "a" * 32 + "/", f"/x/{secret}/"):  # unknown, and ended
+            with ws.Client(rift, host, target) as refused_ws, \
+                    pytest.raises(ConnectionRefusedError) as info:
+                refused_ws.open()
+            assert info.value.args[0] == 404
+        plain = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+        with ws.Client(rift, host, f"/x/{plain}/") as not_ws, \
+                pytest.raises(ConnectionRefusedError) as info:  # HTTP there, not a WebSocket
+            not_ws.open()
+        assert info.value.args[0] == 502
