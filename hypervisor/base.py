@@ -32,6 +32,9 @@ class DomainSpec:
     # A saved state to start from instead of booting (a snapshot image's VMs):
     # `create` forks it (`fork_state`) under this spec's name, disk, serial and port.
     restore_from: str | None = None
+    # The guest reaches nothing off the VM (egress `none`): QEMU's user network is
+    # restricted to what is forwarded into it (its SSH port).
+    restrict: bool = False
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,8 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
         commandline = ET.SubElement(root, "qemu:commandline")
         for value in (
             "-netdev",
-            f"user,id=n0,hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
+            f"user,id=n0,{'restrict=on,' if spec.restrict else ''}"
+            f"hostfwd=tcp:127.0.0.1:{spec.ssh_port}-:22",
             "-device",
             "virtio-net-pci,netdev=n0,addr=0x10",
         ):

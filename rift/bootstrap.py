@@ -87,6 +87,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
                                                            / "helpers")),
         runtime=runtime,
         default_image=settings.default_image,
+        default_egress=settings.default_egress,
     )
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
                             settings.host_memory_mib)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -70,6 +71,9 @@ class Settings(BaseSettings):
         default="debian", min_length=1, max_length=200, description="The image of a "
         "`rift_vm_new` that names none; one not known or not built is refused like naming "
         "it (`image_not_found`).")
+    default_egress: Literal["open", "none"] = Field(
+        default="open", description="The `egress` of a `rift_vm_new` that names none: "
+        "`open` (the networks beyond the host) or `none` (nothing off the VM).")
     header_timeout_s: float = Field(
         default=10.0, gt=0, le=3600, description="How long a connection may take to send a "
         "request's line and headers (counted from its opening, or from its previous answer); "

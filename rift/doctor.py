@@ -73,7 +73,30 @@ def _images(settings: Settings) -> Check:
                                                          for n in ready))
 
 
-CHECKS: tuple[Callable[[Settings], Check], ...] = (_database, _libvirt, _kvm, _images)
+def _isolation(settings: Settings) -> Check:
+    """Whether this host's firewall keeps guests from its own services (SPEC §13)."""
+    import subprocess
+
+    uri = settings.hypervisor_uri
+    if _kind(settings, "tiny").ssh_port(lambda: 0) is None:  # no guest behind its domains
+        return ("isolation", True, f"{uri} runs no guests")
+    if not uri.startswith("qemu:///"):
+        return ("isolation", True, f"{uri} is another machine: its hypervisor role loads it")
+    try:
+        listed = subprocess.run(["nft", "list", "table", "inet", "rift_guests"],  # noqa: S607
+                                capture_output=True, text=True, timeout=10, check=False)
+        why = ((listed.stderr.strip() or f"nft exit {listed.returncode}")
+               if listed.returncode != 0 else "")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = str(exc)
+    if why:
+        return ("isolation", False, f"guests would reach this host's own services ({why}); "
+                "scripts/libvirt.sh loads hypervisor/guest_isolation.nft")
+    return ("isolation", True, "no guest reaches this host's services (nft inet rift_guests)")
+
+
+CHECKS: tuple[Callable[[Settings], Check], ...] = (_database, _libvirt, _kvm, _images,
+                                                   _isolation)
 
 
 def run_doctor(settings: Settings) -> int:

@@ -21,7 +21,8 @@ LOG_DIR=/var/log/libvirt
 # libvirt-daemon-system is skipped on purpose: it pulls in systemd.
 # genisoimage writes the cloud-init seed of VMs of qcow2 images (`rift image add`).
 APT_PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
-              libvirt-clients busybox-static dropbear-bin cpio lz4 tini genisoimage)
+              libvirt-clients busybox-static dropbear-bin cpio lz4 tini genisoimage nftables)
+ISOLATION=$(cd "$(dirname "$0")/.." && pwd)/hypervisor/guest_isolation.nft
 
 say() { echo "libvirt: $*"; }
 
@@ -45,11 +46,17 @@ if ! getent passwd libvirt-qemu >/dev/null; then
   useradd -r -U -M -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
 fi
 
-# qemu.conf: QEMU runs as root, with no security driver and no cgroups (else
-# QEMU leaves the container's cgroup). Our block sits at the end of the file;
-# any other uncommented setting of the same keys is commented out first.
+if ! getent group rift-guests >/dev/null; then
+  say "adding the rift-guests group (QEMU's, for the guests' isolation)"
+  groupadd -r rift-guests
+fi
+
+# qemu.conf: QEMU runs as root in the group rift-guests (the firewall below
+# knows its sockets by it), with no security driver and no cgroups (else QEMU
+# leaves the container's cgroup). Our block sits at the end of the file; any
+# other uncommented setting of the same keys is commented out first.
 conf_changed=0
-want_block=$'# rift: begin\nuser = "root"\ngroup = "root"\nsecurity_driver = "none"\ncgroup_controllers = [ ]\n# rift: end'
+want_block=$'# rift: begin\nuser = "root"\ngroup = "rift-guests"\nsecurity_driver = "none"\ncgroup_controllers = [ ]\n# rift: end'
 mkdir -p "$(dirname "$QEMU_CONF")"
 touch "$QEMU_CONF"
 current_block=$(sed -n '/^# rift: begin$/,/^# rift: end$/p' "$QEMU_CONF")
@@ -67,24 +74,36 @@ if [ "$current_block" != "$want_block" ] \
   conf_changed=1
 fi
 
-# 3. daemons
+# 3. the guests' isolation: no connection of QEMU's to this host's own addresses
+if ! nft -f "$ISOLATION"; then
+  say "could not load $ISOLATION: guests would reach this host's services" >&2
+  exit 1
+fi
+
+# 4. daemons
 if ! running virtlogd; then
   say "starting virtlogd"
   virtlogd -d
 fi
 
-if running libvirtd; then
-  if [ "$conf_changed" = 1 ]; then
-    say "warning: $QEMU_CONF changed while libvirtd runs; restart libvirtd to apply it" >&2
+if running libvirtd && [ "$conf_changed" = 1 ]; then
+  if [ "${RIFT_LIBVIRT_RESTART:-0}" = 1 ]; then
+    say "restarting libvirtd: $QEMU_CONF changed"
+    pkill -x libvirtd || true
+    while running libvirtd; do sleep 0.1; done
+  else
+    say "warning: $QEMU_CONF changed while libvirtd runs; RIFT_LIBVIRT_RESTART=1 $0" \
+        "restarts it to apply that" >&2
   fi
-else
+fi
+if ! running libvirtd; then
   say "starting libvirtd under tini"
   # setsid: its own session, so it outlives this script and its caller's job;
   # tini -s: a subreaper that reaps QEMU at once when a domain is destroyed.
   setsid tini -s -- libvirtd </dev/null >>"$LOG_DIR/libvirtd.out" 2>&1 &
 fi
 
-# 4. wait until it answers
+# 5. wait until it answers
 deadline=$((SECONDS + WAIT_S))
 until virsh -c "$URI" version >/dev/null 2>&1; do
   if [ "$SECONDS" -ge "$deadline" ]; then

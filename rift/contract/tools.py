@@ -110,6 +110,10 @@ class VmNewBody(Input):
         "Size of the VM's own copy-on-write disk in GiB (sparse; never smaller than the "
         "image's base disk; images without a disk, such as tiny, ignore it)."
     )), Whole] = DEFAULT_DISK_GIB
+    egress: Annotated[Literal["open", "none"], Field(description=(
+        "What the guest may reach: open, the networks beyond its host (default: the "
+        "operator's RIFT_DEFAULT_EGRESS); none, nothing off the VM. Either way, nothing on "
+        "its host but Rift's own offers. Enforced outside the guest."))] | None = None
     idempotency_key: Key | None = None
 
 

@@ -67,6 +67,7 @@ class VmView(Output):
     destroyed_at: str | None
     error: str | None
     start: StartView | None
+    egress: Literal["open", "none"]
     exposures: list[PortView]
 
     @classmethod
@@ -81,6 +82,7 @@ class VmView(Output):
             destroyed_at=iso(vm.destroyed_at), error=vm.error,
             start=StartView.model_construct(kind=vm.start_kind, ms=vm.start_ms)
             if vm.start_kind is not None and vm.start_ms is not None else None,
+            egress=vm.egress,
             exposures=[PortView.model_construct(port=e.port, created_at=iso(e.created_at) or "")
                        for e in exposures or []])
 

@@ -27,6 +27,10 @@ DESTROYABLE_VM_STATUSES: tuple[VmStatus, ...] = (*LIVE_VM_STATUSES, "failed")
 # How a VM came to run (SPEC §11): a cold boot, a pooled VM handed over, a saved
 # VM restored, a fork of another VM.
 StartKind = Literal["boot", "pool", "restore", "fork"]
+# What a VM's guest may reach (SPEC §13): `open`, the networks beyond its host;
+# `none`, nothing off the VM. Neither reaches its host's own services.
+Egress = Literal["open", "none"]
+EGRESS_MODES: tuple[Egress, ...] = ("open", "none")
 ExecStatus = Literal["running", "exited", "killed", "timed_out", "lost"]
 DEFAULT_DISK_GIB = 10  # SPEC §3's `disk_gib` default: the size of a VM's overlay
 
@@ -177,6 +181,7 @@ class Vm:
     # A pause or resume under way, and since when (None when there is none).
     change: VmChange | None = None
     change_at: datetime | None = None
+    egress: Egress = "open"
 
     @property
     def domain_name(self) -> str:

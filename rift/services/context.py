@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rift.domain.clock import Clock
 from rift.domain.leases import LeaseRules
+from rift.domain.model import Egress
 from rift.services.ports import GuestShell, HostPool, ImageCatalog, Store
 
 
@@ -98,6 +99,7 @@ class Deps:
     install_id: str | None = None  # marks this control plane's domains on shared hosts
     default_image: str = "debian"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_IMAGE)
     exposure_urls: ExposureUrls = field(default_factory=ExposureUrls)
+    default_egress: Egress = "open"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_EGRESS)
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
     started = deps.clock.now()
     try:
         # Marked with this installation: reconciliation's scope.
-        deps.hosts.hypervisor(uri).create(replace(kind.plan(vm), install=deps.install_id))
+        deps.hosts.hypervisor(uri).create(replace(kind.plan(vm), install=deps.install_id,
+                                                  restrict=vm.egress == "none"))
     except (HypervisorError, ImageError, HypervisorFailed) as exc:
         kind.clean_up(vm.id)  # nothing was defined: the VM's files are unused
         return fail_start(deps, caller, vm, str(exc))

@@ -414,6 +414,8 @@ def _fork(deps: Deps, caller: Caller, parsed: Handle, snap: Snapshot, name: str 
         host = tx.hosts.get(snap.host)
         assert host is not None
         kind = kind_on(deps, host.uri, snap.image)
+        source = tx.vms.get(snap.vm_id)  # its network is in the saved state: so is its egress
+        egress = source.egress if source is not None else "open"
         made = []
         for n in range(count):
             fork_id = new_vm_id()
@@ -422,12 +424,13 @@ def _fork(deps: Deps, caller: Caller, parsed: Handle, snap: Snapshot, name: str 
             vm = Vm(id=fork_id, task_id=task.id, owner=caller.user, name=label or fork_id,
                     image=snap.image, status="creating", host=host.name, vcpus=snap.vcpus,
                     memory_mib=snap.memory_mib, disk_gib=snap.disk_gib, created_at=now,
-                    ssh_host=SSH_HOST if port else None, ssh_port=port)
+                    ssh_host=SSH_HOST if port else None, ssh_port=port, egress=egress)
             tx.vms.add(vm)
             tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label, {
                 "vm_id": fork_id, "name": vm.name, "image": vm.image, "host": host.name,
                 "vcpus": vm.vcpus, "memory_mib": vm.memory_mib, "disk_gib": vm.disk_gib,
-                "start": "fork", "from": {"snapshot_id": snap.id, "vm_id": snap.vm_id}}))
+                "egress": egress, "start": "fork",
+                "from": {"snapshot_id": snap.id, "vm_id": snap.vm_id}}))
             made.append(vm)
         return made, host.uri
 

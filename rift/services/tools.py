@@ -61,7 +61,7 @@ def task_events(deps: Deps, caller: Caller, args: c.TaskEventsIn) -> c.TaskEvent
 def vm_new(deps: Deps, caller: Caller, args: c.VmNewIn, watch: Watch | None = None) -> c.VmOut:
     return c.VmOut(vm=vms.new_vm(deps, caller, args.handle, args.name, args.image, args.vcpus,
                                  args.memory_mib, args.idempotency_key, args.disk_gib,
-                                 watch=watch))
+                                 egress=args.egress, watch=watch))
 
 
 def vm_get(deps: Deps, caller: Caller, args: c.VmGetIn) -> c.VmOut:

@@ -9,6 +9,7 @@ import binascii
 from rift.contract.base import MAX_COMMAND, MAX_CONTENT, MAX_TEXT
 from rift.domain.errors import InvalidArgument
 from rift.domain.ids import is_exec_id, is_snapshot_id, is_task_id, is_vm_id
+from rift.domain.model import EGRESS_MODES, Egress
 
 __all__ = ["MAX_COMMAND", "MAX_CONTENT", "MAX_TEXT", "integer", "limit", "task_id", "text",
            "vm_id"]
@@ -23,6 +24,12 @@ def text(field: str, value: str | None, *, max_len: int = MAX_TEXT) -> str | Non
         raise InvalidArgument(field, f"must be 1–{max_len} characters, got {len(value)}")
     if "\x00" in value:
         raise InvalidArgument(field, "must not contain NUL characters")
+    return value
+
+
+def egress(value: object) -> Egress:
+    if value not in EGRESS_MODES:
+        raise InvalidArgument("egress", f"one of {', '.join(EGRESS_MODES)}")
     return value
 
 

@@ -77,7 +77,7 @@ def _sizes(deps: Deps, image: str, vcpus: int | None, memory_mib: int | None,
 def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
            image: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
            idempotency_key: str | None = None, disk_gib: int | None = None,
-           watch: Watch | None = None) -> VmView:
+           egress: str | None = None, watch: Watch | None = None) -> VmView:
     """Place, record (`creating`), create the domain, and answer once it runs or failed.
     A `watch` hears of the VM and its stage."""
     called = deps.clock.now()  # `start.ms` counts from here
@@ -88,8 +88,9 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
     validate.text("image", image)
     vcpus, memory_mib, disk_gib, pooled_disk_gib = _sizes(deps, image, vcpus, memory_mib,
                                                           disk_gib)
+    chosen = validate.egress(deps.default_egress if egress is None else egress)
     digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
-                            memory_mib=memory_mib, disk_gib=disk_gib)
+                            memory_mib=memory_mib, disk_gib=disk_gib, egress=chosen)
 
     def record(tx: Tx) -> tuple[Vm, str | None, GuestKind | None, Taken | None, bool]:
         now = deps.clock.now()
@@ -104,7 +105,9 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         if image not in known:
             raise ImageNotFound(image, sorted(known))
         _check_vm_budget(deps, tx, caller, task, now)
-        taken = take(tx, image, vcpus, memory_mib, disk_gib, pooled_disk_gib)
+        # Pooled VMs were made `open`: their network cannot change once they run.
+        taken = (take(tx, image, vcpus, memory_mib, disk_gib, pooled_disk_gib)
+                 if chosen == "open" else None)
         if taken is not None:  # a pooled VM: its host, id and SSH port come with it
             host = tx.hosts.get(taken.vm.host)
             assert host is not None
@@ -119,11 +122,13 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         vm = Vm(id=vm_id, task_id=task.id, owner=caller.user, name=name or vm_id, image=image,
                 status="creating", host=host.name, vcpus=vcpus, memory_mib=memory_mib,
                 disk_gib=disk_gib, created_at=now, idempotency_key=idempotency_key,
-                request_digest=digest, ssh_host=SSH_HOST if port else None, ssh_port=port)
+                request_digest=digest, ssh_host=SSH_HOST if port else None, ssh_port=port,
+                egress=chosen)
         tx.vms.add(vm)
         tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label,
                                {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
                                "vcpus": vcpus, "memory_mib": memory_mib, "disk_gib": disk_gib,
+                               "egress": chosen,
                                "start": kind.start_kind if taken is None else taken.kind}))
         return vm, host.uri, kind, taken, False
 

@@ -116,6 +116,8 @@ vms = Table(
     # A pause or resume under way, and since when (migration 0009).
     Column("change", String, nullable=True),
     Column("change_at", UtcDateTime, nullable=True),
+    # What its guest may reach (migration 0012).
+    Column("egress", String, nullable=False, server_default="open"),
     Index("ux_vms_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     Index("ix_vms_task_id", "task_id"),
     Index("ix_vms_status_host", "status", "host"),

@@ -399,10 +399,14 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
 
     # the hypervisor: libvirt as Rift needs it, started the tini way
     qemu_conf = (hv1 / "etc/libvirt/qemu.conf").read_text()
-    assert ('# rift: begin\nuser = "root"\ngroup = "root"\nsecurity_driver = "none"\n'
+    assert ('# rift: begin\nuser = "root"\ngroup = "rift-guests"\nsecurity_driver = "none"\n'
             'cgroup_controllers = [ ]\n# rift: end\n') in qemu_conf
-    assert not re.search(r'^(user|group|security_driver)\s*=(?! "(root|none)")', qemu_conf,
-                         re.M)
+    assert not re.search(r'^(user|group|security_driver)\s*=(?! "(root|none|rift-guests)")',
+                         qemu_conf, re.M)
+    # the guests' isolation, as scripts/libvirt.sh loads it here (loaded when started)
+    assert (hv1 / "etc/rift/guest_isolation.nft").read_bytes() == (
+        ROOT / "hypervisor/guest_isolation.nft").read_bytes()
+    assert "rift-guests" in (hv1 / "etc/group").read_text()
     libvirtd_conf = (hv1 / "etc/libvirt/libvirtd.conf").read_text()
     assert 'unix_sock_group = "libvirt"\nunix_sock_rw_perms = "0770"' in libvirtd_conf
     assert os.access(hv1 / "usr/local/sbin/rift-libvirtd", os.X_OK)

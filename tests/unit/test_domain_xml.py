@@ -214,6 +214,12 @@ def test_the_qemu_guest_forwards_a_loopback_port_to_ssh_through_user_networking(
     ]
 
 
+def test_a_guest_whose_egress_is_none_has_a_restricted_user_network() -> None:
+    xml = build_domain_xml(dataclasses.replace(GUEST, restrict=True))
+    args = [arg.get("value") for arg in parse(xml).iter(f"{{{QEMU_XMLNS}}}arg")]
+    assert args[1] == "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:40022-:22"
+
+
 def test_a_guest_without_a_port_or_log_has_no_network_or_serial() -> None:
     xml = build_domain_xml(dataclasses.replace(GUEST, ssh_port=None, serial_log=None))
     assert "qemu:" not in xml

@@ -68,7 +68,8 @@ def test_a_saved_pool_saves_its_vms_and_a_hand_out_restores_one(
 def test_a_request_no_pool_matches_boots(deps: Deps, local_hv: FakeHypervisor) -> None:
     pools.set_pool(deps, "tiny", running=1)
     _fill(deps)
-    for other in ({"memory_mib": 512}, {"vcpus": 2}, {"disk_gib": 20}, {"image": "debian"}):
+    for other in ({"memory_mib": 512}, {"vcpus": 2}, {"disk_gib": 20}, {"image": "debian"},
+                  {"egress": "none"}):  # pooled VMs are `open`
         vm = vms.new_vm(deps, ALICE, _handle(deps), **{"image": "tiny", **other})
         assert vm.start is not None and vm.start.kind == "boot", other
     assert len(_members(deps)) == 1  # the pool kept its VM

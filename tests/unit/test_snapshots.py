@@ -61,6 +61,14 @@ def test_a_fork_of_a_running_vm_snapshots_it_first_and_keeps_no_snapshot(
     assert kinds.count("snapshot_made") == kinds.count("snapshot_deleted") == 1
 
 
+def test_a_fork_has_its_sources_egress(deps: Deps) -> None:
+    opened = tasks.new_task(deps, ALICE)
+    handle = str(opened.handle)
+    source = vms.new_vm(deps, ALICE, handle, image="tiny", egress="none")
+    forks = snapshots.fork(deps, ALICE, handle, vm_id=source.id, count=2)
+    assert [f.egress for f in forks] == ["none", "none"]
+
+
 def test_a_fork_over_the_quota_or_the_room_is_refused_and_makes_none(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     _, handle, vm_id = _running(deps, memory_mib=8192)

@@ -249,3 +249,28 @@ def test_a_destroy_libvirt_refuses_answers_hypervisor_error_and_keeps_the_row_li
     assert vms.get_vm(deps, ALICE, vm.id).status == "running"
     local_hv.fail_destroy(None)
     assert vms.destroy(deps, ALICE, vm.id, handle=handle).status == "destroyed"
+
+
+def test_egress_is_the_default_or_asked_for_and_a_none_vms_network_is_restricted(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle = _task(deps)
+    opened = vms.new_vm(deps, ALICE, handle, image="tiny")
+    closed = vms.new_vm(deps, ALICE, handle, image="tiny", egress="none")
+    by_default = vms.new_vm(replace(deps, default_egress="none"), ALICE, handle, image="tiny")
+    assert (opened.egress, closed.egress, by_default.egress) == ("open", "none", "none")
+    assert vms.get_vm(deps, ALICE, closed.id).egress == "none"
+    specs = {vm.id: local_hv.domains[f"rift-{vm.id}"].spec for vm in (opened, closed)}
+    assert [(s.restrict if s else None) for s in specs.values()] == [False, True]
+    with deps.store.read() as tx:
+        creating = [e.details for e in tx.events.page(task_id, 0, 100) if e.type == "vm_creating"]
+    assert [d["egress"] for d in creating] == ["open", "none", "none"]
+
+
+def test_a_bad_egress_is_refused_and_changes_nothing(deps: Deps) -> None:
+    _, handle = _task(deps)
+    before = snapshot(deps)
+    for bad in ("sometimes", "", "OPEN", 3, {"allow": []}):
+        err = refused("invalid_argument", vms.new_vm, deps, ALICE, handle, image="tiny",
+                      egress=bad)
+        assert err.details["field"] == "egress"
+    assert snapshot(deps) == before
