@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -162,19 +163,29 @@ def forwarded_headers(scope: Scope, port: int, own_origin: bool,
     return headers
 
 
-class Relay:
+@dataclass
+class Stream:
+    """What a relay moves between: the guest's channel and the client's ASGI call,
+    the guest's `port`, the request `target` there, and whether the request came
+    under Rift's own origin (`/x/`)."""
+
+    chan: PortChannel
+    scope: Scope
+    receive: Receive
+    send: Send
+    port: int
+    target: bytes
+    own_origin: bool
+
+    def __post_init__(self) -> None:
+        """What a relay sets up beside its fields (the generated __init__ calls it)."""
+
+
+class Relay(Stream):
     """One request and its answer between the client (ASGI) and the guest (h11 over
     the channel)."""
 
-    def __init__(self, chan: PortChannel, scope: Scope, receive: Receive, send: Send,
-                 port: int, target: bytes, own_origin: bool) -> None:
-        self.chan = chan
-        self.target = target
-        self.scope = scope
-        self.receive = receive
-        self.send = send
-        self.port = port
-        self.own_origin = own_origin
+    def __post_init__(self) -> None:
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         self.started = False
 
@@ -271,20 +282,10 @@ _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 MAX_MESSAGE = 16 * 2**20  # a WebSocket message larger than this ends the connection (1009)
 
 
-class WebSocketRelay:
+class WebSocketRelay(Stream):
     """One WebSocket between the client (ASGI) and the guest: the guest's handshake
     first (h11), then frames (wsproto, as the client: it masks what it sends).
     The client is accepted only once the guest accepted, with its subprotocol."""
-
-    def __init__(self, chan: PortChannel, scope: Scope, receive: Receive, send: Send,
-                 port: int, target: bytes, own_origin: bool) -> None:
-        self.chan = chan
-        self.scope = scope
-        self.receive = receive
-        self.send = send
-        self.port = port
-        self.target = target
-        self.own_origin = own_origin
 
     async def run(self) -> None:
         connect = await self.receive()
