@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+# The group of the QEMU processes of guests with an egress allowlist (SPEC §13);
+# every other guest's QEMU runs in qemu.conf's group, rift-guests.
+PROXIED_GROUP = "rift-proxied"
+
 
 @dataclass(frozen=True)
 class DomainSpec:
@@ -35,6 +39,10 @@ class DomainSpec:
     # The guest reaches nothing off the VM (egress `none`): QEMU's user network is
     # restricted to what is forwarded into it (its SSH port).
     restrict: bool = False
+    # The guest reaches the networks only through Rift's egress proxy (an egress
+    # allowlist): QEMU runs in the group PROXIED_GROUP, whose connections the
+    # host's firewall (hypervisor/guest_isolation.nft) refuses save to the proxy.
+    proxied: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import re
 import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape
 
-from hypervisor.base import DomainSpec
+from hypervisor.base import PROXIED_GROUP, DomainSpec
 
 RIFT_XMLNS = "https://rift.dev/xmlns/domain/1"
 QEMU_XMLNS = "http://libvirt.org/schemas/domain/qemu/1.0"
@@ -90,6 +90,7 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
     ET.SubElement(root, "on_poweroff").text = "destroy"
     ET.SubElement(root, "on_reboot").text = "restart"
     ET.SubElement(root, "on_crash").text = "destroy"
+    _process_label(root, spec)
     devices = ET.SubElement(root, "devices")
     ET.SubElement(devices, "controller", type="usb", model="none")
     ET.SubElement(devices, "memballoon", model="none")
@@ -124,6 +125,14 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
             "virtio-net-pci,netdev=n0,addr=0x10",
         ):
             ET.SubElement(commandline, "qemu:arg", value=value)
+
+
+def _process_label(root: ET.Element, spec: DomainSpec) -> None:
+    """A proxied guest's QEMU runs in the proxied group (libvirt's DAC driver; as root,
+    like every guest's QEMU here): the host's firewall knows its sockets by it."""
+    if spec.proxied:
+        seclabel = ET.SubElement(root, "seclabel", type="static", model="dac", relabel="no")
+        ET.SubElement(seclabel, "label").text = f"+0:{PROXIED_GROUP}"
 
 
 def validate_spec(spec: DomainSpec) -> None:

@@ -83,6 +83,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         limits=limits_of(settings),
         guests=SshGuests(private_dir(settings.data_dir / "keys"),
                          serial_dir=runtime.serial_dir,
+                         egress_proxy_port=settings.egress_proxy_port or None,
                          helper_binary=lambda: exec_helper(runtime.images_dir / ".cache"
                                                            / "helpers")),
         runtime=runtime,

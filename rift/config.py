@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     default_egress: Literal["open", "none"] = Field(
         default="open", description="The `egress` of a `rift_vm_new` that names none: "
         "`open` (the networks beyond the host) or `none` (nothing off the VM).")
+    egress_proxy_port: int = Field(
+        default=3128, ge=0, le=65535, description="The port on this host's loopback where "
+        "Rift's egress proxy serves guests with an egress allowlist (they name it as "
+        "`10.0.2.2:<port>`); the host firewall (hypervisor/guest_isolation.nft) lets them "
+        "reach this port and nothing else, so the two must agree. 0: no proxy (such guests "
+        "reach nothing). Served only when the hypervisor is a real one (not `test:///`).")
     header_timeout_s: float = Field(
         default=10.0, gt=0, le=3600, description="How long a connection may take to send a "
         "request's line and headers (counted from its opening, or from its previous answer); "

@@ -92,7 +92,14 @@ def _isolation(settings: Settings) -> Check:
     if why:
         return ("isolation", False, f"guests would reach this host's own services ({why}); "
                 "scripts/libvirt.sh loads hypervisor/guest_isolation.nft")
-    return ("isolation", True, "no guest reaches this host's services (nft inet rift_guests)")
+    proxy_rule = f"tcp dport {settings.egress_proxy_port} accept"
+    if settings.egress_proxy_port and proxy_rule not in listed.stdout:
+        return ("isolation", False, "guests with an egress allowlist cannot reach the egress "
+                f"proxy: the firewall has no `{proxy_rule}` (set RIFT_EGRESS_PROXY_PORT to "
+                "hypervisor/guest_isolation.nft's egress_proxy_port, or edit that)")
+    return ("isolation", True, "no guest reaches this host's services (nft inet rift_guests); "
+            f"allowlisted guests reach only the egress proxy on port "
+            f"{settings.egress_proxy_port}")
 
 
 CHECKS: tuple[Callable[[Settings], Check], ...] = (_database, _libvirt, _kvm, _images,

@@ -50,6 +50,10 @@ if ! getent group rift-guests >/dev/null; then
   say "adding the rift-guests group (QEMU's, for the guests' isolation)"
   groupadd -r rift-guests
 fi
+if ! getent group rift-proxied >/dev/null; then
+  say "adding the rift-proxied group (QEMU's of guests with an egress allowlist)"
+  groupadd -r rift-proxied
+fi
 
 # qemu.conf: QEMU runs as root in the group rift-guests (the firewall below
 # knows its sockets by it), with no security driver and no cgroups (else QEMU

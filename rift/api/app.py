@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rift.api.auth import rest_caller
+from rift.api.egress_proxy import EgressProxy
 from rift.api.errors import install_error_handlers
 from rift.api.exposures import ExposureProxy, redact
 from rift.api.guard import BodyGuard
@@ -93,6 +94,11 @@ def create_app(settings: Settings, deps: Deps | None = None,
         # Before any call is taken: finish closes a crash cut off, then reconcile.
         await anyio.to_thread.run_sync(sweep, engine)
         state.start(engine)
+        proxy = None
+        if settings.egress_proxy_port and not settings.hypervisor_uri.startswith("test:"):
+            proxy = EgressProxy(engine, settings.egress_proxy_port)
+            await anyio.to_thread.run_sync(proxy.start)
+            state.metrics.watch_egress(proxy.refusals.snapshot)
         scheduler = start_scheduler(engine, settings.sweep_interval_s)
         filler = PoolFiller(engine)
         filler.start()
@@ -101,6 +107,8 @@ def create_app(settings: Settings, deps: Deps | None = None,
                 yield
         finally:
             await anyio.to_thread.run_sync(filler.stop)
+            if proxy is not None:
+                await anyio.to_thread.run_sync(proxy.stop)
             scheduler.shutdown(wait=True)
             if deps is None:
                 await anyio.to_thread.run_sync(close_deps, engine)

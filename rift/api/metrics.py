@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rift.domain.model import StartKind
@@ -34,6 +35,25 @@ class StoreGauges(Collector):
             GaugeMetricFamily("rift_running_vms", "VMs running now.", value=running_vms),
             pooled,
         ]
+
+
+class EgressRefusals(Collector):
+    """Refused egress by reason: the egress proxy's refusals (not_listed, sni_mismatch,
+    host_mismatch, host_local, unresolved, unknown_vm, bad_request) and, where this
+    process can read them, the host firewall's packets (connect, dns, host_service)."""
+
+    def __init__(self, proxied: Callable[[], dict[str, int]]) -> None:
+        self.proxied = proxied
+
+    def collect(self) -> list[CounterMetricFamily]:
+        from rift.api.egress_proxy import firewall_refusals
+
+        family = CounterMetricFamily(
+            "rift_egress_refused", "Egress refused, by reason: the egress proxy's "
+            "requests, and the packets the host's guest firewall refused.", labels=["reason"])
+        for reason, count in sorted({**self.proxied(), **firewall_refusals()}.items()):
+            family.add_metric([reason], count)
+        return [family]
 
 
 DOORS = ("mcp", "rest", "live", "other")
@@ -75,6 +95,9 @@ class Metrics:
         self.registry.register(StoreGauges(deps))
         deps.observers.vm_start_seconds.append(
             lambda kind, seconds: self.vm_start_seconds.labels(kind).observe(seconds))
+
+    def watch_egress(self, proxied: Callable[[], dict[str, int]]) -> None:
+        self.registry.register(EgressRefusals(proxied))
 
     def record(self, door: str, tool: str, outcome: str) -> None:
         self.tool_calls.labels(door, tool, outcome).inc()

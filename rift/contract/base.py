@@ -188,10 +188,14 @@ def refusal_of(errors: list[Any], fields: Mapping[str, object] | None = None,
     `query`, `path` or `header`)."""
     if not errors:
         return InvalidArgument("body", "malformed")
-    first = errors[0]
+    first = _union_member(errors)
     loc = list(first.get("loc", ()))
     if located and loc and loc[0] in _SOURCES:
         loc = loc[1:]
+    inner = ""
+    if any(_is_union_tag(p) for p in loc):  # `egress`: the field, and where inside it
+        inner = ".".join(_shown(p) for p in loc[1:] if not _is_union_tag(p))
+        loc = loc[:1]
     field = ".".join(_shown(p) for p in loc) or "body"
     kind = first.get("type", "")
     ctx = first.get("ctx") or {}
@@ -215,7 +219,27 @@ def refusal_of(errors: list[Any], fields: Mapping[str, object] | None = None,
         why = f"must be one of {ctx.get('expected', '')}".replace("'", "")
     else:
         why = _WHY.get(kind) or str(first.get("msg", "invalid"))
-    return InvalidArgument(field, why)
+    return InvalidArgument(field, f"{inner}: {why}" if inner else why)
+
+
+def _is_union_tag(part: object) -> bool:
+    """Whether a location part names a member of a union (`literal['open','none']`,
+    `EgressAllow`) rather than a field (fields are snake_case)."""
+    return isinstance(part, str) and (part[:1].isupper() or "[" in part)
+
+
+def _union_member(errors: list[Any]) -> Any:
+    """The first error, or, when it is a union's literal member refusing an input that
+    is no string (an allowlist for `egress`), the first error of the member meant."""
+    first = errors[0]
+    if (any(_is_union_tag(p) and "[" in p for p in first.get("loc", ()))
+            and not isinstance(first.get("input"), str)):
+        field = first.get("loc", ())[:1]
+        for other in errors[1:]:
+            loc = other.get("loc", ())
+            if loc[:1] == field and not any(_is_union_tag(p) and "[" in p for p in loc):
+                return other
+    return first
 
 
 def parse(model: type[In], arguments: Mapping[str, Any] | None, tool: str = "") -> In:

@@ -47,6 +47,7 @@ from rift.contract.views import (
     TaskView,
     VmView,
 )
+from rift.domain.egress import MAX_ENTRIES as MAX_EGRESS_ENTRIES
 from rift.domain.model import DEFAULT_DISK_GIB
 
 Encoding = Annotated[Literal["utf-8", "base64"], Field(description="How `content` is encoded.")]
@@ -99,6 +100,13 @@ class TaskEventsIn(EventsQuery):
     task_id: TaskId
 
 
+class EgressAllow(Input):
+    allow: Annotated[list[Annotated[str, Field(min_length=1, max_length=255)]], Field(
+        min_length=1, max_length=MAX_EGRESS_ENTRIES, description=(
+            "Names (pypi.org), wildcards (*.github.com: the names below github.com) and "
+            "CIDRs (10.0.0.0/8) the guest may reach; at most 64."))]
+
+
 class VmNewBody(Input):
     name: Name | None = None
     image: Annotated[str, Field(min_length=1, max_length=200, description=(
@@ -110,10 +118,12 @@ class VmNewBody(Input):
         "Size of the VM's own copy-on-write disk in GiB (sparse; never smaller than the "
         "image's base disk; images without a disk, such as tiny, ignore it)."
     )), Whole] = DEFAULT_DISK_GIB
-    egress: Annotated[Literal["open", "none"], Field(description=(
+    egress: Annotated[Literal["open", "none"] | EgressAllow, Field(description=(
         "What the guest may reach: open, the networks beyond its host (default: the "
-        "operator's RIFT_DEFAULT_EGRESS); none, nothing off the VM. Either way, nothing on "
-        "its host but Rift's own offers. Enforced outside the guest."))] | None = None
+        "operator's RIFT_DEFAULT_EGRESS); none, nothing off the VM; or {\"allow\": [...]}, "
+        "only those names and CIDRs, over HTTP and HTTPS through Rift's proxy (the guest's "
+        "http_proxy and https_proxy name it). Whichever, nothing on its host but Rift's own "
+        "offers. Enforced outside the guest."))] | None = None
     idempotency_key: Key | None = None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from rift.contract.base import Output
+from rift.domain import egress as egress_rules
 from rift.domain.clock import iso
 from rift.domain.leases import LeaseRules
 from rift.domain.model import Event, Exec, StartKind, Task, Vm
@@ -35,6 +36,19 @@ class PortView(Output):
 
     port: int
     created_at: str
+
+
+class AllowView(Output):
+    """An egress allowlist (SPEC §13): the names and CIDRs the guest may reach."""
+
+    allow: list[str]
+
+
+def _egress_view(egress: str) -> Literal["open", "none"] | AllowView:
+    listed = egress_rules.entries(egress)
+    if listed is None:
+        return "none" if egress == "none" else "open"
+    return AllowView.model_construct(allow=listed)
 
 
 class ExposureView(Output):
@@ -67,7 +81,7 @@ class VmView(Output):
     destroyed_at: str | None
     error: str | None
     start: StartView | None
-    egress: Literal["open", "none"]
+    egress: Literal["open", "none"] | AllowView
     exposures: list[PortView]
 
     @classmethod
@@ -82,7 +96,7 @@ class VmView(Output):
             destroyed_at=iso(vm.destroyed_at), error=vm.error,
             start=StartView.model_construct(kind=vm.start_kind, ms=vm.start_ms)
             if vm.start_kind is not None and vm.start_ms is not None else None,
-            egress=vm.egress,
+            egress=_egress_view(vm.egress),
             exposures=[PortView.model_construct(port=e.port, created_at=iso(e.created_at) or "")
                        for e in exposures or []])
 

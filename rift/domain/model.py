@@ -28,9 +28,9 @@ DESTROYABLE_VM_STATUSES: tuple[VmStatus, ...] = (*LIVE_VM_STATUSES, "failed")
 # VM restored, a fork of another VM.
 StartKind = Literal["boot", "pool", "restore", "fork"]
 # What a VM's guest may reach (SPEC §13): `open`, the networks beyond its host;
-# `none`, nothing off the VM. Neither reaches its host's own services.
-Egress = Literal["open", "none"]
-EGRESS_MODES: tuple[Egress, ...] = ("open", "none")
+# `none`, nothing off the VM; or an allowlist's canonical JSON (rift.domain.egress).
+# None of them reaches its host's own services.
+Egress = str
 ExecStatus = Literal["running", "exited", "killed", "timed_out", "lost"]
 DEFAULT_DISK_GIB = 10  # SPEC §3's `disk_gib` default: the size of a VM's overlay
 

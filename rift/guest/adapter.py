@@ -42,9 +42,11 @@ def _refusals(vm_id: str) -> Iterator[None]:
 class SshGuests:
     def __init__(self, keys_dir: Path, shell: SshGuestShell | None = None, *,
                  serial_dir: Path | None = None,
+                 egress_proxy_port: int | None = None,
                  helper_binary: Callable[[], Path] | None = None) -> None:
         self.keys_dir = keys_dir
         self.shell = shell or SshGuestShell(keys_dir, serial_dir=serial_dir,
+                                            egress_proxy_port=egress_proxy_port,
                                             helper_binary=helper_binary)
 
     def _call(self, vm: Vm, call: Callable[[], T]) -> T:

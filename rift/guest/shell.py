@@ -33,6 +33,7 @@ import paramiko
 
 from hypervisor.base import ImageError
 from hypervisor.exec_helper import GUEST_PATH
+from rift.domain.egress import proxied, proxy_environment
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError, GuestExecError, GuestFileError, GuestPortClosed
 from rift.guest.exec_view import (
@@ -95,9 +96,15 @@ class SshGuestShell:
         window_bytes: int = 4 * MIB,
         connections_per_vm: int = 4,
         serial_dir: Path | None = None,
+        egress_proxy_port: int | None = None,
         helper_binary: Callable[[], Path] | None = None,
     ) -> None:
         self.keys_dir = keys_dir
+        # Commands of guests with an egress allowlist name the egress proxy (SPEC §13),
+        # which QEMU's user network shows them at 10.0.2.2 (the host's loopback).
+        self.egress_environment = (
+            proxy_environment(f"http://10.0.2.2:{egress_proxy_port}")
+            if egress_proxy_port else "")
         # rift-exec for guests without it (hypervisor.exec_helper; compiled on first use)
         self.helper_binary = helper_binary
         self.serial_dir = serial_dir  # where `<vm id>.log` holds each guest's console
@@ -126,7 +133,8 @@ class SshGuestShell:
 
     def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult:
         started = time.monotonic()
-        collected = self._run(vm, command, stdin, float(timeout_s), self.output_cap)
+        collected = self._run(vm, self._environment(vm) + command, stdin, float(timeout_s),
+                              self.output_cap)
         return ExecResult(
             exit_code=collected.exit_code,
             stdout=collected.stdout,
@@ -135,6 +143,11 @@ class SshGuestShell:
             truncated=collected.truncated,
             duration_ms=round((time.monotonic() - started) * 1000),
         )
+
+    def _environment(self, vm: Vm) -> str:
+        """What a command of `vm`'s is prefixed with: the egress proxy's address when
+        its egress is an allowlist."""
+        return self.egress_environment if proxied(vm.egress) else ""
 
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
         _absolute(path, vm)
@@ -163,8 +176,8 @@ class SshGuestShell:
         """Start `command` detached in the guest as exec `exec_id` and answer its view
         once it ended or `wait_ms` passed (it runs on after). `stdin`, when given,
         is its whole stdin; else its stdin stays open for `exec_input`."""
-        line = start_command(exec_id, command, timeout_s=timeout_s, cap_bytes=cap_bytes,
-                             wait_ms=wait_ms, max_bytes=max_bytes,
+        line = start_command(exec_id, self._environment(vm) + command, timeout_s=timeout_s,
+                             cap_bytes=cap_bytes, wait_ms=wait_ms, max_bytes=max_bytes,
                              with_stdin=stdin is not None)
         status, data = self._helper(vm, line, stdin, wait_ms / 1000 + _HELPER_SLACK_S,
                                     view=True)

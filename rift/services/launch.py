@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from hypervisor.base import HypervisorError, ImageError
+from rift.domain import egress as egress_rules
 from rift.domain.errors import HypervisorFailed, ImageNotFound, InvalidArgument
 from rift.domain.model import NewEvent, StartKind, Task, Vm
 from rift.services.context import Caller, Deps
@@ -89,7 +90,8 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
     try:
         # Marked with this installation: reconciliation's scope.
         deps.hosts.hypervisor(uri).create(replace(kind.plan(vm), install=deps.install_id,
-                                                  restrict=vm.egress == "none"))
+                                                  restrict=vm.egress == "none",
+                                                  proxied=egress_rules.proxied(vm.egress)))
     except (HypervisorError, ImageError, HypervisorFailed) as exc:
         kind.clean_up(vm.id)  # nothing was defined: the VM's files are unused
         return fail_start(deps, caller, vm, str(exc))

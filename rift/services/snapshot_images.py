@@ -32,9 +32,14 @@ def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
                               "guest runtime), so it keeps no images")
     with deps.store.read() as tx:
         snap = tx.snapshots.get(snapshot_id)
+        source_vm = tx.vms.get(snap.vm_id) if snap is not None else None
     folder = snapshot_dir(deps, snapshot_id)
     if snap is None or snap.state != "ready" or folder is None:
         raise SnapshotNotFound(snapshot_id)
+    if source_vm is not None and source_vm.egress != "open":
+        # Its network is in the saved state, and an image's VMs are `open` (SPEC §13).
+        raise InvalidArgument("snapshot_id", f"{snapshot_id} is of a VM whose egress is not "
+                              "open; an image is made from a snapshot of an `open` VM")
     images_dir = deps.runtime.images_dir
     origin_kind = image_kind(images_dir, snap.image) or KIND_KERNEL
     try:

@@ -34,6 +34,7 @@ from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from hypervisor.commands import run_command
 from hypervisor.save_image import FORK_PREFIX
 from rift.contract.views import SnapshotView, VmView
+from rift.domain import egress as egress_rules
 from rift.domain.errors import (
     GuestUnreachable,
     HypervisorFailed,
@@ -429,7 +430,7 @@ def _fork(deps: Deps, caller: Caller, parsed: Handle, snap: Snapshot, name: str 
             tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label, {
                 "vm_id": fork_id, "name": vm.name, "image": vm.image, "host": host.name,
                 "vcpus": vm.vcpus, "memory_mib": vm.memory_mib, "disk_gib": vm.disk_gib,
-                "egress": egress, "start": "fork",
+                "egress": egress_rules.view(egress), "start": "fork",
                 "from": {"snapshot_id": snap.id, "vm_id": snap.vm_id}}))
             made.append(vm)
         return made, host.uri

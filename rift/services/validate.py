@@ -7,9 +7,10 @@ import base64
 import binascii
 
 from rift.contract.base import MAX_COMMAND, MAX_CONTENT, MAX_TEXT
+from rift.domain import egress as egress_rules
 from rift.domain.errors import InvalidArgument
 from rift.domain.ids import is_exec_id, is_snapshot_id, is_task_id, is_vm_id
-from rift.domain.model import EGRESS_MODES, Egress
+from rift.domain.model import Egress
 
 __all__ = ["MAX_COMMAND", "MAX_CONTENT", "MAX_TEXT", "integer", "limit", "task_id", "text",
            "vm_id"]
@@ -28,9 +29,14 @@ def text(field: str, value: str | None, *, max_len: int = MAX_TEXT) -> str | Non
 
 
 def egress(value: object) -> Egress:
-    if value not in EGRESS_MODES:
-        raise InvalidArgument("egress", f"one of {', '.join(EGRESS_MODES)}")
-    return value
+    """`open`, `none` or an allowlist (a dict, or a model with `allow`), as it is kept."""
+    allow = getattr(value, "allow", None)
+    if allow is not None:
+        value = {"allow": list(allow)}
+    try:
+        return egress_rules.canonical(value)
+    except egress_rules.BadEntry as exc:
+        raise InvalidArgument("egress", str(exc)) from None
 
 
 def integer(field: str, value: int, low: int, high: int) -> int:

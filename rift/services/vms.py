@@ -6,6 +6,7 @@ from datetime import datetime
 
 from rift.contract.base import MAX_DISK_GIB
 from rift.contract.views import VmView
+from rift.domain import egress as egress_rules
 from rift.domain.errors import (
     IdempotencyConflict,
     ImageNotFound,
@@ -77,7 +78,7 @@ def _sizes(deps: Deps, image: str, vcpus: int | None, memory_mib: int | None,
 def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
            image: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
            idempotency_key: str | None = None, disk_gib: int | None = None,
-           egress: str | None = None, watch: Watch | None = None) -> VmView:
+           egress: object = None, watch: Watch | None = None) -> VmView:
     """Place, record (`creating`), create the domain, and answer once it runs or failed.
     A `watch` hears of the VM and its stage."""
     called = deps.clock.now()  # `start.ms` counts from here
@@ -128,7 +129,7 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label,
                                {"vm_id": vm_id, "name": vm.name, "image": image, "host": host.name,
                                "vcpus": vcpus, "memory_mib": memory_mib, "disk_gib": disk_gib,
-                               "egress": chosen,
+                               "egress": egress_rules.view(chosen),
                                "start": kind.start_kind if taken is None else taken.kind}))
         return vm, host.uri, kind, taken, False
 

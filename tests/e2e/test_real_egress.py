@@ -8,18 +8,29 @@ machine without it fails here, it is not skipped."""
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import http.server
 import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from tests.support.guest_packages import (
+    DEB_GREETING,
+    WHEEL_GREETING,
+    WHEEL_MODULE,
+    make_deb,
+    make_wheel,
+)
 from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.servers import (
     Server,
@@ -37,6 +48,8 @@ pytestmark = [
 
 LIMIT_S = 240
 BEYOND = "10.213.0.2"  # the namespace's end of the veth pair; the host's is .1
+# Names of BEYOND in this host's /etc/hosts while the tests run: the first is allowed.
+BEYOND_NAMES = ["beyond.rift.test", "other.rift.test", "evil.rift.test"]
 # busybox's static wget crashes looking names up even for an address; nc does not
 FETCH = ("printf 'GET /{path} HTTP/1.0\\r\\n\\r\\n' | nc -w 4 {address} {port} 2>&1 "
          "| tail -n 1; echo exit=$?")
@@ -68,12 +81,99 @@ def _ip(*args: str) -> None:
                     "how this test stands for the networks beyond the host)")
 
 
+# The namespace's server: the files of a folder over HTTP on 8080 and HTTPS on 8443.
+_SERVE = """
+import http.server, ssl, sys, threading
+root, cert, key, address = sys.argv[1:5]
+class Files(http.server.SimpleHTTPRequestHandler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, directory=root, **kwargs)
+    def log_message(self, *args):
+        pass
+plain = http.server.ThreadingHTTPServer((address, 8080), Files)
+tls = http.server.ThreadingHTTPServer((address, 8443), Files)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(cert, key)
+tls.socket = context.wrap_socket(tls.socket, server_side=True)
+threading.Thread(target=tls.serve_forever, daemon=True).start()
+plain.serve_forever()
+"""
+
+
+def _certificate(folder: Path, names: list[str]) -> tuple[Path, Path]:
+    """A self-signed certificate for `names` (the guest's curl is told -k)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
 @pytest.fixture(scope="module")
-def beyond() -> Iterator[str]:
-    """A web server in a network namespace of its own, reached over a veth pair:
-    answers `beyond` at BEYOND:8080."""
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the namespace's server serves: `beyond` at /, a file, a pip index with
+    the test wheel, an apt repository with the test .deb, a git repository (git's
+    dumb HTTP)."""
+    root = tmp_path_factory.mktemp("beyond")
+    (root / "index.html").write_text("beyond")
+    (root / "hello.txt").write_text("hello from beyond\n")
+    made = tmp_path_factory.mktemp("packages")
+    wheel, deb = make_wheel(made), make_deb(made)
+    index = root / "simple" / WHEEL_MODULE
+    index.mkdir(parents=True)
+    (index / wheel.name).write_bytes(wheel.read_bytes())
+    (index / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>\n')
+    apt = root / "apt"
+    apt.mkdir()
+    (apt / deb.name).write_bytes(deb.read_bytes())
+    control = subprocess.run(["dpkg-deb", "-f", str(deb)], capture_output=True, text=True,
+                             check=True).stdout.rstrip("\n")
+    data = deb.read_bytes()
+    packages = (f"{control}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+                f"SHA256: {hashlib.sha256(data).hexdigest()}\n\n").encode()
+    (apt / "Packages").write_bytes(packages)
+    (apt / "Release").write_text(
+        "Origin: rift-tests\nLabel: rift-tests\n"
+        f"Date: {datetime.datetime.now(datetime.UTC):%a, %d %b %Y %H:%M:%S UTC}\n"
+        f"SHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages\n")
+    work = made / "work"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@rift.invalid"]
+    subprocess.run([*git, "init", "-q", str(work)], check=True)
+    (work / "README").write_text("cloned through the egress proxy\n")
+    subprocess.run([*git, "-C", str(work), "add", "README"], check=True)
+    subprocess.run([*git, "-C", str(work), "commit", "-q", "-m", "one"], check=True)
+    subprocess.run([*git, "clone", "-q", "--bare", str(work), str(root / "repo.git")],
+                   check=True)
+    subprocess.run([*git, "-C", str(root / "repo.git"), "update-server-info"], check=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def beyond(site: Path) -> Iterator[str]:
+    """The site's server in a network namespace of its own, reached over a veth pair
+    at BEYOND (8080 and 8443), and named in this host's /etc/hosts as BEYOND_NAMES
+    (so the egress proxy, which resolves names on the host, finds it)."""
     ns = f"rift-egress-{os.getpid()}"
     host_end, ns_end = f"rfe{os.getpid() % 100000}h", f"rfe{os.getpid() % 100000}n"
+    hosts = Path("/etc/hosts")
+    hosts_before = hosts.read_text()
+    cert, key = _certificate(site.parent, BEYOND_NAMES)
     _ip("netns", "add", ns)
     proc = None
     try:
@@ -84,23 +184,22 @@ def beyond() -> Iterator[str]:
         _ip("-n", ns, "addr", "add", f"{BEYOND}/30", "dev", ns_end)
         _ip("-n", ns, "link", "set", ns_end, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
-        code = ("import http.server as h\n"
-                "class S(h.BaseHTTPRequestHandler):\n"
-                "    def do_GET(self):\n"
-                "        self.send_response(200); self.send_header('Content-Length', '6')\n"
-                "        self.end_headers(); self.wfile.write(b'beyond')\n"
-                f"h.HTTPServer(('{BEYOND}', 8080), S).serve_forever()\n")
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", code])
-        for _ in range(100):
-            try:
-                with socket.create_connection((BEYOND, 8080), timeout=1):
-                    break
-            except OSError:
-                threading.Event().wait(0.1)
-        else:
-            pytest.fail("the namespace's server did not listen")
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", _SERVE,
+                                 str(site), str(cert), str(key), BEYOND])
+        for port in (8080, 8443):
+            for _ in range(100):
+                try:
+                    with socket.create_connection((BEYOND, port), timeout=1):
+                        break
+                except OSError:
+                    threading.Event().wait(0.1)
+            else:
+                pytest.fail(f"the namespace's server did not listen on {port}")
+        hosts.write_text(hosts_before.rstrip("\n") + f"\n{BEYOND} {' '.join(BEYOND_NAMES)}"
+                         "  # rift tests\n")
         yield f"{BEYOND}:8080"
     finally:
+        hosts.write_text(hosts_before)
         if proc is not None:
             proc.kill()
             proc.wait()
@@ -133,7 +232,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     assert isolation.returncode == 0, (
         "the guests' isolation is not loaded (scripts/libvirt.sh loads it): "
         + isolation.stderr.strip())
-    proc, srv = start_real_server(tmp_path_factory.mktemp("egress"),
+    proc, srv = start_real_server(tmp_path_factory.mktemp("egress"), debian=True,
                                   RIFT_VM_BOOT_TIMEOUT_S="90")
     try:
         yield srv
@@ -192,3 +291,151 @@ def test_an_open_guest_reaches_beyond_its_host_a_none_guest_nothing_and_neither_
             assert '"status"' not in out and "refused" in out, (egress, label, out)
     # refused by the firewall (its counter), not missed: the servers were there
     assert _refused() - refused_before >= 3
+
+
+# In the guest: a tunnel through the proxy to beyond.rift.test:8443, then TLS asking
+# for the server name argv[1]; prints the CONNECT answer's status, then the page or
+# what ended it.
+TUNNEL = """
+import socket, ssl, sys
+s = socket.create_connection(("10.0.2.2", 3128), timeout=10)
+s.sendall(b"CONNECT beyond.rift.test:8443 HTTP/1.1\\r\\nHost: beyond.rift.test:8443\\r\\n\\r\\n")
+print(s.recv(1024).split(b"\\r\\n")[0].decode())
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+try:
+    t = context.wrap_socket(s, server_hostname=sys.argv[1])
+    t.sendall(b"GET /hello.txt HTTP/1.0\\r\\nHost: beyond.rift.test\\r\\n\\r\\n")
+    page = b""
+    while chunk := t.recv(4096):
+        page += chunk
+    print(page.decode().split("\\r\\n\\r\\n", 1)[-1].strip())
+except (OSError, ssl.SSLError) as exc:
+    print("ended:", type(exc).__name__)
+"""
+# In the guest: a DNS query for a name no list has, to QEMU's DNS and to BEYOND.
+DNS = """
+import socket, struct
+name = b"".join(bytes([len(p)]) + p for p in b"secret.tunnel.rift.test".split(b"."))
+query = (struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + name + b"\\0"
+         + struct.pack(">HH", 1, 1))
+for server in ("10.0.2.3", "10.213.0.2"):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    s.sendto(query, (server, 53))
+    try:
+        s.recv(512)
+        print("answered by", server)
+    except OSError:
+        print("no answer from", server)
+"""
+
+
+def _counters() -> dict[str, int]:
+    listed = subprocess.run(["nft", "-j", "list", "counters", "table", "inet", "rift_guests"],
+                            capture_output=True, text=True, check=True).stdout
+    return {item["counter"]["name"]: int(item["counter"]["packets"])
+            for item in json.loads(listed)["nftables"] if "counter" in item}
+
+
+def _refusals(srv: Server) -> dict[str, float]:
+    """rift_egress_refused_total by reason, from the server's /metrics."""
+    text = httpx.get(f"{srv.url}/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {srv.token}"}).text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("rift_egress_refused_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            found[reason] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_an_allowlisted_debian_guest_reaches_listed_names_through_the_proxy_and_nothing_else(
+        real: Server, beyond: str, tmp_path: Path) -> None:
+    before, counted_before = _refusals(real), _counters()
+    rift_port = int(real.url.rsplit(":", 1)[1])
+    out: dict[str, str] = {}
+    allow = {"allow": ["beyond.rift.test", "*.pkgs.rift.test", "192.0.2.0/24"]}
+    checks = {
+        # what the environment's proxy takes to a listed name
+        "curl": "curl -sS http://beyond.rift.test:8080/hello.txt",
+        "curl https": "curl -sSk https://beyond.rift.test:8443/hello.txt",
+        "pip": ("python3 -m venv /root/v && /root/v/bin/pip install -q --no-cache-dir "
+                "--trusted-host beyond.rift.test "
+                f"--index-url http://beyond.rift.test:8080/simple/ {WHEEL_MODULE} && "
+                f"/root/v/bin/python -c 'import {WHEEL_MODULE}; "
+                f"print({WHEEL_MODULE}.GREETING)'"),
+        "git": "git clone -q http://beyond.rift.test:8080/repo.git /root/r && cat /root/r/README",
+        "apt": ("echo 'deb [trusted=yes] http://beyond.rift.test:8080/apt ./' "
+                "> /etc/apt/sources.list.d/beyond.list && "
+                "apt-get -q -o Dir::Etc::sourcelist=/etc/apt/sources.list.d/beyond.list "
+                "-o Dir::Etc::sourceparts=- update >/dev/null 2>&1; "
+                "DEBIAN_FRONTEND=noninteractive apt-get install -y -q rift-hello >/dev/null "
+                "2>&1; rift-hello"),
+        "environment": "echo $http_proxy $https_proxy",
+        # what the proxy refuses
+        "other name": "curl -sS -o /dev/null -w '%{http_code}' http://other.rift.test:8080/",
+        "host header": ("curl -sS -o /dev/null -w '%{http_code}' -H 'Host: evil.rift.test' "
+                        "http://beyond.rift.test:8080/"),
+        "host itself": (f"curl -sS -o /dev/null -w '%{{http_code}}' "
+                        f"http://10.0.2.2:{rift_port}/healthz"),
+        "sni right": "python3 /root/tunnel.py beyond.rift.test",
+        "sni wrong": "python3 /root/tunnel.py evil.rift.test",
+        # what the firewall refuses: around the proxy, even as root
+        "direct": ("unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY; curl -sS -m 5 "
+                   f"http://{BEYOND}:8080/hello.txt 2>&1; echo exit=$?"),
+        "host direct": (f"curl -sS -m 5 --noproxy '*' http://10.0.2.2:{rift_port}/healthz "
+                        "2>&1; echo exit=$?"),
+        "dns": "python3 /root/dns.py",
+    }
+
+    async def scenario() -> None:
+        async with mcp_session(real.url, real.token) as s:
+            handle = (await call(s, "rift_task_new", name="allowlist"))["handle"]
+            for bad, why in (({"allow": ["no such name!"]}, "neither a name"),
+                             ({"allow": [f"h{i}.example" for i in range(65)]}, "64"),
+                             ({"allow": []}, "allow")):
+                err = await refused(s, "invalid_argument", "rift_vm_new", handle=handle,
+                                    image="debian", egress=bad)
+                assert "egress" in json.dumps(err) and why in json.dumps(err), err
+            vm = (await call(s, "rift_vm_new", handle=handle, image="debian", egress=allow))["vm"]
+            assert vm["status"] == "running", vm
+            assert vm["egress"] == {"allow": sorted(allow["allow"])}, vm
+            for path, text in (("/root/tunnel.py", TUNNEL), ("/root/dns.py", DNS)):
+                await call(s, "rift_vm_write_file", handle=handle, vm_id=vm["id"], path=path,
+                           content=text)
+            for label, command in checks.items():
+                done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
+                                  command=command, timeout_s=240, wait_s=240)
+                out[label] = (done["stdout"] + done["stderr"]).strip()
+            # a background exec names the proxy too
+            started = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
+                                 command="sleep 1; curl -sS http://beyond.rift.test:8080/",
+                                 timeout_s=60, wait_s=30)
+            out["background"] = started["stdout"].strip()
+            await call(s, "rift_task_close", handle=handle)
+
+    run(scenario, 900)
+    print(f"\nwhat the allowlisted guest got: {out}")
+    after, counted = _refusals(real), _counters()
+    assert out["curl"] == out["curl https"] == "hello from beyond", out
+    assert out["pip"] == WHEEL_GREETING, out
+    assert out["git"] == "cloned through the egress proxy", out
+    assert out["apt"] == DEB_GREETING, out
+    assert out["environment"] == "http://10.0.2.2:3128 http://10.0.2.2:3128", out
+    assert out["background"] == "beyond", out
+    assert out["other name"] == out["host header"] == out["host itself"] == "403", out
+    assert out["sni right"].splitlines() == ["HTTP/1.1 200 Connection established",
+                                             "hello from beyond"], out
+    lines = out["sni wrong"].splitlines()
+    assert lines[0] == "HTTP/1.1 200 Connection established" and lines[1].startswith("ended:")
+    for label in ("direct", "host direct"):
+        assert "exit=0" not in out[label] and "beyond" not in out[label], out
+        assert '"status"' not in out[label], out
+    assert out["dns"].splitlines() == ["no answer from 10.0.2.3", "no answer from 10.213.0.2"]
+    grew = {reason: after.get(reason, 0) - before.get(reason, 0) for reason in after}
+    print(f"refusals counted in /metrics: {grew}")
+    assert grew["not_listed"] >= 2 and grew["host_mismatch"] >= 1, grew  # other name; host
+    assert grew["sni_mismatch"] >= 1, grew
+    assert grew["connect"] >= 2 and grew["dns"] >= 2, grew
+    assert counted["proxied_connect"] - counted_before["proxied_connect"] >= 2

@@ -220,6 +220,18 @@ def test_a_guest_whose_egress_is_none_has_a_restricted_user_network() -> None:
     assert args[1] == "user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:40022-:22"
 
 
+def test_a_guest_with_an_egress_allowlist_runs_its_qemu_in_the_proxied_group() -> None:
+    plain = parse(build_domain_xml(GUEST))
+    assert plain.find("seclabel") is None
+    root = parse(build_domain_xml(dataclasses.replace(GUEST, proxied=True)))
+    label = root.find("seclabel")
+    assert label is not None and label.attrib == {"type": "static", "model": "dac",
+                                                  "relabel": "no"}
+    assert label.findtext("label") == "+0:rift-proxied"
+    args = [arg.get("value") for arg in root.iter(f"{{{QEMU_XMLNS}}}arg")]
+    assert "restrict=on" not in args[1]  # the firewall, not QEMU, keeps it to the proxy
+
+
 def test_a_guest_without_a_port_or_log_has_no_network_or_serial() -> None:
     xml = build_domain_xml(dataclasses.replace(GUEST, ssh_port=None, serial_log=None))
     assert "qemu:" not in xml

@@ -266,10 +266,28 @@ def test_egress_is_the_default_or_asked_for_and_a_none_vms_network_is_restricted
     assert [d["egress"] for d in creating] == ["open", "none", "none"]
 
 
+def test_an_egress_allowlist_is_kept_canonical_and_its_vm_runs_proxied(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle = _task(deps)
+    asked = {"allow": ["PyPI.org.", "*.github.com", "10.1.2.3", "10.0.0.0/8", "pypi.org"]}
+    vm = vms.new_vm(deps, ALICE, handle, image="tiny", egress=asked)
+    kept = {"allow": ["*.github.com", "10.0.0.0/8", "10.1.2.3/32", "pypi.org"]}
+    assert vm.model_dump()["egress"] == kept
+    assert vms.get_vm(deps, ALICE, vm.id).model_dump()["egress"] == kept
+    spec = local_hv.domains[f"rift-{vm.id}"].spec
+    assert spec is not None and (spec.proxied, spec.restrict) == (True, False)
+    with deps.store.read() as tx:
+        creating = [e.details for e in tx.events.page(task_id, 0, 100) if e.type == "vm_creating"]
+    assert creating[-1]["egress"] == kept
+
+
 def test_a_bad_egress_is_refused_and_changes_nothing(deps: Deps) -> None:
     _, handle = _task(deps)
     before = snapshot(deps)
-    for bad in ("sometimes", "", "OPEN", 3, {"allow": []}):
+    for bad in ("sometimes", "", "OPEN", 3, {"allow": []}, {"allow": ["a b"]},
+                {"allow": ["10.0.0.0/33"]}, {"allow": ["*.com"]}, {"allow": ["x" * 254]},
+                {"allow": [f"h{i}.example" for i in range(65)]}, {"allow": ["ok.org"], "x": 1},
+                {"allow": "pypi.org"}, {"allow": [3]}):
         err = refused("invalid_argument", vms.new_vm, deps, ALICE, handle, image="tiny",
                       egress=bad)
         assert err.details["field"] == "egress"
