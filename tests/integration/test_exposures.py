@@ -5,6 +5,7 @@ connects to them, where the real one opens an SSH `direct-tcpip` channel)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import logging
@@ -336,6 +337,56 @@ def test_two_hundred_requests_at_once_all_answer(gdeps: Deps, served: Served) ->
         answers = list(pool.map(lambda i: client.get(f"/x/{secret}/n/{i}"), range(200)))
     assert [a.status_code for a in answers] == [200] * 200
     assert sorted(a.json()["path"] for a in answers) == sorted(f"/n/{i}" for i in range(200))
+
+
+def test_a_guest_that_never_answers_or_sends_an_endless_head_costs_one_connection(
+        gdeps: Deps, served: Served, shell: FakeShell, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guest port that takes requests and never answers, and one that answers an
+    endless header (as much as the relay reads, up to 1 GiB): the first times out
+    (504), the second is cut at the relay's head limit (502), and the exposure of a
+    healthy port answers at once all the while."""
+    monkeypatch.setattr("rift.api.exposures.HEAD_S", 3.0)
+    silent, endless = socket.create_server(("127.0.0.1", 0)), socket.create_server(
+        ("127.0.0.1", 0))
+    sent = [0]
+    held: list[socket.socket] = []
+
+    def hold() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(silent.accept()[0])
+
+    def flood() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = endless.accept()
+            with conn:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Big: ")
+                while sent[0] < 2**30:
+                    conn.sendall(b"a" * 65536)
+                    sent[0] += 65536
+
+    for fn in (hold, flood):
+        threading.Thread(target=fn, daemon=True).start()
+    shell.ports[8201] = silent.getsockname()
+    shell.ports[8202] = endless.getsockname()
+    handle, vm_id, _task_id = _vm(gdeps)
+    urls = {port: _secret(exposures.expose(gdeps, ALICE, handle, vm_id, port).url)
+            for port in (GUEST_PORT, 8201, 8202)}
+    try:
+        with httpx.Client(base_url=served.url, timeout=30) as client, \
+                ThreadPoolExecutor(max_workers=8) as pool:
+            stuck = [pool.submit(client.get, f"/x/{urls[8201]}/") for _ in range(4)]
+            flooded = pool.submit(client.get, f"/x/{urls[8202]}/")
+            time.sleep(0.5)  # the stuck requests wait on their guest now
+            healthy = [client.get(f"/x/{urls[GUEST_PORT]}/h/{i}") for i in range(5)]
+            assert [h.status_code for h in healthy] == [200] * 5
+            assert not any(f.done() for f in stuck)  # answered while they still waited
+            assert flooded.result().status_code == 502
+            assert [f.result().status_code for f in stuck] == [504] * 4
+    finally:
+        for sock in (silent, endless, *held):
+            sock.close()
+    assert sent[0] < 64 * 2**20, sent[0]  # read no further than the flow window allows
 
 
 def test_a_websocket_reaches_the_guest_port_both_ways(gdeps: Deps, shell: FakeShell,
