@@ -58,6 +58,16 @@ class DomainRecord:
 
 
 @dataclass(frozen=True)
+class DomainStats:
+    """What a running domain uses, from libvirt's domain statistics; None where the
+    host does not say (libvirt's test driver says nothing)."""
+
+    cpu_time_ns: int | None = None  # the vCPUs' time since the domain started
+    memory_rss_kib: int | None = None  # the QEMU process's resident memory
+    disk_allocation_bytes: int | None = None  # what its own disk (vda) holds on the host
+
+
+@dataclass(frozen=True)
 class HostInfo:
     """The size of a host, as its hypervisor reports it."""
 
@@ -151,6 +161,10 @@ class Hypervisor(Protocol):
         Its VM id, image and installation are kept; the running domain and its
         persistent definition both change, and `list_domains` shows the new task.
         """
+        ...
+
+    def stats(self) -> dict[str, DomainStats]:
+        """What each running domain uses now, by domain name (one call for all)."""
         ...
 
     def versions(self) -> str:

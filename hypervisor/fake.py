@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, replace
 
-from hypervisor.base import DomainRecord, DomainSpec, HostInfo, HypervisorError
+from hypervisor.base import DomainRecord, DomainSpec, DomainStats, HostInfo, HypervisorError
 from hypervisor.domain_xml import build_domain_xml, domain_xml_with_task
 
 FAKE_VERSIONS = "libvirt 0.0.0 fake 0.0.0"
@@ -48,6 +48,7 @@ class FakeHypervisor:
         self._failures: dict[str, list[str]] = {}  # op -> messages of its next calls
         self.version = FAKE_VERSIONS  # what versions() answers; tests change it
         self.states: dict[str, str] = {}  # save_state file -> the domain it saved
+        self.usage: dict[str, DomainStats] = {}  # what stats() answers per domain
 
     # failure injection
 
@@ -177,6 +178,16 @@ class FakeHypervisor:
                 except ValueError as exc:
                     raise HypervisorError("set_owner", f"domain '{name}': {exc}") from exc
             domain.task_id = task_id
+
+    def stats(self) -> dict[str, DomainStats]:
+        """Running domains use what `usage` says (tests set it), else nothing known."""
+        with self._lock:
+            self._touch("stats", "")
+            failures = self._failures.get("stats")
+            if failures:
+                raise HypervisorError("stats", failures.pop(0))
+            return {d.name: self.usage.get(d.name, DomainStats())
+                    for d in self.domains.values() if d.active}
 
     def versions(self) -> str:
         with self._lock:

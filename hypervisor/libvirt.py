@@ -19,7 +19,7 @@ from typing import Any
 
 import libvirt
 
-from hypervisor.base import DomainRecord, DomainSpec, HostInfo, HypervisorError
+from hypervisor.base import DomainRecord, DomainSpec, DomainStats, HostInfo, HypervisorError
 from hypervisor.domain_xml import (
     RIFT_XMLNS,
     build_domain_xml,
@@ -281,6 +281,14 @@ class LibvirtHypervisor:
         with _translated("set_owner"):
             dom.managedSaveDefineXML(saved, 0)
 
+    def stats(self) -> dict[str, DomainStats]:
+        conn = self._connection()
+        kinds = (libvirt.VIR_DOMAIN_STATS_CPU_TOTAL | libvirt.VIR_DOMAIN_STATS_BALLOON
+                 | libvirt.VIR_DOMAIN_STATS_BLOCK)
+        with _translated("stats"):
+            found = conn.getAllDomainStats(kinds, libvirt.VIR_CONNECT_GET_ALL_DOMAINS_STATS_ACTIVE)
+            return {str(dom.name()): domain_stats(values) for dom, values in found}
+
     def versions(self) -> str:
         conn = self._connection()
         with _translated("versions"):
@@ -380,6 +388,20 @@ class LibvirtHypervisor:
             conn, self._conn = self._conn, None
         if conn is not None:
             _close_quietly(conn)
+
+
+def domain_stats(values: dict[str, Any]) -> DomainStats:
+    """libvirt's typed statistics of one domain (virConnectGetAllDomainStats) as
+    DomainStats: `cpu.time`, `balloon.rss`, and `block.<n>.allocation` of `vda`."""
+    disk = None
+    for index in range(int(values.get("block.count", 0))):
+        if values.get(f"block.{index}.name") == "vda":
+            allocation = values.get(f"block.{index}.allocation")
+            disk = int(allocation) if allocation is not None else None
+    cpu, rss = values.get("cpu.time"), values.get("balloon.rss")
+    return DomainStats(cpu_time_ns=int(cpu) if cpu is not None else None,
+                       memory_rss_kib=int(rss) if rss is not None else None,
+                       disk_allocation_bytes=disk)
 
 
 def _dotted(version: int) -> str:

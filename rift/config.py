@@ -37,6 +37,10 @@ class Settings(BaseSettings):
         default=14400, ge=1, description="A task quiet this long closes itself (reason `idle`).")
     sweep_interval_s: int = Field(
         default=60, ge=1, description="How often the sweep closes idle tasks and reconciles hosts.")
+    stats_interval_s: int = Field(
+        default=10, ge=0, le=3600, description="How often what running VMs use (their "
+        "`stats`: CPU, memory, disk; the guest's network counters at most once a sweep "
+        "interval) is sampled. 0: never.")
     closed_retention_s: int = Field(
         default=30 * 24 * 3600, ge=0, description="How long a closed task stays readable.")
     max_open_tasks: int = Field(default=32, ge=1, description="Open tasks per user.")

@@ -16,6 +16,7 @@ from rift.domain.errors import StoreUnavailable
 from rift.services.context import Deps
 from rift.services.pools import refill
 from rift.services.sweeps import sweep
+from rift.services.usage import sample_usage
 
 log = logging.getLogger("rift.scheduler")
 
@@ -75,9 +76,24 @@ class PoolFiller:
                 log.exception("pool refill failed")
 
 
-def start_scheduler(deps: Deps, interval_s: int) -> BackgroundScheduler:
+def _sample(deps: Deps, net_every_s: float) -> None:
+    try:
+        sample_usage(deps, net_every_s)
+    except StoreUnavailable:
+        log.warning("usage not sampled: the database did not answer")
+    except Exception:  # the next run tries again
+        log.exception("usage sampling failed")
+
+
+def start_scheduler(deps: Deps, interval_s: int, stats_interval_s: int = 0
+                    ) -> BackgroundScheduler:
+    """The sweep every `interval_s`, and usage sampling every `stats_interval_s` (0: none)."""
     scheduler = BackgroundScheduler(timezone="UTC")
     scheduler.add_job(_run, "interval", seconds=interval_s, args=[deps], id="sweep",
                       max_instances=1, coalesce=True, misfire_grace_time=interval_s)
+    if stats_interval_s:
+        scheduler.add_job(_sample, "interval", seconds=stats_interval_s,
+                          args=[deps, interval_s], id="usage", max_instances=1,
+                          coalesce=True, misfire_grace_time=stats_interval_s)
     scheduler.start()
     return scheduler

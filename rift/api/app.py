@@ -99,7 +99,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
             proxy = EgressProxy(engine, settings.egress_proxy_port)
             await anyio.to_thread.run_sync(proxy.start)
             state.metrics.watch_egress(proxy.refusals.snapshot)
-        scheduler = start_scheduler(engine, settings.sweep_interval_s)
+        scheduler = start_scheduler(engine, settings.sweep_interval_s, settings.stats_interval_s)
         filler = PoolFiller(engine)
         filler.start()
         try:

@@ -34,7 +34,39 @@ class StoreGauges(Collector):
             GaugeMetricFamily("rift_open_tasks", "Tasks open now.", value=open_tasks),
             GaugeMetricFamily("rift_running_vms", "VMs running now.", value=running_vms),
             pooled,
+            *self._usage(),
         ]
+
+    def _usage(self) -> list[GaugeMetricFamily]:
+        """Each running VM's latest `stats` (SPEC §14), labelled by VM, task and host."""
+        from rift.domain import usage
+
+        labels = ["vm", "task", "host"]
+        families = {
+            "cpu_pct": GaugeMetricFamily(
+                "rift_vm_cpu_percent", "A running VM's CPU over the last sample interval, "
+                "% of its vCPUs.", labels=labels),
+            "memory_used_mib": GaugeMetricFamily(
+                "rift_vm_memory_used_mib", "A running VM's QEMU process's resident memory.",
+                labels=labels),
+            "disk_used_bytes": GaugeMetricFamily(
+                "rift_vm_disk_used_bytes", "What a running VM's own disk holds on its host.",
+                labels=labels),
+            "net_rx_bytes": GaugeMetricFamily(
+                "rift_vm_net_rx_bytes", "Bytes a running VM's guest has received.",
+                labels=labels),
+            "net_tx_bytes": GaugeMetricFamily(
+                "rift_vm_net_tx_bytes", "Bytes a running VM's guest has sent.", labels=labels),
+        }
+        with self.deps.store.read() as tx:
+            running = [vm for host in tx.hosts.all() for vm in tx.vms.live_on_host(host.name)
+                       if vm.status == "running"]
+        for vm in running:
+            now = usage.view(vm.stats) or {}
+            for key, family in families.items():
+                if now.get(key) is not None:
+                    family.add_metric([vm.id, vm.task_id, vm.host], float(now[key]))
+        return list(families.values())
 
 
 class EgressRefusals(Collector):

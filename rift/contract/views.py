@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from rift.contract.base import Output
 from rift.domain import egress as egress_rules
+from rift.domain import usage
 from rift.domain.clock import iso
 from rift.domain.leases import LeaseRules
 from rift.domain.model import Event, Exec, StartKind, Task, Vm
@@ -36,6 +37,25 @@ class PortView(Output):
 
     port: int
     created_at: str
+
+
+class StatsView(Output):
+    """What a running VM uses (SPEC §14), at most one sample interval old: CPU over
+    the last interval (% of its vCPUs; null until a second sample), the QEMU
+    process's resident memory, its disk's allocation on the host, and the guest's
+    network counters (read at most once a sweep interval)."""
+
+    cpu_pct: float | None
+    memory_used_mib: int | None
+    disk_used_bytes: int | None
+    net_rx_bytes: int | None
+    net_tx_bytes: int | None
+    at: str
+
+
+def _stats_view(stats: str | None) -> StatsView | None:
+    now = usage.view(stats)
+    return StatsView.model_construct(**now) if now is not None else None
 
 
 class AllowView(Output):
@@ -83,6 +103,7 @@ class VmView(Output):
     start: StartView | None
     egress: Literal["open", "none"] | AllowView
     exposures: list[PortView]
+    stats: StatsView | None
 
     @classmethod
     def of(cls, vm: Vm, exposures: list[Exposure] | None = None) -> VmView:
@@ -98,7 +119,8 @@ class VmView(Output):
             if vm.start_kind is not None and vm.start_ms is not None else None,
             egress=_egress_view(vm.egress),
             exposures=[PortView.model_construct(port=e.port, created_at=iso(e.created_at) or "")
-                       for e in exposures or []])
+                       for e in exposures or []],
+            stats=_stats_view(vm.stats) if vm.status == "running" else None)
 
 
 class SnapshotView(Output):

@@ -182,6 +182,8 @@ class Vm:
     change: VmChange | None = None
     change_at: datetime | None = None
     egress: Egress = "open"
+    # What it uses, sampled while it runs (rift.domain.usage's JSON; None before).
+    stats: str | None = None
 
     @property
     def domain_name(self) -> str:

@@ -45,16 +45,18 @@ class LoginFailures:
 @dataclass(frozen=True)
 class ChangeMark:
     """Moves whenever anything the Boxes page shows may have changed: every state
-    change appends an event, and a touch moves an open task's last activity."""
+    change appends an event, a touch moves an open task's last activity, and each
+    round of usage sampling (VMs' `stats`) sets its own mark."""
 
     last_event_id: int
     last_activity_at: datetime | None
+    usage_mark: str | None = None
 
     @property
     def token(self) -> str:
         at = "" if self.last_activity_at is None else str(
             int(self.last_activity_at.timestamp() * 1_000_000))
-        return f"{self.last_event_id}.{at}"
+        return f"{self.last_event_id}.{at}.{self.usage_mark or ''}"
 
 
 PoolGoal = Literal["running", "saved"]

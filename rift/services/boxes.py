@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rift.contract.views import TaskView
+from rift.domain import usage
 from rift.services.context import Deps
 
 OPEN_MAX = 1000  # a person has at most RIFT_MAX_OPEN_TASKS (32 by default)
@@ -27,6 +28,9 @@ class BoxesPage:
     more_open: bool  # more than OPEN_MAX open tasks: the page says so
     mark: str  # the change mark when this was read
     digest: str  # of what the page shows; equal digests render the same page
+    # Running VMs' recent (when, CPU %, memory MiB) samples, for the page's charts.
+    usage: dict[str, list[tuple[float, float | None, int | None]]] = field(
+        default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -55,8 +59,11 @@ def read_page(deps: Deps, user: str) -> BoxesPage:
     open_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id],
                               snaps[t.id], exposed) for t in opened]
     closed_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in closed]
+    drawn = {vm.id: usage.history(vm.stats) for t in opened for vm in vms.get(t.id, [])
+             if vm.status == "running" and vm.stats}
     shown = [[v.model_dump() for v in open_views], [v.model_dump() for v in closed_views]]
-    blob = json.dumps([*shown, len(found) > OPEN_MAX],
+    blob = json.dumps([*shown, len(found) > OPEN_MAX, drawn],
                       sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
-    return BoxesPage(user, open_views, closed_views, len(found) > OPEN_MAX, mark, digest)
+    return BoxesPage(user, open_views, closed_views, len(found) > OPEN_MAX, mark, digest,
+                     drawn)

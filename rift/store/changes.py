@@ -9,7 +9,7 @@ from typing import Any
 
 VM_CHANGEABLE = frozenset({
     "name", "status", "host", "ready_at", "destroyed_at", "error", "ssh_host", "ssh_port",
-    "destroy_requested_at", "start_kind", "start_ms", "change", "change_at",
+    "destroy_requested_at", "start_kind", "start_ms", "change", "change_at", "stats",
 })
 HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachable_since",
                              "last_error"})

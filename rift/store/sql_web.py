@@ -9,17 +9,19 @@ from typing import Any
 
 from sqlalchemy import Row, bindparam, delete, func, select, update
 
+from rift.domain import usage
 from rift.domain.records import ChangeMark, LoginFailures, WebSession
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.sql_base import SqlRepository
-from rift.store.tables import events, login_failures, tasks, users, web_sessions
+from rift.store.tables import events, login_failures, meta, tasks, users, web_sessions
 
-# One statement, two index lookups: the events primary key's last entry and the
+# One statement, three index lookups: the events primary key's last entry and the
 # last entry of (status, last_activity_at) for open tasks.
 CHANGE_MARK = select(
     select(func.max(events.c.id)).scalar_subquery(),
     select(func.max(tasks.c.last_activity_at))
     .where(tasks.c.status == "open").scalar_subquery(),
+    select(meta.c.value).where(meta.c.key == usage.MARK_KEY).scalar_subquery(),
 )
 
 
@@ -103,5 +105,5 @@ class SqlWeb(SqlRepository):
 
     def change_mark(self) -> ChangeMark:
         row = self._conn.execute(CHANGE_MARK).one()
-        last_event, last_activity = row[0], row[1]
-        return ChangeMark(int(last_event or 0), last_activity)
+        last_event, last_activity, usage_mark = row[0], row[1], row[2]
+        return ChangeMark(int(last_event or 0), last_activity, usage_mark)

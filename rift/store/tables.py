@@ -118,6 +118,8 @@ vms = Table(
     Column("change_at", UtcDateTime, nullable=True),
     # What its guest may reach (migration 0012).
     Column("egress", String, nullable=False, server_default="open"),
+    # What it uses: rift.domain.usage's JSON (migration 0013).
+    Column("stats", Text, nullable=True),
     Index("ux_vms_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     Index("ix_vms_task_id", "task_id"),
     Index("ix_vms_status_host", "status", "host"),

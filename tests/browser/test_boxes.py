@@ -6,6 +6,7 @@ names as text, the session cookie, logout, and the screenshot in the README."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -15,6 +16,7 @@ from typing import Any
 
 from playwright.sync_api import expect
 
+from rift.domain import usage
 from rift.domain.ids import new_task_id
 from rift.domain.model import NewEvent, Task
 from rift.store.sql import SqlStore
@@ -95,6 +97,60 @@ def test_a_paused_vm_and_the_tasks_snapshots_show_live(server: Server, page: Any
     expect(shown).to_have_count(0)
     assert same_page(page)
     agent.call("rift_task_close", handle=handle)
+
+
+def record_usage(server: Server, vm_id: str, samples: list[tuple[float, int, int]]) -> None:
+    """Samples of a VM's use written as rift.services.usage writes them ((when, CPU
+    time in ns, resident KiB) each; libvirt's test driver, under this server, reports
+    no figures), with the mark that tells the Boxes pages."""
+    store = SqlStore(f"sqlite:///{(server.data_dir / 'rift.db').resolve()}")
+    try:
+        with store.write() as tx:
+            vm = tx.vms.get(vm_id)
+            assert vm is not None
+            text = vm.stats
+            for at, cpu_ns, rss in samples:
+                text = usage.advance(text, usage.Sample(
+                    at=at, cpu_time_ns=cpu_ns, memory_rss_kib=rss,
+                    disk_allocation_bytes=None, net=(1000, 2000)), vm.vcpus)
+            tx.vms.update(vm_id, ("running",), stats=text)
+            tx.meta.swap(usage.MARK_KEY, tx.meta.get(usage.MARK_KEY), str(samples[-1][0]))
+    finally:
+        store.close()
+
+
+def test_a_vms_cpu_and_memory_show_as_small_charts_that_follow_it_live(
+        server: Server, page: Any) -> None:
+    agent = Agent(server.url, server.token, "claude-code")
+    opened = agent.call("rift_task_new", name="busy")
+    vm = agent.call("rift_vm_new", handle=opened["handle"], image="tiny")["vm"]
+    log_in(page, server.url, "admin", server.password)
+    mark_page(page)
+    use = card(page, opened["task"]["id"]).locator(f"tr[data-vm='{vm['id']}'] [data-h=Use]")
+    expect(use).to_have_text("–")  # nothing sampled yet
+    start = time.time()
+    # 10 s apart: 2.5 s of CPU (25% of its one vCPU), then 8 s (80%); 100 then 200 MiB
+    record_usage(server, vm["id"], [(start, 0, 102400), (start + 10, 2_500_000_000, 102400),
+                                    (start + 20, 10_500_000_000, 204800)])
+    expect(use.locator(".use-cpu .use-now")).to_have_text("80%")
+    expect(use.locator(".use-memory .use-now")).to_have_text("200 MiB")
+    cpu_line = use.locator(".use-cpu svg polyline")
+    expect(use.locator(".use-cpu svg")).to_have_attribute("aria-label",
+                                                          "CPU over the last 3 samples")
+    points = [tuple(map(float, p.split(","))) for p in
+              cpu_line.get_attribute("points").split()]
+    assert len(points) == 2 and points[1][1] < points[0][1], points  # 25% then 80%: up
+    record_usage(server, vm["id"], [(start + 30, 10_600_000_000, 153600)])
+    expect(use.locator(".use-cpu .use-now")).to_have_text("1%")
+    expect(use.locator(".use-memory svg")).to_have_attribute("aria-label",
+                                                             "memory over the last 4 samples")
+    box = use.locator(".use-cpu svg").bounding_box()
+    assert box is not None and box["width"] == 60 and box["height"] == 16
+    assert same_page(page)
+    seen = agent.call("rift_vm_get", vm_id=vm["id"])["vm"]["stats"]
+    assert seen["cpu_pct"] == 1.0 and seen["memory_used_mib"] == 150, seen
+    assert (seen["net_rx_bytes"], seen["net_tx_bytes"]) == (1000, 2000)
+    agent.call("rift_task_close", handle=opened["handle"])
 
 
 def test_another_users_tasks_never_show(server: Server, page: Any) -> None:
@@ -243,8 +299,16 @@ def test_a_screenshot_of_a_few_tasks_for_the_readme(server: Server, browser: Any
         cursor.call("rift_vm_new", handle=fuzz["handle"], name=name, vcpus=vcpus,
                     memory_mib=memory)
     main = claude.call("rift_task_new", name="refactor the config loader")
-    for name in ("build", "test"):
-        claude.call("rift_vm_new", handle=main["handle"], name=name)
+    built = [claude.call("rift_vm_new", handle=main["handle"], name=name)["vm"]
+             for name in ("build", "test")]
+    start = time.time() - 600
+    for vm, busy in zip(built, (0.7, 0.15), strict=True):  # a build and its tests' use
+        cpu_ns = 0
+        samples = []
+        for i in range(40):
+            cpu_ns += int(10e9 * busy * (1 + 0.3 * math.sin(i / 3)))
+            samples.append((start + 10 * i, cpu_ns, 1024 * (260 + 3 * i + 40 * (i % 7 == 0))))
+        record_usage(server, vm["id"], samples)
     shots = {"light": (1200, 900, "light"), "dark": (1200, 900, "dark"),
              "phone": (390, 844, "light")}
     for shot, (width, height, scheme) in shots.items():

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -233,7 +234,9 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "the guests' isolation is not loaded (scripts/libvirt.sh loads it): "
         + isolation.stderr.strip())
     proc, srv = start_real_server(tmp_path_factory.mktemp("egress"), debian=True,
-                                  RIFT_VM_BOOT_TIMEOUT_S="90")
+                                  RIFT_VM_BOOT_TIMEOUT_S="90",
+                                  # what VMs use, sampled often enough to be seen here
+                                  RIFT_STATS_INTERVAL_S="2", RIFT_SWEEP_INTERVAL_S="5")
     try:
         yield srv
     finally:
@@ -355,6 +358,7 @@ def test_an_allowlisted_debian_guest_reaches_listed_names_through_the_proxy_and_
     before, counted_before = _refusals(real), _counters()
     rift_port = int(real.url.rsplit(":", 1)[1])
     out: dict[str, str] = {}
+    used: dict[str, Any] = {}
     allow = {"allow": ["beyond.rift.test", "*.pkgs.rift.test", "192.0.2.0/24"]}
     checks = {
         # what the environment's proxy takes to a listed name
@@ -413,6 +417,13 @@ def test_an_allowlisted_debian_guest_reaches_listed_names_through_the_proxy_and_
                                  command="sleep 1; curl -sS http://beyond.rift.test:8080/",
                                  timeout_s=60, wait_s=30)
             out["background"] = started["stdout"].strip()
+            # what it used, from libvirt and its own counters (pip, git and apt came in)
+            for _ in range(60):
+                stats = (await call(s, "rift_vm_get", vm_id=vm["id"]))["vm"]["stats"]
+                if stats and stats["cpu_pct"] is not None and (stats["net_rx_bytes"] or 0) > 50_000:
+                    break
+                await anyio.sleep(1)
+            used.update(stats or {})
             await call(s, "rift_task_close", handle=handle)
 
     run(scenario, 900)
@@ -439,3 +450,7 @@ def test_an_allowlisted_debian_guest_reaches_listed_names_through_the_proxy_and_
     assert grew["sni_mismatch"] >= 1, grew
     assert grew["connect"] >= 2 and grew["dns"] >= 2, grew
     assert counted["proxied_connect"] - counted_before["proxied_connect"] >= 2
+    print(f"what it used: {used}")
+    assert 0 <= used["cpu_pct"] <= 100 and used["memory_used_mib"] > 100, used
+    assert used["disk_used_bytes"] > 1 << 20, used  # its overlay took what apt and pip wrote
+    assert used["net_rx_bytes"] > 50_000 and used["net_tx_bytes"] > 1_000, used

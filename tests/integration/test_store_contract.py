@@ -806,7 +806,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0012"
+    assert current_revision(empty_sql_url) == head_revision() == "0013"
 
 
 def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
@@ -928,7 +928,7 @@ def test_the_installation_has_an_id_and_meta_is_compare_and_set(store: Store) ->
         assert tx.meta.get("heartbeat_at") == "d"
 
 
-AFTER_0008 = ("change", "change_at", "egress")  # the VM fields that 0009 and 0012 add
+AFTER_0008 = ("change", "change_at", "egress", "stats")  # VM fields of 0009, 0012, 0013
 
 
 def _row_before_0009(vm: Vm) -> dict[str, Any]:
