@@ -55,7 +55,8 @@ def limits_of(settings: Settings) -> Limits:
                   settings.rate_task_new_per_h, settings.rate_vm_new_per_h,
                   settings.closed_retention_s, settings.cpu_overcommit,
                   settings.vm_creating_grace_s, settings.exec_wait_s,
-                  settings.exec_output_mib, settings.max_snapshots_per_task)
+                  settings.exec_output_mib, settings.max_snapshots_per_task,
+                  settings.host_lost_s)
 
 
 def build_deps(settings: Settings, *, clock: Clock | None = None,

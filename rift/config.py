@@ -37,6 +37,10 @@ class Settings(BaseSettings):
         default=14400, ge=1, description="A task quiet this long closes itself (reason `idle`).")
     sweep_interval_s: int = Field(
         default=60, ge=1, description="How often the sweep closes idle tasks and reconciles hosts.")
+    host_lost_s: int = Field(
+        default=600, ge=1, description="How long a host may stay unreachable before its VMs "
+        "are `failed` (host lost) and its capacity is no longer counted; if it comes back, "
+        "reconciliation destroys their domains.")
     stats_interval_s: int = Field(
         default=10, ge=0, le=3600, description="How often what running VMs use (their "
         "`stats`: CPU, memory, disk; the guest's network counters at most once a sweep "

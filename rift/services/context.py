@@ -26,6 +26,7 @@ class Limits:
     exec_wait_s: int = 45
     exec_output_mib: int = 16
     max_snapshots_per_task: int = 8
+    host_lost_s: int = 600  # a host unreachable this long: its VMs are failed (host lost)
 
 
 @dataclass

@@ -47,6 +47,7 @@ class ReconcileReport:
     vanished: list[str] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)  # VMs of hosts unreachable too long
     stopped: list[str] = field(default_factory=list)
     disks_removed: list[str] = field(default_factory=list)
     destroys_finished: list[str] = field(default_factory=list)
@@ -57,7 +58,7 @@ class ReconcileReport:
 
     def __bool__(self) -> bool:
         return bool(self.orphans_destroyed or self.vanished or self.interrupted
-                    or self.unreachable or self.stopped or self.disks_removed
+                    or self.unreachable or self.lost or self.stopped or self.disks_removed
                     or self.destroys_finished or self.pool_vms_removed
                     or self.changes_settled)
 
@@ -102,6 +103,7 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
         deps.log.warning("host unreachable", extra={"host": host, "error": str(exc)})
         report.unreachable.append(host)
         mark_unreachable(deps, host, str(exc))
+        report.lost.extend(lose_vms_of_lost_host(deps, host))
         return
     mark_reachable(deps, host)
     report.listed[host] = ({d.name for d in listed}, listed_at)
@@ -267,6 +269,28 @@ def mark_unreachable(deps: Deps, host: str, error: str) -> None:
                 tx.vms.update(vm.id, (vm.status,), error=note)
 
 
+def lose_vms_of_lost_host(deps: Deps, host: str) -> list[str]:
+    """Past `RIFT_HOST_LOST_S` of silence, the host's live VMs are `failed` (host
+    lost), each with its event, and no longer hold its capacity. Their domains may
+    still run there: if the host comes back, they are orphans of failed rows, and
+    its first reconciliation destroys them (and nothing else)."""
+    with deps.store.read() as tx:
+        current = tx.hosts.get(host)
+        vms = tx.vms.live_on_host(host)
+    since = current.unreachable_since if current is not None else None
+    if since is None:
+        return []
+    silent_s = (deps.clock.now() - since).total_seconds()
+    if silent_s < deps.limits.host_lost_s:
+        return []
+    error = (f"host lost: {host} has not answered since {since.isoformat(timespec='seconds')} "
+             f"(over {deps.limits.host_lost_s} s, RIFT_HOST_LOST_S)")
+    lost = [vm.id for vm in vms if _fail(deps, vm, vm.status, error)]
+    if lost:
+        deps.log.warning("host lost: its VMs failed", extra={"host": host, "vms": len(lost)})
+    return lost
+
+
 def mark_reachable(deps: Deps, host: str) -> None:
     with deps.store.read() as tx:
         current = tx.hosts.get(host)
@@ -306,6 +330,7 @@ def reconcile(deps: Deps) -> ReconcileReport:
             "destroys_finished": len(report.destroys_finished),
             "stopped": len(report.stopped), "disks_removed": len(report.disks_removed),
             "interrupted": len(report.interrupted), "unreachable": report.unreachable,
+            "lost": len(report.lost),
             "pool_vms_removed": len(report.pool_vms_removed),
             "changes_settled": len(report.changes_settled)})
     return report

@@ -119,6 +119,54 @@ def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
     assert vms.get_vm(deps, ALICE, there.id).error is None
 
 
+def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back_destroys_them(
+        deps: Deps, clock: FakeClock, local_hv: FakeHypervisor, pool: object) -> None:
+    from hypervisor.base import HypervisorError
+    from rift.services import hosts, vm_state
+
+    hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
+    opened = tasks.new_task(deps, ALICE)
+    handle = str(opened.handle)
+    running, parked = (vms.new_vm(deps, ALICE, handle), vms.new_vm(deps, ALICE, handle))
+    vm_state.pause(deps, ALICE, handle, parked.id)
+    assert {running.host, parked.host} == {"far"}
+    here = vms.new_vm(deps, ALICE, handle, vcpus=64)  # too big for "far": on "local"
+    far = deps.hosts.hypervisor("fake:///far")
+    assert isinstance(far, FakeHypervisor)
+    far.add_foreign_domain("rift-vm_theirsbb", "task_bbbbbbbb", "vm_theirsbb",
+                           install="rift_someone_else")
+    working = far.list_domains
+
+    def refuse() -> list[object]:
+        raise HypervisorError("list", "unable to connect to server: No route to host")
+
+    far.list_domains = refuse  # type: ignore[method-assign]
+    reconcile.reconcile(deps)
+    clock.advance(deps.limits.host_lost_s - 1)
+    assert reconcile.reconcile(deps).lost == []  # not yet: unreachable, VMs still theirs
+    assert vms.get_vm(deps, ALICE, running.id).status == "running"
+    with deps.store.read() as tx:
+        assert tx.vms.usage_by_host()["far"].vcpus == 1
+    clock.advance(2)
+    report = reconcile.reconcile(deps)
+    assert sorted(report.lost) == sorted([running.id, parked.id])
+    for vm_id in (running.id, parked.id):
+        got = vms.get_vm(deps, ALICE, vm_id)
+        assert got.status == "failed" and got.error.startswith("host lost: far"), got
+    assert vms.get_vm(deps, ALICE, here.id).status == "running"  # other hosts untouched
+    assert event_types(deps, opened.task.id).count("vm_failed") == 2
+    with deps.store.read() as tx:
+        assert "far" not in tx.vms.usage_by_host()  # its capacity is no longer held
+    assert not reconcile.reconcile(deps).lost  # once
+    # it comes back: the lost VMs' domains go, nothing else does
+    far.list_domains = working  # type: ignore[method-assign]
+    back = reconcile.reconcile(deps)
+    assert sorted(back.orphans_destroyed) == sorted([f"rift-{running.id}", f"rift-{parked.id}"])
+    assert set(far.domains) == {"rift-vm_theirsbb"}
+    assert {h["name"]: h for h in hosts.list_hosts(deps)}["far"]["state"] == "active"
+    assert vms.get_vm(deps, ALICE, running.id).status == "failed"  # it stays failed
+
+
 class Killed(Exception):
     """`kill -9` of the server: nothing after this point of a call happens."""
 
