@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from hypervisor.base import HypervisorError
@@ -15,19 +17,60 @@ LOCAL = "local"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 
-def _capacity(deps: Deps, uri: str, vcpus: int | None, memory_mib: int | None) -> tuple[int, int]:
-    if vcpus is not None and memory_mib is not None:
+# The oldest libvirt Rift runs guests on (Debian 12's): managed saves whose XML it
+# rewrites, the save image header it re-heads for forks.
+MIN_LIBVIRT = (9, 0, 0)
+PROBE_TIMEOUT_S = 30.0  # for a host's libvirt to answer `rift host add`
+_VERSIONS = re.compile(r"^libvirt (\d+)\.(\d+)\.(\d+) (\S+) ")
+
+
+def _capacity(deps: Deps, uri: str, vcpus: int | None, memory_mib: int | None,
+              probe: bool = True) -> tuple[int, int]:
+    """The host's size (what its libvirt reports, unless given), once it answered
+    (without `probe`, a size given whole is taken as it is)."""
+    if not probe and vcpus is not None and memory_mib is not None:
         return vcpus, memory_mib
+    hv = deps.hosts.hypervisor(uri)
+    # libvirt's connect blocks (an SSH to an address that drops packets waits for TCP
+    # to give up): the answer is bounded, and a connect still under way is left to end.
+    asking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rift-host-probe")
     try:
-        info = deps.hosts.hypervisor(uri).info()
+        info, versions = asking.submit(lambda: (hv.info(), hv.versions())).result(
+            PROBE_TIMEOUT_S)
     except HypervisorError as exc:
-        raise HypervisorFailed(str(exc)) from exc
+        raise HypervisorFailed(_why_not(uri, exc.message)) from exc
+    except FutureTimeout:
+        raise HypervisorFailed(f"{uri}: the host does not answer (nothing within "
+                               f"{PROBE_TIMEOUT_S:.0f} s)") from None
+    finally:
+        asking.shutdown(wait=False)
+    found = _VERSIONS.match(versions)
+    if found and found.group(4) in ("qemu", "kvm"):
+        have = tuple(int(part) for part in found.groups()[:3])
+        if have < MIN_LIBVIRT:
+            raise InvalidArgument("uri", f"{uri} runs {versions}; Rift needs libvirt "
+                                  f"{'.'.join(map(str, MIN_LIBVIRT))} or newer there "
+                                  "(Debian 12's; the ansible hypervisor role installs it)")
     offered = int(info.vcpus * deps.limits.cpu_overcommit)
     return vcpus or offered, memory_mib or info.memory_mib
 
 
+def _why_not(uri: str, words: str) -> str:
+    """libvirt's words when a host does not let Rift in, with which it is first."""
+    lowered = words.lower()
+    if "permission denied" in lowered or "authentication" in lowered:
+        return f"{uri}: the host refused the SSH key ({words})"
+    if any(w in lowered for w in ("connection refused", "no route", "timed out",
+                                  "unreachable", "could not resolve", "connection reset",
+                                  "no such file", "failed to connect")):
+        return f"{uri}: the host does not answer ({words})"
+    return f"{uri}: {words}"
+
+
 def add_host(deps: Deps, name: str, uri: str, vcpus: int | None = None,
-             memory_mib: int | None = None) -> Host:
+             memory_mib: int | None = None, probe: bool = True) -> Host:
+    """Add a host once its libvirt answered and is new enough (`probe`: always, but
+    for the `local` host of a start whose size is given); nothing is added else."""
     if not _NAME_RE.match(name):
         raise InvalidArgument("name", "1–64 of a-z 0-9 _ . -, starting with a letter or digit")
     if "://" not in uri:
@@ -35,7 +78,7 @@ def add_host(deps: Deps, name: str, uri: str, vcpus: int | None = None,
     for field, value in (("vcpus", vcpus), ("memory_mib", memory_mib)):
         if value is not None and value < 1:
             raise InvalidArgument(field, "must be at least 1")
-    cpus, mem = _capacity(deps, uri, vcpus, memory_mib)
+    cpus, mem = _capacity(deps, uri, vcpus, memory_mib, probe)
     host = Host(name, uri, cpus, mem, False, deps.clock.now())
     with deps.store.write() as tx:
         if tx.hosts.get(name) is not None:
@@ -52,10 +95,10 @@ def ensure_local_host(deps: Deps, uri: str, vcpus: int | None = None,
         current = tx.hosts.get(LOCAL)
     if current is None:
         try:
-            return add_host(deps, LOCAL, uri, vcpus, memory_mib)
+            return add_host(deps, LOCAL, uri, vcpus, memory_mib, probe=False)
         except (InvalidArgument, DuplicateKey):  # another replica added it a moment ago
             pass
-    cpus, mem = _capacity(deps, uri, vcpus, memory_mib)
+    cpus, mem = _capacity(deps, uri, vcpus, memory_mib, probe=False)
     with deps.store.write() as tx:
         tx.hosts.update(LOCAL, uri=uri, vcpus=cpus, memory_mib=mem)
         host = tx.hosts.get(LOCAL)

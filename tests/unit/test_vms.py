@@ -141,6 +141,32 @@ def test_placement_takes_the_host_with_most_free_memory_and_skips_drained(
     assert "rift-" in next(iter(pool.hypervisor("fake:///big").domains))
 
 
+def test_a_host_that_does_not_let_rift_in_or_runs_an_old_libvirt_is_not_added(
+        deps: Deps, pool: FakePool) -> None:
+    from hypervisor.base import HypervisorError
+
+    before = snapshot(deps)
+    old = pool.hypervisor("fake:///old")
+    old.version = "libvirt 8.0.0 qemu 6.2.0"
+    err = refused("invalid_argument", hosts.add_host, deps, "old", "fake:///old", 4, 4096)
+    assert "libvirt 9.0.0 or newer" in err.message and "8.0.0" in err.message
+    for name, words, said in (
+            ("far", "Cannot recv data: ssh: connect to host 10.0.0.9 port 22: No route to "
+                    "host", "does not answer"),
+            ("locked", "Cannot recv data: root@10.0.0.9: Permission denied (publickey).",
+             "refused the SSH key")):
+        hv = pool.hypervisor(f"fake:///{name}")
+
+        def fail(words: str = words) -> object:
+            raise HypervisorError("open", words)
+
+        hv.info = fail  # type: ignore[assignment,method-assign]
+        err = refused("hypervisor_error", hosts.add_host, deps, name, f"fake:///{name}", 4, 4096)
+        assert said in err.message and words in err.message, err.message
+    assert snapshot(deps) == before  # nothing added
+    assert sorted(h["name"] for h in hosts.list_hosts(deps)) == ["local"]
+
+
 def test_no_host_fitting_answers_no_capacity_with_the_largest_free_slot(deps: Deps) -> None:
     _, handle = _task(deps)
     err = refused("no_capacity", vms.new_vm, deps, ALICE, handle, memory_mib=65536)

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Hypervisor hosts that are really elsewhere, on this one machine (issue #16):
+#
+#   scripts/netns-hosts.sh up N     # host hvN: 10.214.N.2, reached from here at 10.214.N.1
+#   scripts/netns-hosts.sh down N
+#   scripts/netns-hosts.sh uri N    # the qemu+ssh:// URI the control plane adds it by
+#
+# Host N is a network namespace (rift-hvN) joined to this machine by a veth pair
+# (this end 10.214.N.1/30, the host's 10.214.N.2/30) and, inside it, a mount
+# namespace of its own: its own /run (so its own libvirt sockets and pid files),
+# /tmp, /var/lib/libvirt, /var/log/libvirt, /var/cache/libvirt and /etc/libvirt
+# (a copy of this machine's), and so its own libvirtd, virtlogd and sshd, and its
+# own firewall table (hypervisor/guest_isolation.nft, per network namespace).
+# Its sshd listens on 10.214.N.2:22 only and lets in root with the control
+# plane's key ($RIFT_HOSTS_DIR/client_key), so libvirt's qemu+ssh:// and SSH are
+# the only ways in: there is no shared loopback and no shared /run/libvirt.
+# Programs and images are read from this machine's file system (the host has
+# its own copies of what Rift copies there: its /tmp is its own).
+#
+# Needs root and what scripts/libvirt.sh installs (libvirt, QEMU, nftables,
+# tini) and openssh-server. State lives in $RIFT_HOSTS_DIR (default
+# /var/lib/rift-hosts); `down` stops every process of the host and removes it.
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+  exec sudo -E "$0" "$@"
+fi
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DIR=${RIFT_HOSTS_DIR:-/var/lib/rift-hosts}
+WAIT_S=${RIFT_HOSTS_WAIT_S:-30}
+
+usage() { echo "usage: $0 up|down|uri N (N: 1-200)" >&2; exit 2; }
+[ $# -eq 2 ] || usage
+action=$1 n=$2
+[[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || usage
+
+ns=rift-hv$n
+state=$DIR/hv$n
+here=10.214.$n.1
+there=10.214.$n.2
+outer=rhv${n}o inner=rhv${n}i
+
+say() { echo "netns-hosts: hv$n: $*" >&2; }
+
+uri() {
+  echo "qemu+ssh://root@$there/system?keyfile=$DIR/client_key&no_verify=1&no_tty=1"
+}
+
+down() {
+  if ip netns list | grep -qw "$ns"; then
+    # every process of the host: libvirtd, virtlogd, sshd, QEMU, tini
+    for pid in $(ip netns pids "$ns"); do kill -9 "$pid" 2>/dev/null || true; done
+    for _ in $(seq 50); do [ -z "$(ip netns pids "$ns")" ] && break; sleep 0.1; done
+    ip netns del "$ns"
+  fi
+  ip link del "$outer" 2>/dev/null || true
+  rm -rf "$state"
+}
+
+up() {
+  for tool in libvirtd virtlogd /usr/sbin/sshd tini unshare nft ssh-keygen; do
+    command -v "$tool" >/dev/null || { say "needs $tool (scripts/libvirt.sh, openssh-server)"; exit 1; }
+  done
+  down
+  mkdir -p "$state" && chmod 700 "$DIR" "$state"
+  if [ ! -f "$DIR/client_key" ]; then
+    ssh-keygen -q -t ed25519 -N "" -C rift-control-plane -f "$DIR/client_key"
+  fi
+  ssh-keygen -q -t ed25519 -N "" -f "$state/host_key"
+  cp "$DIR/client_key.pub" "$state/authorized_keys"
+  cp -a /etc/libvirt "$state/etc-libvirt"
+  rm -rf "$state/etc-libvirt/qemu/"*.xml "$state/etc-libvirt/qemu/autostart"
+  cat > "$state/sshd_config" <<EOF
+ListenAddress $there
+Port 22
+HostKey $state/host_key
+AuthorizedKeysFile $state/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+StrictModes no
+UsePAM no
+PidFile /run/sshd.pid
+AllowTcpForwarding yes
+Subsystem sftp internal-sftp
+EOF
+
+  ip netns add "$ns"
+  ip link add "$outer" type veth peer name "$inner"
+  ip link set "$inner" netns "$ns"
+  ip addr add "$here/30" dev "$outer"
+  ip link set "$outer" up
+  ip -n "$ns" addr add "$there/30" dev "$inner"
+  ip -n "$ns" link set "$inner" up
+  ip -n "$ns" link set lo up
+
+  # Inside: a mount namespace of its own, then the daemons under tini (a subreaper,
+  # so QEMU processes are reaped), sshd in the foreground.
+  cat > "$state/start" <<EOF
+set -e
+mount -t tmpfs -o mode=755 tmpfs /run
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+for d in /var/lib/libvirt /var/log/libvirt /var/cache/libvirt; do
+  mount -t tmpfs -o mode=755 tmpfs "\$d"
+done
+mount --bind "$state/etc-libvirt" /etc/libvirt
+mkdir -p /run/libvirt /run/sshd /var/lib/libvirt/qemu /var/cache/libvirt/qemu
+nft -f "$ROOT/hypervisor/guest_isolation.nft"
+virtlogd -d
+libvirtd -d
+exec /usr/sbin/sshd -D -f "$state/sshd_config" -E "$state/sshd.log"
+EOF
+  setsid ip netns exec "$ns" unshare --mount --propagation private --fork -- \
+    tini -s -- sh "$state/start" </dev/null >>"$state/host.log" 2>&1 &
+
+  deadline=$((SECONDS + WAIT_S))
+  until virsh -c "$(uri)" version >/dev/null 2>&1; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      say "its libvirt did not answer at $(uri) within ${WAIT_S}s; see $state/host.log" >&2
+      cat "$state/host.log" >&2 || true
+      exit 1
+    fi
+    sleep 0.2
+  done
+  say "up at $there ($(virsh -c "$(uri)" version 2>/dev/null | sed -n 's/^Running hypervisor: //p'))"
+}
+
+case "$action" in
+  up) up ;;
+  down) down ;;
+  uri) uri ;;
+  *) usage ;;
+esac

@@ -1,0 +1,132 @@
+"""Hosts that are really elsewhere (issue #16), made on this machine by
+scripts/netns-hosts.sh: two hypervisor hosts, each a network namespace joined to
+this machine by a veth pair and a mount namespace of its own, with its own
+libvirtd, virtlogd, sshd and firewall, reached only at its own address. A
+machine where they cannot be made fails here: it does not skip.
+
+What is checked: each host's libvirt answers at its qemu+ssh:// URI and holds
+its own domains (none shared with the other or with this machine's); neither
+reaches this machine's loopback; `rift host add` takes each by its URI with the
+size its libvirt reports, and refuses, adding nothing, a URI where nothing
+answers and one whose SSH key is not let in."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import Server, free_port, start_real_server, stop_server
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "netns-hosts.sh"
+HOSTS = (11, 12)  # hv11 at 10.214.11.2, hv12 at 10.214.12.2
+DOMAIN = """<domain type='qemu'><name>{name}</name><memory unit='KiB'>65536</memory>
+<vcpu>1</vcpu><os><type arch='x86_64' machine='q35'>hvm</type></os></domain>"""
+
+
+def _script(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"netns-hosts.sh {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def far_hosts() -> Iterator[dict[int, str]]:
+    """The two hosts, up; their URIs by number. Torn down after."""
+    folder = Path(f"/var/lib/rift-hosts/test-{os.getpid()}")  # not /tmp: the hosts hide it
+    env = {**os.environ, "RIFT_HOSTS_DIR": str(folder)}
+    try:
+        for n in HOSTS:
+            _script(env, "up", str(n))
+        yield {n: _script(env, "uri", str(n)) for n in HOSTS}
+    finally:
+        for n in HOSTS:
+            subprocess.run([str(SCRIPT), "down", str(n)], env=env, capture_output=True,
+                           check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not [n for n in HOSTS if f"rift-hv{n}" in subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout]
+
+
+def _virsh(uri: str, *args: str) -> str:
+    return subprocess.run(["virsh", "-c", uri, *args], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+
+
+def test_each_host_has_its_own_libvirt_and_reaches_nothing_of_this_machines_loopback(
+        far_hosts: dict[int, str], tmp_path: Path) -> None:
+    first, second = (far_hosts[n] for n in HOSTS)
+    xml = tmp_path / "d.xml"
+    xml.write_text(DOMAIN.format(name="rift-hosts-probe"))
+    _virsh(first, "define", str(xml))
+    try:
+        assert "rift-hosts-probe" in _virsh(first, "list", "--all", "--name")
+        assert "rift-hosts-probe" not in _virsh(second, "list", "--all", "--name")
+        assert "rift-hosts-probe" not in _virsh("qemu:///system", "list", "--all", "--name")
+    finally:
+        _virsh(first, "undefine", "rift-hosts-probe")
+    # a server on this machine's loopback: the hosts' own loopback is another one
+    port = free_port()
+    listener = socket.create_server(("127.0.0.1", port))
+    threading.Thread(target=lambda: listener.accept(), daemon=True).start()
+    try:
+        for n in HOSTS:
+            probe = subprocess.run(
+                ["ip", "netns", "exec", f"rift-hv{n}", "python3", "-c",
+                 f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"],
+                capture_output=True, text=True, check=False)
+            assert probe.returncode != 0 and "refused" in probe.stderr.lower(), probe.stderr
+            # and this machine reaches the host only at its own address
+            with socket.create_connection((f"10.214.{n}.2", 22), timeout=5) as ssh:
+                assert ssh.recv(64).startswith(b"SSH-2.0-")
+    finally:
+        listener.close()
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    proc, srv = start_real_server(tmp_path_factory.mktemp("hosts"))
+    try:
+        yield srv
+    finally:
+        stop_server(proc)
+
+
+def test_rift_host_add_takes_each_host_by_its_uri_and_refuses_what_does_not_let_it_in(
+        real: Server, far_hosts: dict[int, str], tmp_path: Path) -> None:
+    for n, uri in far_hosts.items():
+        added = real.rift("host", "add", f"hv{n}", uri)
+        assert added.returncode == 0, added.stderr
+    listed = {h["name"]: h for h in json.loads(real.rift("host", "list", "--json").stdout)}
+    for n, uri in far_hosts.items():
+        host = listed[f"hv{n}"]
+        info = _virsh(uri, "nodeinfo")
+        cpus = int(next(line for line in info.splitlines()
+                        if line.startswith("CPU(s):")).split()[1])
+        assert host["uri"] == uri and host["state"] == "active", host
+        assert host["vcpus"] == cpus * 4, host  # RIFT_CPU_OVERCOMMIT 4
+    # the host is there, but nothing answers SSH on that port
+    nowhere = far_hosts[HOSTS[0]].replace(f"10.214.{HOSTS[0]}.2", f"10.214.{HOSTS[0]}.2:2222")
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)],
+                   check=True)
+    locked = far_hosts[HOSTS[0]].split("keyfile=")[0] + f"keyfile={stranger}&no_verify=1&no_tty=1"
+    for name, uri, said in (("nowhere", nowhere, "does not answer"),
+                            ("locked", locked, "refused the SSH key")):
+        refused = real.rift("host", "add", name, uri)
+        assert refused.returncode != 0 and said in refused.stderr, refused.stderr
+    after = {h["name"] for h in json.loads(real.rift("host", "list", "--json").stdout)}
+    assert after == {"local", *(f"hv{n}" for n in HOSTS)}  # nothing added for either
