@@ -17,6 +17,7 @@ from rift.domain.errors import InvalidArgument
 from rift.domain.leases import LeaseRules
 from rift.domain.store_errors import DuplicateKey
 from rift.guest.adapter import SshGuests
+from rift.guest.links import HostLinks, RemoteFiles
 from rift.logs import setup_logging
 from rift.services import accounts, hosts
 from rift.services.context import Deps, ExposureUrls, GuestRuntime, Limits
@@ -72,6 +73,13 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     with store.read() as tx:
         install_id = tx.meta.get("install_id")
     runtime = guest_runtime(settings, install=install_id)
+    links = HostLinks()
+
+    def host_uri(name: str) -> str | None:
+        with store.read() as tx:
+            found = tx.hosts.get(name)
+        return found.uri if found is not None else None
+
     deps = Deps(
         exposure_urls=ExposureUrls(settings.public_url or ExposureUrls.public_url,
                                    settings.preview_domain),
@@ -85,11 +93,13 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         guests=SshGuests(private_dir(settings.data_dir / "keys"),
                          serial_dir=runtime.serial_dir,
                          egress_proxy_port=settings.egress_proxy_port or None,
+                         links=links, host_uri=host_uri,
                          helper_binary=lambda: exec_helper(runtime.images_dir / ".cache"
                                                            / "helpers")),
         runtime=runtime,
         default_image=settings.default_image,
         default_egress=settings.default_egress,
+        host_files=RemoteFiles(links),
     )
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
                             settings.host_memory_mib)

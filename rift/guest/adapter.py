@@ -14,6 +14,7 @@ from rift.domain.errors import GuestUnreachable, InvalidArgument
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError, GuestExecError, GuestFileError, GuestPortClosed
 from rift.guest.keys import forget_task, keep_boot_key, key_for_task, tidy
+from rift.guest.links import HostLinks
 from rift.guest.shell import SshGuestShell
 from rift.services.ports import ExecGone, GuestExec, PortChannel, PortClosed
 
@@ -43,11 +44,15 @@ class SshGuests:
     def __init__(self, keys_dir: Path, shell: SshGuestShell | None = None, *,
                  serial_dir: Path | None = None,
                  egress_proxy_port: int | None = None,
-                 helper_binary: Callable[[], Path] | None = None) -> None:
+                 helper_binary: Callable[[], Path] | None = None,
+                 links: HostLinks | None = None,
+                 host_uri: Callable[[str], str | None] | None = None) -> None:
         self.keys_dir = keys_dir
+        self.links = links
         self.shell = shell or SshGuestShell(keys_dir, serial_dir=serial_dir,
                                             egress_proxy_port=egress_proxy_port,
-                                            helper_binary=helper_binary)
+                                            helper_binary=helper_binary, links=links,
+                                            host_uri=host_uri)
 
     def _call(self, vm: Vm, call: Callable[[], T]) -> T:
         with _refusals(vm.id):
@@ -141,3 +146,5 @@ class SshGuests:
 
     def close(self) -> None:
         self.shell.close()
+        if self.links is not None:
+            self.links.close()

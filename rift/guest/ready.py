@@ -21,11 +21,25 @@ _POLL_S = 0.02
 _TAIL = 400
 
 
-def read_markers(serial_log: Path) -> tuple[bool, str | None, str | None]:
-    """(ready, host key line or None, failure reason or None) from the log so far."""
+# A serial console: the file QEMU writes here, or what reads it on the VM's host
+# (a callable answering its text so far, None while there is none).
+Console = Path | Callable[[], str | None]
+_REMOTE_POLL_S = 0.2  # a console read over SSH costs a round trip
+
+
+def _text(console: Console) -> str | None:
+    if callable(console):
+        return console()
     try:
-        text = serial_log.read_text(errors="replace")
+        return console.read_text(errors="replace")
     except FileNotFoundError:
+        return None
+
+
+def read_markers(serial_log: Console) -> tuple[bool, str | None, str | None]:
+    """(ready, host key line or None, failure reason or None) from the log so far."""
+    text = _text(serial_log)
+    if text is None:
         return False, None, None
     ready = False
     host_key: str | None = None
@@ -41,15 +55,15 @@ def read_markers(serial_log: Path) -> tuple[bool, str | None, str | None]:
     return ready, host_key, failed
 
 
-def serial_tail(serial_log: Path) -> str:
+def serial_tail(serial_log: Console) -> str:
     try:
-        text = serial_log.read_text(errors="replace")
+        text = _text(serial_log)
     except OSError:
         return ""
-    return text[-_TAIL:].strip()
+    return (text or "")[-_TAIL:].strip()
 
 
-def wait_for_marker(serial_log: Path, deadline: float, *,
+def wait_for_marker(serial_log: Console, deadline: float, *,
                     clock: Callable[[], float] = time.monotonic,
                     gone: Callable[[], bool] = lambda: False) -> str | None:
     """Block until the ready marker; answer the host key line it printed (or None).
@@ -69,7 +83,7 @@ def wait_for_marker(serial_log: Path, deadline: float, *,
             tail = serial_tail(serial_log)
             raise GuestError(f"no {READY_MARKER} on the serial console"
                              + (f"; it ends with: {tail!r}" if tail else " (it is empty)"))
-        time.sleep(_POLL_S)
+        time.sleep(_REMOTE_POLL_S if callable(serial_log) else _POLL_S)
 
 
 def same_key(key: paramiko.PKey, line: str) -> bool:

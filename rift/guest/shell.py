@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import paramiko
 
@@ -48,8 +48,9 @@ from rift.guest.exec_view import (
     start_command,
 )
 from rift.guest.keys import keep_boot_key, key_path, load_key, new_host_key, public_line
+from rift.guest.links import HostLinkError, HostLinks, SshTarget, ssh_target
 from rift.guest.pool import ConnectionPool
-from rift.guest.ready import read_markers, same_key, serial_tail, wait_for_marker
+from rift.guest.ready import Console, read_markers, same_key, serial_tail, wait_for_marker
 from rift.guest.run import Collected, collect, command_line, feed_stdin, kill_line
 from rift.services.ports import GuestExec
 
@@ -98,8 +99,14 @@ class SshGuestShell:
         serial_dir: Path | None = None,
         egress_proxy_port: int | None = None,
         helper_binary: Callable[[], Path] | None = None,
+        links: HostLinks | None = None,
+        host_uri: Callable[[str], str | None] | None = None,
     ) -> None:
         self.keys_dir = keys_dir
+        # Guests of hosts elsewhere are reached through their host's SSH (`links`);
+        # `host_uri` says which URI a host name has (None: a host of this machine).
+        self.links = links
+        self.host_uri = host_uri
         # Commands of guests with an egress allowlist name the egress proxy (SPEC §13),
         # which QEMU's user network shows them at 10.0.2.2 (the host's loopback).
         self.egress_environment = (
@@ -117,6 +124,7 @@ class SshGuestShell:
         self._lock = threading.Lock()
         self._host_keys: dict[str, str] = {}  # vm id -> pinned host key line
         self._task_of: dict[str, str] = {}  # vm id -> task id, for the login key
+        self._host_of: dict[str, str] = {}  # vm id -> the name of its host
         # vm id -> (connection, shell) of a pooled VM waiting for its hand-over
         self._standby: dict[str, tuple[paramiko.Transport, paramiko.Channel]] = {}
         # VMs put away (close_vm) since their boot wait began: the wait ends at once
@@ -314,12 +322,13 @@ class SshGuestShell:
             with self._lock:
                 return vm.id in self._closed
 
+        self._remember(vm)
+        console = self._console(vm.id, serial_log)
         if markers:
-            host_key = wait_for_marker(serial_log, deadline, gone=gone)
+            host_key = wait_for_marker(console, deadline, gone=gone)
             if host_key is not None:
                 self.pin_host_key(vm.id, host_key)
         address = _address(vm)
-        self._remember(vm)
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -335,7 +344,7 @@ class SshGuestShell:
                 if time.monotonic() >= deadline:
                     if markers:
                         raise
-                    tail = serial_tail(serial_log)
+                    tail = serial_tail(console)
                     raise GuestError(f"no SSH login succeeded (last: {exc.message})"
                                      + (f"; the serial console ends with: {tail!r}"
                                         if tail else ""), vm_id=vm.id) from exc
@@ -579,6 +588,47 @@ class SshGuestShell:
     def _remember(self, vm: Vm) -> None:
         with self._lock:
             self._task_of[vm.id] = vm.task_id
+            self._host_of[vm.id] = vm.host
+
+    def _target(self, vm_id: str) -> SshTarget | None:
+        """The SSH of the VM's host when that is elsewhere; None on this machine."""
+        with self._lock:
+            host = self._host_of.get(vm_id)
+        if host is None or self.links is None or self.host_uri is None:
+            return None
+        uri = self.host_uri(host)
+        return ssh_target(uri) if uri is not None else None
+
+    def _open(self, vm_id: str, address: tuple[str, int], timeout: float) -> Any:
+        """A stream to the guest's SSH: a socket here, or a channel through its host."""
+        target = self._target(vm_id)
+        if target is not None and self.links is not None:
+            try:
+                return self.links.channel(target, address[1], timeout)
+            except HostLinkError as exc:
+                raise GuestError(str(exc), vm_id=vm_id) from exc
+        try:
+            sock = socket.create_connection(address, timeout=timeout)
+        except OSError as exc:
+            raise GuestError(f"cannot connect to {address[0]}:{address[1]}: {exc}",
+                             vm_id=vm_id) from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # else ~40 ms per call
+        return sock
+
+    def _console(self, vm_id: str, serial_log: Path) -> Console:
+        """The VM's serial console: its file here, or read on its host."""
+        target = self._target(vm_id)
+        links = self.links
+        if target is None or links is None:
+            return serial_log
+
+        def read() -> str | None:
+            try:
+                return links.read_text(target, str(serial_log))
+            except HostLinkError:
+                return None
+
+        return read
 
     def _connect(self, vm_id: str, address: tuple[str, int], *,
                  timeout_s: float | None = None) -> paramiko.Transport:
@@ -606,12 +656,7 @@ class SshGuestShell:
         except (OSError, ValueError, paramiko.SSHException) as exc:
             raise GuestError(f"task {task_id} has no usable key ({type(exc).__name__})",
                              vm_id=vm_id) from exc
-        try:
-            sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise GuestError(f"cannot connect to {address[0]}:{address[1]}: {exc}",
-                             vm_id=vm_id) from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # else ~40 ms per call
+        sock = self._open(vm_id, address, timeout)
         transport = paramiko.Transport(sock, default_window_size=self.window_bytes)
         try:
             transport.banner_timeout = timeout
@@ -642,7 +687,8 @@ class SshGuestShell:
         # A guest that rebooted made itself a new host key and printed it on its
         # console, which is where the first one was pinned from: pin the new one.
         serial_log = self._serial_log(vm_id)
-        printed = read_markers(serial_log)[1] if serial_log is not None else None
+        printed = (read_markers(self._console(vm_id, serial_log))[1]
+                   if serial_log is not None else None)
         if printed is not None and same_key(key, printed):
             log.info("guest %s rebooted: its new host key is pinned", vm_id)
             with self._lock:

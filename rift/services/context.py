@@ -11,7 +11,7 @@ from pathlib import Path
 from rift.domain.clock import Clock
 from rift.domain.leases import LeaseRules
 from rift.domain.model import Egress
-from rift.services.ports import GuestShell, HostPool, ImageCatalog, Store
+from rift.services.ports import GuestShell, HostFiles, HostPool, ImageCatalog, Store
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,7 @@ class Deps:
     default_image: str = "debian"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_IMAGE)
     exposure_urls: ExposureUrls = field(default_factory=ExposureUrls)
     default_egress: Egress = "open"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_EGRESS)
+    host_files: HostFiles | None = None  # a domain's files onto a host elsewhere
 
 
 @dataclass(frozen=True)

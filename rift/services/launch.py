@@ -55,13 +55,18 @@ def fixed_sizes(image: str, fixed: tuple[int, int, int] | None, vcpus: int | Non
 
 
 def pick_ssh_port(tx: Tx, host: str) -> int:
-    """A loopback port no live VM or pool VM of the host uses and that is free now."""
+    """A loopback port of the host that no live VM or pool VM of it uses and, on a
+    host of this machine, that is free now (ports are chosen per host)."""
     taken = {vm.ssh_port for vm in tx.vms.live_on_host(host) if vm.ssh_port}
     taken |= {m.ssh_port for m in tx.pools.vms() if m.host == host and m.ssh_port}
+    row = tx.hosts.get(host)
+    elsewhere = row is not None and "+ssh://" in row.uri  # its loopback is not ours
     for _ in range(200):
         port = random.randrange(*PORTS)
         if port in taken:
             continue
+        if elsewhere:
+            return port
         with socket.socket() as probe:
             try:
                 probe.bind((SSH_HOST, port))
@@ -89,9 +94,11 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
     started = deps.clock.now()
     try:
         # Marked with this installation: reconciliation's scope.
-        deps.hosts.hypervisor(uri).create(replace(kind.plan(vm), install=deps.install_id,
-                                                  restrict=vm.egress == "none",
-                                                  proxied=egress_rules.proxied(vm.egress)))
+        spec = replace(kind.plan(vm), install=deps.install_id, restrict=vm.egress == "none",
+                       proxied=egress_rules.proxied(vm.egress))
+        if deps.host_files is not None:
+            deps.host_files.prepare(uri, spec)  # a host elsewhere gets the files it names
+        deps.hosts.hypervisor(uri).create(spec)
     except (HypervisorError, ImageError, HypervisorFailed) as exc:
         kind.clean_up(vm.id)  # nothing was defined: the VM's files are unused
         return fail_start(deps, caller, vm, str(exc))

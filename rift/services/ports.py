@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from hypervisor.base import Hypervisor
+from hypervisor.base import DomainSpec, Hypervisor
 from rift.domain.model import Vm
 from rift.services.repositories import (
     EventRepository,
@@ -123,6 +123,13 @@ class PortClosed(Exception):
     def __init__(self, port: int, reason: str) -> None:
         super().__init__(reason)
         self.port = port
+
+
+class HostFiles(Protocol):
+    """Puts a domain's files on its host before it starts there, when that host is
+    elsewhere (rift.guest.links.RemoteFiles); HypervisorError(op="prepare") else."""
+
+    def prepare(self, uri: str, spec: DomainSpec) -> None: ...
 
 
 class PortChannel(Protocol):

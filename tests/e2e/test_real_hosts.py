@@ -20,7 +20,9 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from tests.support.servers import Server, free_port, start_real_server, stop_server
@@ -130,3 +132,67 @@ def test_rift_host_add_takes_each_host_by_its_uri_and_refuses_what_does_not_let_
         assert refused.returncode != 0 and said in refused.stderr, refused.stderr
     after = {h["name"] for h in json.loads(real.rift("host", "list", "--json").stdout)}
     assert after == {"local", *(f"hv{n}" for n in HOSTS)}  # nothing added for either
+
+
+def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ssh(
+        real: Server, far_hosts: dict[int, str]) -> None:
+    """With this machine's host drained, `rift_vm_new` places the VM on hv11: its
+    image is copied there, it boots on hv11's libvirt, and exec, files, a background
+    exec and an exposure reach it through hv11's SSH (its port is on hv11's loopback,
+    which this machine cannot reach)."""
+    import httpx
+
+    from tests.support.mcp_clients import call, mcp_session, run
+
+    first = HOSTS[0]
+    listed = {h["name"] for h in json.loads(real.rift("host", "list", "--json").stdout)}
+    if f"hv{first}" not in listed:
+        assert real.rift("host", "add", f"hv{first}", far_hosts[first]).returncode == 0
+    for n in HOSTS[1:]:
+        real.rift("host", "drain", f"hv{n}")
+    assert real.rift("host", "drain", "local").returncode == 0
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with mcp_session(real.url, real.token) as s:
+            handle = (await call(s, "rift_task_new", name="elsewhere"))["handle"]
+            vm = (await call(s, "rift_vm_new", handle=handle, image="tiny"))["vm"]
+            seen["vm"] = vm
+            seen["domains"] = _virsh(far_hosts[first], "list", "--name")
+            seen["local domains"] = _virsh("qemu:///system", "list", "--name")
+            done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
+                              command="echo hello from $(uname -m)")
+            seen["exec"] = done["stdout"]
+            await call(s, "rift_vm_write_file", handle=handle, vm_id=vm["id"],
+                       path="/tmp/note", content="written through hv11")
+            seen["file"] = (await call(s, "rift_vm_read_file", handle=handle, vm_id=vm["id"],
+                                       path="/tmp/note"))["content"]
+            started = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"], wait_s=0,
+                                 command="mkdir -p /tmp/www && echo served > /tmp/www/index.html"
+                                         " && busybox httpd -f -p 8000 -h /tmp/www")
+            exposed = (await call(s, "rift_vm_expose", handle=handle, vm_id=vm["id"],
+                                  port=8000))["exposure"]
+            url = real.url + "/x/" + exposed["url"].split("/x/")[1]
+            for _ in range(50):
+                got = await anyio.to_thread.run_sync(lambda: httpx.get(url, timeout=10))
+                if got.status_code == 200:
+                    break
+                await anyio.sleep(0.2)
+            seen["exposure"] = got.text
+            await call(s, "rift_vm_exec_kill", handle=handle, exec_id=started["exec_id"],
+                       signal="KILL")
+            await call(s, "rift_task_close", handle=handle)
+            seen["after"] = _virsh(far_hosts[first], "list", "--all", "--name")
+
+    run(scenario, 300)
+    vm = seen["vm"]
+    assert vm["host"] == f"hv{first}" and vm["status"] == "running", vm
+    assert f"rift-{vm['id']}" in seen["domains"]
+    assert f"rift-{vm['id']}" not in seen["local domains"]
+    assert seen["exec"] == "hello from x86_64\n"
+    assert seen["file"] == "written through hv11"
+    assert seen["exposure"].strip() == "served"
+    assert f"rift-{vm['id']}" not in seen["after"]  # put away on its host
+    # its port is on hv11's loopback only: not on this machine's
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", vm["ssh"]["port"])) != 0

@@ -1,0 +1,245 @@
+"""SSH to hypervisor hosts elsewhere (SPEC §14): what Rift does on a host besides
+libvirt's own calls. A `qemu+ssh://user@host[:port]/system?keyfile=…` URI names
+the host's SSH; over one connection per host Rift opens `direct-tcpip` channels
+to its guests' forwarded SSH ports (on the host's loopback), reads their serial
+consoles, and copies there the files a domain needs (kernels, disks), each to
+the same absolute path as here and checked by its sha256.
+
+Hosts of other URIs (`qemu:///system`, `test:///…`) are this machine: nothing
+here is used for them.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import logging
+import shlex
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import paramiko
+
+from hypervisor.base import DomainSpec, HypervisorError, ImageError
+from hypervisor.commands import run_command
+
+log = logging.getLogger("rift.hosts")
+
+CONNECT_TIMEOUT_S = 15.0
+CHUNK = 1 << 20
+
+
+class HostLinkError(Exception):
+    """A host's SSH did not let Rift do what it asked; the message says what."""
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    host: str
+    port: int
+    user: str
+    keyfile: str | None
+    verify: bool  # check the host's key against known_hosts (libvirt's no_verify=1: no)
+
+
+def ssh_target(uri: str) -> SshTarget | None:
+    """The SSH a libvirt URI reaches its host by; None for a host on this machine."""
+    parsed = urlsplit(uri)
+    if not parsed.scheme.endswith("+ssh") or not parsed.hostname:
+        return None
+    params = parse_qs(parsed.query)
+    keyfile = params.get("keyfile", [None])[0]
+    return SshTarget(host=parsed.hostname, port=parsed.port or 22,
+                     user=parsed.username or getpass.getuser(), keyfile=keyfile,
+                     verify=params.get("no_verify", ["0"])[0] != "1")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class HostLinks:
+    """One SSH connection per remote host, opened on first use and again when it
+    dropped; safe to share between threads (paramiko multiplexes channels)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[SshTarget, paramiko.SSHClient] = {}
+        self._copied: dict[tuple[SshTarget, str], str] = {}  # (host, path) -> sha256 there
+
+    def transport(self, target: SshTarget) -> paramiko.Transport:
+        with self._lock:
+            client = self._clients.get(target)
+            transport = client.get_transport() if client is not None else None
+            if transport is not None and transport.is_active():
+                return transport
+            if client is not None:
+                client.close()
+            client = paramiko.SSHClient()
+            if target.verify:
+                client.load_system_host_keys()
+                client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            else:  # as libvirt's no_verify=1: the host's key is not checked
+                client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507
+            try:
+                client.connect(target.host, target.port, username=target.user,
+                               key_filename=target.keyfile, look_for_keys=False,
+                               allow_agent=False, timeout=CONNECT_TIMEOUT_S,
+                               banner_timeout=CONNECT_TIMEOUT_S, auth_timeout=CONNECT_TIMEOUT_S)
+            except (OSError, paramiko.SSHException) as exc:
+                client.close()
+                raise HostLinkError(f"SSH to {target.user}@{target.host}:{target.port} "
+                                    f"failed: {exc}") from exc
+            self._clients[target] = client
+            transport = client.get_transport()
+            assert transport is not None
+            transport.set_keepalive(30)
+            return transport
+
+    def channel(self, target: SshTarget, port: int, timeout_s: float) -> paramiko.Channel:
+        """A `direct-tcpip` channel to 127.0.0.1:`port` on the host (a guest's SSH)."""
+        try:
+            return self.transport(target).open_channel(
+                "direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0), timeout=timeout_s)
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostLinkError(f"{target.host} did not open 127.0.0.1:{port} for Rift: "
+                                f"{exc}") from exc
+
+    def run(self, target: SshTarget, command: str, timeout_s: float = 120.0) -> str:
+        """Run `command` on the host; its stdout, or HostLinkError with its stderr."""
+        name = command.split(maxsplit=1)[0]
+        try:
+            chan = self.transport(target).open_session(timeout=CONNECT_TIMEOUT_S)
+            chan.settimeout(timeout_s)
+            chan.exec_command(command)
+            out = chan.makefile("rb").read()
+            err = chan.makefile_stderr("rb").read()
+            code = chan.recv_exit_status()
+            chan.close()
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostLinkError(f"{target.host}: {name} failed: {exc}") from exc
+        if code != 0:
+            raise HostLinkError(f"{target.host}: {name} exited {code}: "
+                                f"{err.decode(errors='replace').strip()[-300:]}")
+        return out.decode(errors="replace")
+
+    def read_text(self, target: SshTarget, path: str) -> str | None:
+        """A file's text on the host; None when it is not there (yet)."""
+        try:
+            sftp = self.transport(target).open_sftp_client()
+            try:
+                with sftp.open(path, "rb") as f:
+                    return f.read().decode(errors="replace")
+            finally:
+                sftp.close()
+        except FileNotFoundError:
+            return None
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostLinkError(f"{target.host}: cannot read {path}: {exc}") from exc
+
+    def mkdir(self, target: SshTarget, path: str) -> None:
+        self.run(target, f"mkdir -p {shlex.quote(path)}")
+
+    def ensure_file(self, target: SshTarget, local: Path, *, fresh: bool = False) -> bool:
+        """Make the host hold `local`'s bytes at the same path, checked by sha256:
+        copied (to a temporary name, then renamed) unless it is there already.
+        `fresh`: copy it anyway (a file made for one VM). True when it was copied."""
+        path = str(local)
+        want = sha256_of(local)
+        with self._lock:
+            known = self._copied.get((target, path))
+        if known == want and not fresh:
+            return False
+        quoted = shlex.quote(path)
+        if not fresh:
+            there = self.run(target, f"sha256sum {quoted} 2>/dev/null || true").split()
+            if there and there[0] == want:
+                with self._lock:
+                    self._copied[(target, path)] = want
+                return False
+        self.mkdir(target, str(local.parent))
+        partial = f"{path}.rift-partial"
+        try:
+            sftp = self.transport(target).open_sftp_client()
+            try:
+                sftp.put(str(local), partial, confirm=True)
+            finally:
+                sftp.close()
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostLinkError(f"{target.host}: copying {path} failed: {exc}") from exc
+        got = self.run(target, f"sha256sum {shlex.quote(partial)}").split()
+        if not got or got[0] != want:
+            self.run(target, f"rm -f {shlex.quote(partial)}")
+            raise HostLinkError(f"{target.host}: {path} arrived with sha256 "
+                                f"{got[0] if got else '?'}, not {want}")
+        self.run(target, f"mv -f {shlex.quote(partial)} {quoted}")
+        with self._lock:
+            self._copied[(target, path)] = want
+        log.info("file copied to a host", extra={"host": target.host, "path": path})
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            clients = list(self._clients.values())
+            self._clients.clear()
+        for client in clients:
+            client.close()
+
+
+def backing_chain(disk: Path) -> list[Path]:
+    """The files a qcow2 disk reads from: itself, then its backing files in order."""
+    try:
+        listed = run_command(["qemu-img", "info", "-U", "--backing-chain", "--output=json",
+                              str(disk)], timeout_s=60)
+    except ImageError as exc:
+        raise HostLinkError(str(exc)) from exc
+    return [Path(item["filename"]) for item in json.loads(listed)]
+
+
+class RemoteFiles:
+    """Puts a domain's files on its host before libvirt is asked to start it there:
+    the image's (kernel, initrd, base disks: kept, checked by sha256, copied once)
+    and the VM's own (its overlay and seed: copied each time), at the paths the
+    domain XML names; and the folder its serial log goes in."""
+
+    def __init__(self, links: HostLinks) -> None:
+        self.links = links
+
+    def prepare(self, uri: str, spec: DomainSpec) -> None:
+        target = ssh_target(uri)
+        if target is None:
+            return
+        try:
+            for path in (spec.kernel, spec.initrd):
+                if path is not None:
+                    self.links.ensure_file(target, Path(path))
+            if spec.disk is not None:
+                overlay, *bases = backing_chain(Path(spec.disk))
+                for base in reversed(bases):
+                    self.links.ensure_file(target, base)
+                self.links.ensure_file(target, overlay, fresh=True)
+            if spec.seed is not None:
+                self.links.ensure_file(target, Path(spec.seed), fresh=True)
+            if spec.serial_log is not None:
+                self.links.mkdir(target, str(Path(spec.serial_log).parent))
+        except (HostLinkError, OSError) as exc:
+            raise HypervisorError("prepare", f"the VM's files could not be put on "
+                                  f"{target.host}: {exc}") from exc
+
+    def remove(self, uri: str, paths: list[str]) -> None:
+        """Best effort: a put-away VM's own files on its host."""
+        target = ssh_target(uri)
+        if target is None or not paths:
+            return
+        try:
+            self.links.run(target, "rm -f " + " ".join(shlex.quote(p) for p in paths))
+        except HostLinkError as exc:
+            log.warning("could not remove a VM's files on its host",
+                        extra={"host": target.host, "error": str(exc)})
