@@ -99,7 +99,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         runtime=runtime,
         default_image=settings.default_image,
         default_egress=settings.default_egress,
-        host_files=RemoteFiles(links),
+        host_files=RemoteFiles(links, runtime.serial_dir, runtime.vm_disks_dir),
     )
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
                             settings.host_memory_mib)

@@ -25,6 +25,7 @@ import paramiko
 
 from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from hypervisor.commands import run_command
+from hypervisor.disks import vm_disks
 
 log = logging.getLogger("rift.hosts")
 
@@ -209,8 +210,11 @@ class RemoteFiles:
     and the VM's own (its overlay and seed: copied each time), at the paths the
     domain XML names; and the folder its serial log goes in."""
 
-    def __init__(self, links: HostLinks) -> None:
+    def __init__(self, links: HostLinks, serial_dir: Path | None = None,
+                 disks_dir: Path | None = None) -> None:
         self.links = links
+        self.serial_dir = serial_dir  # where VMs' serial logs are (the same path there)
+        self.disks_dir = disks_dir  # where VMs' overlays and seeds are
 
     def prepare(self, uri: str, spec: DomainSpec) -> None:
         target = ssh_target(uri)
@@ -233,8 +237,19 @@ class RemoteFiles:
             raise HypervisorError("prepare", f"the VM's files could not be put on "
                                   f"{target.host}: {exc}") from exc
 
+    def forget(self, uri: str, vm_id: str) -> None:
+        """Best effort: a put-away VM's own files on its host (its serial log, overlay
+        and seed)."""
+        paths = []
+        if self.serial_dir is not None:
+            paths.append(str(self.serial_dir / f"{vm_id}.log"))
+        if self.disks_dir is not None:
+            disks = vm_disks(self.disks_dir.resolve(), vm_id)
+            paths += [str(disks.overlay), str(disks.seed)]
+        self.remove(uri, paths)
+
     def remove(self, uri: str, paths: list[str]) -> None:
-        """Best effort: a put-away VM's own files on its host."""
+        """Best effort: files on a host elsewhere go."""
         target = ssh_target(uri)
         if target is None or not paths:
             return

@@ -130,6 +130,9 @@ class HostFiles(Protocol):
     elsewhere (rift.guest.links.RemoteFiles); HypervisorError(op="prepare") else."""
 
     def prepare(self, uri: str, spec: DomainSpec) -> None: ...
+    def forget(self, uri: str, vm_id: str) -> None:
+        """Best effort: the VM's own files on its host (a host elsewhere) go."""
+        ...
 
 
 class PortChannel(Protocol):

@@ -41,6 +41,8 @@ def destroy_domain(deps: Deps, vm: Vm, uri: str | None) -> None:
     except HypervisorError as exc:
         raise HypervisorFailed(str(exc), host=vm.host) from exc
     kind_on(deps, uri, vm.image).clean_up(vm.id)
+    if deps.host_files is not None:
+        deps.host_files.forget(uri, vm.id)  # on a host elsewhere, its copies there
 
 
 def forget_task_key(deps: Deps, task_id: str) -> None:

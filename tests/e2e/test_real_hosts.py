@@ -63,6 +63,16 @@ def far_hosts() -> Iterator[dict[int, str]]:
         ["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout]
 
 
+def _on_host(n: int, command: str) -> str:
+    """A command's output on host hvN, over its SSH (as the control plane gets in)."""
+    key = Path(f"/var/lib/rift-hosts/test-{os.getpid()}/client_key")
+    done = subprocess.run(["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no",
+                           "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                           f"root@10.214.{n}.2", command], capture_output=True, text=True,
+                          timeout=60, check=False)
+    return done.stdout + done.stderr
+
+
 def _virsh(uri: str, *args: str) -> str:
     return subprocess.run(["virsh", "-c", uri, *args], capture_output=True, text=True,
                           timeout=60, check=True).stdout
@@ -100,7 +110,7 @@ def test_each_host_has_its_own_libvirt_and_reaches_nothing_of_this_machines_loop
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_real_server(tmp_path_factory.mktemp("hosts"))
+    proc, srv = start_real_server(tmp_path_factory.mktemp("hosts"), debian=True)
     try:
         yield srv
     finally:
@@ -181,6 +191,15 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
             seen["exposure"] = got.text
             await call(s, "rift_vm_exec_kill", handle=handle, exec_id=started["exec_id"],
                        signal="KILL")
+            # a debian VM there too: its base disk copied once, its own overlay each time
+            full = (await call(s, "rift_vm_new", handle=handle, image="debian"))["vm"]
+            seen["debian"] = full
+            seen["python"] = (await call(s, "rift_vm_exec", handle=handle, vm_id=full["id"],
+                                         command="python3 -c 'print(6 * 7)' && df -h / | "
+                                                 "tail -n 1 | awk '{print $1}'"))["stdout"]
+            seen["overlay there"] = _on_host(first, f"ls {real.data_dir}/disks/")
+            await call(s, "rift_vm_destroy", handle=handle, vm_id=full["id"])
+            seen["overlay gone"] = _on_host(first, f"ls {real.data_dir}/disks/")
             await call(s, "rift_task_close", handle=handle)
             seen["after"] = _virsh(far_hosts[first], "list", "--all", "--name")
 
@@ -193,6 +212,11 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     assert seen["file"] == "written through hv11"
     assert seen["exposure"].strip() == "served"
     assert f"rift-{vm['id']}" not in seen["after"]  # put away on its host
+    full = seen["debian"]
+    assert full["host"] == f"hv{first}" and full["status"] == "running", full
+    assert seen["python"].split() == ["42", "/dev/vda"], seen["python"]
+    assert f"{full['id']}.qcow2" in seen["overlay there"], seen["overlay there"]
+    assert full["id"] not in seen["overlay gone"], seen["overlay gone"]
     # its port is on hv11's loopback only: not on this machine's
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", vm["ssh"]["port"])) != 0
