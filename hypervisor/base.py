@@ -167,6 +167,19 @@ class Hypervisor(Protocol):
         """What each running domain uses now, by domain name (one call for all)."""
         ...
 
+    def migrate(self, name: str, dest_uri: str, dest_address: str,
+                dest_xml: str | None = None) -> None:
+        """Move a running domain, live, to the host at `dest_uri`: QEMU streams its
+        memory (and its own disk's blocks) straight to `dest_address` there; the
+        domain is then defined there and undefined here. `dest_xml`: its definition
+        there (another SSH port). On failure it runs here as before
+        (HypervisorError(op="migrate"))."""
+        ...
+
+    def domain_xml(self, name: str) -> str:
+        """The running domain's XML as libvirt has it (for a migration's dest XML)."""
+        ...
+
     def versions(self) -> str:
         """The host's libvirt and hypervisor versions, as one short stable string.
 

@@ -10,6 +10,7 @@ running domain and restore starts only a saved one, and no capacity is checked
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from hypervisor.base import DomainRecord, DomainSpec, DomainStats, HostInfo, HypervisorError
@@ -49,6 +50,7 @@ class FakeHypervisor:
         self.version = FAKE_VERSIONS  # what versions() answers; tests change it
         self.states: dict[str, str] = {}  # save_state file -> the domain it saved
         self.usage: dict[str, DomainStats] = {}  # what stats() answers per domain
+        self.peers: Callable[[str], FakeHypervisor] | None = None  # migrate()'s other ends
 
     # failure injection
 
@@ -178,6 +180,27 @@ class FakeHypervisor:
                 except ValueError as exc:
                     raise HypervisorError("set_owner", f"domain '{name}': {exc}") from exc
             domain.task_id = task_id
+
+    def migrate(self, name: str, dest_uri: str, dest_address: str,
+                dest_xml: str | None = None) -> None:
+        """Moves the domain to the fake hypervisor `peers(dest_uri)` answers (tests
+        set `peers`); injected failures leave it here."""
+        with self._lock:
+            domain = self._domain("migrate", name)
+            if not domain.active or self.peers is None:
+                raise HypervisorError("migrate", f"domain '{name}' cannot migrate")
+            target = self.peers(dest_uri)
+            del self.domains[name]
+        with target._lock:
+            target.domains[name] = replace(domain, xml=dest_xml or domain.xml)
+
+    def domain_xml(self, name: str) -> str:
+        with self._lock:
+            domain = self._domain("domain_xml", name)
+            if domain.xml is not None:
+                return domain.xml
+            assert domain.spec is not None
+            return build_domain_xml(domain.spec)
 
     def stats(self) -> dict[str, DomainStats]:
         """Running domains use what `usage` says (tests set it), else nothing known."""

@@ -150,6 +150,20 @@ def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "add":
         host = hosts.add_host(deps, args.name, args.uri, args.vcpus, args.memory_mib)
         print(f"added host {host.name} ({host.vcpus} vCPUs, {host.memory_mib} MiB)")
+    elif args.action == "drain" and args.move:
+        from rift.services.moves import drain_and_move
+
+        report = drain_and_move(deps, args.name)
+        for vm_id, to in report.moved:
+            print(f"moved {vm_id} to {to}")
+        for vm_id, why in report.stayed:
+            print(f"left {vm_id} on {args.name}: {why}")
+        for vm_id, why in report.failed:
+            print(f"could not move {vm_id} (it runs on {args.name} as before): {why}",
+                  file=sys.stderr)
+        print(f"drained {args.name}: it takes no new VMs; {len(report.moved)} moved, "
+              f"{len(report.failed)} not")
+        return 1 if report.failed else 0
     elif args.action == "drain":
         hosts.drain_host(deps, args.name)
         print(f"drained {args.name}: it takes no new VMs")
@@ -314,6 +328,8 @@ def parser() -> argparse.ArgumentParser:
     hl.add_argument("--json", action="store_true")
     hd = h.add_parser("drain")
     hd.add_argument("name")
+    hd.add_argument("--move", action="store_true",
+                    help="also live-migrate its running VMs to other hosts")
     hr = h.add_parser("remove")
     hr.add_argument("name")
     for x in (ha, hl, hd, hr):

@@ -11,6 +11,8 @@
 # /tmp, /var/lib/libvirt, /var/log/libvirt, /var/cache/libvirt and /etc/libvirt
 # (a copy of this machine's), and so its own libvirtd, virtlogd and sshd, and its
 # own firewall table (hypervisor/guest_isolation.nft, per network namespace).
+# Hosts reach one another (10.214.0.0/16, forwarded by this machine on their
+# veth ends only), as live migration needs.
 # Its sshd listens on 10.214.N.2:22 only and lets in root with the control
 # plane's key ($RIFT_HOSTS_DIR/client_key), so libvirt's qemu+ssh:// and SSH are
 # the only ways in: there is no shared loopback and no shared /run/libvirt.
@@ -94,6 +96,10 @@ EOF
   ip -n "$ns" addr add "$there/30" dev "$inner"
   ip -n "$ns" link set "$inner" up
   ip -n "$ns" link set lo up
+  # Hosts reach one another through this machine (live migration's streams):
+  # forwarding on these veth ends only, not on this machine's other interfaces.
+  ip -n "$ns" route add 10.214.0.0/16 via "$here"
+  sysctl -qw "net.ipv4.conf.$outer.forwarding=1"
 
   # Inside: a mount namespace of its own, then the daemons under tini (a subreaper,
   # so QEMU processes are reaped), sshd in the foreground.

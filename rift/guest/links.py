@@ -237,6 +237,18 @@ class RemoteFiles:
             raise HypervisorError("prepare", f"the VM's files could not be put on "
                                   f"{target.host}: {exc}") from exc
 
+    def make_overlay(self, uri: str, base: str, overlay: str, size_bytes: int) -> None:
+        target = ssh_target(uri)
+        if target is None:
+            raise HypervisorError("prepare", f"{uri} is not a host elsewhere")
+        try:
+            self.links.ensure_file(target, Path(base))
+            self.links.mkdir(target, str(Path(overlay).parent))
+            self.links.run(target, "qemu-img create -q -f qcow2 -F qcow2 -b "
+                           f"{shlex.quote(base)} {shlex.quote(overlay)} {int(size_bytes)}")
+        except (HostLinkError, OSError) as exc:
+            raise HypervisorError("prepare", f"no overlay on {target.host}: {exc}") from exc
+
     def forget(self, uri: str, vm_id: str) -> None:
         """Best effort: a put-away VM's own files on its host (its serial log, overlay
         and seed)."""

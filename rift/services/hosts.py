@@ -152,7 +152,8 @@ def remove_host(deps: Deps, name: str) -> None:
         live = tx.vms.live_on_host(name)
         if live:
             raise InvalidArgument("name", f"host {name!r} still has {len(live)} VMs; "
-                                  "rift host drain it and wait for its tasks to close")
+                                  f"rift host drain {name} --move moves the running ones to "
+                                  "other hosts (or wait for their tasks to close)")
         kept = tx.snapshots.bytes_by_host().get(name, (0, 0))[0]
         if kept:
             raise InvalidArgument("name", f"host {name!r} still keeps {kept} snapshots; "

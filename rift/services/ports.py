@@ -130,6 +130,10 @@ class HostFiles(Protocol):
     elsewhere (rift.guest.links.RemoteFiles); HypervisorError(op="prepare") else."""
 
     def prepare(self, uri: str, spec: DomainSpec) -> None: ...
+    def make_overlay(self, uri: str, base: str, overlay: str, size_bytes: int) -> None:
+        """An empty qcow2 overlay of `base` on the host (a VM moving there)."""
+        ...
+
     def forget(self, uri: str, vm_id: str) -> None:
         """Best effort: the VM's own files on its host (a host elsewhere) go."""
         ...

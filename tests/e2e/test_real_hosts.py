@@ -158,8 +158,7 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     listed = {h["name"] for h in json.loads(real.rift("host", "list", "--json").stdout)}
     if f"hv{first}" not in listed:
         assert real.rift("host", "add", f"hv{first}", far_hosts[first]).returncode == 0
-    for n in HOSTS[1:]:
-        real.rift("host", "drain", f"hv{n}")
+    # hv11 and hv12 have the same room: the tie goes to hv11, by name
     assert real.rift("host", "drain", "local").returncode == 0
     seen: dict[str, Any] = {}
 
@@ -197,9 +196,10 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
             seen["python"] = (await call(s, "rift_vm_exec", handle=handle, vm_id=full["id"],
                                          command="python3 -c 'print(6 * 7)' && df -h / | "
                                                  "tail -n 1 | awk '{print $1}'"))["stdout"]
-            seen["overlay there"] = _on_host(first, f"ls {real.data_dir}/disks/")
+            there = int(full["host"].removeprefix("hv"))  # hv11 or hv12: the one with room
+            seen["overlay there"] = _on_host(there, f"ls {real.data_dir}/disks/")
             await call(s, "rift_vm_destroy", handle=handle, vm_id=full["id"])
-            seen["overlay gone"] = _on_host(first, f"ls {real.data_dir}/disks/")
+            seen["overlay gone"] = _on_host(there, f"ls {real.data_dir}/disks/")
             await call(s, "rift_task_close", handle=handle)
             seen["after"] = _virsh(far_hosts[first], "list", "--all", "--name")
 
@@ -213,10 +213,84 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     assert seen["exposure"].strip() == "served"
     assert f"rift-{vm['id']}" not in seen["after"]  # put away on its host
     full = seen["debian"]
-    assert full["host"] == f"hv{first}" and full["status"] == "running", full
+    assert full["host"] in {f"hv{n}" for n in HOSTS} and full["status"] == "running", full
     assert seen["python"].split() == ["42", "/dev/vda"], seen["python"]
     assert f"{full['id']}.qcow2" in seen["overlay there"], seen["overlay there"]
     assert full["id"] not in seen["overlay gone"], seen["overlay gone"]
     # its port is on hv11's loopback only: not on this machine's
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", vm["ssh"]["port"])) != 0
+
+
+def test_drain_move_live_migrates_a_vm_with_a_running_exec_to_the_other_host(
+        real: Server, far_hosts: dict[int, str]) -> None:
+    """`rift host drain hv11 --move`: the VM goes to hv12 under libvirt's live
+    migration (TCG here), its counter exec counts on, its file is there, its
+    exposure answers, the VM view names hv12 and the task has a `vm_moved` event."""
+    import httpx
+
+    from tests.support.mcp_clients import call, mcp_session, run
+    from tests.support.servers import COUNTER
+
+    first, second = HOSTS
+    listed = {h["name"] for h in json.loads(real.rift("host", "list", "--json").stdout)}
+    for n in HOSTS:
+        if f"hv{n}" not in listed:
+            assert real.rift("host", "add", f"hv{n}", far_hosts[n]).returncode == 0
+    real.rift("host", "drain", "local")
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        async with mcp_session(real.url, real.token) as s:
+            opened = await call(s, "rift_task_new", name="moving")
+            handle = opened["handle"]
+            vm = (await call(s, "rift_vm_new", handle=handle, image="tiny"))["vm"]
+            assert vm["host"] == f"hv{first}", vm
+            counter = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"], wait_s=0,
+                                 timeout_s=3600, command=COUNTER)
+            await call(s, "rift_vm_write_file", handle=handle, vm_id=vm["id"],
+                       path="/root/before", content="written before the move")
+            await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"], wait_s=0,
+                       command="mkdir -p /tmp/www && echo served > /tmp/www/index.html && "
+                               "busybox httpd -f -p 8000 -h /tmp/www")
+            exposed = (await call(s, "rift_vm_expose", handle=handle, vm_id=vm["id"],
+                                  port=8000))["exposure"]
+            url = real.url + "/x/" + exposed["url"].split("/x/")[1]
+            await anyio.sleep(1)
+            before = await call(s, "rift_vm_exec_get", handle=handle,
+                                exec_id=counter["exec_id"])
+            moved = await anyio.to_thread.run_sync(
+                lambda: real.rift("host", "drain", f"hv{first}", "--move"))
+            seen["cli"] = moved.stdout + moved.stderr
+            seen["code"] = moved.returncode
+            seen["vm"] = (await call(s, "rift_vm_get", vm_id=vm["id"]))["vm"]
+            seen["on second"] = _virsh(far_hosts[second], "list", "--name")
+            seen["on first"] = _virsh(far_hosts[first], "list", "--all", "--name")
+            await anyio.sleep(1)
+            after = await call(s, "rift_vm_exec_get", handle=handle,
+                               exec_id=counter["exec_id"], stdout_offset=0)
+            seen["counts"] = (before["stdout"].split(), after["stdout"].split(),
+                              after["status"])
+            seen["file"] = (await call(s, "rift_vm_read_file", handle=handle, vm_id=vm["id"],
+                                       path="/root/before"))["content"]
+            got = await anyio.to_thread.run_sync(lambda: httpx.get(url, timeout=30))
+            seen["exposure"] = (got.status_code, got.text.strip())
+            events = (await call(s, "rift_task_events", task_id=opened["task"]["id"]))
+            seen["moved"] = [e for e in events["events"] if e["type"] == "vm_moved"]
+            await call(s, "rift_task_close", handle=handle)
+
+    run(scenario, 300)
+    print(f"\nrift host drain --move said: {seen['cli']}")
+    assert seen["code"] == 0, seen["cli"]
+    vm = seen["vm"]
+    assert vm["host"] == f"hv{second}" and vm["status"] == "running", vm
+    assert f"rift-{vm['id']}" in seen["on second"] and f"rift-{vm['id']}" not in seen["on first"]
+    before, after, status = seen["counts"]
+    assert status == "running", seen["counts"]
+    assert [int(n) for n in after[:len(before)]] == [int(n) for n in before]
+    assert int(after[-1]) > int(before[-1]) + 2, seen["counts"]  # it counted on, there
+    assert seen["file"] == "written before the move"
+    assert seen["exposure"] == (200, "served")
+    [moved] = seen["moved"]
+    assert (moved["details"]["from"], moved["details"]["to"]) == (f"hv{first}", f"hv{second}")
+    assert moved["details"]["vm_id"] == vm["id"] and moved["actor"] == "operator"

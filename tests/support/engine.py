@@ -24,6 +24,7 @@ class FakePool:
     def hypervisor(self, uri: str) -> FakeHypervisor:
         if uri not in self.by_uri:
             self.by_uri[uri] = FakeHypervisor(uri)
+            self.by_uri[uri].peers = self.hypervisor  # live migration between them
         return self.by_uri[uri]
 
     def close(self) -> None:

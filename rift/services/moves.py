@@ -1,0 +1,155 @@
+"""Moving running VMs between hosts (SPEC §14): `rift host drain NAME --move`.
+
+Each move is libvirt's live migration: QEMU on the source streams the guest's
+memory (and the blocks of its own disk, for an image with one) to a QEMU started
+for it on the destination, then the domain runs there and is undefined here. The
+guest goes on as it was: its processes (a background exec), its files, its SSH
+host key; the VM's row then names the new host (and the SSH port chosen there),
+with a `vm_moved` event, and Rift's connections to it are opened anew through
+the new host. Handles, execs and exposures are the VM's, not the host's: they
+keep working.
+
+All or nothing before anything moves: every running VM of the host gets a
+destination with room first (the other hosts that are active and answer),
+else the drain is refused (`no_capacity`, naming the largest room) and nothing
+moves. A migration that fails leaves that VM running where it was (libvirt's
+own rollback); the others still move.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from hypervisor.base import DomainSpec, HypervisorError, ImageError
+from hypervisor.disks import make_overlay, vm_disks
+from hypervisor.image_files import image_files
+from hypervisor.placement import HostLoad, choose_host, largest_free
+from rift.domain.errors import InvalidArgument, NoCapacity
+from rift.domain.model import NewEvent, Vm
+from rift.services.capacity import host_loads
+from rift.services.context import Deps
+from rift.services.guest_kinds.base import serial_log
+from rift.services.guest_kinds.real import GIB
+from rift.services.hosts import drain_host
+from rift.services.launch import pick_ssh_port
+
+OPERATOR = "operator"
+_HOSTFWD = re.compile(r"hostfwd=tcp:127\.0\.0\.1:(\d+)-:22")
+
+
+@dataclass
+class MoveReport:
+    moved: list[tuple[str, str]] = field(default_factory=list)  # (VM id, the host it went to)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (VM id, why), still there
+    stayed: list[tuple[str, str]] = field(default_factory=list)  # (VM id, why not moved)
+
+
+def _address(uri: str) -> str:
+    """Where a host's QEMU takes a migration's stream: its URI's host (this machine
+    for a local URI)."""
+    return urlsplit(uri).hostname or "127.0.0.1"
+
+
+def plan_moves(deps: Deps, source: str, vms: list[Vm]) -> dict[str, str]:
+    """A destination with room for each VM (VM id -> host name); NoCapacity, before
+    anything moves, when one does not fit."""
+    with deps.store.read() as tx:
+        _hosts, loads = host_loads(tx)
+    free = {load.name: load for load in loads if load.name != source}
+    planned: dict[str, str] = {}
+    for vm in sorted(vms, key=lambda v: -v.memory_mib):  # the largest first
+        chosen = choose_host(list(free.values()), vm.vcpus, vm.memory_mib)
+        if chosen is None:
+            free_vcpus, free_mem = largest_free(list(free.values()))
+            raise NoCapacity(vm.vcpus, vm.memory_mib, free_vcpus, free_mem)
+        planned[vm.id] = chosen.name
+        free[chosen.name] = HostLoad(chosen.name, chosen.vcpus, chosen.memory_mib,
+                                     chosen.used_vcpus + vm.vcpus,
+                                     chosen.used_memory_mib + vm.memory_mib, False)
+    return planned
+
+
+def drain_and_move(deps: Deps, name: str) -> MoveReport:
+    """Drain host `name` (it takes no new VMs) and move its running VMs elsewhere."""
+    with deps.store.read() as tx:
+        host = tx.hosts.get(name)
+        live = tx.vms.live_on_host(name) if host is not None else []
+    if host is None:
+        raise InvalidArgument("name", f"no host {name!r} (rift host list)")
+    running = [vm for vm in live if vm.status == "running" and vm.change is None]
+    report = MoveReport(stayed=[(vm.id, f"{vm.status}: only running VMs move")
+                                for vm in live if vm not in running])
+    planned = plan_moves(deps, name, running)
+    drain_host(deps, name)
+    for vm in running:
+        try:
+            moved = move_vm(deps, vm, planned[vm.id])
+        except HypervisorError as exc:
+            report.failed.append((vm.id, exc.message))
+            deps.log.warning("a move failed: the VM runs where it was",
+                             extra={"vm_id": vm.id, "host": name, "error": exc.message})
+            continue
+        report.moved.append((vm.id, moved.host))
+    return report
+
+
+def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
+    """Live-migrate one running VM to host `dest`; its row follows, with its event.
+    HypervisorError (and nothing changed) when libvirt could not move it."""
+    with deps.store.read() as tx:
+        source_host, dest_host = tx.hosts.get(vm.host), tx.hosts.get(dest)
+    assert source_host is not None and dest_host is not None
+    source = deps.hosts.hypervisor(source_host.uri)
+    with deps.store.write() as tx:  # a port of the destination no VM there uses
+        port = pick_ssh_port(tx, dest)
+    xml = _HOSTFWD.sub(f"hostfwd=tcp:127.0.0.1:{port}-:22", source.domain_xml(vm.domain_name))
+    _prepare_destination(deps, vm, dest_host.uri)
+    started = deps.clock.now()
+    source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml)
+    if deps.guests is not None:
+        deps.guests.drop_connections(vm.id)  # they went through the old host
+    now = deps.clock.now()
+    with deps.store.write() as tx:
+        tx.vms.update(vm.id, ("running",), host=dest, ssh_port=port)
+        tx.events.add(NewEvent(vm.task_id, "vm_moved", now, OPERATOR, {
+            "vm_id": vm.id, "from": vm.host, "to": dest, "ssh_port": port,
+            "ms": round((now - started).total_seconds() * 1000)}))
+        moved = tx.vms.get(vm.id)
+    assert moved is not None
+    deps.log.info("VM moved", extra={"vm_id": vm.id, "from": vm.host, "to": dest})
+    return moved
+
+
+def _prepare_destination(deps: Deps, vm: Vm, uri: str) -> None:
+    """What the domain reads from its host's disk, on the destination first: the
+    image's kernel, initrd and base disk, the folder of its serial log, and an empty
+    overlay of the VM's size (the migration fills it with the source's blocks).
+    HypervisorError when they cannot be put there."""
+    runtime = deps.runtime
+    if runtime is None:
+        return  # no real guests (the test driver): nothing on disk
+    try:
+        image = image_files(runtime.images_dir, vm.image)
+    except ImageError as exc:
+        raise HypervisorError("migrate", f"{vm.image} is not an image that moves: {exc}") from exc
+    overlay = (vm_disks(runtime.vm_disks_dir.resolve(), vm.id).overlay
+               if image.disk is not None else None)
+    size = max(vm.disk_gib * GIB, image.disk_bytes)
+    if "+ssh://" not in uri:  # this machine: its files are here; a fresh overlay
+        if overlay is not None and image.disk is not None:
+            try:
+                make_overlay(image.disk, overlay, size)
+            except ImageError as exc:
+                raise HypervisorError("migrate", str(exc)) from exc
+        return
+    if deps.host_files is None:
+        raise HypervisorError("migrate", f"{uri} is elsewhere and Rift has no SSH to hosts")
+    deps.host_files.prepare(uri, DomainSpec(
+        name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus,
+        memory_mib=vm.memory_mib, image=vm.image, domain_type="qemu",
+        kernel=str(image.kernel), initrd=str(image.initrd),
+        serial_log=str(serial_log(runtime, vm.id)), disk=None))
+    if overlay is not None and image.disk is not None:
+        deps.host_files.make_overlay(uri, str(image.disk), str(overlay), size)
