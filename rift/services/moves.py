@@ -26,6 +26,7 @@ from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from hypervisor.disks import make_overlay, vm_disks
 from hypervisor.image_files import image_files
 from hypervisor.placement import HostLoad, choose_host, largest_free
+from rift.domain import egress as egress_rules
 from rift.domain.errors import InvalidArgument, NoCapacity
 from rift.domain.model import NewEvent, Vm
 from rift.services.capacity import host_loads
@@ -78,9 +79,12 @@ def drain_and_move(deps: Deps, name: str) -> MoveReport:
         live = tx.vms.live_on_host(name) if host is not None else []
     if host is None:
         raise InvalidArgument("name", f"no host {name!r} (rift host list)")
-    running = [vm for vm in live if vm.status == "running" and vm.change is None]
-    report = MoveReport(stayed=[(vm.id, f"{vm.status}: only running VMs move")
-                                for vm in live if vm not in running])
+    running = [vm for vm in live if vm.status == "running" and vm.change is None
+               and not egress_rules.proxied(vm.egress)]
+    report = MoveReport(stayed=[
+        (vm.id, "its egress is an allowlist: the host's firewall refuses its QEMU's "
+                "migration stream" if egress_rules.proxied(vm.egress)
+         else f"{vm.status}: only running VMs move") for vm in live if vm not in running])
     planned = plan_moves(deps, name, running)
     drain_host(deps, name)
     for vm in running:
