@@ -81,8 +81,8 @@ def _sample(deps: Deps, net_every_s: float) -> None:
         sample_usage(deps, net_every_s)
     except StoreUnavailable:
         log.warning("usage not sampled: the database did not answer")
-    except Exception:  # the next run tries again
-        log.exception("usage sampling failed")
+    except Exception:  # the next run tries again; the figures wait (never an error)
+        log.warning("usage sampling failed", exc_info=True)
 
 
 def start_scheduler(deps: Deps, interval_s: int, stats_interval_s: int = 0
