@@ -167,6 +167,9 @@ def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
     elif args.action == "drain":
         hosts.drain_host(deps, args.name)
         print(f"drained {args.name}: it takes no new VMs")
+    elif args.action == "undrain":
+        hosts.drain_host(deps, args.name, drained=False)
+        print(f"{args.name} takes new VMs again")
     elif args.action == "remove":
         hosts.remove_host(deps, args.name)
         print(f"removed {args.name}")
@@ -330,9 +333,11 @@ def parser() -> argparse.ArgumentParser:
     hd.add_argument("name")
     hd.add_argument("--move", action="store_true",
                     help="also live-migrate its running VMs to other hosts")
+    hu = h.add_parser("undrain", help="take new VMs again")
+    hu.add_argument("name")
     hr = h.add_parser("remove")
     hr.add_argument("name")
-    for x in (ha, hl, hd, hr):
+    for x in (ha, hl, hd, hu, hr):
         x.set_defaults(run=cmd_host)
 
     i = sub.add_parser("image", help="guest images").add_subparsers(dest="action", required=True)

@@ -448,6 +448,8 @@ class Field:
 
     @classmethod
     def of(cls, schema: dict[str, Any]) -> Field:
+        if "anyOf" in schema:  # a union (`egress`): fuzzed as its first member, and JSON
+            return cls.of(schema["anyOf"][0])
         kind = schema["type"]
         low, high = ("minLength", "maxLength") if kind == "string" else ("minimum", "maximum")
         enum = tuple(schema["enum"]) if "enum" in schema else None
