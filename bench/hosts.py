@@ -92,6 +92,7 @@ async def _measure(srv: Server) -> dict[str, Any]:
             assert got["bytes"] == FILE_MIB << 20, got["bytes"]
             files[name] = (wrote, read)
         out["files"] = files
+        await call(s, "rift_vm_destroy", handle=handle, vm_id=far["id"])  # it alone moves
         _progress("a debian VM (512 MiB) on the first host, to move to the second")
         full = (await call(s, "rift_vm_new", handle=handle, image="debian"))["vm"]
         assert full["host"] == f"hv{HOSTS[0]}", full
@@ -105,8 +106,14 @@ async def _measure(srv: Server) -> dict[str, Any]:
                             command="echo still here"))["stdout"]
         assert after == "still here\n", after
         task_id = (await call(s, "rift_vm_get", vm_id=full["id"]))["vm"]["task_id"]
-        events = (await call(s, "rift_task_events", task_id=task_id))["events"]
-        out["moved"] = [e["details"] for e in events if e["type"] == "vm_moved"]
+        out["moved"], after_id = [], 0
+        while True:
+            page = await call(s, "rift_task_events", task_id=task_id, after_id=after_id,
+                              limit=100)
+            out["moved"] += [e["details"] for e in page["events"] if e["type"] == "vm_moved"]
+            if not page["has_more"]:
+                break
+            after_id = page["next_after"]
         await call(s, "rift_task_close", handle=handle)
     return out
 

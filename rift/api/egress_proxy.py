@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import itertools
 import json
@@ -270,8 +271,12 @@ class EgressProxy:
                 self._serve, "127.0.0.1", self.port, limit=HEAD_LIMIT, reuse_address=True))
         except OSError as exc:
             loop.close()
-            log.error("the egress proxy cannot listen on 127.0.0.1:%s (%s): guests with an "
-                      "egress allowlist reach nothing from this host", self.port, exc)
+            if exc.errno == errno.EADDRINUSE:  # another replica on this machine serves it
+                log.warning("the egress proxy's port 127.0.0.1:%s is taken (another Rift "
+                            "on this machine serves it, or something else does)", self.port)
+            else:
+                log.error("the egress proxy cannot listen on 127.0.0.1:%s (%s): guests with "
+                          "an egress allowlist reach nothing from this host", self.port, exc)
             return False
         self.port = self._server.sockets[0].getsockname()[1]
         self._loop = loop
