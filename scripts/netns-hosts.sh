@@ -3,6 +3,8 @@
 #
 #   scripts/netns-hosts.sh up N     # host hvN: 10.214.N.2, reached from here at 10.214.N.1
 #   scripts/netns-hosts.sh down N
+#   scripts/netns-hosts.sh stop N   # kill all of it (a host that lost power), keep its state
+#   scripts/netns-hosts.sh start N  # and bring it back
 #   scripts/netns-hosts.sh uri N    # the qemu+ssh:// URI the control plane adds it by
 #
 # Host N is a network namespace (rift-hvN) joined to this machine by a veth pair
@@ -32,7 +34,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${RIFT_HOSTS_DIR:-/var/lib/rift-hosts}
 WAIT_S=${RIFT_HOSTS_WAIT_S:-30}
 
-usage() { echo "usage: $0 up|down|uri N (N: 1-200)" >&2; exit 2; }
+usage() { echo "usage: $0 up|down|stop|start|uri N (N: 1-200)" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 action=$1 n=$2
 [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || usage
@@ -49,11 +51,18 @@ uri() {
   echo "qemu+ssh://root@$there/system?keyfile=$DIR/client_key&no_verify=1&no_tty=1"
 }
 
-down() {
+# Every process of the host (libvirtd, virtlogd, sshd, QEMU, tini) killed, as a
+# host that loses power; its namespaces and state (its domain definitions) stay.
+stop() {
   if ip netns list | grep -qw "$ns"; then
-    # every process of the host: libvirtd, virtlogd, sshd, QEMU, tini
     for pid in $(ip netns pids "$ns"); do kill -9 "$pid" 2>/dev/null || true; done
     for _ in $(seq 50); do [ -z "$(ip netns pids "$ns")" ] && break; sleep 0.1; done
+  fi
+}
+
+down() {
+  stop
+  if ip netns list | grep -qw "$ns"; then
     ip netns del "$ns"
   fi
   ip link del "$outer" 2>/dev/null || true
@@ -117,6 +126,12 @@ virtlogd -d
 libvirtd -d
 exec /usr/sbin/sshd -D -f "$state/sshd_config" -E "$state/sshd.log"
 EOF
+  start
+}
+
+# Its daemons, in a mount namespace of their own (made anew at each start).
+start() {
+  [ -f "$state/start" ] || { say "not made: $0 up $n"; exit 1; }
   setsid ip netns exec "$ns" unshare --mount --propagation private --fork -- \
     tini -s -- sh "$state/start" </dev/null >>"$state/host.log" 2>&1 &
 
@@ -135,6 +150,8 @@ EOF
 case "$action" in
   up) up ;;
   down) down ;;
+  stop) stop ;;
+  start) start ;;
   uri) uri ;;
   *) usage ;;
 esac

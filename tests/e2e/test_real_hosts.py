@@ -45,11 +45,16 @@ def _script(env: dict[str, str], *args: str) -> str:
     return done.stdout.strip()
 
 
+def _hosts_env() -> dict[str, str]:
+    # not under /tmp: the hosts hide this machine's /tmp
+    return {**os.environ, "RIFT_HOSTS_DIR": f"/var/lib/rift-hosts/test-{os.getpid()}"}
+
+
 @pytest.fixture(scope="module")
 def far_hosts() -> Iterator[dict[int, str]]:
     """The two hosts, up; their URIs by number. Torn down after."""
-    folder = Path(f"/var/lib/rift-hosts/test-{os.getpid()}")  # not /tmp: the hosts hide it
-    env = {**os.environ, "RIFT_HOSTS_DIR": str(folder)}
+    env = _hosts_env()
+    folder = Path(env["RIFT_HOSTS_DIR"])
     try:
         for n in HOSTS:
             _script(env, "up", str(n))
@@ -294,3 +299,59 @@ def test_drain_move_live_migrates_a_vm_with_a_running_exec_to_the_other_host(
     [moved] = seen["moved"]
     assert (moved["details"]["from"], moved["details"]["to"]) == (f"hv{first}", f"hv{second}")
     assert moved["details"]["vm_id"] == vm["id"] and moved["actor"] == "operator"
+
+
+def test_a_host_that_stops_answering_is_lost_and_its_domains_go_when_it_comes_back(
+        far_hosts: dict[int, str], tmp_path: Path) -> None:
+    """hv12's libvirtd, sshd and QEMU killed: it is `unreachable`, then past
+    RIFT_HOST_LOST_S its VM is `failed` (host lost) and holds no room; brought
+    back, its first reconciliation undefines that VM's domain, and only that."""
+    from tests.support.mcp_clients import call, mcp_session, run
+    from tests.support.servers import wait_until
+
+    second = HOSTS[1]
+    proc, srv = start_real_server(tmp_path / "lost", RIFT_HOST_LOST_S="4",
+                                  RIFT_SWEEP_INTERVAL_S="1")
+    try:
+        assert srv.rift("host", "add", f"hv{second}", far_hosts[second]).returncode == 0
+        srv.rift("host", "drain", "local")
+
+        async def make() -> dict[str, Any]:
+            async with mcp_session(srv.url, srv.token) as s:
+                handle = (await call(s, "rift_task_new", name="lost"))["handle"]
+                return dict((await call(s, "rift_vm_new", handle=handle, image="tiny"))["vm"])
+
+        vm = run(make, 180)
+        assert vm["host"] == f"hv{second}" and vm["status"] == "running", vm
+        _script(_hosts_env(), "stop", str(second))
+
+        def host_row() -> dict[str, Any]:
+            rows = json.loads(srv.rift("host", "list", "--json").stdout)
+            return next(h for h in rows if h["name"] == f"hv{second}")
+
+        wait_until(lambda: host_row()["state"] == "unreachable", 60, "hv12 unreachable")
+
+        def failed_vm() -> dict[str, Any] | None:
+            shown = _vm_row(srv, vm["id"])
+            return shown if shown["status"] == "failed" else None
+
+        lost = wait_until(failed_vm, 60, "the VM of the lost host failed")
+        assert lost["error"].startswith(f"host lost: hv{second}"), lost
+        assert host_row()["used_vcpus"] == 0  # its room is no longer held
+        _script(_hosts_env(), "start", str(second))
+        wait_until(lambda: host_row()["state"] == "active", 60, "hv12 answers again")
+        wait_until(lambda: f"rift-{vm['id']}" not in _virsh(far_hosts[second], "list", "--all",
+                                                            "--name"), 60,
+                   "the lost VM's domain undefined")
+        assert _vm_row(srv, vm["id"])["status"] == "failed"  # it stays failed
+    finally:
+        stop_server(proc)
+
+
+def _vm_row(srv: Server, vm_id: str) -> dict[str, Any]:
+    import httpx
+
+    answer = httpx.get(f"{srv.url}/api/v1/vms/{vm_id}", timeout=30,
+                       headers={"Authorization": f"Bearer {srv.token}"})
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json()["vm"])
