@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -245,15 +245,21 @@ async def _run(url: str, token: str, data_dir: Path) -> None:
                 ("path", "MiB/s", "s", "ratio"))
 
 
-def main() -> None:
+def against_server(name: str, scenario: Callable[[str, str, Path], Awaitable[None]]) -> None:
+    """Run `scenario(url, token, data dir)` against this module's `rift serve`-style
+    child process (one `tiny` image, qemu:///system), then stop it."""
     logging.getLogger("paramiko").setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix="rift-bench-execs-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"rift-bench-{name}-") as tmp:
         proc, url, token = _start(Path(tmp), "bench.execs", within_s=60)
         try:
-            anyio.run(_run, url, token, Path(tmp))
+            anyio.run(scenario, url, token, Path(tmp))
         finally:
             proc.terminate()
             proc.wait(30)
+
+
+def main() -> None:
+    against_server("execs", _run)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,8 @@ The two paths alternate in blocks so the machine's drift falls on both.
 
 from __future__ import annotations
 
-import logging
 import socket
 import statistics
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,8 +30,8 @@ import httpx
 import paramiko
 
 from bench.common import print_table
-from bench.execs import _open_raw, _raw, _tool
-from bench.mcp import _session, _start
+from bench.execs import _open_raw, _raw, _tool, against_server
+from bench.mcp import _session
 
 GUEST_PORT = 8000
 SMALL, BIG_MIB = 1024, 32
@@ -183,14 +181,7 @@ async def _run(url: str, token: str, data_dir: Path) -> None:
 
 
 def main() -> None:
-    logging.getLogger("paramiko").setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix="rift-bench-exposures-") as tmp:
-        proc, url, token = _start(Path(tmp), "bench.execs", within_s=60)
-        try:
-            anyio.run(_run, url, token, Path(tmp))
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    against_server("exposures", _run)
 
 
 if __name__ == "__main__":

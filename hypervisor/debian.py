@@ -22,7 +22,6 @@ Layout of `<images dir>/debian/`: `vmlinux`, `initrd.img`, `root.qcow2`,
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import shutil
 import tempfile
@@ -36,7 +35,15 @@ from hypervisor.debian_root import debian_root, linked_copy, set_up, set_up_dige
 from hypervisor.disks import DISK_TIMEOUT_S
 from hypervisor.exec_helper import exec_helper
 from hypervisor.kernel_boot import CMDLINE_BASE
-from hypervisor.manifest import MANIFEST, digest, file_facts, sha256, swap_in, up_to_date
+from hypervisor.manifest import (
+    MANIFEST,
+    digest,
+    file_facts,
+    sha256,
+    sha256_file,
+    swap_in,
+    up_to_date,
+)
 from hypervisor.packages import download, kernel_package, package_version, unpack
 from hypervisor.tiny import static_busybox
 
@@ -106,7 +113,7 @@ def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
             "initrd": {"file": initrd.name, "compression": "gzip", **file_facts(initrd)},
             "disk": {"file": DISK_FILE, "format": "qcow2", "filesystem": "ext4",
                      "virtual_size": virtual_size, "bytes": disk.stat().st_size,
-                     "sha256": _sha256_file(disk), "root": root_key},
+                     "sha256": sha256_file(disk), "root": root_key},
             "cmdline_base": CMDLINE_BASE,
             "modules": [name for name, _ in modules],
             "packages": packages,
@@ -156,9 +163,3 @@ def base_disk(root: Path, raw: Path, disk: Path) -> int:
     return size_mib * MIB
 
 
-def _sha256_file(path: Path) -> str:
-    hashed = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(MIB):
-            hashed.update(chunk)
-    return hashed.hexdigest()

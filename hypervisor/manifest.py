@@ -37,6 +37,15 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sha256_file(path: Path) -> str:
+    """A file's sha256, read a MiB at a time (disks are large)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def digest(data: bytes) -> str:
     """`sha256:<hex>` of `data`: how a manifest names its inputs."""
     return "sha256:" + sha256(data)

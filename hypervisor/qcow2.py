@@ -15,7 +15,6 @@ NoCloud seed with the task's key (hypervisor.disks).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -37,6 +36,7 @@ from hypervisor.disks import (
     seed_files,
     vm_disks,
 )
+from hypervisor.manifest import sha256_file
 
 KIND_KERNEL = "kernel"  # `tiny` and images like it: kernel + initramfs, booted directly
 KIND_QCOW2 = "qcow2"
@@ -238,9 +238,3 @@ def _run(argv: list[str], *, cwd: Path | None = None) -> str:
     return run_command(argv, cwd=cwd, timeout_s=DISK_TIMEOUT_S)
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()

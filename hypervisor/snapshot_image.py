@@ -31,12 +31,12 @@ from pathlib import Path
 from hypervisor.base import ImageError
 from hypervisor.commands import run_command
 from hypervisor.disks import DISK_TIMEOUT_S
+from hypervisor.manifest import sha256_file
 from hypervisor.qcow2 import (
     DISK_FILE,
     MANIFEST,
     new_image_folder,
     qemu_img_info,
-    sha256_file,
 )
 
 KIND_SNAPSHOT = "snapshot"

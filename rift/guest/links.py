@@ -12,7 +12,6 @@ here is used for them.
 from __future__ import annotations
 
 import getpass
-import hashlib
 import json
 import logging
 import shlex
@@ -27,6 +26,7 @@ import paramiko
 from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from hypervisor.commands import run_command
 from hypervisor.disks import vm_disks
+from hypervisor.manifest import sha256_file
 
 log = logging.getLogger("rift.hosts")
 
@@ -59,12 +59,6 @@ def ssh_target(uri: str) -> SshTarget | None:
                      verify=params.get("no_verify", ["0"])[0] != "1")
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class HostLinks:
@@ -159,7 +153,7 @@ class HostLinks:
         copied (to a temporary name, then renamed) unless it is there already.
         `fresh`: copy it anyway (a file made for one VM). True when it was copied."""
         path = str(local)
-        want = sha256_of(local)
+        want = sha256_file(local)
         with self._lock:
             known = self._copied.get((target, path))
         if known == want and not fresh:
