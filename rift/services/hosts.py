@@ -68,9 +68,12 @@ def _why_not(uri: str, words: str) -> str:
 
 
 def add_host(deps: Deps, name: str, uri: str, vcpus: int | None = None,
-             memory_mib: int | None = None, probe: bool = True) -> Host:
-    """Add a host once its libvirt answered and is new enough (`probe`: always, but
-    for the `local` host of a start whose size is given); nothing is added else."""
+             memory_mib: int | None = None, probe: bool | None = None) -> Host:
+    """Add a host once its libvirt answered and is new enough; nothing is added else.
+    A host given its whole size (`vcpus` and `memory_mib`, as the ansible role gives
+    it, possibly before its libvirtd runs) is added without asking, unless `probe`."""
+    if probe is None:
+        probe = vcpus is None or memory_mib is None
     if not _NAME_RE.match(name):
         raise InvalidArgument("name", "1–64 of a-z 0-9 _ . -, starting with a letter or digit")
     if "://" not in uri:

@@ -22,17 +22,14 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from hypervisor.base import DomainSpec, HypervisorError, ImageError
-from hypervisor.disks import make_overlay, vm_disks
-from hypervisor.image_files import image_files
+from hypervisor.base import HypervisorError
 from hypervisor.placement import HostLoad, choose_host, largest_free
 from rift.domain import egress as egress_rules
 from rift.domain.errors import InvalidArgument, NoCapacity
 from rift.domain.model import NewEvent, Vm
 from rift.services.capacity import host_loads
 from rift.services.context import Deps
-from rift.services.guest_kinds.base import serial_log
-from rift.services.guest_kinds.real import GIB
+from rift.services.guest_kinds import kind_on
 from rift.services.hosts import drain_host
 from rift.services.launch import pick_ssh_port
 
@@ -109,7 +106,8 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
     with deps.store.write() as tx:  # a port of the destination no VM there uses
         port = pick_ssh_port(tx, dest)
     xml = _HOSTFWD.sub(f"hostfwd=tcp:127.0.0.1:{port}-:22", source.domain_xml(vm.domain_name))
-    _prepare_destination(deps, vm, dest_host.uri)
+    # what it reads from its host's disk, there first
+    kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
     started = deps.clock.now()
     source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml)
     if deps.guests is not None:
@@ -125,35 +123,3 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
     deps.log.info("VM moved", extra={"vm_id": vm.id, "from": vm.host, "to": dest})
     return moved
 
-
-def _prepare_destination(deps: Deps, vm: Vm, uri: str) -> None:
-    """What the domain reads from its host's disk, on the destination first: the
-    image's kernel, initrd and base disk, the folder of its serial log, and an empty
-    overlay of the VM's size (the migration fills it with the source's blocks).
-    HypervisorError when they cannot be put there."""
-    runtime = deps.runtime
-    if runtime is None:
-        return  # no real guests (the test driver): nothing on disk
-    try:
-        image = image_files(runtime.images_dir, vm.image)
-    except ImageError as exc:
-        raise HypervisorError("migrate", f"{vm.image} is not an image that moves: {exc}") from exc
-    overlay = (vm_disks(runtime.vm_disks_dir.resolve(), vm.id).overlay
-               if image.disk is not None else None)
-    size = max(vm.disk_gib * GIB, image.disk_bytes)
-    if "+ssh://" not in uri:  # this machine: its files are here; a fresh overlay
-        if overlay is not None and image.disk is not None:
-            try:
-                make_overlay(image.disk, overlay, size)
-            except ImageError as exc:
-                raise HypervisorError("migrate", str(exc)) from exc
-        return
-    if deps.host_files is None:
-        raise HypervisorError("migrate", f"{uri} is elsewhere and Rift has no SSH to hosts")
-    deps.host_files.prepare(uri, DomainSpec(
-        name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus,
-        memory_mib=vm.memory_mib, image=vm.image, domain_type="qemu",
-        kernel=str(image.kernel), initrd=str(image.initrd),
-        serial_log=str(serial_log(runtime, vm.id)), disk=None))
-    if overlay is not None and image.disk is not None:
-        deps.host_files.make_overlay(uri, str(image.disk), str(overlay), size)

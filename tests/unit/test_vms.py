@@ -148,7 +148,7 @@ def test_a_host_that_does_not_let_rift_in_or_runs_an_old_libvirt_is_not_added(
     before = snapshot(deps)
     old = pool.hypervisor("fake:///old")
     old.version = "libvirt 8.0.0 qemu 6.2.0"
-    err = refused("invalid_argument", hosts.add_host, deps, "old", "fake:///old", 4, 4096)
+    err = refused("invalid_argument", hosts.add_host, deps, "old", "fake:///old")
     assert "libvirt 9.0.0 or newer" in err.message and "8.0.0" in err.message
     for name, words, said in (
             ("far", "Cannot recv data: ssh: connect to host 10.0.0.9 port 22: No route to "
@@ -161,7 +161,7 @@ def test_a_host_that_does_not_let_rift_in_or_runs_an_old_libvirt_is_not_added(
             raise HypervisorError("open", words)
 
         hv.info = fail  # type: ignore[assignment,method-assign]
-        err = refused("hypervisor_error", hosts.add_host, deps, name, f"fake:///{name}", 4, 4096)
+        err = refused("hypervisor_error", hosts.add_host, deps, name, f"fake:///{name}")
         assert said in err.message and words in err.message, err.message
     assert snapshot(deps) == before  # nothing added
     assert sorted(h["name"] for h in hosts.list_hosts(deps)) == ["local"]

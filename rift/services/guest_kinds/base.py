@@ -12,7 +12,7 @@ from hypervisor.disks import remove_vm_disks, vm_disks, vm_ids_with_disks
 from rift.domain.errors import GuestUnreachable
 from rift.domain.model import StartKind, Vm
 from rift.services.context import Deps, GuestRuntime
-from rift.services.ports import GuestShell
+from rift.services.ports import GuestShell, HostFiles
 
 NO_SHELL = "this control plane has no guest access configured"
 NO_RUNTIME = "this control plane runs no real guests (no guest runtime)"
@@ -53,6 +53,12 @@ class GuestKind(Protocol):
 
     def clean_up(self, vm_id: str) -> None:
         """Remove the VM's own files (serial log, overlay, seed); absent is fine."""
+        ...
+
+    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+        """Put on this kind's host what `vm`, moving here live, reads from its host's
+        disk (the migration brings its memory and its disk's blocks); HypervisorError
+        (op "migrate") when such VMs do not move."""
         ...
 
     def accelerator(self, verdict: Verdict) -> str:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hypervisor.base import DomainSpec, ImageError
+from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from hypervisor.disks import iso_maker as seed_maker
 from hypervisor.disks import make_overlay, remove_vm_disks, vm_disks
 from hypervisor.image_files import ImageFiles, image_files
@@ -31,7 +31,7 @@ from rift.services.guest_kinds.base import (
     mac_of,
     serial_log,
 )
-from rift.services.ports import GuestShell
+from rift.services.ports import GuestShell, HostFiles
 
 __all__ = ["DEFAULT_DISK_GIB", "GIB", "KernelGuest", "Qcow2Guest", "SnapshotGuest"]
 
@@ -74,6 +74,9 @@ class _RealGuest:
 
     def clean_up(self, vm_id: str) -> None:
         self.files.remove(vm_id)
+
+    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+        raise HypervisorError("migrate", f"VMs of {self.label} images do not move yet")
 
     def accelerator(self, verdict: Verdict) -> str:
         if not os.path.exists("/dev/kvm"):
@@ -126,6 +129,33 @@ class KernelGuest(_RealGuest):
             domain_type=self.runtime.accel(self.uri),
             public_key_line=guests.task_key(vm.task_id), ssh_port=vm.ssh_port,
             serial_log=self._serial_log(vm), disk=self._overlay(image, vm))
+
+    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+        """The image's kernel, initrd and base disk here, the folder of the VM's serial
+        log, and an empty overlay of its size (the migration fills it)."""
+        try:
+            image = image_files(self.runtime.images_dir, self.image)
+        except ImageError as exc:
+            raise HypervisorError("migrate", str(exc)) from exc
+        disks = vm_disks(self.runtime.vm_disks_dir.resolve(), vm.id)
+        size = max(vm.disk_gib * GIB, image.disk_bytes)
+        if "+ssh://" not in self.uri:  # this machine: its files are here
+            if image.disk is not None:
+                try:
+                    make_overlay(image.disk, disks.overlay, size)
+                except ImageError as exc:
+                    raise HypervisorError("migrate", str(exc)) from exc
+            return
+        if host_files is None:
+            raise HypervisorError("migrate", f"{self.uri} is elsewhere and Rift has no SSH "
+                                  "to hosts")
+        host_files.prepare(self.uri, DomainSpec(
+            name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus,
+            memory_mib=vm.memory_mib, image=vm.image, domain_type="qemu",
+            kernel=str(image.kernel), initrd=str(image.initrd),
+            serial_log=str(self._serial_log(vm))))
+        if image.disk is not None:
+            host_files.make_overlay(self.uri, str(image.disk), str(disks.overlay), size)
 
     def _overlay(self, image: ImageFiles, vm: Vm) -> Path | None:
         """The VM's overlay of the image's base disk, made here; None without one."""

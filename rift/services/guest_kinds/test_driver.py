@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypervisor.base import DomainSpec
+from hypervisor.base import DomainSpec, HypervisorError
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import StartKind, Vm
 from rift.services.guest_kinds.base import NO_RUNTIME, NotReady, Verdict, VmFiles
+from rift.services.ports import HostFiles
 
 
 class TestDriverGuest:
@@ -38,6 +39,9 @@ class TestDriverGuest:
         # It makes no files; any a VM id names (a host whose URI changed) go anyway.
         self.files.remove(vm_id)
 
+    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+        return None  # no guest, no files: the domain alone moves
+
     def accelerator(self, verdict: Verdict) -> str:
         return "test driver: no guests, no accelerator needed"
 
@@ -65,6 +69,9 @@ class NoGuests:
 
     def clean_up(self, vm_id: str) -> None:
         return None
+
+    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+        raise HypervisorError("migrate", NO_RUNTIME)
 
     def accelerator(self, verdict: Verdict) -> str:
         return NO_RUNTIME
