@@ -81,6 +81,8 @@ up() {
   ssh-keygen -q -t ed25519 -N "" -f "$state/host_key"
   cp "$DIR/client_key.pub" "$state/authorized_keys"
   cp -a /etc/libvirt "$state/etc-libvirt"
+  # its own copy: a checkout under /tmp is hidden inside the host (its /tmp is its own)
+  cp "$ROOT/hypervisor/guest_isolation.nft" "$state/guest_isolation.nft"
   rm -rf "$state/etc-libvirt/qemu/"*.xml "$state/etc-libvirt/qemu/autostart"
   cat > "$state/sshd_config" <<EOF
 ListenAddress $there
@@ -121,7 +123,7 @@ for d in /var/lib/libvirt /var/log/libvirt /var/cache/libvirt; do
 done
 mount --bind "$state/etc-libvirt" /etc/libvirt
 mkdir -p /run/libvirt /run/sshd /var/lib/libvirt/qemu /var/cache/libvirt/qemu
-nft -f "$ROOT/hypervisor/guest_isolation.nft"
+nft -f "$state/guest_isolation.nft"
 virtlogd -d
 libvirtd -d
 exec /usr/sbin/sshd -D -f "$state/sshd_config" -E "$state/sshd.log"
