@@ -132,18 +132,47 @@ class HostLinks:
         return out.decode(errors="replace")
 
     def read_text(self, target: SshTarget, path: str) -> str | None:
-        """A file's text on the host; None when it is not there (yet)."""
+        """A file's text on the host; None when it is not there (yet). Over SFTP, or
+        `cat` where the host's sshd offers no SFTP subsystem."""
         try:
             sftp = self.transport(target).open_sftp_client()
-            try:
-                with sftp.open(path, "rb") as f:
-                    return f.read().decode(errors="replace")
-            finally:
-                sftp.close()
+        except (OSError, paramiko.SSHException):
+            quoted = shlex.quote(path)
+            return self.run(target, f"if [ -e {quoted} ]; then cat {quoted}; else echo "
+                            "rift-absent >&2; fi") or None
+        try:
+            with sftp.open(path, "rb") as f:
+                return f.read().decode(errors="replace")
         except FileNotFoundError:
             return None
         except (OSError, paramiko.SSHException) as exc:
             raise HostLinkError(f"{target.host}: cannot read {path}: {exc}") from exc
+        finally:
+            sftp.close()
+
+    def _put(self, target: SshTarget, local: Path, remote: str) -> None:
+        """Copy `local` to `remote` on the host: SFTP, or `cat` without an SFTP subsystem."""
+        try:
+            sftp = self.transport(target).open_sftp_client()
+        except (OSError, paramiko.SSHException):
+            sftp = None
+        if sftp is not None:
+            try:
+                sftp.put(str(local), remote, confirm=True)
+            finally:
+                sftp.close()
+            return
+        chan = self.transport(target).open_session(timeout=CONNECT_TIMEOUT_S)
+        try:
+            chan.exec_command(f"cat > {shlex.quote(remote)}")
+            with local.open("rb") as f:
+                while chunk := f.read(CHUNK):
+                    chan.sendall(chunk)
+            chan.shutdown_write()
+            if chan.recv_exit_status() != 0:
+                raise HostLinkError(f"{target.host}: writing {remote} failed")
+        finally:
+            chan.close()
 
     def mkdir(self, target: SshTarget, path: str) -> None:
         self.run(target, f"mkdir -p {shlex.quote(path)}")
@@ -168,11 +197,7 @@ class HostLinks:
         self.mkdir(target, str(local.parent))
         partial = f"{path}.rift-partial"
         try:
-            sftp = self.transport(target).open_sftp_client()
-            try:
-                sftp.put(str(local), partial, confirm=True)
-            finally:
-                sftp.close()
+            self._put(target, local, partial)
         except (OSError, paramiko.SSHException) as exc:
             raise HostLinkError(f"{target.host}: copying {path} failed: {exc}") from exc
         got = self.run(target, f"sha256sum {shlex.quote(partial)}").split()
