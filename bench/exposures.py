@@ -32,12 +32,14 @@ import paramiko
 from bench.common import print_table
 from bench.execs import _open_raw, _raw, _tool, against_server
 from bench.mcp import _session
+from rift.domain.secrets import new_exposure_secret
 
 GUEST_PORT = 8000
 SMALL, BIG_MIB = 1024, 32
 LATENCY_BLOCKS, LATENCY_PER_BLOCK = 6, 25
 RPS_CLIENTS, RPS_REQUESTS = 8, 200
 TARGET_P50, TARGET_RPS = 2.0, 0.5
+NOT_FOUND_SAMPLES = 200
 
 
 class Tunnel:
@@ -128,6 +130,27 @@ def _pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
 
 
+def _not_found(paths: dict[str, str]) -> None:
+    """Both 404, alike, and their latencies side by side (interleaved)."""
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    bodies: dict[str, set[bytes]] = {name: set() for name in paths}
+    with httpx.Client(timeout=30) as client:
+        for _ in range(NOT_FOUND_SAMPLES):
+            for name, url in paths.items():
+                started = time.perf_counter()
+                answer = client.get(url)
+                samples[name].append(time.perf_counter() - started)
+                assert answer.status_code == 404, answer
+                bodies[name].add(answer.content)
+    assert len({b for seen in bodies.values() for b in seen}) == 1, bodies  # the same answer
+    first = statistics.median(next(iter(samples.values())))
+    rows = [(name, f"{statistics.median(got) * 1000:.2f}", f"{_pct(got, 0.99):.2f}",
+             str(len(got)), f"{statistics.median(got) / first:.2f}x")
+            for name, got in samples.items()]
+    print_table("404 for an ended secret and for one never minted (the same body)", rows,
+                ("secret", "p50 ms", "p99 ms", "samples", "ratio"))
+
+
 def _measure(exposure: str, tunnel: str) -> None:
     paths = {"exposure (Rift, /x/<secret>/)": exposure, "paramiko SSH tunnel": tunnel}
     lat = _latencies({name: f"{url}small" for name, url in paths.items()})
@@ -174,6 +197,11 @@ async def _run(url: str, token: str, data_dir: Path) -> None:
             exposed = url + urlsplit(answered).path  # this server's own address
             await anyio.to_thread.run_sync(_measure, exposed,
                                            f"http://127.0.0.1:{tunnel.port}/")
+            # an ended secret against one never minted: the same 404 in the same time
+            await _tool(s, "rift_vm_unexpose", handle=handle, vm_id=vm["id"], port=GUEST_PORT)
+            unknown = url + "/x/" + new_exposure_secret() + "/"  # well formed, never minted
+            await anyio.to_thread.run_sync(_not_found, {"ended secret": exposed,
+                                                         "unknown secret": unknown})
         finally:
             tunnel.close()
             raw.close()
