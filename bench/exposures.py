@@ -195,13 +195,16 @@ async def _run(url: str, token: str, data_dir: Path) -> None:
             answered = (await _tool(s, "rift_vm_expose", handle=handle, vm_id=vm["id"],
                                     port=GUEST_PORT))["exposure"]["url"]
             exposed = url + urlsplit(answered).path  # this server's own address
+            # an ended secret against one never minted: the same 404 in the same time
+            other = (await _tool(s, "rift_vm_expose", handle=handle, vm_id=vm["id"],
+                                 port=GUEST_PORT + 1))["exposure"]["url"]
+            await _tool(s, "rift_vm_unexpose", handle=handle, vm_id=vm["id"],
+                        port=GUEST_PORT + 1)
+            unknown = url + "/x/" + new_exposure_secret() + "/"  # well formed, never minted
+            await anyio.to_thread.run_sync(_not_found, {
+                "ended secret": url + urlsplit(other).path, "unknown secret": unknown})
             await anyio.to_thread.run_sync(_measure, exposed,
                                            f"http://127.0.0.1:{tunnel.port}/")
-            # an ended secret against one never minted: the same 404 in the same time
-            await _tool(s, "rift_vm_unexpose", handle=handle, vm_id=vm["id"], port=GUEST_PORT)
-            unknown = url + "/x/" + new_exposure_secret() + "/"  # well formed, never minted
-            await anyio.to_thread.run_sync(_not_found, {"ended secret": exposed,
-                                                         "unknown secret": unknown})
         finally:
             tunnel.close()
             raw.close()
