@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 # The group of the QEMU processes of guests with an egress allowlist (SPEC §13);
 # every other guest's QEMU runs in qemu.conf's group, rift-guests.
 PROXIED_GROUP = "rift-proxied"
+
+
+def elsewhere(uri: str) -> bool:
+    """Whether a libvirt URI reaches its host over SSH (`qemu+ssh://…`): a host of
+    another machine, whose loopback and files are not this machine's."""
+    return urlsplit(uri).scheme.endswith("+ssh")
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,19 @@ def _process_label(root: ET.Element, spec: DomainSpec) -> None:
         ET.SubElement(seclabel, "label").text = f"+0:{PROXIED_GROUP}"
 
 
+_HOSTFWD = re.compile(r"hostfwd=tcp:127\.0\.0\.1:\d+-:22")
+
+
+def domain_xml_with_ssh_port(xml: str, port: int) -> str:
+    """A domain XML (as libvirt writes it) whose guest's SSH is forwarded from host
+    port `port` instead (a migration's destination XML: every other byte is kept);
+    one with no guest behind it (no forward) as it is. ValueError for several."""
+    changed, count = _HOSTFWD.subn(f"hostfwd=tcp:127.0.0.1:{int(port)}-:22", xml)
+    if count > 1:
+        raise ValueError("the domain XML forwards more than one SSH port")
+    return changed
+
+
 def validate_spec(spec: DomainSpec) -> None:
     """Raise ValueError naming the first field that cannot go into a domain."""
     if not _NAME.fullmatch(spec.name):

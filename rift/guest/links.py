@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import paramiko
 
-from hypervisor.base import DomainSpec, HypervisorError, ImageError
+from hypervisor.base import DomainSpec, HypervisorError, ImageError, elsewhere
 from hypervisor.commands import run_command
 from hypervisor.disks import vm_disks
 from hypervisor.manifest import sha256_file
@@ -50,7 +50,7 @@ class SshTarget:
 def ssh_target(uri: str) -> SshTarget | None:
     """The SSH a libvirt URI reaches its host by; None for a host on this machine."""
     parsed = urlsplit(uri)
-    if not parsed.scheme.endswith("+ssh") or not parsed.hostname:
+    if not elsewhere(uri) or not parsed.hostname:
         return None
     params = parse_qs(parsed.query)
     keyfile = params.get("keyfile", [None])[0]

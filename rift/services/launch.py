@@ -10,7 +10,7 @@ from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime
 
-from hypervisor.base import HypervisorError, ImageError
+from hypervisor.base import HypervisorError, ImageError, elsewhere
 from rift.domain import egress as egress_rules
 from rift.domain.errors import HypervisorFailed, ImageNotFound, InvalidArgument
 from rift.domain.model import NewEvent, StartKind, Task, Vm
@@ -60,12 +60,12 @@ def pick_ssh_port(tx: Tx, host: str) -> int:
     taken = {vm.ssh_port for vm in tx.vms.live_on_host(host) if vm.ssh_port}
     taken |= {m.ssh_port for m in tx.pools.vms() if m.host == host and m.ssh_port}
     row = tx.hosts.get(host)
-    elsewhere = row is not None and "+ssh://" in row.uri  # its loopback is not ours
+    remote = row is not None and elsewhere(row.uri)  # its loopback is not ours
     for _ in range(200):
         port = random.randrange(*PORTS)
         if port in taken:
             continue
-        if elsewhere:
+        if remote:
             return port
         with socket.socket() as probe:
             try:

@@ -18,23 +18,20 @@ own rollback); the others still move.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from hypervisor.base import HypervisorError
+from hypervisor.domain_xml import domain_xml_with_ssh_port
 from hypervisor.placement import HostLoad, choose_host, largest_free
 from rift.domain import egress as egress_rules
 from rift.domain.errors import InvalidArgument, NoCapacity
 from rift.domain.model import NewEvent, Vm
 from rift.services.capacity import host_loads
-from rift.services.context import Deps
+from rift.services.context import OPERATOR, Deps
 from rift.services.guest_kinds import kind_on
 from rift.services.hosts import drain_host
 from rift.services.launch import pick_ssh_port
-
-OPERATOR = "operator"
-_HOSTFWD = re.compile(r"hostfwd=tcp:127\.0\.0\.1:(\d+)-:22")
 
 
 @dataclass
@@ -105,7 +102,10 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
     source = deps.hosts.hypervisor(source_host.uri)
     with deps.store.write() as tx:  # a port of the destination no VM there uses
         port = pick_ssh_port(tx, dest)
-    xml = _HOSTFWD.sub(f"hostfwd=tcp:127.0.0.1:{port}-:22", source.domain_xml(vm.domain_name))
+    try:
+        xml = domain_xml_with_ssh_port(source.domain_xml(vm.domain_name), port)
+    except ValueError as exc:
+        raise HypervisorError("migrate", f"{vm.domain_name}: {exc}") from exc
     # what it reads from its host's disk, there first
     kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
     started = deps.clock.now()

@@ -17,7 +17,12 @@ from hypervisor import (
     largest_free,
     parse_rift_metadata,
 )
-from hypervisor.domain_xml import domain_xml_with_task, parse_rift_mark, rift_mark_with_task
+from hypervisor.domain_xml import (
+    domain_xml_with_ssh_port,
+    domain_xml_with_task,
+    parse_rift_mark,
+    rift_mark_with_task,
+)
 
 
 def parse(xml: str) -> ET.Element:
@@ -230,6 +235,14 @@ def test_a_guest_with_an_egress_allowlist_runs_its_qemu_in_the_proxied_group() -
     assert label.findtext("label") == "+0:rift-proxied"
     args = [arg.get("value") for arg in root.iter(f"{{{QEMU_XMLNS}}}arg")]
     assert "restrict=on" not in args[1]  # the firewall, not QEMU, keeps it to the proxy
+
+
+def test_a_migrations_destination_xml_forwards_another_ssh_port_and_keeps_the_rest() -> None:
+    xml = build_domain_xml(GUEST)
+    moved = domain_xml_with_ssh_port(xml, 41000)
+    assert moved == xml.replace("127.0.0.1:40022-:22", "127.0.0.1:41000-:22") != xml
+    bare = build_domain_xml(dataclasses.replace(GUEST, ssh_port=None))
+    assert domain_xml_with_ssh_port(bare, 41000) == bare  # no guest behind it
 
 
 def test_a_guest_without_a_port_or_log_has_no_network_or_serial() -> None:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hypervisor.base import DomainSpec, HypervisorError, ImageError
+from hypervisor.base import DomainSpec, HypervisorError, ImageError, elsewhere
 from hypervisor.disks import iso_maker as seed_maker
 from hypervisor.disks import make_overlay, remove_vm_disks, vm_disks
 from hypervisor.image_files import ImageFiles, image_files
@@ -139,7 +139,7 @@ class KernelGuest(_RealGuest):
             raise HypervisorError("migrate", str(exc)) from exc
         disks = vm_disks(self.runtime.vm_disks_dir.resolve(), vm.id)
         size = max(vm.disk_gib * GIB, image.disk_bytes)
-        if "+ssh://" not in self.uri:  # this machine: its files are here
+        if not elsewhere(self.uri):  # this machine: its files are here
             if image.disk is not None:
                 try:
                     make_overlay(image.disk, disks.overlay, size)
