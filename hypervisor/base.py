@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from hypervisor.host_disk import HostDisk
+
 # The group of the QEMU processes of guests with an egress allowlist (SPEC §13);
 # every other guest's QEMU runs in qemu.conf's group, rift-guests.
 PROXIED_GROUP = "rift-proxied"
@@ -107,6 +109,7 @@ class Hypervisor(Protocol):
     """One connection to one host."""
 
     uri: str
+    disk: HostDisk  # the files of the machine it runs on: where save_state writes
 
     def info(self) -> HostInfo:
         """The host's size."""

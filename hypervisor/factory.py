@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from hypervisor.base import Hypervisor
+from hypervisor.host_disk import LOCAL_DISK, HostDisk
 
 
-def open_hypervisor(uri: str, *, validate: bool = False) -> Hypervisor:
-    """A Hypervisor for `uri`: `fake:///...` in memory, anything else through libvirt.
+def open_hypervisor(uri: str, *, validate: bool = False,
+                    disk: HostDisk = LOCAL_DISK) -> Hypervisor:
+    """A Hypervisor for `uri`: `fake:///...` in memory, anything else through libvirt;
+    `disk`: the files of the machine its libvirt runs on (this one's by default).
 
     The libvirt connection itself opens on first use, so this never blocks.
     """
@@ -16,4 +19,4 @@ def open_hypervisor(uri: str, *, validate: bool = False) -> Hypervisor:
         return FakeHypervisor(uri)
     from hypervisor.libvirt import LibvirtHypervisor
 
-    return LibvirtHypervisor(uri, validate=validate)
+    return LibvirtHypervisor(uri, validate=validate, disk=disk)

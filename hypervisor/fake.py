@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from hypervisor.base import DomainRecord, DomainSpec, DomainStats, HostInfo, HypervisorError
 from hypervisor.domain_xml import build_domain_xml, domain_xml_with_task
+from hypervisor.host_disk import LOCAL_DISK, HostDisk
 
 FAKE_VERSIONS = "libvirt 0.0.0 fake 0.0.0"
 
@@ -38,6 +39,7 @@ class FakeHypervisor:
 
     def __init__(self, uri: str = "fake:///", vcpus: int = 16, memory_mib: int = 32768) -> None:
         self.uri = uri
+        self.disk: HostDisk = LOCAL_DISK
         self.vcpus = vcpus
         self.memory_mib = memory_mib
         self.domains: dict[str, FakeDomain] = {}

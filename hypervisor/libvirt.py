@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from hypervisor.domain_xml import (
     parse_rift_mark,
     rift_mark_with_task,
 )
+from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.save_image import (
     fork_copy_path,
     fork_domain_xml,
@@ -93,8 +93,10 @@ class LibvirtHypervisor:
         *,
         validate: bool = False,
         opener: Callable[[str], Any] | None = None,
+        disk: HostDisk = LOCAL_DISK,
     ) -> None:
         self.uri = uri
+        self.disk = disk  # the files of the machine this libvirt runs on
         self._validate = validate
         self._opener: Callable[[str], Any] = opener or libvirt.open
         self._lock = threading.Lock()
@@ -197,7 +199,7 @@ class LibvirtHypervisor:
             self.create(spec)
             return
         try:
-            saved = read_save_header(path)
+            saved = read_save_header(path, self.disk)
             if spec.serial_log is None or spec.ssh_port is None:
                 raise ValueError("a fork needs a serial log and an SSH port")
             xml = fork_domain_xml(saved.xml, name=spec.name, uuid=str(uuid.uuid4()),
@@ -208,7 +210,7 @@ class LibvirtHypervisor:
             raise HypervisorError("fork", f"the saved state cannot be forked: {exc}") from exc
         forked = fork_copy_path(path, spec.name)
         try:
-            write_fork(path, forked, xml)
+            write_fork(path, forked, xml, self.disk)
         except (OSError, ValueError) as exc:
             raise HypervisorError("fork", f"could not write the fork's state: {exc}") from exc
         try:
@@ -225,8 +227,8 @@ class LibvirtHypervisor:
                     log.error("could not undo a failed fork of %s: %s", spec.name, cleanup)
                 raise
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(forked)
+            with contextlib.suppress(OSError):
+                self.disk.remove(forked)
 
     def set_owner(self, name: str, task_id: str) -> None:
         dom = self._domain("set_owner", name)

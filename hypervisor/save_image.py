@@ -31,17 +31,15 @@ the cookie or the stream.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import secrets
 import struct
 import uuid as uuid_module
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from pathlib import Path
 
 from hypervisor.domain_xml import QEMU_XMLNS, RIFT_XMLNS, parse_rift_mark
+from hypervisor.host_disk import LOCAL_DISK, HostDisk
 
 MAGIC = b"LibvirtQemudSave"
 PARTIAL_MAGIC = b"LibvirtQemudPart"
@@ -51,11 +49,6 @@ XML_PADDING = 64 * 1024  # what libvirt leaves after the XML and cookie, for edi
 RAW = 0  # the `compressed` value of an uncompressed stream
 
 _FIELDS = "16s5I56s"  # magic, version .. cookieOffset, unused[14] (kept as it is)
-_COPY_CHUNK = 1 << 30
-# copy_file_range refusing these means "not here" (another file system, an old
-# kernel, a seccomp filter), not a broken file: sendfile copies instead.
-_COPY_REFUSED = frozenset({errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
-                           errno.EPERM})
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 # Characters XML 1.0 cannot carry at all, even escaped.
@@ -103,19 +96,20 @@ def fork_copy_path(state_path: str, domain_name: str) -> str:
     return os.path.join(os.path.dirname(state_path), f"{FORK_PREFIX}{domain_name}.save")
 
 
-def read_save_header(path: str | os.PathLike[str]) -> SaveImage:
-    """The header, XML and cookie of the save file at `path`.
+def read_save_header(path: str | os.PathLike[str], disk: HostDisk = LOCAL_DISK) -> SaveImage:
+    """The header, XML and cookie of the save file at `path` (on `disk`: this
+    machine's, or a host's elsewhere).
 
     ValueError when it is not a complete libvirt QEMU save image (wrong magic,
     one libvirt did not finish, another version, or a file cut short before its
-    stream); a stream cut short inside cannot be told from the header.
+    stream); a stream cut short inside cannot be told from the header. OSError
+    when it cannot be read.
     """
-    with open(path, "rb") as src:
-        return _read_header(src.fileno(), str(path)).image
+    return _read_header(disk, str(path)).image
 
 
-def _read_header(fd: int, path: str) -> _Header:
-    raw = os.pread(fd, HEADER_BYTES, 0)
+def _read_header(disk: HostDisk, path: str) -> _Header:
+    raw = disk.read_at(path, 0, HEADER_BYTES)
     if len(raw) < HEADER_BYTES:
         raise ValueError(f"{path}: too short for a save image header "
                          f"({len(raw)} of {HEADER_BYTES} bytes)")
@@ -135,11 +129,11 @@ def _read_header(fd: int, path: str) -> _Header:
     if data_len == 0 or cookie_offset > data_len:
         raise ValueError(f"{path}: bad header (data_len {data_len}, "
                          f"cookieOffset {cookie_offset})")
-    size = os.fstat(fd).st_size
+    size = disk.size(path)
     if size < HEADER_BYTES + data_len:
         raise ValueError(f"{path}: cut short inside its domain XML "
                          f"({size - HEADER_BYTES} of {data_len} bytes)")
-    data = os.pread(fd, data_len, HEADER_BYTES)
+    data = disk.read_at(path, HEADER_BYTES, data_len)
     if len(data) < data_len:
         raise ValueError(f"{path}: cut short while it was read")
     xml_part = data[:cookie_offset] if cookie_offset else data
@@ -161,9 +155,10 @@ def _read_header(fd: int, path: str) -> _Header:
 
 
 def write_fork(src_path: str | os.PathLike[str], dst_path: str | os.PathLike[str],
-               xml: str) -> None:
+               xml: str, disk: HostDisk = LOCAL_DISK) -> None:
     """Write at `dst_path` a save file that restores as the domain `xml` describes,
-    from the cookie and migration stream of the save file at `src_path`.
+    from the cookie and migration stream of the save file at `src_path` (both on
+    `disk`: this machine's, or a host's elsewhere, where the stream is copied).
 
     The header keeps the source's version, byte order and was_running; the
     padding keeps its size when the new XML fits in it (so the stream stays at
@@ -175,60 +170,20 @@ def write_fork(src_path: str | os.PathLike[str], dst_path: str | os.PathLike[str
     """
     if "\0" in xml:
         raise ValueError("the domain XML holds a NUL")
-    dst = Path(dst_path)
-    partial = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.part")
-    with open(src_path, "rb") as src:
-        header = _read_header(src.fileno(), str(src_path))
-        image = header.image
-        if image.compressed != RAW:
-            raise ValueError(f"{src_path}: its stream is compressed (format "
-                             f"{image.compressed}); only raw save images can be forked")
-        xml_bytes = xml.encode("utf-8") + b"\0"
-        cookie = image.cookie + b"\0" if header.has_cookie else b""
-        used = len(xml_bytes) + len(cookie)
-        data_len = image.data_len if used <= image.data_len else used + XML_PADDING
-        head = struct.pack(header.order + _FIELDS, MAGIC, image.version, data_len,
-                           int(image.was_running), image.compressed,
-                           len(xml_bytes) if cookie else 0, header.unused)
-        stream_bytes = os.fstat(src.fileno()).st_size - image.stream_offset
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                _write_all(fd, head + xml_bytes + cookie + bytes(data_len - used))
-                _copy_stream(src.fileno(), fd, image.stream_offset, stream_bytes)
-            finally:
-                os.close(fd)
-            os.replace(partial, dst)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _copy_stream(src: int, dst: int, offset: int, count: int) -> None:
-    """Copy `count` bytes of `src` from `offset` to the position of `dst`, in the kernel."""
-    use_copy_range = True
-    while count > 0:
-        chunk = min(count, _COPY_CHUNK)
-        if use_copy_range:
-            try:
-                done = os.copy_file_range(src, dst, chunk, offset)
-            except OSError as exc:
-                if exc.errno not in _COPY_REFUSED:
-                    raise
-                use_copy_range = False  # another file system, or an old kernel
-                continue
-        else:
-            done = os.sendfile(dst, src, offset, chunk)
-        if done == 0:
-            raise OSError(errno.EIO, f"the save image ended {count} bytes early")
-        offset += done
-        count -= done
+    header = _read_header(disk, str(src_path))
+    image = header.image
+    if image.compressed != RAW:
+        raise ValueError(f"{src_path}: its stream is compressed (format "
+                         f"{image.compressed}); only raw save images can be forked")
+    xml_bytes = xml.encode("utf-8") + b"\0"
+    cookie = image.cookie + b"\0" if header.has_cookie else b""
+    used = len(xml_bytes) + len(cookie)
+    data_len = image.data_len if used <= image.data_len else used + XML_PADDING
+    head = struct.pack(header.order + _FIELDS, MAGIC, image.version, data_len,
+                       int(image.was_running), image.compressed,
+                       len(xml_bytes) if cookie else 0, header.unused)
+    disk.spliced(str(src_path), head + xml_bytes + cookie + bytes(data_len - used),
+                 image.stream_offset, str(dst_path))
 
 
 def fork_domain_xml(

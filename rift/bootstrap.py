@@ -17,7 +17,7 @@ from rift.domain.errors import InvalidArgument
 from rift.domain.leases import LeaseRules
 from rift.domain.store_errors import DuplicateKey
 from rift.guest.adapter import SshGuests
-from rift.guest.links import HostLinks, RemoteFiles
+from rift.guest.links import HostLinks, RemoteFiles, host_disk
 from rift.logs import setup_logging
 from rift.services import accounts, hosts
 from rift.services.context import Deps, ExposureUrls, GuestRuntime, Limits
@@ -68,12 +68,13 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     url = settings.resolved_database_url()
     if migrate:
         upgrade(url)
-    pool = host_pool or CachedHostPool()
+    links = HostLinks()
+    pool = host_pool or CachedHostPool(
+        lambda uri: open_hypervisor(uri, disk=host_disk(links, uri)))
     store = SqlStore(url)
     with store.read() as tx:
         install_id = tx.meta.get("install_id")
     runtime = guest_runtime(settings, install=install_id)
-    links = HostLinks()
 
     def host_uri(name: str) -> str | None:
         with store.read() as tx:

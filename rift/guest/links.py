@@ -11,6 +11,7 @@ here is used for them.
 
 from __future__ import annotations
 
+import errno
 import getpass
 import json
 import logging
@@ -26,6 +27,7 @@ import paramiko
 from hypervisor.base import DomainSpec, HypervisorError, ImageError, elsewhere
 from hypervisor.commands import run_command
 from hypervisor.disks import vm_disks
+from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.manifest import sha256_file
 
 log = logging.getLogger("rift.hosts")
@@ -69,6 +71,7 @@ class HostLinks:
         self._lock = threading.Lock()
         self._clients: dict[SshTarget, paramiko.SSHClient] = {}
         self._copied: dict[tuple[SshTarget, str], str] = {}  # (host, path) -> sha256 there
+        self._digests: dict[str, tuple[int, int, str]] = {}  # path -> (size, mtime, sha256)
 
     def transport(self, target: SshTarget) -> paramiko.Transport:
         with self._lock:
@@ -115,11 +118,19 @@ class HostLinks:
 
     def run(self, target: SshTarget, command: str, timeout_s: float = 120.0) -> str:
         """Run `command` on the host; its stdout, or HostLinkError with its stderr."""
+        return self.run_bytes(target, command, timeout_s=timeout_s).decode(errors="replace")
+
+    def run_bytes(self, target: SshTarget, command: str, stdin: bytes = b"",
+                  timeout_s: float = 120.0) -> bytes:
+        """Run `command` on the host with `stdin`; its stdout, or HostLinkError."""
         name = command.split(maxsplit=1)[0]
         try:
             chan = self.transport(target).open_session(timeout=CONNECT_TIMEOUT_S)
             chan.settimeout(timeout_s)
             chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
             out = chan.makefile("rb").read()
             err = chan.makefile_stderr("rb").read()
             code = chan.recv_exit_status()
@@ -129,7 +140,7 @@ class HostLinks:
         if code != 0:
             raise HostLinkError(f"{target.host}: {name} exited {code}: "
                                 f"{err.decode(errors='replace').strip()[-300:]}")
-        return out.decode(errors="replace")
+        return bytes(out)
 
     def read_text(self, target: SshTarget, path: str) -> str | None:
         """A file's text on the host; None when it is not there (yet). Over SFTP, or
@@ -174,6 +185,19 @@ class HostLinks:
         finally:
             chan.close()
 
+    def _sha256(self, local: Path) -> str:
+        """The file's sha256, computed again only when its size or mtime changed
+        (an image's disk is read once, not at every VM that starts from it)."""
+        seen = local.stat()
+        with self._lock:
+            known = self._digests.get(str(local))
+        if known is not None and known[:2] == (seen.st_size, seen.st_mtime_ns):
+            return known[2]
+        digest = sha256_file(local)
+        with self._lock:
+            self._digests[str(local)] = (seen.st_size, seen.st_mtime_ns, digest)
+        return digest
+
     def mkdir(self, target: SshTarget, path: str) -> None:
         self.run(target, f"mkdir -p {shlex.quote(path)}")
 
@@ -182,7 +206,7 @@ class HostLinks:
         copied (to a temporary name, then renamed) unless it is there already.
         `fresh`: copy it anyway (a file made for one VM). True when it was copied."""
         path = str(local)
-        want = sha256_file(local)
+        want = self._sha256(local)
         with self._lock:
             known = self._copied.get((target, path))
         if known == want and not fresh:
@@ -219,6 +243,60 @@ class HostLinks:
             client.close()
 
 
+class SshDisk:
+    """A host's files elsewhere, at the paths they have there, through its SSH
+    (hypervisor.host_disk.HostDisk): what libvirt there saves and restores, and
+    the disks beside it. Bytes are copied by the host's own tools (cp, tail), not
+    through Rift; what goes wrong comes out as OSError."""
+
+    def __init__(self, links: HostLinks, target: SshTarget) -> None:
+        self.links = links
+        self.target = target
+
+    def _run(self, command: str, stdin: bytes = b"", timeout_s: float = 600.0) -> bytes:
+        try:
+            return self.links.run_bytes(self.target, command, stdin, timeout_s=timeout_s)
+        except HostLinkError as exc:
+            raise OSError(errno.EIO, str(exc)) from exc
+
+    def is_file(self, path: str) -> bool:
+        return self._run(f"if [ -f {shlex.quote(path)} ]; then echo yes; fi").strip() == b"yes"
+
+    def size(self, path: str) -> int:
+        return int(self._run(f"stat -c %s {shlex.quote(path)}"))
+
+    def read_at(self, path: str, offset: int, count: int) -> bytes:
+        return self._run(f"dd if={shlex.quote(path)} iflag=skip_bytes,count_bytes "
+                         f"skip={int(offset)} count={int(count)} bs=64K status=none")
+
+    def make_dir(self, path: str) -> None:
+        self._run(f"mkdir -p {shlex.quote(path)} && chmod 700 {shlex.quote(path)}")
+
+    def copy_sparse(self, source: str, target: str) -> None:
+        self._run(f"cp --sparse=always {shlex.quote(source)} {shlex.quote(target)}")
+
+    def usage(self, folder: str) -> int:
+        quoted = shlex.quote(folder)
+        listed = self._run(f"if [ -d {quoted} ]; then find {quoted} -maxdepth 1 -type f "
+                           "-printf '%b\\n'; fi")
+        return sum(int(n) for n in listed.split()) * 512
+
+    def spliced(self, source: str, head: bytes, offset: int, target: str) -> None:
+        partial = shlex.quote(f"{target}.rift-partial")
+        self._run(f"umask 077 && {{ cat > {partial} && tail -c +{int(offset) + 1} "
+                  f"{shlex.quote(source)} >> {partial} && mv -f {partial} "
+                  f"{shlex.quote(target)}; }} || {{ rm -f {partial}; exit 1; }}", head)
+
+    def remove(self, path: str) -> None:
+        self._run(f"rm -rf {shlex.quote(path)}")
+
+
+def host_disk(links: HostLinks, uri: str) -> HostDisk:
+    """The files of the host at `uri`: over its SSH when it is elsewhere."""
+    target = ssh_target(uri)
+    return LOCAL_DISK if target is None else SshDisk(links, target)
+
+
 def backing_chain(disk: Path) -> list[Path]:
     """The files a qcow2 disk reads from: itself, then its backing files in order."""
     try:
@@ -246,7 +324,7 @@ class RemoteFiles:
         if target is None:
             return
         try:
-            for path in (spec.kernel, spec.initrd):
+            for path in (spec.kernel, spec.initrd, spec.restore_from):
                 if path is not None:
                     self.links.ensure_file(target, Path(path))
             if spec.disk is not None:

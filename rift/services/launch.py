@@ -10,7 +10,7 @@ from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime
 
-from hypervisor.base import HypervisorError, ImageError, elsewhere
+from hypervisor.base import DomainSpec, HypervisorError, ImageError, elsewhere
 from rift.domain import egress as egress_rules
 from rift.domain.errors import HypervisorFailed, ImageNotFound, InvalidArgument
 from rift.domain.model import NewEvent, StartKind, Task, Vm
@@ -86,6 +86,14 @@ def fail_start(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
         return tx.vms.get(vm.id) or vm
 
 
+def create_domain(deps: Deps, uri: str, spec: DomainSpec) -> None:
+    """Define and start `spec`'s domain on the host at `uri`; a host elsewhere first
+    gets the files it names (HypervisorError when they cannot be put there)."""
+    if deps.host_files is not None:
+        deps.host_files.prepare(uri, spec)
+    deps.hosts.hypervisor(uri).create(spec)
+
+
 def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
            called: datetime | None = None) -> Vm:
     """Start the VM's domain as its kind does (`start.kind` `boot`, or `fork` for an
@@ -96,9 +104,7 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
         # Marked with this installation: reconciliation's scope.
         spec = replace(kind.plan(vm), install=deps.install_id, restrict=vm.egress == "none",
                        proxied=egress_rules.proxied(vm.egress))
-        if deps.host_files is not None:
-            deps.host_files.prepare(uri, spec)  # a host elsewhere gets the files it names
-        deps.hosts.hypervisor(uri).create(spec)
+        create_domain(deps, uri, spec)
     except (HypervisorError, ImageError, HypervisorFailed) as exc:
         kind.clean_up(vm.id)  # nothing was defined: the VM's files are unused
         return fail_start(deps, caller, vm, str(exc))

@@ -46,6 +46,7 @@ from rift.services.guest_kinds import GuestKind, NotReady, kind_on
 from rift.services.launch import (
     SSH_HOST,
     check_image,
+    create_domain,
     fixed_sizes,
     launch,
     pick_ssh_port,
@@ -389,7 +390,7 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
     vm = pooled_vm(pvm)
     hv = deps.hosts.hypervisor(host.uri)
     try:
-        hv.create(replace(kind.plan(vm), install=deps.install_id))
+        create_domain(deps, host.uri, replace(kind.plan(vm), install=deps.install_id))
     except (HypervisorError, ImageError, HypervisorFailed) as exc:
         kind.clean_up(vm.id)
         _start_failed(deps, pool, pvm, str(exc), domain=False)
@@ -520,6 +521,8 @@ def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
                              extra={"vm_id": pvm.id, "error": str(exc)})
             return 0
         kind_on(deps, host.uri, pvm.image).clean_up(pvm.id)
+        if deps.host_files is not None:
+            deps.host_files.forget(host.uri, pvm.id)  # on a host elsewhere, its copies there
     with deps.store.write() as tx:
         return int(tx.pools.take(pvm.id, ("destroying",)))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypervisor.base import ImageError
+from hypervisor.base import ImageError, elsewhere
 from hypervisor.qcow2 import KIND_KERNEL, image_kind
 from hypervisor.snapshot_image import (
     KIND_SNAPSHOT,
@@ -36,6 +36,12 @@ def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
     folder = snapshot_dir(deps, snapshot_id)
     if snap is None or snap.state != "ready" or folder is None:
         raise SnapshotNotFound(snapshot_id)
+    with deps.store.read() as tx:
+        host = tx.hosts.get(snap.host)
+    if host is not None and elsewhere(host.uri):
+        raise InvalidArgument("snapshot_id", f"{snapshot_id} is kept on host {snap.host}, "
+                              "another machine; an image is made from a snapshot kept on "
+                              "this one (of a VM on a host here)")
     if source_vm is not None and source_vm.egress != "open":
         # Its network is in the saved state, and an image's VMs are `open` (SPEC §13).
         raise InvalidArgument("snapshot_id", f"{snapshot_id} is of a VM whose egress is not "

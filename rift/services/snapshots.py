@@ -21,7 +21,6 @@ the snapshot's; once it answers, the guest gets an identity of its own
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from hypervisor.base import DomainSpec, HypervisorError, ImageError
-from hypervisor.commands import run_command
+from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.save_image import FORK_PREFIX
 from rift.contract.views import SnapshotView, VmView
 from rift.domain import egress as egress_rules
@@ -59,7 +58,6 @@ from rift.services.teardown import destroy_domain
 
 STATE_FILE = "state"
 DISK_FILE = "disk.qcow2"
-COPY_TIMEOUT_S = 600
 MAX_FORKS = 1024  # of one call; the task's room (RIFT_MAX_VMS_PER_TASK) decides first
 
 
@@ -75,21 +73,21 @@ def state_path(deps: Deps, snapshot_id: str) -> str:
     return str(folder / STATE_FILE) if folder is not None else f"memory:{snapshot_id}"
 
 
-def _copy(source: Path, target: Path) -> None:
-    """A sparse copy of a qcow2 file (holes stay holes); ImageError on failure."""
-    run_command(["cp", "--sparse=always", str(source), str(target)], timeout_s=COPY_TIMEOUT_S)
+def _disk(deps: Deps, host_name: str) -> HostDisk:
+    """The files of the host a snapshot is on (its VM's): they are kept there."""
+    with deps.store.read() as tx:
+        host = tx.hosts.get(host_name)
+    return deps.hosts.hypervisor(host.uri).disk if host is not None else LOCAL_DISK
 
 
-def _size(folder: Path | None) -> int:
-    if folder is None or not folder.is_dir():
-        return 0
-    return sum(path.stat().st_blocks * 512 for path in folder.iterdir() if path.is_file())
-
-
-def _remove_files(deps: Deps, snapshot_id: str) -> None:
+def _remove_files(deps: Deps, snapshot_id: str, disk: HostDisk) -> None:
     folder = snapshot_dir(deps, snapshot_id)
     if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            disk.remove(str(folder))
+        except OSError as exc:  # a host that does not answer: its files stay there
+            deps.log.warning("a snapshot's files could not be removed", extra={
+                "snapshot_id": snapshot_id, "error": str(exc)})
 
 
 # -- snapshot -----------------------------------------------------------------------------
@@ -149,22 +147,24 @@ def _take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snaps
     steps = Steps()
     try:
         if folder is not None:
-            folder.mkdir(parents=True, mode=0o700)
+            hv.disk.make_dir(str(folder))
         if deps.guests is not None:
             deps.guests.drop_connections(vm.id)
         hv.save_state(vm.domain_name, state)
         steps.done("save")
     except (HypervisorError, OSError) as exc:
-        _abandon(deps, snap, vm)
+        _abandon(deps, snap, vm, hv.disk)
         raise HypervisorFailed(f"the snapshot could not be saved: {exc}", host=vm.host) from exc
     failure: Exception | None = None
-    overlay = vm_files(deps).overlay(vm.id)
-    if overlay is not None and folder is not None:
-        try:
-            _copy(overlay, folder / DISK_FILE)
-        except ImageError as exc:
-            failure = exc  # a full disk: the VM runs on, the snapshot is not made
-        steps.done("disk")
+    overlay = vm_files(deps).overlay_path(vm.id)
+    size = 0
+    try:
+        if overlay is not None and folder is not None and hv.disk.is_file(str(overlay)):
+            hv.disk.copy_sparse(str(overlay), str(folder / DISK_FILE))
+            steps.done("disk")
+        size = hv.disk.usage(str(folder)) if folder is not None else 0
+    except OSError as exc:
+        failure = exc  # a full disk: the VM runs on, the snapshot is not made
     try:
         hv.restore_state(state)
         steps.done("restore")
@@ -177,11 +177,11 @@ def _take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snaps
     _reconnect(deps, vm)
     steps.done("reconnect")
     if failure is not None:
-        _abandon(deps, snap, vm)
+        _abandon(deps, snap, vm, hv.disk)
         raise HypervisorFailed(f"the snapshot's disk could not be written: {failure}",
                                host=vm.host) from failure
     now = deps.clock.now()
-    made = replace(snap, state="ready", bytes=_size(folder), host_key=host_key)
+    made = replace(snap, state="ready", bytes=size, host_key=host_key)
     with deps.store.write() as tx:
         tx.snapshots.update(snap.id, ("making",), state="ready", bytes=made.bytes,
                             host_key=host_key)
@@ -218,9 +218,9 @@ def _reconnect(deps: Deps, vm: Vm) -> None:
             "vm_id": vm.id, "error": exc.message})
 
 
-def _abandon(deps: Deps, snap: Snapshot, vm: Vm) -> None:
+def _abandon(deps: Deps, snap: Snapshot, vm: Vm, disk: HostDisk) -> None:
     """A snapshot that was not made: its files and row go, the VM has no change."""
-    _remove_files(deps, snap.id)
+    _remove_files(deps, snap.id, disk)
     with deps.store.write() as tx:
         tx.snapshots.remove(snap.id, ("making",))
         tx.vms.update_changing(vm.id, "running", "snapshotting", change=None, change_at=None)
@@ -250,7 +250,7 @@ def delete(deps: Deps, caller: Caller, handle: str | None, snapshot_id: str) -> 
 
 
 def _finish_delete(deps: Deps, snap: Snapshot) -> None:
-    _remove_files(deps, snap.id)
+    _remove_files(deps, snap.id, _disk(deps, snap.host))
     with deps.store.write() as tx:
         tx.snapshots.remove(snap.id, ("deleting",))
 
@@ -309,10 +309,11 @@ def _settle_cut(deps: Deps, snap: Snapshot) -> None:
                     "vm_id": vm.id, "error": str(exc)})
                 return  # the next sweep tries again; reconciliation fails it in time
     deps.log.warning("snapshot cut by a crash abandoned", extra={"snapshot_id": snap.id})
+    disk = _disk(deps, snap.host)
     if vm is not None:
-        _abandon(deps, snap, vm)
+        _abandon(deps, snap, vm, disk)
     else:
-        _remove_files(deps, snap.id)
+        _remove_files(deps, snap.id, disk)
         with deps.store.write() as tx:
             tx.snapshots.remove(snap.id, ("making",))
 
@@ -331,7 +332,7 @@ def dead_snapshot_files(deps: Deps) -> list[str]:
     with deps.store.read() as tx:
         dead = [name for name in found if tx.snapshots.get(name) is None]
     for name in dead:
-        _remove_files(deps, name)
+        _remove_files(deps, name, LOCAL_DISK)
         gone.append(name)
     cutoff = time.time() - deps.limits.creating_grace_s  # files: the wall clock
     for folder in (snapshots_dir, deps.runtime.images_dir):
@@ -459,12 +460,13 @@ def _start_fork(deps: Deps, caller: Caller, vm: Vm, snap: Snapshot, uri: str,
     """Start one fork from the snapshot's file and give its guest its own identity;
     the row turns `running` (`start.kind` fork) or `failed`."""
     steps = Steps()
+    hv = deps.hosts.hypervisor(uri)
     try:
-        spec = _fork_spec(deps, kind, vm, snap)
+        spec = _fork_spec(deps, kind, vm, snap, uri, hv.disk)
         steps.done("files")
-        deps.hosts.hypervisor(uri).fork_state(state_path(deps, snap.id), spec)
+        hv.fork_state(state_path(deps, snap.id), spec)
         steps.done("restore")
-    except (HypervisorError, ImageError, HypervisorFailed) as exc:
+    except (HypervisorError, ImageError, HypervisorFailed, OSError) as exc:
         kind.clean_up(vm.id)
         return fail_start(deps, caller, vm, f"the fork could not start: {exc}")
     if deps.guests is not None and vm.ssh_port is not None:
@@ -481,11 +483,15 @@ def _start_fork(deps: Deps, caller: Caller, vm: Vm, snap: Snapshot, uri: str,
                    details={"from": {"snapshot_id": snap.id, "vm_id": snap.vm_id}})
 
 
-def _fork_spec(deps: Deps, kind: GuestKind, vm: Vm, snap: Snapshot) -> DomainSpec:
-    """The fork's domain (its kind's plan: files named by its id) with, for an image
-    with a disk, the snapshot's disk copied in as its own."""
-    spec = kind.plan(vm)
+def _fork_spec(deps: Deps, kind: GuestKind, vm: Vm, snap: Snapshot, uri: str,
+               disk: HostDisk) -> DomainSpec:
+    """The fork's domain (its kind's plan: files named by its id, put on its host
+    when that is elsewhere) with, for an image with a disk, the snapshot's disk
+    copied in as its own, on the host both are on."""
+    spec = replace(kind.plan(vm), install=deps.install_id)
+    if deps.host_files is not None:
+        deps.host_files.prepare(uri, spec)
     folder = snapshot_dir(deps, snap.id)
-    if spec.disk is not None and folder is not None and (folder / DISK_FILE).is_file():
-        _copy(folder / DISK_FILE, Path(spec.disk))
-    return replace(spec, install=deps.install_id)
+    if spec.disk is not None and folder is not None and disk.is_file(str(folder / DISK_FILE)):
+        disk.copy_sparse(str(folder / DISK_FILE), spec.disk)
+    return spec

@@ -232,6 +232,102 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
         assert probe.connect_ex(("127.0.0.1", vm["ssh"]["port"])) != 0
 
 
+def _pools_ready(srv: Server) -> bool:
+    rows = json.loads(srv.rift("pool", "list", "--json").stdout)
+    return bool(rows) and all(row[goal]["ready"] >= row[goal]["want"]
+                              for row in rows for goal in ("running", "saved"))
+
+
+def test_pools_pauses_snapshots_and_forks_on_hosts_elsewhere(
+        real: Server, far_hosts: dict[int, str]) -> None:
+    """A running pool of tiny on hv11 and a saved pool of debian on hv12 are filled
+    there and handed out (`start.kind` pool and restore); the tiny VM pauses and
+    resumes with its file; the debian VM's snapshot (its memory and its disk) is
+    kept on hv12, not here, and a fork of it starts there with the file and the
+    process of its source; deleting the snapshot removes its files there."""
+    from tests.support.mcp_clients import call, mcp_session, run
+    from tests.support.servers import wait_until
+
+    first, second = HOSTS
+    listed = {h["name"]: h for h in json.loads(real.rift("host", "list", "--json").stdout)}
+    for n in HOSTS:
+        if f"hv{n}" not in listed:
+            assert real.rift("host", "add", f"hv{n}", far_hosts[n]).returncode == 0
+        elif listed[f"hv{n}"]["state"] != "active":
+            assert real.rift("host", "undrain", f"hv{n}").returncode == 0
+    real.rift("host", "drain", "local")
+    for image, goal, n in (("tiny", "--running", first), ("debian", "--saved", second)):
+        made = real.rift("pool", "set", image, goal, "1", "--host", f"hv{n}")
+        assert made.returncode == 0, made.stderr
+    try:
+        wait_until(lambda: _pools_ready(real), 420, "the pools on hv11 and hv12 filled",
+                   every_s=1)
+        pooled_on = {n: _virsh(far_hosts[n], "list", "--all", "--name") for n in HOSTS}
+        seen: dict[str, Any] = {}
+
+        async def scenario() -> None:
+            async with mcp_session(real.url, real.token) as s:
+                handle = (await call(s, "rift_task_new", name="pooled elsewhere"))["handle"]
+                small = (await call(s, "rift_vm_new", handle=handle, image="tiny"))["vm"]
+                full = (await call(s, "rift_vm_new", handle=handle, image="debian"))["vm"]
+                seen["handed"] = (small, full)
+                sid, fid = small["id"], full["id"]
+
+                async def sh(vm_id: str, command: str) -> str:
+                    done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm_id,
+                                      command=command)
+                    return str(done["stdout"]).strip()
+
+                await call(s, "rift_vm_write_file", handle=handle, vm_id=sid,
+                           path="/root/kept", content="kept through the pause")
+                seen["paused"] = (await call(s, "rift_vm_pause", handle=handle,
+                                             vm_id=sid))["vm"]["status"]
+                seen["resumed"] = (await call(s, "rift_vm_resume", handle=handle,
+                                              vm_id=sid))["vm"]["status"]
+                seen["kept"] = await sh(sid, "cat /root/kept")
+                await sh(fid, "echo on the disk > /root/before && sync")
+                await call(s, "rift_vm_exec", handle=handle, vm_id=fid, wait_s=0,
+                           command="sleep 3600")
+                snap = (await call(s, "rift_vm_snapshot", handle=handle,
+                                   vm_id=fid))["snapshot"]
+                seen["snap"] = snap
+                seen["snap files"] = _on_host(second, f"ls {real.data_dir}/snapshots/"
+                                                      f"{snap['id']}")
+                seen["snap here"] = (real.data_dir / "snapshots" / snap["id"]).exists()
+                fork = (await call(s, "rift_vm_fork", handle=handle,
+                                   snapshot_id=snap["id"]))["vms"][0]
+                seen["fork"] = fork
+                seen["fork sees"] = (await sh(fork["id"], "cat /root/before"),
+                                     await sh(fork["id"], "pgrep -x sleep >/dev/null && "
+                                                          "echo sleeping"))
+                await sh(fork["id"], "echo fork only > /root/mine && sync")
+                seen["source sees"] = await sh(fid, "cat /root/mine 2>/dev/null; true")
+                await call(s, "rift_vm_snapshot_delete", handle=handle, snapshot_id=snap["id"])
+                seen["snap gone"] = _on_host(second, f"ls {real.data_dir}/snapshots/")
+                await call(s, "rift_task_close", handle=handle)
+
+        run(scenario, 420)
+    finally:
+        for image in ("tiny", "debian"):
+            real.rift("pool", "clear", image)
+    small, full = seen["handed"]
+    assert (small["host"], small["start"]["kind"]) == (f"hv{first}", "pool"), small
+    assert (full["host"], full["start"]["kind"]) == (f"hv{second}", "restore"), full
+    assert f"rift-{small['id']}" in pooled_on[first]  # pooled there, before the hand-out
+    assert f"rift-{full['id']}" in pooled_on[second]
+    assert (seen["paused"], seen["resumed"], seen["kept"]) == (
+        "paused", "running", "kept through the pause")
+    assert seen["snap"]["bytes"] > 0
+    assert sorted(seen["snap files"].split()) == ["disk.qcow2", "state"], seen["snap files"]
+    assert not seen["snap here"]  # kept on its host, not on the control plane
+    fork = seen["fork"]
+    assert (fork["host"], fork["status"], fork["start"]["kind"]) == (
+        f"hv{second}", "running", "fork"), fork
+    assert seen["fork sees"] == ("on the disk", "sleeping")
+    assert seen["source sees"] == ""  # the fork's disk is its own
+    assert seen["snap"]["id"] not in seen["snap gone"], seen["snap gone"]
+
+
 def test_drain_move_live_migrates_a_vm_with_a_running_exec_to_the_other_host(
         real: Server, far_hosts: dict[int, str]) -> None:
     """`rift host drain hv11 --move`: the VM goes to hv12 under libvirt's live

@@ -111,10 +111,15 @@ class VmFiles:
 
     def overlay(self, vm_id: str) -> Path | None:
         """The VM's own disk (its copy-on-write overlay), when it has one here."""
+        path = self.overlay_path(vm_id)
+        return path if path is not None and path.is_file() else None
+
+    def overlay_path(self, vm_id: str) -> Path | None:
+        """Where the VM's overlay is, on this machine and on a host elsewhere alike
+        (it may have none); None without a guest runtime."""
         if self.runtime is None:
             return None
-        path = vm_disks(self.runtime.vm_disks_dir.resolve(), vm_id).overlay
-        return path if path.is_file() else None
+        return vm_disks(self.runtime.vm_disks_dir.resolve(), vm_id).overlay
 
     def with_disks(self) -> set[str]:
         """The ids of the VMs that have an overlay or a seed here."""
