@@ -9,8 +9,10 @@ network and mount namespace, libvirtd and sshd), driven by the MCP SDK client:
 3. live migration of a 512 MiB `debian` VM from one host elsewhere to the other
    (`rift host drain --move`): the whole command, and the migration itself (the
    `vm_moved` event's `ms`).
-A hand-out from a host elsewhere's pool is not measured: pools run only on this
-machine's hosts so far.
+4. hand-out from pools: `rift_vm_new` taking a `tiny` VM from a running pool and
+   from a saved pool (restored on hand-out) on this machine's host against the
+   same on a host elsewhere, ROUNDS rounds in alternating order (each pool
+   refilled in between): the VM view's `start.ms` and the call seen by the client.
 
 Needs root, libvirtd (scripts/libvirt.sh) and the cached `tiny` and `debian`.
 """
@@ -45,6 +47,10 @@ SCRIPT = ROOT / "scripts" / "netns-hosts.sh"
 HOSTS = (21, 22)
 BLOCKS, PER_BLOCK = 6, 10
 FILE_MIB = 4
+ROUNDS = 5
+# One size per pool, so each `rift_vm_new` is answered by the pool it asks for.
+POOLS = {("running", "local"): 256, ("running", "far"): 288,
+         ("saved", "local"): 320, ("saved", "far"): 352}
 
 
 def _progress(text: str) -> None:
@@ -115,7 +121,50 @@ async def _measure(srv: Server) -> dict[str, Any]:
                 break
             after_id = page["next_after"]
         await call(s, "rift_task_close", handle=handle)
+    out["handouts"] = await _handouts(srv)
     return out
+
+
+def _pools_ready(srv: Server) -> bool:
+    rows = json.loads(_rift(srv, "pool", "list", "--json").stdout)
+    return bool(rows) and all(row[goal]["ready"] >= row[goal]["want"]
+                              for row in rows for goal in ("running", "saved"))
+
+
+async def _handouts(srv: Server) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Pools of `tiny` on `local` and on the second host elsewhere (the first is
+    drained by the move): (start.ms, the call's ms) of each hand-out."""
+    import anyio
+
+    call = mcp_clients.call
+    far = f"hv{HOSTS[1]}"
+    _rift(srv, "host", "undrain", "local")
+    for (goal, where), memory in POOLS.items():
+        _rift(srv, "pool", "set", "tiny", f"--{goal}", "1", "--memory-mib", str(memory),
+              "--host", "local" if where == "local" else far)
+    took: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in POOLS}
+    async with mcp_clients.mcp_session(srv.url, srv.token) as s:
+        for n in range(ROUNDS):
+            deadline = time.monotonic() + 300
+            while not _pools_ready(srv):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the pools were not refilled in 300 s")
+                await anyio.sleep(0.5)
+            _progress(f"hand-outs, round {n + 1} of {ROUNDS}")
+            handle = (await call(s, "rift_task_new", name=f"bench-pools-{n}"))["handle"]
+            keys = list(POOLS) if n % 2 == 0 else list(POOLS)[::-1]
+            for key in keys:
+                started = time.perf_counter()
+                vm = (await call(s, "rift_vm_new", handle=handle, image="tiny",
+                                 memory_mib=POOLS[key]))["vm"]
+                wall = (time.perf_counter() - started) * 1000
+                want = {"running": "pool", "saved": "restore"}[key[0]]
+                assert vm["start"]["kind"] == want, (key, vm)
+                assert vm["host"] == ("local" if key[1] == "local" else far), (key, vm)
+                took[key].append((float(vm["start"]["ms"]), wall))
+            await call(s, "rift_task_close", handle=handle)
+    _rift(srv, "pool", "clear", "tiny")
+    return took
 
 
 def main() -> int:
@@ -167,6 +216,17 @@ def _report(out: dict[str, Any]) -> None:
         ("rift host drain --move (the command)", f"{out['move_s'] * 1000:,.0f}"),
         ("the migration (vm_moved's ms)", f"{moved[0]['ms']:,}" if moved else "—"),
     ], ("what", "ms"))
+    rows = []
+    for goal in ("running", "saved"):
+        base = statistics.median(ms for ms, _ in out["handouts"][(goal, "local")])
+        for where, label in (("local", "this machine's host"), ("far", "a host elsewhere")):
+            taken = out["handouts"][(goal, where)]
+            start = statistics.median(ms for ms, _ in taken)
+            wall = statistics.median(w for _, w in taken)
+            rows.append((f"{goal} pool, {label}", f"{start:.0f}", f"{wall:.0f}",
+                         f"{start / base:.2f}x"))
+    print_table(f"hand-out of `tiny` from a pool, medians of {ROUNDS}", rows,
+                ("pool", "start.ms", "call ms", "ratio"))
     print(json.dumps({"move_said": out["move_said"].strip()}))
 
 
