@@ -6,6 +6,9 @@
 #   scripts/netns-hosts.sh stop N   # kill all of it (a host that lost power), keep its state
 #   scripts/netns-hosts.sh start N  # and bring it back
 #   scripts/netns-hosts.sh uri N    # the qemu+ssh:// URI the control plane adds it by
+#   scripts/netns-hosts.sh net N    # only the network namespace and its veth pair, for a
+#                                   # machine of its own to run in (the Ansible test's
+#                                   # chroots: tests/ansible); `down N` removes it
 #
 # Host N is a network namespace (rift-hvN) joined to this machine by a veth pair
 # (this end 10.214.N.1/30, the host's 10.214.N.2/30) and, inside it, a mount
@@ -34,7 +37,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${RIFT_HOSTS_DIR:-/var/lib/rift-hosts}
 WAIT_S=${RIFT_HOSTS_WAIT_S:-30}
 
-usage() { echo "usage: $0 up|down|stop|start|uri N (N: 1-200)" >&2; exit 2; }
+usage() { echo "usage: $0 up|down|stop|start|uri|net N (N: 1-200)" >&2; exit 2; }
 [ $# -eq 2 ] || usage
 action=$1 n=$2
 [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || usage
@@ -69,6 +72,25 @@ down() {
   rm -rf "$state"
 }
 
+# The network namespace, joined to this machine by a veth pair; hosts reach one
+# another through this machine.
+net() {
+  ip link del "$outer" 2>/dev/null || true
+  if ip netns list | grep -qw "$ns"; then ip netns del "$ns"; fi
+  ip netns add "$ns"
+  ip link add "$outer" type veth peer name "$inner"
+  ip link set "$inner" netns "$ns"
+  ip addr add "$here/30" dev "$outer"
+  ip link set "$outer" up
+  ip -n "$ns" addr add "$there/30" dev "$inner"
+  ip -n "$ns" link set "$inner" up
+  ip -n "$ns" link set lo up
+  # Hosts reach one another through this machine (live migration's streams):
+  # forwarding on these veth ends only, not on this machine's other interfaces.
+  ip -n "$ns" route add 10.214.0.0/16 via "$here"
+  sysctl -qw "net.ipv4.conf.$outer.forwarding=1"
+}
+
 up() {
   for tool in libvirtd virtlogd /usr/sbin/sshd tini unshare nft ssh-keygen; do
     command -v "$tool" >/dev/null || { say "needs $tool (scripts/libvirt.sh, openssh-server)"; exit 1; }
@@ -99,18 +121,7 @@ AllowTcpForwarding yes
 Subsystem sftp internal-sftp
 EOF
 
-  ip netns add "$ns"
-  ip link add "$outer" type veth peer name "$inner"
-  ip link set "$inner" netns "$ns"
-  ip addr add "$here/30" dev "$outer"
-  ip link set "$outer" up
-  ip -n "$ns" addr add "$there/30" dev "$inner"
-  ip -n "$ns" link set "$inner" up
-  ip -n "$ns" link set lo up
-  # Hosts reach one another through this machine (live migration's streams):
-  # forwarding on these veth ends only, not on this machine's other interfaces.
-  ip -n "$ns" route add 10.214.0.0/16 via "$here"
-  sysctl -qw "net.ipv4.conf.$outer.forwarding=1"
+  net
 
   # Inside: a mount namespace of its own, then the daemons under tini (a subreaper,
   # so QEMU processes are reaped), sshd in the foreground.
@@ -155,5 +166,6 @@ case "$action" in
   stop) stop ;;
   start) start ;;
   uri) uri ;;
+  net) net ;;
   *) usage ;;
 esac

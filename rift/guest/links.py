@@ -15,11 +15,14 @@ import errno
 import getpass
 import json
 import logging
+import os
+import pwd
 import shlex
 import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import paramiko
@@ -63,6 +66,18 @@ def ssh_target(uri: str) -> SshTarget | None:
 
 
 
+def ssh_dir() -> Path:
+    """This user's ~/.ssh, from the password database as OpenSSH (and so libvirt's
+    qemu+ssh://) finds it, whatever $HOME says (a service started by runuser)."""
+    return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh"
+
+
+def default_keys() -> list[str]:
+    """The keys OpenSSH offers when a URI names no keyfile."""
+    return [str(path) for name in ("id_ed25519", "id_ecdsa", "id_rsa")
+            if (path := ssh_dir() / name).is_file()]
+
+
 class HostLinks:
     """One SSH connection per remote host, opened on first use and again when it
     dropped; safe to share between threads (paramiko multiplexes channels)."""
@@ -83,10 +98,14 @@ class HostLinks:
                 client.close()
             client = paramiko.SSHClient()
             if target.verify:
-                client.load_system_host_keys()
+                known = ssh_dir() / "known_hosts"
+                if known.is_file():
+                    client.load_host_keys(str(known))
                 client.set_missing_host_key_policy(paramiko.RejectPolicy())
             else:  # as libvirt's no_verify=1: the host's key is not checked
                 client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507
+            # paramiko takes a list of key files (its type stubs say one)
+            keys: Any = [target.keyfile] if target.keyfile else default_keys()
             try:
                 sock = socket.create_connection((target.host, target.port),
                                                 timeout=CONNECT_TIMEOUT_S)
@@ -94,7 +113,7 @@ class HostLinks:
                 # NODELAY, Nagle and the delayed ACK add ~40 ms to every round trip.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 client.connect(target.host, target.port, username=target.user,
-                               key_filename=target.keyfile, look_for_keys=False,
+                               key_filename=keys, look_for_keys=False,
                                allow_agent=False, timeout=CONNECT_TIMEOUT_S, sock=sock,
                                banner_timeout=CONNECT_TIMEOUT_S, auth_timeout=CONNECT_TIMEOUT_S)
             except (OSError, paramiko.SSHException) as exc:

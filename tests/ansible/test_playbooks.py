@@ -1,20 +1,23 @@
 """The Ansible roles, run for real.
 
-Two throwaway Debian bookworm machines are made on this one: directories made
-with debootstrap, reached with Ansible's `community.general.chroot`
-connection, with no systemd inside (so the roles take their `tini` paths and
-the test turns starting long-running services off: `rift_start_services`).
-`site.yml` runs against them (`cp1` a control plane, `hv1` a hypervisor), what
-it wrote is checked, and a second run must report no change at all.
+Three throwaway Debian bookworm machines are made on this one: directories made
+with debootstrap, each run in a network namespace of its own (made by
+scripts/netns-hosts.sh: 10.214.N.2, joined to this machine by a veth pair, the
+machines reaching one another through it), reached with Ansible's
+`community.general.chroot` connection through `ip netns exec`, with no systemd
+inside (so the roles take their `tini` paths). `site.yml` runs against them
+(`cp1` a control plane, `hv1` and `hv2` hypervisors), what it wrote is checked,
+the fleet it started is used, and a second run must report no change at all.
 
 What is real: every apt install (from a cache of .debs kept between runs), the
 venv install of a wheel built from this checkout (its dependencies from a
 cached wheelhouse, offline), PostgreSQL's role and database (the cluster runs
 inside the chroot, on its Unix socket only), the migration, `rift image build
-tiny`, the image's copy to the hypervisor, the SSH key and host key exchange,
-and `rift host add`. What is not: starting libvirtd and rift.service (no init
-in a chroot); the KVM check's script is run against this machine's own
-libvirt instead (test_kvm_probe_*).
+tiny`, the image's copy to the hypervisors, the SSH key and host key exchange,
+sshd and libvirtd started on each hypervisor and Rift on the control plane
+(under the roles' no-systemd scripts), `rift host add` of each hypervisor by
+its qemu+ssh:// URI, and a `tiny` VM booted by that Rift on a hypervisor and
+reached through its SSH.
 
 The first run builds the base system and the wheelhouse under
 var/cache/ansible-target; later runs copy them. Needs root (debootstrap,
@@ -24,6 +27,7 @@ chroot); nothing of this machine's own /etc is touched.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -42,6 +46,7 @@ from typing import Any
 import pytest
 
 from tests.support.cache import CACHE as TEST_CACHE
+from tests.support.http_proxy import HttpProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"
@@ -51,6 +56,7 @@ BASE_VERSION = "1"  # bump to rebuild the cached base system
 BASE_PACKAGES = "python3,python3-apt,sudo"
 SUITE = "bookworm"
 ADMIN_PASSWORD = "ansible-test-password-1"
+MACHINES = {"cp1": 31, "hv1": 32, "hv2": 33}  # each in rift-hvN, at 10.214.N.2
 
 pytestmark = [
     pytest.mark.slow,
@@ -145,22 +151,31 @@ def wheelhouse() -> Path:
 
 
 def link_tree(src: Path, dest: Path, pattern: str = "*") -> None:
-    """Hard-link the files of `src` into `dest` (same filesystem: instant)."""
+    """Hard-link the files of `src` into `dest` (same filesystem: instant; copied
+    across a mount, which a target's root is)."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in src.glob(pattern):
         target = dest / path.name
         if path.is_file() and not target.exists():
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.link(path, target)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                shutil.copy2(path, target)
 
 
 # the targets
 
 
 def mounts_under(path: Path) -> list[str]:
-    prefix = str(path.resolve()) + "/"
+    """The mounts at `path` and under it."""
+    real = str(path.resolve())
     with open("/proc/self/mounts") as mounts:
-        return [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+        return [point for line in mounts
+                if (point := line.split()[1]) == real or point.startswith(real + "/")]
 
 
 def processes_in(path: Path) -> list[int]:
@@ -217,9 +232,16 @@ def make_target(name: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     run(["cp", "-a", "--reflink=auto", str(base_system()), str(path)])
     (path / ".rift-complete").unlink()
-    # A fresh procfs of its own (facts, postinst scripts and PostgreSQL read it).
-    run(["mount", "-t", "proc", "proc", str(path / "proc")])
     link_tree(CACHE / "apt-archives", path / "var/cache/apt/archives", "*.deb")
+    # Its root a mount point, as a container's is (libvirt makes each QEMU's mount
+    # namespace from it), then a fresh procfs of its own (facts, postinst scripts
+    # and PostgreSQL read it).
+    run(["mount", "--bind", str(path), str(path)])
+    run(["mount", "-t", "proc", "proc", str(path / "proc")])
+    # The host's /sys and a /dev of its own, as a container has: libvirtd reads the
+    # first, and gives each QEMU a private /dev made from the second.
+    run(["mount", "-t", "sysfs", "sysfs", str(path / "sys")])
+    run(["mount", "-t", "devtmpfs", "devtmpfs", str(path / "dev")])
     return path
 
 
@@ -236,17 +258,47 @@ def fleet() -> Iterator[dict[str, Path]]:
         base_system()
         wheels = wheelhouse()
     targets: dict[str, Path] = {}
+    proxy: HttpProxy | None = None
     try:
-        for name in ("cp1", "hv1"):
+        for n in MACHINES.values():
+            namespace(n, "net")
+        # The machines reach only this one: their apt gets the mirror through a proxy.
+        proxy = HttpProxy([f"10.214.{n}.1" for n in MACHINES.values()]).start()
+        for name, n in MACHINES.items():
             targets[name] = make_target(name)
+            (targets[name] / "etc/apt/apt.conf.d/00rift-test-proxy").write_text(
+                f'Acquire::http::Proxy "http://10.214.{n}.1:{proxy.port}/";\n'
+                'Acquire::http::Pipeline-Depth "0";\n')
         link_tree(wheels, targets["cp1"] / "var/cache/rift-wheels", "*.whl")
         yield targets
     finally:
-        for path in targets.values():
+        if proxy is not None:
+            proxy.stop()
+        for name, path in targets.items():
             with contextlib.suppress(OSError):
                 keep_debs(path)
             if os.environ.get("RIFT_KEEP_ANSIBLE_TARGETS") != "1":
+                namespace(MACHINES[name], "down")  # its processes too
                 remove_target(path)
+
+
+def namespace(n: int, action: str) -> None:
+    done = subprocess.run([str(ROOT / "scripts/netns-hosts.sh"), action, str(n)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:  # a machine where it cannot be made fails, not skips
+        pytest.fail(f"netns-hosts.sh {action} {n}: {done.stderr.strip()}")
+
+
+def address(name: str) -> str:
+    return f"10.214.{MACHINES[name]}.2"
+
+
+def entry(work: Path, name: str) -> Path:
+    """`chroot`, in the machine's network namespace: Ansible's way in (chroot_exe)."""
+    path = work / f"chroot-{name}"
+    path.write_text(f"#!/bin/sh\nexec ip netns exec rift-hv{MACHINES[name]} chroot \"$@\"\n")
+    path.chmod(0o755)
+    return path
 
 
 def snapshot_checkout(dest: Path) -> Path:
@@ -266,26 +318,26 @@ def write_inventory(fleet: dict[str, Path], work: Path) -> tuple[Path, Path]:
     inventory = work / "inventory.ini"
     inventory.write_text(
         "[control_plane]\n"
-        f"cp1 ansible_host={fleet['cp1']}\n"
+        f"cp1 ansible_host={fleet['cp1']} ansible_chroot_exe={entry(work, 'cp1')}\n"
         "[hypervisors]\n"
-        f"hv1 ansible_host={fleet['hv1']} hypervisor_address=hv1.rift.test\n"
-        "[all:vars]\n"
+        + "".join(f"{hv} ansible_host={fleet[hv]} ansible_chroot_exe={entry(work, hv)} "
+                  f"hypervisor_address={address(hv)}\n" for hv in ("hv1", "hv2"))
+        + "[all:vars]\n"
         "ansible_connection=community.general.chroot\n"
         "ansible_python_interpreter=/usr/bin/python3\n"
     )
     extra = work / "vars.json"
     extra.write_text(json.dumps({
         "rift_service_manager": "tini",
-        "rift_start_services": False,
         "rift_stage_dir": str(work / "stage"),
         "control_plane_source_dir": str(snapshot_checkout(work / "checkout")),
         "control_plane_pip_args": ["--no-index", "--find-links", "/var/cache/rift-wheels"],
-        # No TCP at all: the chroot shares this machine's network.
+        # No TCP at all: the Unix socket is enough.
         "control_plane_postgres_listen_addresses": "",
         "control_plane_admin_password": ADMIN_PASSWORD,
         # The `local` host's size given, so the rift command needs no libvirtd.
         "control_plane_settings": {"RIFT_HOST_VCPUS": 2, "RIFT_HOST_MEMORY_MIB": 2048,
-                                   "RIFT_TASK_IDLE_S": 7200},
+                                   "RIFT_TASK_IDLE_S": 7200, "RIFT_SWEEP_INTERVAL_S": 2},
         "hypervisor_vcpus": 8,
         "hypervisor_memory_mib": 4096,
     }))
@@ -326,16 +378,49 @@ def changed_tasks(output: str) -> list[str]:
     return found
 
 
-def in_chroot(root: Path, *argv: str, user: str | None = None) -> str:
-    command = ["chroot", str(root)]
+def in_chroot(root: Path, *argv: str, user: str | None = None, timeout: float = 120) -> str:
+    """A command's output on the machine `root` (in its network namespace)."""
+    command = ["ip", "netns", "exec", f"rift-hv{MACHINES[root.name.split('-', 1)[1]]}",
+               "chroot", str(root)]
     if user:
         command += ["runuser", "-u", user, "--"]
-    return run([*command, *argv], timeout=120).stdout
+    return run([*command, *argv], timeout=timeout).stdout
 
 
 def read_env_file(path: Path) -> dict[str, str]:
     pairs = re.findall(r"^(RIFT_\w+)='([^']*)'$", path.read_text(), re.M)
     return dict(pairs)
+
+
+# A task with a `tiny` VM through Rift's REST API on the control plane, a command
+# run in it, and the task closed: run there, by the venv's Python.
+BOOT_A_VM = """
+import json, sys, urllib.error, urllib.request
+
+def call(method, path, body=None, handle=None):
+    headers = {"Authorization": "Bearer " + sys.argv[1], "Content-Type": "application/json"}
+    if handle:
+        headers["Rift-Handle"] = handle
+    request = urllib.request.Request("http://127.0.0.1:8080/api/v1" + path, method=method,
+                                     data=json.dumps(body or {}).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=600) as answer:
+            return json.load(answer)
+    except urllib.error.HTTPError as refused:  # said on stdout, for the test to show
+        print(json.dumps({"refused": path, "status": refused.code,
+                          "body": refused.read().decode()}))
+        sys.exit(0)
+
+opened = call("POST", "/tasks", {"name": "deployed"})
+handle, task_id = opened["handle"], opened["task"]["id"]
+vm = call("POST", f"/tasks/{task_id}/vms", {"image": "tiny"}, handle)["vm"]
+if vm["status"] != "running":
+    print(json.dumps({"vm": vm, "exec": None}))
+    sys.exit(0)
+done = call("POST", f"/vms/{vm['id']}/exec", {"command": "echo hello from $(uname -m)"}, handle)
+call("POST", f"/tasks/{task_id}/close", {}, handle)
+print(json.dumps({"vm": vm, "exec": done}))
+"""
 
 
 # the tests
@@ -344,7 +429,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 @pytest.mark.timeout(2400)
 def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
         fleet: dict[str, Path], tmp_path: Path) -> None:
-    cp1, hv1 = fleet["cp1"], fleet["hv1"]
+    cp1, hv1, hv2 = fleet["cp1"], fleet["hv1"], fleet["hv2"]
     inventory, extra = write_inventory(fleet, tmp_path)
 
     started = time.monotonic()
@@ -353,9 +438,9 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
     (tmp_path / "first-run.log").write_text(first.stdout + first.stderr)
     assert first.returncode == 0, first.stdout[-12000:] + first.stderr[-4000:]
     counts = recap(first.stdout)
-    assert set(counts) == {"cp1", "hv1"}, first.stdout[-3000:]
+    assert set(counts) == set(MACHINES), first.stdout[-3000:]
     assert all(c["failed"] == 0 and c["unreachable"] == 0 for c in counts.values())
-    assert counts["cp1"]["changed"] > 0 and counts["hv1"]["changed"] > 0
+    assert all(c["changed"] > 0 for c in counts.values())
 
     # the control plane: Rift in a venv, its settings, its unit, the wrapper
     assert in_chroot(cp1, "/opt/rift/venv/bin/rift", "--help").startswith("usage: rift")
@@ -391,17 +476,19 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
                       user="postgres")
     assert owner.strip() == "rift"
 
-    # the image: built on the control plane, the same bytes on the hypervisor
+    # the image: built on the control plane, the same bytes on the hypervisors
     manifest = json.loads((cp1 / "var/lib/rift/images/tiny/manifest.json").read_text())
     for name in (manifest["kernel"]["file"], manifest["initrd"]["file"], "manifest.json"):
         built = (cp1 / "var/lib/rift/images/tiny" / name).read_bytes()
-        assert (hv1 / "var/lib/rift/images/tiny" / name).read_bytes() == built, name
+        for hv in (hv1, hv2):
+            assert (hv / "var/lib/rift/images/tiny" / name).read_bytes() == built, name
 
     # the hypervisor: libvirt as Rift needs it, started the tini way
     qemu_conf = (hv1 / "etc/libvirt/qemu.conf").read_text()
-    assert ('# rift: begin\nuser = "root"\ngroup = "rift-guests"\nsecurity_driver = "none"\n'
-            'cgroup_controllers = [ ]\n# rift: end\n') in qemu_conf
-    assert not re.search(r'^(user|group|security_driver)\s*=(?! "(root|none|rift-guests)")',
+    assert ('# rift: begin\nuser = "rift"\ngroup = "rift-guests"\nsecurity_driver = "none"\n'
+            'cgroup_controllers = [ ]\nstdio_handler = "file"\nnamespaces = [ ]\n'
+            '# rift: end\n') in qemu_conf
+    assert not re.search(r'^(user|group|security_driver)\s*=(?! "(rift|none|rift-guests)")',
                          qemu_conf, re.M)
     # the guests' isolation, as scripts/libvirt.sh loads it here (loaded when started)
     assert (hv1 / "etc/rift/guest_isolation.nft").read_bytes() == (
@@ -418,15 +505,44 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
     public_key = (cp1 / "var/lib/rift/.ssh/id_ed25519.pub").read_text().split()[:2]
     authorized = (hv1 / "var/lib/rift/.ssh/authorized_keys").read_text()
     assert " ".join(public_key) in authorized
-    host_key = (hv1 / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
     known = (cp1 / "var/lib/rift/.ssh/known_hosts").read_text()
-    assert f"hv1.rift.test {' '.join(host_key)}" in known
+    for name in ("hv1", "hv2"):
+        host_key = (fleet[name] / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
+        assert f"{address(name)} {' '.join(host_key)}" in known
 
-    # the hypervisor registered with Rift, with the size it was given
-    hosts = json.loads(in_chroot(cp1, "/usr/local/sbin/rift", "host", "list", "--json"))
-    hv = next(h for h in hosts if h["name"] == "hv1")
-    assert hv["uri"] == "qemu+ssh://rift@hv1.rift.test/system"
-    assert (hv["vcpus"], hv["memory_mib"]) == (8, 4096)
+    # each hypervisor registered with Rift, with the size it was given, and reached:
+    # Rift, started on cp1, finds each one's libvirt answering at its qemu+ssh:// URI
+    def hosts() -> dict[str, dict[str, Any]]:
+        listed = json.loads(in_chroot(cp1, "/usr/local/sbin/rift", "host", "list", "--json"))
+        return {h["name"]: h for h in listed}
+
+    for name in ("hv1", "hv2"):
+        hv = hosts()[name]
+        assert hv["uri"] == f"qemu+ssh://rift@{address(name)}/system"
+        assert (hv["vcpus"], hv["memory_mib"]) == (8, 4096)
+    in_chroot(cp1, "/usr/local/sbin/rift-service", "status")  # Rift answers
+    deadline = time.monotonic() + 120
+    while {hosts()[n]["state"] for n in ("hv1", "hv2")} != {"active"}:
+        assert time.monotonic() < deadline, hosts()
+        time.sleep(1)
+    for hv in (hv1, hv2):  # each hypervisor's own libvirtd, in its own namespace
+        assert "Running hypervisor: QEMU" in in_chroot(hv, "virsh", "-c", "qemu:///system",
+                                                      "version")
+
+    # a VM booted by that Rift on a hypervisor, and reached through its SSH
+    in_chroot(cp1, "/usr/local/sbin/rift", "host", "drain", "local")  # cp1 runs no libvirtd
+    token = in_chroot(cp1, "/usr/local/sbin/rift", "token", "new", "admin").strip()
+    (cp1 / "tmp/boot.py").write_text(BOOT_A_VM)
+    said = json.loads(in_chroot(cp1, "/opt/rift/venv/bin/python", "/tmp/boot.py", token,
+                                timeout=600).strip().splitlines()[-1])
+    assert "vm" in said, said
+    vm = said["vm"]
+    assert vm["status"] == "running" and vm["host"] in ("hv1", "hv2"), (
+        f"{vm['status']} on {vm['host']}: {vm.get('error')}")
+    assert said["exec"]["stdout"] == "hello from x86_64\n", said
+    on = fleet[vm["host"]]
+    assert f"rift-{vm['id']}" not in in_chroot(on, "virsh", "-c", "qemu:///system", "list",
+                                              "--all", "--name")  # the task closed: gone
 
     started = time.monotonic()
     second = playbook(inventory, extra, tmp_path)
@@ -434,7 +550,7 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
     (tmp_path / "second-run.log").write_text(second.stdout + second.stderr)
     assert second.returncode == 0, second.stdout[-12000:] + second.stderr[-4000:]
     counts = recap(second.stdout)
-    assert set(counts) == {"cp1", "hv1"}
+    assert set(counts) == set(MACHINES)
     assert all(c["changed"] == 0 for c in counts.values()), (
         "not idempotent; changed on the second run:\n" + "\n".join(changed_tasks(second.stdout)))
 
