@@ -7,10 +7,11 @@ Nothing here imports libvirt; `hypervisor.libvirt` is the real adapter and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
-from hypervisor.host_disk import HostDisk
+if TYPE_CHECKING:  # host_disk raises this module's errors
+    from hypervisor.host_disk import HostDisk
 
 # The group of the QEMU processes of guests with an egress allowlist (SPEC §13);
 # every other guest's QEMU runs in qemu.conf's group, rift-guests.

@@ -13,9 +13,11 @@ import errno
 import os
 import secrets
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Protocol
+
+from hypervisor.base import ImageError
+from hypervisor.commands import run_command
 
 COPY_TIMEOUT_S = 600
 _COPY_CHUNK = 1 << 30
@@ -79,14 +81,9 @@ class LocalDisk:
 
     def copy_sparse(self, source: str, target: str) -> None:
         try:
-            done = subprocess.run(["cp", "--sparse=always", source, target],  # noqa: S603,S607
-                                  capture_output=True, text=True, check=False,
-                                  timeout=COPY_TIMEOUT_S)
-        except subprocess.TimeoutExpired as exc:
-            raise OSError(errno.ETIMEDOUT, f"copying {source} took over "
-                          f"{COPY_TIMEOUT_S} s") from exc
-        if done.returncode != 0:
-            raise OSError(errno.EIO, f"cp {source} {target}: {done.stderr.strip()}")
+            run_command(["cp", "--sparse=always", source, target], timeout_s=COPY_TIMEOUT_S)
+        except ImageError as exc:
+            raise OSError(errno.EIO, str(exc)) from exc
 
     def usage(self, folder: str) -> int:
         path = Path(folder)

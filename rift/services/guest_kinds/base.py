@@ -109,11 +109,6 @@ class VmFiles:
         serial_log(self.runtime, vm_id).unlink(missing_ok=True)
         remove_vm_disks(self.runtime.vm_disks_dir, vm_id)
 
-    def overlay(self, vm_id: str) -> Path | None:
-        """The VM's own disk (its copy-on-write overlay), when it has one here."""
-        path = self.overlay_path(vm_id)
-        return path if path is not None and path.is_file() else None
-
     def overlay_path(self, vm_id: str) -> Path | None:
         """Where the VM's overlay is, on this machine and on a host elsewhere alike
         (it may have none); None without a guest runtime."""
