@@ -49,10 +49,9 @@ def served_url(host: str, port: int) -> str:
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
-
     from rift.api.app import create_app
     from rift.api.guard import guarded_h11
+    from rift.api.serving import serve
     from rift.bootstrap import close_deps, ensure_admin
 
     if settings.public_url is None:  # exposures' URLs name the address served
@@ -66,9 +65,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         # The request head's deadline is the protocol's (RIFT_HEADER_TIMEOUT_S); the
         # body's is the app's (rift.api.guard).
-        uvicorn.run(create_app(settings, deps, listen_host=args.host), host=args.host,
-                    port=args.port,
-                    log_level="warning", http=guarded_h11(settings.header_timeout_s))
+        serve(create_app(settings, deps, listen_host=args.host), host=args.host,
+              port=args.port, http=guarded_h11(settings.header_timeout_s))
     finally:
         close_deps(deps)
     return 0
@@ -94,7 +92,7 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
 
     deps = _deps(settings)
     if args.action == "new":
-        made = accounts.new_token(deps, args.user, args.label)
+        made = accounts.new_token(deps, args.user, args.label, operator=args.operator)
         print(made.token.value)
         return 0
     if args.action == "revoke":
@@ -104,10 +102,11 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
             return 1
         print(f"revoked {args.token_id}")
         return 0
-    rows = [{"id": t.id, "label": t.label, "created_at": t.created_at.isoformat(),
+    rows = [{"id": t.id, "label": t.label, "operator": t.operator,
+             "created_at": t.created_at.isoformat(),
              "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None}
             for t in accounts.list_tokens(deps, args.user)]
-    _print(rows, ("id", "label", "created_at", "revoked_at"), args.json)
+    _print(rows, ("id", "label", "operator", "created_at", "revoked_at"), args.json)
     return 0
 
 
@@ -301,6 +300,8 @@ def parser() -> argparse.ArgumentParser:
     tn = t.add_parser("new")
     tn.add_argument("user")
     tn.add_argument("--label")
+    tn.add_argument("--operator", action="store_true",
+                    help="an operator's token: /metrics shows it every user's VMs and tasks")
     tl = t.add_parser("list")
     tl.add_argument("user")
     tl.add_argument("--json", action="store_true")

@@ -21,6 +21,7 @@ from rift.services.usage import sample_usage
 log = logging.getLogger("rift.scheduler")
 
 POOL_TICK_S = 5  # the pool filler looks this often, and whenever a pool changes
+STOP_WAIT_S = 2.0  # how long a stop waits for the filler's boot under way
 
 
 def _run(deps: Deps) -> None:
@@ -53,13 +54,17 @@ class PoolFiller:
     def wake(self) -> None:
         self._woken.set()
 
-    def stop(self) -> None:
-        """Ask it to stop and wait for the start under way (a boot) to end."""
+    def stop(self, timeout_s: float | None = STOP_WAIT_S) -> None:
+        """Ask it to stop and wait for the start under way (a boot) to end, for at
+        most `timeout_s`: a boot cut off by the process's end is a `creating` row
+        the next start's reconciliation settles."""
         with contextlib.suppress(ValueError):
             self.deps.observers.pool_changes.remove(self.wake)
         self._stopping.set()
         self._woken.set()
-        self._thread.join()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("pool filler still starting a VM at stop; left to reconciliation")
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
