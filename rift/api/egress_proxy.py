@@ -14,15 +14,23 @@ end of the connection, and the QEMU process holding it names its domain
 (`-name guest=rift-<vm id>`). A connection no running proxied VM owns is refused.
 
 Per connection, one of:
-- `CONNECT host:port`: the host must be listed; then the first bytes the client
-  sends are checked: a TLS ClientHello's server name (SNI), or a plain HTTP
-  request's Host, must be the CONNECT host when that is a name;
+- `CONNECT host:port`: the host must be listed; then what the client sends first
+  must be, whole, one of two things (SPEC §15: fail closed), else the tunnel is
+  closed before anything goes upstream:
+  - a TLS ClientHello (every record of it, however the client split it into
+    records and TCP segments, at most HELLO_LIMIT bytes within HELLO_TIMEOUT_S,
+    parsed strictly) whose server name (SNI) is the CONNECT host when that is a
+    name, and a listed name or none when it is a listed address;
+  - a plain HTTP/1 request head with exactly one `Host`, naming the CONNECT host
+    (or, to a listed address, a listed host);
 - an absolute-form request (`GET http://host/path`): the host must be listed and
-  agree with the Host header; it goes upstream in origin form with
-  `Connection: close` (one request per connection).
+  the request carry exactly one `Host`, naming it; it goes upstream in origin
+  form with `Connection: close` (one request per connection).
 A destination that is the host itself (loopback, link-local, an address of its
-own) is refused whatever the list says. Refusals answer 403 (or close the
-tunnel, after a CONNECT) and are counted by reason.
+own), or that egress `open` refuses too (`denied`: metadata addresses, Rift's
+own hosts and database, RIFT_EGRESS_DENY), is refused whatever the list says.
+Refusals answer 403 (or close the tunnel, after a CONNECT) and are counted by
+reason.
 """
 
 from __future__ import annotations
@@ -54,9 +62,11 @@ HEAD_LIMIT = 16 * 1024
 HEAD_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 CHUNK = 64 * 1024
-TLS_RECORD_LIMIT = 16 * 1024 + 5
+TLS_RECORD_LIMIT = 16 * 1024 + 256  # a TLSPlaintext record's body at most (RFC 8446 §5.1)
+HELLO_LIMIT = 32 * 1024  # a ClientHello's records, all told
+HELLO_TIMEOUT_S = 10.0
 REASONS = ("not_listed", "sni_mismatch", "host_mismatch", "host_local", "unresolved",
-           "unknown_vm", "bad_request")
+           "unknown_vm", "bad_request", "bad_hello", "denied")
 # Request headers a proxy consumes (RFC 9110 §7.6.1): never sent upstream.
 _HOP_HEADERS = frozenset({b"connection", b"proxy-connection", b"keep-alive",
                           b"proxy-authorization", b"te", b"trailer", b"upgrade"})
@@ -190,29 +200,93 @@ def is_host_local(address: egress_rules.Address) -> bool:
     return True
 
 
+class BadHello(ValueError):
+    """Bytes that are not one whole, well-formed TLS ClientHello."""
+
+
+def hello_message(records: bytes) -> bytes:
+    """The ClientHello handshake message carried by `records` (TLS handshake records,
+    the message possibly split across several); BadHello unless they are exactly
+    one whole ClientHello and nothing more, within HELLO_LIMIT."""
+    if len(records) > HELLO_LIMIT:
+        raise BadHello(f"a ClientHello of more than {HELLO_LIMIT} bytes")
+    message, at = b"", 0
+    while at < len(records):
+        if at + 5 > len(records):
+            raise BadHello("a TLS record cut short")
+        kind, length = records[at], int.from_bytes(records[at + 3:at + 5], "big")
+        if kind != 0x16 or records[at + 1] != 0x03 or not 0 < length <= TLS_RECORD_LIMIT:
+            raise BadHello("not a TLS handshake record")
+        if at + 5 + length > len(records):
+            raise BadHello("a TLS record cut short")
+        message += records[at + 5:at + 5 + length]
+        at += 5 + length
+    if len(message) < 4 or message[0] != 0x01:
+        raise BadHello("not a ClientHello")
+    if len(message) != 4 + int.from_bytes(message[1:4], "big"):
+        raise BadHello("a ClientHello cut short, or with more after it")
+    return message
+
+
+def hello_server_name(message: bytes) -> str | None:
+    """The server name (SNI) a ClientHello handshake message asks for, None when it
+    names none; BadHello when any length in it disagrees with the others."""
+
+    def take(at: int, size: int) -> tuple[bytes, int]:
+        if at + size > len(message):
+            raise BadHello("a ClientHello field runs past its end")
+        return message[at:at + size], at + size
+
+    def vector(at: int, width: int) -> tuple[bytes, int]:
+        size, at = take(at, width)
+        return take(at, int.from_bytes(size, "big"))
+
+    at = 4 + 2 + 32  # handshake header, legacy version, random
+    session, at = vector(at, 1)
+    suites, at = vector(at, 2)
+    methods, at = vector(at, 1)
+    if len(session) > 32 or not suites or len(suites) % 2 or not methods:
+        raise BadHello("a ClientHello's session id, cipher suites or compression is wrong")
+    if at == len(message):
+        return None  # no extensions at all
+    extensions, at = vector(at, 2)
+    if at != len(message):
+        raise BadHello("bytes after a ClientHello's extensions")
+    name, seen, pos = None, set(), 0
+    while pos < len(extensions):
+        if pos + 4 > len(extensions):
+            raise BadHello("an extension cut short")
+        kind = int.from_bytes(extensions[pos:pos + 2], "big")
+        size = int.from_bytes(extensions[pos + 2:pos + 4], "big")
+        body = extensions[pos + 4:pos + 4 + size]
+        if len(body) != size or kind in seen:
+            raise BadHello("an extension cut short, or twice")
+        seen.add(kind)
+        pos += 4 + size
+        if kind != 0:
+            continue
+        if len(body) < 2 or int.from_bytes(body[:2], "big") != len(body) - 2:
+            raise BadHello("a server_name extension whose list length is wrong")
+        entry = body[2:]
+        if len(entry) < 3 or entry[0] != 0:
+            raise BadHello("a server_name extension without one host_name")
+        length = int.from_bytes(entry[1:3], "big")
+        if len(entry) != 3 + length or length == 0:
+            raise BadHello("a server_name extension with more or less than one host_name")
+        raw = entry[3:]
+        if not all(0x21 <= byte < 0x7F for byte in raw):
+            raise BadHello("a server name that is not printable ASCII")
+        name = raw.decode("ascii").lower().rstrip(".")
+    return name
+
+
 def server_name(hello: bytes) -> str | None:
-    """The server name (SNI) of a TLS ClientHello record; None when it has none or
-    `hello` is not one."""
+    """The server name (SNI) of a whole TLS ClientHello (its records); None when it
+    has none or `hello` is not one, whole."""
     try:
-        if hello[0] != 0x16 or hello[5] != 0x01:
-            return None
-        at = 5 + 4 + 2 + 32  # record header, handshake header, version, random
-        at += 1 + hello[at]  # session id
-        at += 2 + int.from_bytes(hello[at:at + 2], "big")  # cipher suites
-        at += 1 + hello[at]  # compression methods
-        end = at + 2 + int.from_bytes(hello[at:at + 2], "big")
-        at += 2
-        while at + 4 <= end:
-            kind = int.from_bytes(hello[at:at + 2], "big")
-            size = int.from_bytes(hello[at + 2:at + 4], "big")
-            body = hello[at + 4:at + 4 + size]
-            if kind == 0 and len(body) >= 5 and body[2] == 0:
-                length = int.from_bytes(body[3:5], "big")
-                return body[5:5 + length].decode("ascii").lower().rstrip(".")
-            at += 4 + size
-    except (IndexError, UnicodeDecodeError):
+        return hello_server_name(hello_message(hello))
+    except BadHello:
         return None
-    return None
 
 
 def split_host_port(text: str, default_port: int) -> tuple[str, int]:
@@ -249,14 +323,18 @@ class EgressProxy:
 
     def __init__(self, deps: Deps | None, port: int,
                  vm_of: Callable[[int], Vm | None] | None = None,
-                 is_local: Callable[[egress_rules.Address], bool] = is_host_local) -> None:
+                 is_local: Callable[[egress_rules.Address], bool] = is_host_local,
+                 denied: Callable[[egress_rules.Address], bool] = lambda _address: False
+                 ) -> None:
         """`vm_of` (the VM a connection from a client port is of) and `is_local` are
-        the host's own by default; tests give their own."""
+        the host's own by default; tests give their own. `denied`: the addresses egress
+        `open` refuses too (rift.services.egress_deny), refused here whatever the list."""
         self.deps = deps
         self.port = port
         self.refusals = Refusals()
         self._vm_of = vm_of or self._vm_of_connection
         self._is_local = is_local
+        self._denied = denied
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._thread: threading.Thread | None = None
@@ -389,9 +467,12 @@ class EgressProxy:
         if not rules.allows(host):
             raise Refused("not_listed", f"{host} is not in {vm.id}'s egress allowlist")
         if not connect:
-            named = dict(headers).get(b"host")
-            if named is not None and _host_of(named, 80) != (host, port):
-                raise Refused("host_mismatch", f"Host {named.decode('ascii', 'replace')} "
+            hosts = [value for name, value in headers if name == b"host"]
+            if len(hosts) != 1:
+                raise Refused("host_mismatch", f"a request with {len(hosts)} Host headers, "
+                              "not one")
+            if _host_of(hosts[0], 80) != (host, port):
+                raise Refused("host_mismatch", f"Host {hosts[0].decode('ascii', 'replace')} "
                               f"is not {host}")
         addresses = await self._addresses(host, port)
         if not connect:
@@ -404,27 +485,9 @@ class EgressProxy:
                 [line, *kept, b"Connection: close", b"", b""])
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         writer.tunnelled = True  # type: ignore[attr-defined]  # no 403 after a 200
-        first = await self._first_bytes(reader)
-        if egress_rules.address_of(host) is None:  # checked before anything goes upstream
-            said = server_name(first) or _plain_host(first)
-            if said is not None and said != host:
-                raise Refused("sni_mismatch", f"the tunnel to {host} asked for {said}")
+        first = await _tunnel_opening(reader, host, rules)  # before anything goes upstream
         upstream_reader, upstream = await _connect(addresses, port)
         return upstream_reader, upstream, first
-
-    async def _first_bytes(self, reader: asyncio.StreamReader) -> bytes:
-        """What the client sends first in a tunnel: a whole TLS record when it is one."""
-        async with asyncio.timeout(HEAD_TIMEOUT_S):
-            first = await reader.read(CHUNK)
-            if first[:1] == b"\x16":
-                while len(first) < 5 or len(first) < 5 + int.from_bytes(first[3:5], "big"):
-                    if len(first) >= TLS_RECORD_LIMIT:
-                        break
-                    more = await reader.read(CHUNK)
-                    if not more:
-                        break
-                    first += more
-        return first
 
     async def _addresses(self, host: str, port: int) -> list[egress_rules.Address]:
         """Where `host` is, without this host's own addresses; Refused when that leaves none."""
@@ -441,7 +504,81 @@ class EgressProxy:
         usable = [a for a in candidates if not self._is_local(a)]
         if not usable:
             raise Refused("host_local", f"{host} is this host: no guest reaches its services")
+        usable = [a for a in usable if not self._denied(a)]
+        if not usable:
+            raise Refused("denied", f"{host} is where no guest goes (a metadata or link-local "
+                          "address, Rift's own hosts or database, or RIFT_EGRESS_DENY)")
         return usable
+
+
+async def _tunnel_opening(reader: asyncio.StreamReader, host: str,
+                          rules: egress_rules.Allowlist) -> bytes:
+    """What the client sends first in a tunnel to `host`, when it is a whole ClientHello
+    or a plain request head the list allows (see the module's notes); Refused else."""
+    first = b""
+    try:
+        async with asyncio.timeout(HELLO_TIMEOUT_S):
+            first = await reader.readexactly(1)
+            if first == b"\x16":
+                records = first + await reader.readexactly(4)
+                while True:
+                    length = int.from_bytes(records[-2:], "big")
+                    if records[-5] != 0x16 or not 0 < length <= TLS_RECORD_LIMIT:
+                        raise BadHello("not a TLS handshake record")
+                    if len(records) + length > HELLO_LIMIT:
+                        raise BadHello(f"a ClientHello of more than {HELLO_LIMIT} bytes")
+                    records += await reader.readexactly(length)
+                    if _hello_whole(records):
+                        break
+                    records += await reader.readexactly(5)
+                _check_name(hello_server_name(hello_message(records)), host, rules,
+                            tls=True)
+                return records
+            head = first + await reader.readuntil(b"\r\n\r\n")
+    except BadHello as bad:
+        raise Refused("bad_hello", f"the tunnel to {host} did not open with one whole "
+                      f"ClientHello: {bad}") from None
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+        # cut short, too long or too slow: a ClientHello (bad_hello) or anything else
+        raise Refused("bad_hello" if first == b"\x16" else "bad_request",
+                      f"the tunnel to {host} did not open with a whole ClientHello or "
+                      f"request head within {HELLO_TIMEOUT_S:.0f} s") from None
+    try:
+        request, headers = _headers(head)
+    except Refused:
+        request, headers = [], []
+    if len(request) != 3 or not request[2].startswith(b"HTTP/1."):
+        raise Refused("bad_request", f"the tunnel to {host} opened with neither a TLS "
+                      "ClientHello nor an HTTP request")
+    hosts = [value for name, value in headers if name == b"host"]
+    if len(hosts) != 1:
+        raise Refused("host_mismatch", f"a request with {len(hosts)} Host headers, not one")
+    named = _host_of(hosts[0], 80)
+    _check_name(named[0] if named else "", host, rules, tls=False)
+    return head
+
+
+def _check_name(said: str | None, host: str, rules: egress_rules.Allowlist, tls: bool) -> None:
+    """Refused unless the name a tunnel's first bytes ask for (a ClientHello's SNI,
+    None for none; a request's Host) is the CONNECT's `host`, or, when that is an
+    address, none (TLS only) or one the list allows."""
+    if egress_rules.address_of(host) is None:
+        right = said == host
+    else:
+        right = (said is None and tls) or (bool(said) and rules.allows(str(said)))
+    if not right:
+        raise Refused("sni_mismatch", f"the tunnel to {host} asked for {said or 'no name'}")
+
+
+def _hello_whole(records: bytes) -> bool:
+    """Whether whole TLS records `records` carry as much as their handshake message
+    says it holds (its length is in its first 4 bytes, which may span records)."""
+    message, at = b"", 0
+    while at + 5 <= len(records):
+        size = int.from_bytes(records[at + 3:at + 5], "big")
+        message += records[at + 5:at + 5 + size]
+        at += 5 + size
+    return len(message) >= 4 and len(message) >= 4 + int.from_bytes(message[1:4], "big")
 
 
 async def _connect(addresses: list[egress_rules.Address], port: int
@@ -465,19 +602,6 @@ def _host_of(value: bytes, default_port: int) -> tuple[str, int] | None:
         return split_host_port(value.decode("ascii"), default_port)
     except (ValueError, UnicodeDecodeError):
         return None
-
-
-def _plain_host(first: bytes) -> str | None:
-    """The Host of a plain HTTP request sent into a tunnel; None when it is not one."""
-    head, sep, _ = first.partition(b"\r\n\r\n")
-    if not sep or b" HTTP/1." not in head.split(b"\r\n", 1)[0]:
-        return None
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"host":
-            found = _host_of(value.strip(), 80)
-            return found[0] if found else None
-    return None
 
 
 async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

@@ -6,16 +6,19 @@ real-guest test, tests/e2e/test_real_egress.py, meets them)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from rift.api import egress_proxy
 from rift.api.egress_proxy import (
     EgressProxy,
     domain_holding,
@@ -70,7 +73,9 @@ def upstream() -> Iterator[Upstream]:
 def _proxy(allow: list[str] | None, local: bool = False) -> EgressProxy:
     vm = _vm(allow) if allow is not None else None
     proxy = EgressProxy(None, 0, vm_of=lambda _port: vm,
-                        is_local=(lambda _a: True) if local else (lambda _a: False))
+                        is_local=(lambda _a: True) if local else (lambda _a: False),
+                        # 127.0.0.2 is what egress `open` refuses too, here
+                        denied=lambda a: str(a) == "127.0.0.2")
     assert proxy.start()
     return proxy
 
@@ -121,7 +126,17 @@ def test_what_is_not_listed_or_disagrees_or_is_the_host_is_refused_and_counted(
         (["10.9.0.0/16"], False, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n", "not_listed"),
         (["localhost"], False, f"GET http://localhost:{port}/ HTTP/1.1\r\nHost: evil.test\r\n\r\n",
          "host_mismatch"),
-        (["localhost"], True, f"GET http://localhost:{port}/ HTTP/1.1\r\n\r\n", "host_local"),
+        (["localhost"], True, f"GET http://localhost:{port}/ HTTP/1.1\r\n"
+         f"Host: localhost:{port}\r\n\r\n", "host_local"),
+        (["localhost"], False, f"GET http://localhost:{port}/ HTTP/1.1\r\n\r\n",
+         "host_mismatch"),  # no Host at all
+        (["localhost"], False, f"GET http://localhost:{port}/ HTTP/1.1\r\n"
+         f"Host: localhost:{port}\r\nHost: evil.test\r\n\r\n", "host_mismatch"),
+        (["localhost"], False, f"GET http://localhost:{port}/ HTTP/1.1\r\n"
+         f"Host: localhost:{port}\r\nhost : localhost:{port}\r\n\r\n",
+         "host_mismatch"),  # the same Host twice is two
+        (["127.0.0.0/8"], False, f"GET http://127.0.0.2:{port}/ HTTP/1.1\r\n"
+         f"Host: 127.0.0.2:{port}\r\n\r\n", "denied"),
         (["nowhere.invalid"], False, "CONNECT nowhere.invalid:443 HTTP/1.1\r\n\r\n",
          "unresolved"),
         (None, False, f"GET http://localhost:{port}/ HTTP/1.1\r\n\r\n", "unknown_vm"),
@@ -147,7 +162,8 @@ def test_an_allowed_destination_that_does_not_answer_is_a_bad_gateway_not_a_refu
     closed.close()  # nothing listens there now
     proxy = _proxy(["localhost"])
     try:
-        got = _ask(proxy, f"GET http://localhost:{port}/ HTTP/1.1\r\n\r\n".encode())
+        got = _ask(proxy, f"GET http://localhost:{port}/ HTTP/1.1\r\nHost: localhost:{port}"
+                          "\r\n\r\n".encode())
     finally:
         proxy.stop()
     assert got.startswith(b"HTTP/1.1 502 "), got
@@ -230,3 +246,165 @@ def test_the_socket_of_a_connection_and_the_qemu_process_that_holds_it_are_found
     assert domain_holding("777", tmp_path) == "rift-vm_abcdefgh"
     assert domain_holding("888", tmp_path) is None  # not QEMU's
     assert domain_holding("999", tmp_path) is None
+
+
+class Echo:
+    """A loopback server that keeps the first bytes of each connection and answers
+    `server-hello`: the far end of a tunnel."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.seen: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    self.seen.append(conn.recv(65536))
+                    conn.sendall(b"server-hello")
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def echo() -> Iterator[Echo]:
+    server = Echo()
+    yield server
+    server.sock.close()
+
+
+def _tunnel(proxy: EgressProxy, target: str, pieces: list[bytes], pause_s: float = 0.05
+            ) -> bytes:
+    """CONNECT `target`, then `pieces` in TCP segments of their own, `pause_s` apart."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sendall(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+        for piece in pieces:
+            threading.Event().wait(pause_s)
+            with contextlib.suppress(OSError):
+                conn.sendall(piece)
+        got = b""
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(65536):
+                got += chunk
+        return got
+
+
+def _records(message: bytes, sizes: list[int]) -> bytes:
+    """A handshake message in TLS records of `sizes` bytes (the last one the rest)."""
+    out, at = b"", 0
+    for size in [*sizes, len(message)]:
+        part = message[at:at + size]
+        if part:
+            out += b"\x16\x03\x01" + len(part).to_bytes(2, "big") + part
+        at += size
+    return out
+
+
+OPENED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+
+def test_a_client_hello_split_across_segments_and_records_is_read_whole_before_it_passes(
+        echo: Echo) -> None:
+    message = _hello("localhost")[5:]
+    target = f"localhost:{echo.port}"
+    proxy = _proxy(["localhost"])
+    try:
+        hello = _hello("localhost")
+        segments = _tunnel(proxy, target, [hello[:3], hello[3:20], hello[20:]])
+        # the handshake header itself cut across records, the name in the last one
+        split = _records(message, [2, 1, 40])
+        records = _tunnel(proxy, target, [split[:9], split[9:]])
+    finally:
+        proxy.stop()
+    assert segments == records == OPENED + b"server-hello", (segments, records)
+    assert echo.seen == [hello, split]  # every byte of the hello, and nothing was lost
+    assert sum(proxy.refusals.snapshot().values()) == 0
+
+
+def test_a_tunnel_that_shows_no_whole_allowed_client_hello_is_refused_before_upstream(
+        echo: Echo, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(egress_proxy, "HELLO_TIMEOUT_S", 1.0)
+    target = f"localhost:{echo.port}"
+    message = _hello("localhost")[5:]
+    evil = _hello("evil.test")[5:]
+    sni_at = message.index(b"localhost")
+    cases: dict[str, tuple[list[bytes], str]] = {
+        # the first segment alone looked like a record of its own: the rest never came
+        "half then nothing": ([_records(message, [sni_at - 4])[:sni_at + 5]], "bad_hello"),
+        "wrong name in its last record": ([_records(evil, [30])], "sni_mismatch"),
+        "no name": ([_records(_hello_without_name(), [])], "sni_mismatch"),
+        "more after it": ([_records(message + b"\x01\x00\x00\x00", [])], "bad_hello"),
+        "length past its end": ([b"\x16\x03\x01\x00\x10" + message[:16]], "bad_hello"),
+        "too large": ([b"\x16\x03\x01\x40\x00" + b"\x01\xff\xff\xff" + bytes(16380)] * 3,
+                      "bad_hello"),
+        "two server names": ([_records(_with_second_sni(message, "evil.test"), [])],
+                             "bad_hello"),
+        "ssh": ([b"SSH-2.0-OpenSSH_9.2\r\n"], "bad_request"),
+        "plain, two Hosts": ([b"GET / HTTP/1.1\r\nHost: localhost\r\nHost: evil.test\r\n\r\n"],
+                             "host_mismatch"),
+        "plain, no Host": ([b"GET / HTTP/1.0\r\n\r\n"], "host_mismatch"),
+        "plain, other Host": ([b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"], "sni_mismatch"),
+    }
+    for label, (pieces, reason) in cases.items():
+        proxy = _proxy(["localhost"])
+        try:
+            started = time.monotonic()
+            got = _tunnel(proxy, target, pieces)
+            took = time.monotonic() - started
+        finally:
+            proxy.stop()
+        assert got == OPENED, (label, got)  # then closed: nothing came from upstream
+        assert proxy.refusals.snapshot()[reason] == 1, (label, proxy.refusals.snapshot())
+        assert took < 5, (label, took)
+    assert echo.seen == []  # nothing reached the far end
+
+
+def test_a_tunnel_to_a_listed_address_takes_tls_naming_none_or_a_listed_name(
+        echo: Echo) -> None:
+    target = f"127.0.0.1:{echo.port}"
+    proxy = _proxy(["127.0.0.0/8", "localhost"])
+    try:
+        nameless = _tunnel(proxy, target, [_records(_hello_without_name(), [])])
+        listed = _tunnel(proxy, target, [_hello("localhost")])
+        other = _tunnel(proxy, target, [_hello("evil.test")])
+    finally:
+        proxy.stop()
+    assert nameless == listed == OPENED + b"server-hello", (nameless, listed)
+    assert other == OPENED
+    assert proxy.refusals.snapshot()["sni_mismatch"] == 1
+
+
+def _hello_without_name() -> bytes:
+    """A ClientHello handshake message with no server_name extension."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    record = outgoing.read()
+    assert server_name(record) is None
+    return record[5:]
+
+
+def _with_second_sni(message: bytes, name: str) -> bytes:
+    """`message` with a second server_name extension appended (lengths fixed up)."""
+    raw = name.encode()
+    entry = b"\x00" + len(raw).to_bytes(2, "big") + raw
+    extension = b"\x00\x00" + (len(entry) + 2).to_bytes(2, "big") + \
+        len(entry).to_bytes(2, "big") + entry
+    at = 4 + 2 + 32
+    at += 1 + message[at]
+    at += 2 + int.from_bytes(message[at:at + 2], "big")
+    at += 1 + message[at]
+    size = int.from_bytes(message[at:at + 2], "big") + len(extension)
+    body = message[4:at] + size.to_bytes(2, "big") + message[at + 2:] + extension
+    return b"\x01" + len(body).to_bytes(3, "big") + body
