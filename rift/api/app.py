@@ -8,10 +8,10 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,7 +28,7 @@ from rift.api.state import AppState
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.scheduler import PoolFiller, start_scheduler
-from rift.services.context import Deps
+from rift.services.context import Caller, Deps
 from rift.services.heartbeat import resume
 from rift.services.sweeps import sweep
 from web.router import install as install_web
@@ -134,10 +134,10 @@ def create_app(settings: Settings, deps: Deps | None = None,
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics", include_in_schema=False,
-             dependencies=[Depends(rest_caller)])
-    def metrics(request: Request) -> Response:
-        return Response(state.metrics.render(),
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(caller: Annotated[Caller, Depends(rest_caller)]) -> Response:
+        # Series naming VMs and tasks (every user's) for operators' tokens only.
+        return Response(state.metrics.render(operator=caller.operator),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)

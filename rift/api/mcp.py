@@ -39,7 +39,14 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
 from rift.api.guard import MAX_BODY
-from rift.api.mcp_additions import ClientGone, Door, Refusals, caller_of, success
+from rift.api.mcp_additions import (
+    OPERATOR_SCOPE,
+    ClientGone,
+    Door,
+    Refusals,
+    caller_of,
+    success,
+)
 from rift.api.mcp_tasks import Tasks, TaskServer, install_tasks
 from rift.api.mcp_tools import TOOLS
 from rift.api.mcp_waits import InFlight, plain_call
@@ -72,7 +79,8 @@ class RiftTokenVerifier:
                 accounts.authenticate, self.state.deps, token)
         except Unauthorized:
             return None
-        return AccessToken(token=record.id, client_id=record.id, scopes=[],
+        return AccessToken(token=record.id, client_id=record.id,
+                           scopes=[OPERATOR_SCOPE] if record.operator else [],
                            subject=record.user)
 
 

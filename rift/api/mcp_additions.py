@@ -55,6 +55,7 @@ from rift.domain.errors import RiftError
 from rift.services.context import Caller
 
 log = logging.getLogger("rift.api.mcp")
+OPERATOR_SCOPE = "rift:operator"  # an operator's token (`rift token new USER --operator`)
 
 # -- 1. refusals ----------------------------------------------------------------------
 
@@ -159,7 +160,8 @@ def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
     token = user.access_token if isinstance(user, AuthenticatedUser) else get_access_token()
     if token is None or token.subject is None:
         raise RuntimeError("an MCP call reached a tool without an authenticated user")
-    return Caller(token.subject, f"mcp:{client_name(ctx) or 'unknown'}")
+    return Caller(token.subject, f"mcp:{client_name(ctx) or 'unknown'}",
+                  operator=OPERATOR_SCOPE in token.scopes)
 
 
 def client_name(ctx: ServerRequestContext[Any, Any]) -> str | None:

@@ -15,7 +15,7 @@ from rift.services.context import Deps
 
 class StoreGauges(Collector):
     """Open tasks, running VMs and pooled VMs, read from the store when scraped, so
-    every replica reports the same truth."""
+    every replica reports the same truth. Aggregates only: no VM, task or user named."""
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -34,11 +34,17 @@ class StoreGauges(Collector):
             GaugeMetricFamily("rift_open_tasks", "Tasks open now.", value=open_tasks),
             GaugeMetricFamily("rift_running_vms", "VMs running now.", value=running_vms),
             pooled,
-            *self._usage(),
         ]
 
-    def _usage(self) -> list[GaugeMetricFamily]:
-        """Each running VM's latest `stats` (SPEC §14), labelled by VM, task and host."""
+
+class VmUsage(Collector):
+    """Each running VM's latest `stats` (SPEC §14), labelled by VM, task and host:
+    series that name every user's VMs and tasks, served to operators' tokens only."""
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+
+    def collect(self) -> list[GaugeMetricFamily]:
         from rift.domain import usage
 
         labels = ["vm", "task", "host"]
@@ -104,7 +110,8 @@ def door_of(path: str) -> str:
 
 class Metrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()  # aggregates: served to any token
+        self.per_vm = CollectorRegistry()  # series naming VMs and tasks: operators only
         self.in_flight = Gauge(
             "rift_http_requests_in_flight", "HTTP requests being served now, by door (mcp, "
             "rest, live: the Boxes pages' open streams, other).", ["door"],
@@ -125,6 +132,7 @@ class Metrics:
 
     def watch(self, deps: Deps) -> None:
         self.registry.register(StoreGauges(deps))
+        self.per_vm.register(VmUsage(deps))
         deps.observers.vm_start_seconds.append(
             lambda kind, seconds: self.vm_start_seconds.labels(kind).observe(seconds))
 
@@ -134,5 +142,8 @@ class Metrics:
     def record(self, door: str, tool: str, outcome: str) -> None:
         self.tool_calls.labels(door, tool, outcome).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, operator: bool) -> bytes:
+        """The exposition text: aggregates for any token, and the per-VM and per-task
+        series (every user's VM and task ids) for an operator's only."""
+        text = generate_latest(self.registry)
+        return text + generate_latest(self.per_vm) if operator else text

@@ -61,6 +61,7 @@ class ApiToken:
     digest: str = field(repr=False)
     created_at: datetime
     revoked_at: datetime | None = None
+    operator: bool = False  # `rift token new USER --operator`: sees every VM in /metrics
 
     @property
     def holder_label(self) -> str:

@@ -66,12 +66,16 @@ class NewToken:
     token: Token  # shown once, never stored
 
 
-def new_token(deps: Deps, user: str, label: str | None = None) -> NewToken:
+def new_token(deps: Deps, user: str, label: str | None = None,
+              operator: bool = False) -> NewToken:
+    """A token for `user`; an operator's (`operator=True`) also reads every user's
+    per-VM and per-task series in /metrics."""
     label = label or f"token-{secrets.token_hex(2)}"
     if not 1 <= len(label) <= 64 or not label.isprintable():
         raise InvalidArgument("label", "1–64 printable characters")
     token = Token.mint()
-    record = ApiToken(new_token_id(), user, label, token.digest, deps.clock.now())
+    record = ApiToken(new_token_id(), user, label, token.digest, deps.clock.now(),
+                      operator=operator)
     with deps.store.write() as tx:
         if tx.users.get(user) is None:
             raise InvalidArgument("user", f"no user {user!r}; rift user add {user} makes one")
@@ -90,11 +94,12 @@ def revoke_token(deps: Deps, token_id: str) -> bool:
 
 
 def authenticate(deps: Deps, bearer: str | None) -> tuple[ApiToken, Caller]:
-    """The token's record and the caller it names (label `api:<label>`)."""
+    """The token's record and the caller it names (label `api:<label>`, an operator
+    when the token was made as one)."""
     if not bearer or not Token.looks_valid(bearer):
         raise Unauthorized()
     with deps.store.read() as tx:
         record = tx.tokens.by_digest(Token(bearer).digest)
     if record is None or record.revoked_at is not None:
         raise Unauthorized()
-    return record, Caller(record.user, record.holder_label)
+    return record, Caller(record.user, record.holder_label, operator=record.operator)

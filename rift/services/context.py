@@ -106,10 +106,13 @@ class Deps:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who calls: the user a token names, and the holder label people read."""
+    """Who calls: the user a token names, the holder label people read, and whether
+    the token is an operator's (`rift token new USER --operator`: it reads every
+    user's VMs in /metrics)."""
 
     user: str
     label: str
+    operator: bool = False
 
 
 OPERATOR = "operator"

@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 from rift.domain.model import Event, Exec, Task, Vm
@@ -53,6 +54,7 @@ api_tokens = Table(
     Column("digest", String, nullable=False, unique=True),
     Column("created_at", UtcDateTime, nullable=False),
     Column("revoked_at", UtcDateTime, nullable=True),
+    Column("operator", Boolean, nullable=False, server_default=false()),
 )
 
 tasks = Table(

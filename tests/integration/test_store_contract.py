@@ -806,7 +806,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0013"
+    assert current_revision(empty_sql_url) == head_revision() == "0014"
 
 
 def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
@@ -974,3 +974,34 @@ def test_migration_0009_adds_vm_changes_and_its_downgrade_keeps_paused_vms_live(
         engine.dispose()
     upgrade(empty_sql_url)
     assert current_revision(empty_sql_url) == head_revision()
+
+def test_migration_0014_leaves_tokens_made_before_it_no_operators(empty_sql_url: str) -> None:
+    """A token made before 0014 reads /metrics as any token does; only one made
+    with `--operator` afterwards is an operator's, and it stays one."""
+    from sqlalchemy import insert as sql_insert
+
+    from rift.store.sql import SqlStore
+    from rift.store.tables import api_tokens, users
+
+    upgrade(empty_sql_url, "0013")
+    old = a_token("ada", "a" * 64)
+    engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sql_insert(users).values(
+                dataclasses.asdict(User("ada", None, T0))))
+            row = {k: v for k, v in dataclasses.asdict(old).items() if k != "operator"}
+            connection.execute(sql_insert(api_tokens).values(row))
+    finally:
+        engine.dispose()
+    upgrade(empty_sql_url)
+    made = dataclasses.replace(a_token("ada", "b" * 64), operator=True)
+    store = SqlStore(empty_sql_url)
+    try:
+        with store.write() as tx:
+            tx.tokens.add(made)
+        with store.read() as tx:
+            assert tx.tokens.by_digest(old.digest) == old and old.operator is False
+            assert tx.tokens.by_digest(made.digest) == made
+    finally:
+        store.close()

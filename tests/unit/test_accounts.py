@@ -16,6 +16,19 @@ def test_a_token_names_its_user_and_labels_the_caller(deps: Deps) -> None:
     assert record.id == made.record.id and caller.user == "alice"
     assert caller.label == "api:laptop"
     assert made.record.digest != made.token.value and made.token.value not in repr(made)
+    assert caller.operator is False and record.operator is False
+
+
+def test_only_a_token_made_as_an_operators_names_an_operator(deps: Deps) -> None:
+    accounts.add_user(deps, "alice")
+    plain = accounts.new_token(deps, "alice", "agent")
+    ops = accounts.new_token(deps, "alice", "prometheus", operator=True)
+    assert accounts.authenticate(deps, plain.token.value)[1].operator is False
+    record, caller = accounts.authenticate(deps, ops.token.value)
+    assert record.operator is True and caller.operator is True
+    assert caller.user == "alice" and caller.label == "api:prometheus"
+    assert {t.label: t.operator for t in accounts.list_tokens(deps, "alice")} == {
+        "agent": False, "prometheus": True}
 
 
 def test_missing_malformed_unknown_and_revoked_tokens_are_unauthorized(deps: Deps) -> None:

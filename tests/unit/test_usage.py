@@ -94,12 +94,17 @@ def test_running_vms_are_sampled_into_their_view_and_metrics_and_paused_ones_are
 
     metrics = Metrics()
     metrics.watch(deps)
-    text = metrics.render().decode()
+    text = metrics.render(operator=True).decode()
     labels = f'host="local",task="{opened.task.id}",vm="{busy.id}"'
     assert f"rift_vm_cpu_percent{{{labels}}} 50.0" in text
     assert f"rift_vm_memory_used_mib{{{labels}}} 264.0" in text
     assert f"rift_vm_net_rx_bytes{{{labels}}} 123456.0" in text
     assert parked.id not in text
+    # A token that is not an operator's reads aggregates only: no VM or task named.
+    plain = metrics.render(operator=False).decode()
+    assert "rift_running_vms " in plain
+    assert busy.id not in plain and opened.task.id not in plain
+    assert "rift_vm_cpu_percent" not in plain
 
 
 def test_a_host_that_says_nothing_or_refuses_leaves_its_vms_as_they_were(
