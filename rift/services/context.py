@@ -48,6 +48,13 @@ class Observers:
             wake()
 
 
+@dataclass
+class Cursors:
+    """Where each rotating scan of the background jobs goes on from (this process's)."""
+
+    execs: str | None = None  # the sweep's running execs: the last id it looked at
+
+
 @dataclass(frozen=True)
 class GuestRuntime:
     """What real guests need: where images, serial logs and the per-VM disks of
@@ -96,6 +103,7 @@ class Deps:
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("rift"))
     guests: GuestShell | None = None
     observers: Observers = field(default_factory=Observers)
+    cursors: Cursors = field(default_factory=Cursors)
     runtime: GuestRuntime | None = None
     install_id: str | None = None  # marks this control plane's domains on shared hosts
     default_image: str = "debian"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_IMAGE)

@@ -33,6 +33,7 @@ from rift.domain.errors import (
 from rift.domain.ids import new_exec_id
 from rift.domain.model import Exec, ExecStatus, NewEvent, Task, Vm
 from rift.services import validate
+from rift.services.bounded import grouped, per_vm
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import reach
 from rift.services.leases import check_handle, in_write, parse_handle, task_vm
@@ -204,37 +205,44 @@ def list_execs(deps: Deps, caller: Caller, handle: str | None, vm_id: str | None
 def record_ends(deps: Deps, limit: int = 100) -> list[str]:
     """The sweep's part: end the running execs whose VM is gone (`lost`), whose
     guest says they ended, or that their guest has not known for
-    `RIFT_VM_CREATING_GRACE_S` since their start (`lost`). Answers the ids it ended."""
+    `RIFT_VM_CREATING_GRACE_S` since their start (`lost`). Each run looks at
+    `limit` execs from where the last left off (a rotating cursor), each VM's
+    guest within its budget (rift.services.bounded). Answers the ids it ended."""
     with deps.store.read() as tx:
-        running = tx.execs.running(limit)
+        running = tx.execs.running(limit, after=deps.cursors.execs)
         vms = {ex.vm_id: tx.vms.get(ex.vm_id) for ex in running}
+    deps.cursors.execs = running[-1].id if len(running) == limit else None
     ended: list[str] = []
-    grace = timedelta(seconds=deps.limits.creating_grace_s)
+    asked: list[Exec] = []
     for ex in running:
         vm = vms.get(ex.vm_id)
         if vm is None or not vm.keeps_execs:
             if _end(deps, ex, "lost", "sweep").status == "lost":
                 ended.append(ex.id)
-            continue
-        if vm.status != "running" or vm.change is not None:
-            continue  # paused, or pausing or resuming: its execs wait in its guest
-        if vm.ssh_port is None or deps.guests is None:
-            continue
+        elif vm.status == "running" and vm.change is None and vm.ssh_port is not None:
+            asked.append(ex)  # else paused, pausing or resuming: its execs wait in its guest
+    if deps.guests is None:
+        return ended
+    guests, grace = deps.guests, timedelta(seconds=deps.limits.creating_grace_s)
+
+    def look(ex: Exec) -> str | None:
+        vm = vms[ex.vm_id]
+        assert vm is not None
         try:
-            seen = deps.guests.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
+            seen = guests.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
         except ExecGone:
             # The row is written before the guest starts the command: a young exec the
             # guest does not know yet may be starting (its call ends it itself if the
             # start fails); an old one was lost (a reboot, or a crash before its start).
             if deps.clock.now() - ex.started_at >= grace:
                 _end(deps, ex, "lost", "sweep")
-                ended.append(ex.id)
-            continue
-        except GuestUnreachable:
-            continue  # a guest that does not answer now: the next sweep looks again
+                return ex.id
+            return None
         if seen.state != "running" and _record(deps, ex, seen, "sweep").status != "running":
-            ended.append(ex.id)
-    return ended
+            return ex.id
+        return None
+
+    return ended + per_vm(grouped(asked, lambda ex: ex.vm_id), look)
 
 
 def end_vm_work(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:

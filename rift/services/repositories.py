@@ -137,8 +137,8 @@ class ExecRepository(Protocol):
                 running_only: bool = False) -> list[Exec]:
         """The task's execs (of one VM), oldest first."""
         ...
-    def running(self, limit: int) -> list[Exec]:
-        """Running execs of every task, the longest running first."""
+    def running(self, limit: int, after: str | None = None) -> list[Exec]:
+        """Running execs of every task in id order, from the first id past `after`."""
         ...
     def count_running(self, task_ids: Sequence[str]) -> dict[str, int]:
         """Every asked task id is a key (0 when none run)."""

@@ -51,10 +51,12 @@ class SqlExecs(SqlRepository):
         query = query.order_by(execs.c.started_at, execs.c.id)
         return [_exec_of(row) for row in self._conn.execute(query)]
 
-    def running(self, limit: int) -> list[Exec]:
+    def running(self, limit: int, after: str | None = None) -> list[Exec]:
         check_limit(limit)
-        query = (select(*EXEC_COLUMNS).where(execs.c.status == "running")
-                 .order_by(execs.c.started_at, execs.c.id).limit(limit))
+        query = select(*EXEC_COLUMNS).where(execs.c.status == "running")
+        if after is not None:
+            query = query.where(execs.c.id > after)
+        query = query.order_by(execs.c.id).limit(limit)
         return [_exec_of(row) for row in self._conn.execute(query)]
 
     def count_running(self, task_ids: Sequence[str]) -> dict[str, int]:

@@ -392,7 +392,10 @@ def test_an_exec_is_added_read_and_listed_by_task_vm_and_status(store: Store) ->
         assert ids(tx.execs.of_task(task.id, vm2.id)) == [second.id]
         assert tx.execs.of_task(task.id, their_vm.id) == []  # another task's VM
         assert ids(tx.execs.of_task(task.id, running_only=True)) == [first.id, second.id]
-        assert ids(tx.execs.running(2)) == [theirs.id, first.id]
+        in_order = sorted([first.id, second.id, theirs.id])
+        assert ids(tx.execs.running(2)) == in_order[:2]
+        assert ids(tx.execs.running(2, after=in_order[0])) == in_order[1:]
+        assert tx.execs.running(2, after=in_order[2]) == []
         assert tx.execs.count_running([task.id, other.id, "task_none0000"]) == \
             {task.id: 2, other.id: 1, "task_none0000": 0}
         assert tx.execs.count_running([]) == {}
@@ -974,6 +977,7 @@ def test_migration_0009_adds_vm_changes_and_its_downgrade_keeps_paused_vms_live(
         engine.dispose()
     upgrade(empty_sql_url)
     assert current_revision(empty_sql_url) == head_revision()
+
 
 def test_migration_0014_leaves_tokens_made_before_it_no_operators(empty_sql_url: str) -> None:
     """A token made before 0014 reads /metrics as any token does; only one made

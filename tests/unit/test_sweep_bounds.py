@@ -1,0 +1,92 @@
+"""The sweep's guest work is bounded per VM (SPEC §15): a guest that stalls or does
+not answer costs its own VM's share of a run, other VMs' execs are looked at
+meanwhile, and the scan of running execs rotates so no exec is always left out."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+
+from rift.domain.errors import GuestUnreachable
+from rift.domain.model import Vm
+from rift.services import execs, tasks, vms
+from rift.services.bounded import per_vm
+from rift.services.context import Caller, Deps
+from rift.services.ports import GuestExec
+from tests.support.engine import ALICE, BOB
+from tests.support.fake_guest import FakeShell
+
+
+@dataclass
+class StallingShell(FakeShell):
+    """A fake guest where one VM's reads stall, then fail as unreachable."""
+
+    stalled_vm: str | None = None
+    stall_s: float = 0.3
+    asked: list[str] = field(default_factory=list)
+
+    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
+                  max_bytes: int, wait_ms: int) -> GuestExec:
+        self.asked.append(exec_id)
+        if vm.id == self.stalled_vm:
+            time.sleep(self.stall_s)
+            raise GuestUnreachable(vm.id, "timed out")
+        return super().exec_read(vm, exec_id, stdout_offset, stderr_offset,
+                                 max_bytes=max_bytes, wait_ms=wait_ms)
+
+
+def _running_vm(deps: Deps, caller: Caller) -> tuple[str, str]:
+    opened = tasks.new_task(deps, caller)
+    vm = vms.new_vm(deps, caller, str(opened.handle))
+    with deps.store.write() as tx:
+        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+    return str(opened.handle), vm.id
+
+
+def test_a_guest_that_stalls_is_asked_once_and_other_vms_ends_are_recorded(
+        deps: Deps) -> None:
+    shell = StallingShell()
+    gdeps = replace(deps, guests=shell)  # type: ignore[arg-type]
+    hostile_handle, hostile = _running_vm(gdeps, ALICE)
+    fair_handle, fair = _running_vm(gdeps, BOB)
+    stalled = [execs.start(gdeps, ALICE, hostile_handle, hostile, f"job{i}", wait_s=0).exec_id
+               for i in range(3)]
+    done = execs.start(gdeps, BOB, fair_handle, fair, "build", wait_s=0).exec_id
+    shell.finish(done, 0)
+    shell.stalled_vm = hostile
+    assert execs.record_ends(gdeps) == [done]
+    assert sum(1 for exec_id in shell.asked if exec_id in stalled) == 1
+
+
+def test_each_vm_works_within_its_budget_and_vms_do_not_wait_on_each_other() -> None:
+    finished: dict[str, float] = {}
+    began = time.monotonic()
+    lock = threading.Lock()
+
+    def work(item: tuple[str, float]) -> str:
+        vm_id, seconds = item
+        time.sleep(seconds)
+        with lock:
+            finished[vm_id] = time.monotonic() - began
+        return vm_id
+
+    answers = per_vm({"slow": [("slow", 0.2)] * 10, "quick": [("quick", 0.01)] * 3},
+                     work, budget_s=0.5)
+    assert answers.count("quick") == 3
+    assert 2 <= answers.count("slow") <= 4  # cut at its budget, not its ten items
+    assert finished["quick"] < 0.2  # not behind the slow VM's first item
+
+
+def test_the_exec_scan_rotates_through_every_running_exec(deps: Deps) -> None:
+    shell = StallingShell()
+    gdeps = replace(deps, guests=shell)  # type: ignore[arg-type]
+    handle, vm_id = _running_vm(gdeps, ALICE)
+    started = sorted(execs.start(gdeps, ALICE, handle, vm_id, f"job{i}", wait_s=0).exec_id
+                     for i in range(3))
+    seen = []
+    for _ in range(3):
+        shell.asked.clear()
+        execs.record_ends(gdeps, limit=2)
+        seen.append(list(shell.asked))
+    assert seen == [started[:2], started[2:], started[:2]]
