@@ -10,6 +10,9 @@ one and one whose VM is gone all answer the same 404, after the same lookup.
 Served under Rift's own origin (`/x/`), a guest's page gets an opaque origin
 (`Content-Security-Policy: sandbox`) and its cookies are dropped, so it can read
 nothing of Rift's; a preview domain gives each exposure an origin of its own.
+Either way the guest never sees the client's `Authorization`, `Cookie` or
+`Rift-Handle`, and every answer says `Referrer-Policy: no-referrer` (the URL
+holds the exposure's secret).
 The channel is read from the event loop (its pipe's readiness), never by a
 worker thread: a guest that answers slowly or never costs one channel."""
 
@@ -51,6 +54,11 @@ _DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy
                       b"proxy-authenticate", b"te", b"trailer", b"transfer-encoding",
                       b"upgrade", b"host", b"expect", b"content-length"})
 SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
+# What the client sends for Rift, never for the guest: its API token, its cookies
+# (Rift's session; under a preview domain, a parent domain's), a task's handle.
+PRIVATE = frozenset({b"authorization", b"cookie", b"rift-handle"})
+# Every answer from an exposure: its URL (the secret in it) never leaves in a Referer.
+NO_REFERRER = (b"referrer-policy", b"no-referrer")
 
 
 def match(scope: Scope, preview_domain: str | None) -> tuple[str, bytes, bool] | None:
@@ -140,18 +148,17 @@ async def _plain(send: Send, status: int, text: str, kind: str = "http.response"
     await send({"type": f"{kind}.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                             (b"content-length", str(len(body)).encode()),
-                            (b"cache-control", b"no-store")]})
+                            (b"cache-control", b"no-store"), NO_REFERRER]})
     await send({"type": f"{kind}.body", "body": body})
 
 
 def forwarded_headers(scope: Scope, port: int, own_origin: bool,
                       dropped: frozenset[bytes] = _DROPPED) -> list[tuple[bytes, bytes]]:
-    """The client's headers as the guest gets them: without the hop-by-hop ones,
-    Rift's own cookies (under Rift's origin), with `Host: localhost:<port>` and
-    the `X-Forwarded-*` of the original request."""
-    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in dropped]
-    if own_origin:  # Rift's own cookies (the Boxes page's session) stay with Rift
-        headers = [(k, v) for k, v in headers if k.lower() != b"cookie"]
+    """The client's headers as the guest gets them: without the hop-by-hop ones and
+    without what is Rift's (`Authorization`, `Cookie`, `Rift-Handle`), with
+    `Host: localhost:<port>` and the `X-Forwarded-*` of the original request."""
+    headers = [(k, v) for k, v in scope["headers"]
+               if k.lower() not in dropped and k.lower() not in PRIVATE]
     scheme = str(scope.get("scheme") or "http")
     headers += [(b"host", f"localhost:{port}".encode()),
                 (b"x-forwarded-host", _header(scope, b"host")),
@@ -266,12 +273,13 @@ class Relay(Stream):
             self.h11.receive_data(data)  # b"": the guest closed
 
     def _response_headers(self, head: h11.Response) -> list[tuple[bytes, bytes]]:
-        dropped = _DROPPED - {b"content-length", b"host"}
+        dropped = (_DROPPED - {b"content-length", b"host"}) | {b"referrer-policy"}
         headers = [(bytes(k), bytes(v)) for k, v in head.headers if k not in dropped]
         if self.own_origin:
             headers = [(k, v) for k, v in headers
                        if k not in (b"set-cookie", b"content-security-policy")]
             headers.append((b"content-security-policy", SANDBOX))
+        headers.append(NO_REFERRER)
         return headers
 
 
@@ -316,7 +324,8 @@ class WebSocketRelay(Stream):
                          "not a WebSocket")
             return
         protocol = answer.get(b"sec-websocket-protocol", b"").decode("latin-1") or None
-        await self.send({"type": "websocket.accept", "subprotocol": protocol})
+        await self.send({"type": "websocket.accept", "subprotocol": protocol,
+                         "headers": [NO_REFERRER]})
         ws = WsConnection(ConnectionType.CLIENT)
         leftover = handshake.trailing_data[0]
         if leftover:

@@ -90,6 +90,7 @@ class GuestHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Set-Cookie", "guest=1; Path=/")
+        self.send_header("Referrer-Policy", "unsafe-url")  # Rift answers no-referrer
         self.end_headers()
         self.wfile.write(data)
 
@@ -326,6 +327,54 @@ def test_a_preview_domain_reaches_the_exposure_by_its_host_name(gdeps: Deps,
         assert got.headers.get("set-cookie") == "guest=1; Path=/"
         other = client.get("/", headers={"Host": "b" * 32 + ".preview.test"})
         assert other.status_code == 404
+
+
+def test_the_guest_never_sees_the_clients_token_cookies_or_handle(
+        gdeps: Deps, served: Served) -> None:
+    """SPEC §15: `Authorization`, `Cookie` and `Rift-Handle` stay with Rift, under
+    Rift's origin and under a preview domain alike; every answer, the guest's and
+    Rift's own refusals, says `Referrer-Policy: no-referrer` (the URL is the secret)."""
+    handle, vm_id, _task_id = _vm(gdeps)
+    private = {"Authorization": "Bearer rift_" + "t" * 43, "Cookie": "rift_session=abc; sso=1",
+               "Rift-Handle": handle, "X-Mine": "kept"}
+    preview = replace(gdeps, exposure_urls=ExposureUrls("http://rift.test", "preview.test"))
+    made = exposures.expose(preview, ALICE, handle, vm_id, GUEST_PORT).url
+    secret = made.removeprefix("https://").split(".", 1)[0]  # /x/<secret>/ reaches it too
+    with httpx.Client(base_url=served.url, timeout=30) as client:
+        for path, host in ((f"/x/{secret}/page", None), ("/page", f"{secret}.preview.test")):
+            headers = {**private, **({"Host": host} if host else {})}
+            for got in (client.get(path, headers=headers),
+                        client.post(path, headers=headers, content=b"body")):
+                assert got.status_code == 200, got.text
+                seen = got.json()["headers"]
+                assert not {"authorization", "cookie", "rift-handle"} & set(seen), seen
+                assert handle not in json.dumps(seen) and "rift_session" not in json.dumps(seen)
+                assert seen["x-mine"] == "kept"  # the guest's own headers still pass
+                assert got.headers.get_list("referrer-policy") == ["no-referrer"]
+        for refused_path in ("/x/" + "a" * 32 + "/", "/x/short/"):
+            refused_answer = client.get(refused_path, headers=private)
+            assert refused_answer.status_code == 404
+            assert refused_answer.headers["referrer-policy"] == "no-referrer"
+
+
+def test_a_websocket_to_the_guest_carries_none_of_rifts_secrets(
+        gdeps: Deps, shell: FakeShell, served: Served) -> None:
+    seen: list[dict[str, str]] = []
+    handle, vm_id, _task_id = _vm(gdeps)
+    with ws.echo_server(seen) as address:
+        shell.ports[WS_PORT] = address
+        secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, WS_PORT).url)
+        extra = [("Authorization", "Bearer rift_" + "t" * 43), ("Cookie", "rift_session=abc"),
+                 ("Rift-Handle", handle), ("X-Mine", "kept")]
+        with ws.Client(("127.0.0.1", served.port), f"127.0.0.1:{served.port}",
+                       f"/x/{secret}/", extra_headers=extra) as client:
+            client.open()
+            client.send("hello")
+            assert client.receive() == "echo: hello"
+            assert client.close() == 1000
+    assert len(seen) == 1
+    assert not {"authorization", "cookie", "rift-handle"} & set(seen[0]), seen
+    assert seen[0]["x-mine"] == "kept"
 
 
 def test_two_hundred_requests_at_once_all_answer(gdeps: Deps, served: Served) -> None:

@@ -23,7 +23,7 @@ from wsproto.events import (
 )
 
 
-def _serve_one(conn: socket.socket) -> None:
+def _serve_one(conn: socket.socket, seen: list[dict[str, str]] | None = None) -> None:
     ws = WSConnection(ConnectionType.SERVER)
     text: list[str] = []
     blob: list[bytes] = []
@@ -34,6 +34,9 @@ def _serve_one(conn: socket.socket) -> None:
             for event in ws.events():
                 out = b""
                 if isinstance(event, Request):
+                    if seen is not None:  # the handshake's headers, as the guest got them
+                        seen.append({bytes(k).decode().lower(): bytes(v).decode()
+                                     for k, v in event.extra_headers})
                     protocol = "chat" if "chat" in event.subprotocols else None
                     out = ws.send(AcceptConnection(subprotocol=protocol))
                 elif isinstance(event, TextMessage):
@@ -62,7 +65,8 @@ def _serve_one(conn: socket.socket) -> None:
 
 
 @contextmanager
-def echo_server() -> Iterator[tuple[str, int]]:
+def echo_server(seen: list[dict[str, str]] | None = None) -> Iterator[tuple[str, int]]:
+    """The echo server's address; `seen` gets each handshake's other headers."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -74,7 +78,7 @@ def echo_server() -> Iterator[tuple[str, int]]:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
+            threading.Thread(target=_serve_one, args=(conn, seen), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
     try:
@@ -89,11 +93,13 @@ class Client:
     raises with the status of a refused handshake."""
 
     def __init__(self, address: tuple[str, int], host: str, target: str,
-                 subprotocols: list[str] | None = None) -> None:
+                 subprotocols: list[str] | None = None,
+                 extra_headers: list[tuple[str, str]] | None = None) -> None:
         self.sock = socket.create_connection(address, timeout=30)
         self.ws = WSConnection(ConnectionType.CLIENT)
-        self.sock.sendall(self.ws.send(Request(host=host, target=target,
-                                               subprotocols=subprotocols or [])))
+        self.sock.sendall(self.ws.send(Request(
+            host=host, target=target, subprotocols=subprotocols or [],
+            extra_headers=[(k.encode(), v.encode()) for k, v in extra_headers or []])))
         self.pongs = 0
 
     def __enter__(self) -> Client:
