@@ -19,6 +19,7 @@ from rift.api.auth import rest_caller
 from rift.api.egress_proxy import EgressProxy
 from rift.api.errors import install_error_handlers
 from rift.api.exposures import ExposureProxy, redact
+from rift.api.gate import TokenGate, body_limit
 from rift.api.guard import BodyGuard
 from rift.api.mcp import mount_mcp
 from rift.api.metrics import Metrics, door_of
@@ -140,7 +141,8 @@ def create_app(settings: Settings, deps: Deps | None = None,
         return Response(state.metrics.render(operator=caller.operator),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.add_middleware(BodyGuard, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodyGuard, max_body=body_limit, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(TokenGate, state=state)  # who calls, before any body is read
     app.add_middleware(RebindingGuard, settings=security)
     # Before the guards: an exposure's request and body are its guest's to judge.
     app.add_middleware(ExposureProxy, state=state, preview_domain=settings.preview_domain)

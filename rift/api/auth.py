@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import anyio
 from fastapi import Request
 
+from rift.api.gate import CALLER_KEY
 from rift.api.state import AppState
 from rift.domain.errors import Unauthorized
 from rift.services import accounts
@@ -18,11 +20,15 @@ def bearer(request: Request) -> str | None:
     return value.strip()
 
 
-def rest_caller(request: Request) -> Caller:
-    """A FastAPI dependency (plain `def`: FastAPI runs it in a worker thread)."""
+async def rest_caller(request: Request) -> Caller:
+    """A FastAPI dependency: the caller `TokenGate` found before the body was read
+    (else the token is looked up here, in a worker thread)."""
+    found = request.scope.get("state", {}).get(CALLER_KEY)
+    if isinstance(found, Caller):
+        return found
     state: AppState = request.app.state.rift
     token = bearer(request)
     if token is None:
         raise Unauthorized()
-    _record, caller = accounts.authenticate(state.deps, token)
+    _record, caller = await anyio.to_thread.run_sync(accounts.authenticate, state.deps, token)
     return caller

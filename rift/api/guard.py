@@ -1,7 +1,8 @@
 """The HTTP door's guards against bad input that is not a request's content:
 bodies over the limit, bodies that trickle in, request heads that never end.
 
-- `BodyGuard` (ASGI, in front of every route): a body over `MAX_BODY` is refused
+- `BodyGuard` (ASGI, in front of every route): a body over its route's limit
+  (`rift.api.gate.body_limit`: 64 KiB of plain JSON, `MAX_BODY` where content rides) is refused
   with 413 as soon as its `Content-Length` says so, or, without one (chunked), as
   soon as the bytes counted on arrival pass the limit; nothing is buffered. The
   rest of such a body is read and dropped by uvicorn (for at most
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -42,12 +44,20 @@ def refusal(why: str, hint: str, **details: Any) -> dict[str, Any]:
     return {"code": "invalid_argument", "message": why, "hint": hint, **details}
 
 
-def too_large(field: str = "body") -> dict[str, Any]:
-    return refusal(
-        f"{field}: over the limit of {MAX_BODY} bytes ({MAX_BODY_MIB} MiB) per request",
-        f"send at most {MAX_BODY_MIB} MiB in one request; file content is at most 16 MiB "
-        "(rift_vm_write_file, PUT /api/v1/vms/{id}/files)",
-        field=field, limit_bytes=MAX_BODY)
+def _size(limit: int) -> str:
+    return f"{limit // (1024 * 1024)} MiB" if limit >= 1024 * 1024 else f"{limit // 1024} KiB"
+
+
+def too_large(field: str = "body", limit: int = MAX_BODY) -> dict[str, Any]:
+    if limit >= MAX_BODY:
+        hint = (f"send at most {_size(limit)} in one request; file content is at most 16 MiB "
+                "(rift_vm_write_file, PUT /api/v1/vms/{id}/files)")
+    else:
+        hint = (f"this route takes at most {_size(limit)}; file content, exec stdin and exec "
+                "input go to their own routes (PUT /api/v1/vms/{id}/files, "
+                "POST /api/v1/vms/{id}/exec, POST /api/v1/execs/{id}/input), up to 16 MiB")
+    return refusal(f"{field}: over the limit of {limit} bytes ({_size(limit)}) per request",
+                   hint, field=field, limit_bytes=limit)
 
 
 def too_slow(timeout_s: float, received: int) -> dict[str, Any]:
@@ -100,10 +110,11 @@ class BodyGuard:
     `body_timeout_s` from the app's first read, the app reads a disconnect and its
     answer is replaced by the refusal (unless it had already started answering)."""
 
-    def __init__(self, app: ASGIApp, max_body: int = MAX_BODY,
+    def __init__(self, app: ASGIApp, max_body: int | Callable[[Scope], int] = MAX_BODY,
                  body_timeout_s: float = 60.0) -> None:
         self.app = app
-        self.max_body = max_body
+        self.limit_of: Callable[[Scope], int] = (
+            max_body if callable(max_body) else (lambda _scope: max_body))
         self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -111,9 +122,10 @@ class BodyGuard:
             await self.app(scope, receive, send)
             return
         mcp = scope["path"] == "/mcp"
+        max_body = self.limit_of(scope)
         declared = _declared_length(scope)
-        if declared is not None and declared > self.max_body:
-            await send_refusal(send, 413, too_large(), mcp)
+        if declared is not None and declared > max_body:
+            await send_refusal(send, 413, too_large(limit=max_body), mcp)
             return
         refused: tuple[int, dict[str, Any]] | None = None
         received = 0
@@ -139,8 +151,8 @@ class BodyGuard:
                 complete = True
                 return message
             received += len(message.get("body", b""))
-            if received > self.max_body:
-                refused = (413, too_large())
+            if received > max_body:
+                refused = (413, too_large(limit=max_body))
                 return {"type": "http.disconnect"}
             complete = not message.get("more_body", False)
             return message

@@ -156,8 +156,11 @@ def test_openapi_lists_every_route(server: Server) -> None:
 
 
 def test_unknown_routes_answer_a_plain_404(server: Server) -> None:
-    response = httpx.get(server.url + "/api/v1/nothing-here", timeout=10)
+    response = httpx.get(server.url + "/api/v1/nothing-here", timeout=10,
+                         headers={"Authorization": f"Bearer {server.token}"})
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+    # without a token the door says so first: nothing about what routes there are
+    assert httpx.get(server.url + "/api/v1/nothing-here", timeout=10).status_code == 401
 
 
 def test_logs_are_json_lines_without_tokens_or_handle_secrets(server: Server,

@@ -203,11 +203,13 @@ def test_with_no_tasks_the_page_says_how_to_connect_an_agent(client: TestClient)
 
 
 def test_unknown_routes_answer_an_html_404_and_the_api_keeps_its_json(
-        client: TestClient) -> None:
+        client: TestClient, deps: Deps) -> None:
     page = client.get("/no/such/page", headers={"Accept": "text/html"})
     assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
     assert "Not found" in page.text
-    api = client.get("/api/v1/nothing-here", headers={"Accept": "text/html"})
+    token = accounts.new_token(deps, "ada").token.value
+    api = client.get("/api/v1/nothing-here", headers={"Accept": "text/html",
+                                                       "Authorization": f"Bearer {token}"})
     assert api.status_code == 404 and api.json()["error"]["code"] == "not_found"
     assert client.get("/static/nope.css").status_code == 404
 

@@ -1134,7 +1134,7 @@ def _open_sockets(pid: int) -> int:
 
 # -- 3. bodies over the limit ------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["/api/v1/tasks", "/mcp"])
+@pytest.mark.parametrize("path", ["/api/v1/vms/vm_aaaaaaaa/exec", "/mcp"])
 def test_a_body_declared_over_the_limit_is_refused_at_once(server: Server, path: str) -> None:
     sock = _connect(server)
     started = time.monotonic()
@@ -1160,7 +1160,7 @@ def test_a_body_declared_over_the_limit_is_refused_at_once(server: Server, path:
     assert answered_s < 1
 
 
-@pytest.mark.parametrize("path", ["/api/v1/tasks", "/mcp"])
+@pytest.mark.parametrize("path", ["/api/v1/vms/vm_aaaaaaaa/exec", "/mcp"])
 def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(
         server: Server, running: Running, path: str) -> None:
     """No Content-Length: the guard counts bytes as they come and refuses as soon as
@@ -1212,17 +1212,18 @@ def test_an_mcp_client_is_told_why_its_call_was_too_large(server: Server) -> Non
 
 
 def test_a_body_just_under_the_limit_passes_the_guard(server: Server) -> None:
-    """The limit is where it says: 40 MiB less a few bytes reach the route (and are
-    refused for what they say), one byte over does not."""
+    """The limit is where it says: 40 MiB less a few bytes reach a content route (and
+    are refused for what they say), one byte over does not."""
+    route = server.url + "/api/v1/vms/vm_aaaaaaaa/exec"
     name = b"x" * (MAX_BODY - 20)
-    body = b'{"name": "' + name + b'"}'
+    body = b'{"command": "' + name + b'"}'
     assert len(body) <= MAX_BODY
-    response = httpx.post(server.url + "/api/v1/tasks", content=body, timeout=60,
+    response = httpx.post(route, content=body, timeout=60,
                           headers={"Authorization": f"Bearer {server.token}",
                                    "Content-Type": "application/json"})
     assert response.status_code == 422, response.text[:300]
-    assert response.json()["error"]["field"] == "name"
-    over = httpx.post(server.url + "/api/v1/tasks", content=body + b" " * (
+    assert response.json()["error"]["field"] == "command"
+    over = httpx.post(route, content=body + b" " * (
         MAX_BODY + 1 - len(body)), timeout=60,
         headers={"Authorization": f"Bearer {server.token}",
                  "Content-Type": "application/json"})

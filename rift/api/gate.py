@@ -1,0 +1,144 @@
+"""The doors' first check (SPEC §15, from clients): who calls, before any byte of
+the body is read, and how large a body each route may have.
+
+- `TokenGate` (pure ASGI, outside `BodyGuard`): a request to a door that needs a
+  token (`/api/…`, `/mcp`, `/metrics`) has its `Authorization: Bearer` checked
+  first; without a valid one it is answered 401 at once, its body never read
+  (REST's `{"error": {"code": "unauthorized", …}}`, `/mcp` the SDK's own 401).
+  A token of the wrong form costs no thread and no query. The caller found is
+  kept in the request's state, so the route does not look it up again. A form
+  post that needs a session (`POST /logout`) without a live one is sent to the
+  login the same way, unread.
+- `body_limit`: what `BodyGuard` lets through, per route. Plain JSON is at most
+  `JSON_BODY` (64 KiB); the routes that carry file content, exec stdin or exec
+  input, and `/mcp` (whose tool calls carry the same), keep `MAX_BODY` (16 MiB of
+  content, base64-encoded and JSON-escaped); the login and logout forms
+  `FORM_BODY`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rift.api.guard import MAX_BODY
+from rift.api.state import AppState
+from rift.domain.errors import Unauthorized
+from rift.domain.secrets import Token
+from rift.services import accounts, sessions
+from web.security import SESSION_COOKIE
+
+JSON_BODY = 64 * 1024
+FORM_BODY = 8 * 1024
+# (method, path with `*` for one segment): the routes whose bodies carry content.
+LARGE_BODY_ROUTES = (
+    ("PUT", ("api", "v1", "vms", "*", "files")),
+    ("POST", ("api", "v1", "vms", "*", "exec")),
+    ("POST", ("api", "v1", "execs", "*", "input")),
+    ("POST", ("mcp",)),
+)
+FORM_ROUTES = frozenset({"/login", "/logout"})
+CALLER_KEY = "rift_caller"  # in the request's state (`scope["state"]`)
+RECORD_KEY = "rift_token_record"
+
+
+def _matches(parts: list[str], pattern: tuple[str, ...]) -> bool:
+    return len(parts) == len(pattern) and all(
+        want in ("*", part) for part, want in zip(parts, pattern, strict=True))
+
+
+def body_limit(scope: Scope) -> int:
+    """The most bytes of body this request's route takes."""
+    path: str = scope.get("path", "")
+    method: str = scope.get("method", "")
+    if path in FORM_ROUTES:
+        return FORM_BODY
+    parts = path.strip("/").split("/")
+    if any(method == m and _matches(parts, pattern) for m, pattern in LARGE_BODY_ROUTES):
+        return MAX_BODY
+    return JSON_BODY
+
+
+def needs_token(path: str) -> bool:
+    return path.startswith("/api/") or path in ("/mcp", "/metrics")
+
+
+def bearer_of(scope: Scope) -> str | None:
+    header = Headers(scope=scope).get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    value = value.strip()
+    return value if scheme.lower() == "bearer" and value else None
+
+
+def _cookie(scope: Scope, name: str) -> str | None:
+    for part in Headers(scope=scope).get("cookie", "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+async def _answer(send: Send, status: int, body: dict[str, Any],
+                  headers: list[tuple[bytes, bytes]]) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+        *headers]})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def refuse_unauthorized(scope: Scope, send: Send) -> None:
+    if scope["path"] == "/mcp":  # the SDK's RequireAuthMiddleware answers so
+        await _answer(send, 401, {"error": "invalid_token",
+                                  "error_description": "Authentication required"},
+                      [(b"www-authenticate", b'Bearer error="invalid_token", '
+                                             b'error_description="Authentication required"')])
+        return
+    await _answer(send, 401, {"error": Unauthorized().to_dict()},
+                  [(b"www-authenticate", b'Bearer realm="rift"')])
+
+
+class TokenGate:
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if needs_token(path):
+            found = await self._caller(bearer_of(scope))
+            if found is None:
+                await refuse_unauthorized(scope, send)
+                return
+            store = scope.setdefault("state", {})
+            store[RECORD_KEY], store[CALLER_KEY] = found
+        elif path == "/logout" and scope["method"] == "POST" and not await self._session(scope):
+            await send({"type": "http.response.start", "status": 303, "headers": [
+                (b"location", b"/login"), (b"cache-control", b"no-store"),
+                (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await self.app(scope, receive, send)
+
+    async def _caller(self, token: str | None) -> Any:
+        if token is None or not Token.looks_valid(token):
+            return None  # no thread, no query
+        try:
+            return await anyio.to_thread.run_sync(accounts.authenticate, self.state.deps, token)
+        except Unauthorized:
+            return None
+
+    async def _session(self, scope: Scope) -> bool:
+        session_id = _cookie(scope, SESSION_COOKIE)
+        if not session_id:
+            return False
+        user = await anyio.to_thread.run_sync(sessions.session_user, self.state.deps,
+                                              session_id)
+        return user is not None

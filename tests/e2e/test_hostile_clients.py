@@ -1,0 +1,154 @@
+"""Hostile clients at the doors (SPEC §15) against a real `rift serve` on the test
+driver: the token before the body, per-route body caps, the budget of waiting
+calls, login throttling under concurrency, exec creation rate-limited."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rift.api.gate import FORM_BODY, JSON_BODY
+from rift.api.guard import MAX_BODY
+from tests.support.servers import Server, start_server, stop_server
+
+MIB = 1024 * 1024
+BIG = 34 * MIB
+
+
+class Running:
+    def __init__(self, pid: int, server: Server) -> None:
+        self.pid = pid
+        self.server = server
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    proc, srv = start_server(tmp_path_factory.mktemp("rift"), RIFT_MAX_WAITING_PER_USER="4",
+                             RIFT_LOGIN_CONCURRENCY="2")
+    try:
+        yield Running(proc.pid, srv)
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def server(running: Running) -> Server:
+    return running.server
+
+
+def _raw_post(server: Server, path: str, body: bytes, **headers: str) -> tuple[int, bytes, int]:
+    """POST with a declared body sent in full unless the answer comes first: (status,
+    answer, bytes of the body sent before the answer)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    sock.sendall((head + "\r\n").encode())
+    sent = 0
+    sock.setblocking(False)
+    answer = b""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            answer += sock.recv(65536)
+            if b"\r\n\r\n" in answer:
+                break
+        except BlockingIOError:
+            pass
+        if sent < len(body):
+            try:
+                sent += sock.send(body[sent:sent + MIB])
+            except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+                time.sleep(0.001)
+        else:
+            time.sleep(0.005)
+    sock.setblocking(True)
+    sock.settimeout(5)
+    try:
+        while b"\r\n\r\n" in answer and len(answer.partition(b"\r\n\r\n")[2]) < 2:
+            more = sock.recv(65536)
+            if not more:
+                break
+            answer += more
+    except (TimeoutError, OSError):
+        pass
+    sock.close()
+    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1") else 0
+    return status, answer, sent
+
+
+def test_a_34_mib_body_without_a_token_is_refused_401_unread(running: Running) -> None:
+    server = running.server
+    before = running.rss_mib()
+    body = b'{"name": "' + b"x" * (BIG - 20) + b'"}'
+    for path in ("/api/v1/tasks", "/mcp", "/api/v1/vms/vm_aaaaaaaa/exec"):
+        started = time.monotonic()
+        status, answer, _ = _raw_post(server, path, body, Content_Type="application/json",
+                                      Accept="application/json, text/event-stream")
+        took = time.monotonic() - started
+        assert status == 401, answer[:300]
+        assert took < 5, took
+        started = time.monotonic()
+        assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
+        assert time.monotonic() - started < 1
+    grown = running.rss_mib() - before
+    assert grown < 64, f"the server grew {grown:.0f} MiB"
+
+
+def test_a_34_mib_body_with_a_token_on_a_json_route_is_413_at_once(running: Running) -> None:
+    server = running.server
+    before = running.rss_mib()
+    body = b'{"name": "' + b"x" * (BIG - 20) + b'"}'
+    status, answer, _ = _raw_post(server, "/api/v1/tasks", body,
+                                     Authorization=f"Bearer {server.token}",
+                                     Content_Type="application/json")
+    assert status == 413, answer[:300]
+    error = httpx.Response(413, content=answer.partition(b"\r\n\r\n")[2]).json()["error"]
+    assert error["code"] == "invalid_argument" and error["limit_bytes"] == JSON_BODY
+    assert "64 KiB" in error["message"] and "/files" in error["hint"], error
+    assert running.rss_mib() - before < 64
+
+
+def test_json_routes_take_64_kib_and_content_routes_more(server: Server) -> None:
+    auth = {"Authorization": f"Bearer {server.token}"}
+    with httpx.Client(base_url=server.url, headers=auth, timeout=30) as api:
+        under = api.post("/api/v1/tasks", content=b'{"name": "' + b"x" * (JSON_BODY - 20)
+                         + b'"}', headers={"Content-Type": "application/json"})
+        assert under.status_code == 422 and under.json()["error"]["field"] == "name"
+        over = api.post("/api/v1/tasks", content=b'{"name": "' + b"x" * JSON_BODY + b'"}',
+                        headers={"Content-Type": "application/json"})
+        assert over.status_code == 413, over.text[:300]
+        assert over.json()["error"]["limit_bytes"] == JSON_BODY
+        # 1 MiB of file content passes the guard (refused for what it says: no handle)
+        put = api.put("/api/v1/vms/vm_aaaaaaaa/files", params={"path": "/tmp/f"},
+                      json={"content": "x" * MIB})
+        assert put.status_code != 413 and put.json()["error"]["code"] in (
+            "handle_required", "vm_not_found"), put.text[:300]
+        ran = api.post("/api/v1/vms/vm_aaaaaaaa/exec", json={"command": "cat",
+                                                             "stdin": "y" * MIB})
+        assert ran.status_code != 413, ran.text[:300]
+        too_much = api.put("/api/v1/vms/vm_aaaaaaaa/files", params={"path": "/tmp/f"},
+                           content=b"x" * (MAX_BODY + 1),
+                           headers={"Content-Type": "application/json"})
+        assert too_much.status_code == 413
+
+
+def test_forms_are_capped_small_and_a_logout_without_a_session_is_not_read(
+        server: Server) -> None:
+    status, answer, _ = _raw_post(server, "/login", b"user=" + b"x" * (FORM_BODY + 10),
+                                  Content_Type="application/x-www-form-urlencoded")
+    assert status == 413, answer[:300]
+    status, answer, _ = _raw_post(server, "/logout", b"csrf=" + b"x" * (4 * MIB),
+                                     Content_Type="application/x-www-form-urlencoded")
+    assert status == 303 and b"location: /login" in answer.lower(), answer[:300]
