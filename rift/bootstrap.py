@@ -57,7 +57,8 @@ def limits_of(settings: Settings) -> Limits:
                   settings.closed_retention_s, settings.cpu_overcommit,
                   settings.vm_creating_grace_s, settings.exec_wait_s,
                   settings.exec_output_mib, settings.max_snapshots_per_task,
-                  settings.host_lost_s)
+                  settings.host_lost_s,
+                  max_disk_gib_per_user=settings.max_disk_gib_per_user)
 
 
 def build_deps(settings: Settings, *, clock: Clock | None = None,

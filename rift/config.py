@@ -51,9 +51,27 @@ class Settings(BaseSettings):
     max_vms_per_task: int = Field(default=16, ge=1, description="Live VMs per task.")
     max_snapshots_per_task: int = Field(default=8, ge=0, le=1024,
         description="Snapshots per task (rift_vm_snapshot, and a fork of a running VM).")
+    max_disk_gib_per_user: int = Field(default=200, ge=1, description=(
+        "Disk per user in GiB: VM overlays as measured, paused VMs' memory, snapshots; "
+        "at or past it a new VM, fork, snapshot or pause is refused (quota_exceeded)."))
     rate_task_new_per_h: int = Field(default=120, ge=1,
         description="Task creations per user per hour.")
     rate_vm_new_per_h: int = Field(default=240, ge=1, description="VM creations per user per hour.")
+    rate_exec_new_per_h: int = Field(
+        default=3600, ge=1, description="Exec starts (`rift_vm_exec`) per user per hour; "
+        "beyond it `rate_limited`.")
+    rate_stale_per_h: int = Field(
+        default=120, ge=1, description="Stale-handle refusals that leave a `stale_rejected` "
+        "event, per task per hour; beyond it a stale handle is refused `rate_limited` and "
+        "writes nothing.")
+    max_waiting_per_user: int = Field(
+        default=32, ge=1, le=4096, description="Calls of one user that may wait at once on a "
+        "replica (exec waits, long polls, SSE streams, listens, MCP tasks working, live "
+        "pages); beyond it `rate_limited`. They run on threads of their own, never the "
+        "ones short calls use.")
+    login_concurrency: int = Field(
+        default=4, ge=1, le=256, description="Password (argon2) checks that run at once in "
+        "the process; a login beyond them is answered 429 at once.")
     session_ttl_s: int = Field(
         default=43200, ge=60, description="How long a Boxes page login lasts (the session "
         "cookie's and the stored session's expiry); logging out ends it at once.")
@@ -88,6 +106,11 @@ class Settings(BaseSettings):
         "`10.0.2.2:<port>`); the host firewall (hypervisor/guest_isolation.nft) lets them "
         "reach this port and nothing else, so the two must agree. 0: no proxy (such guests "
         "reach nothing). Served only when the hypervisor is a real one (not `test:///`).")
+    egress_deny: str = Field(
+        default="", max_length=4000, description="Comma-separated CIDRs (or addresses) no "
+        "guest reaches, besides what egress `open` always refuses (link-local, the cloud "
+        "metadata addresses, Rift's own hosts and database): the host firewall refuses "
+        "`open` guests' connections there and the egress proxy allowlisted ones'.")
     header_timeout_s: float = Field(
         default=10.0, gt=0, le=3600, description="How long a connection may take to send a "
         "request's line and headers (counted from its opening, or from its previous answer); "
@@ -98,7 +121,7 @@ class Settings(BaseSettings):
     public_url: str | None = Field(
         default=None, description="The URL people and agents reach Rift at (e.g. "
         "`https://rift.example.com`); its host is one Rift answers to (DNS rebinding "
-        "protection).")
+        "protection), and an https one makes the session cookie `Secure`.")
     preview_domain: str | None = Field(
         default=None, pattern=r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}"
         r"[a-z0-9])?$", description="A domain whose subdomains reach exposures (SPEC §13): "
@@ -121,6 +144,18 @@ class Settings(BaseSettings):
                 f"RIFT_VM_CREATING_GRACE_S ({self.vm_creating_grace_s}) must exceed "
                 f"RIFT_VM_BOOT_TIMEOUT_S ({self.vm_boot_timeout_s}): else reconciliation "
                 "fails VMs that are still booting")
+        return self
+
+    @model_validator(mode="after")
+    def _egress_deny_is_cidrs(self) -> Settings:
+        import ipaddress
+
+        for entry in filter(None, (e.strip() for e in self.egress_deny.split(","))):
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"RIFT_EGRESS_DENY: {entry!r} is not a CIDR (such as "
+                                 "10.0.0.0/8) or an address") from None
         return self
 
     def resolved_database_url(self) -> str:

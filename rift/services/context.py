@@ -27,6 +27,7 @@ class Limits:
     exec_output_mib: int = 16
     max_snapshots_per_task: int = 8
     host_lost_s: int = 600  # a host unreachable this long: its VMs are failed (host lost)
+    max_disk_gib_per_user: int = 200  # overlays, paused VMs' memory, snapshots (SPEC §15)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from rift.domain.store_errors import DuplicateKey
 from rift.services import validate
 from rift.services.capacity import place
 from rift.services.context import Caller, Deps
+from rift.services.disk_budget import check_disk_budget
 from rift.services.exposures import vm_view
 from rift.services.guest_kinds import GuestKind, kind_on
 from rift.services.launch import SSH_HOST, check_image, fixed_sizes, launch, pick_ssh_port
@@ -56,6 +57,7 @@ def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: dateti
     if tx.vms.count_live(task.id) >= limits.max_vms_per_task:
         raise QuotaExceeded(f"VMs per task ({limits.max_vms_per_task})",
                             limits.max_vms_per_task, "rift_vm_destroy")
+    check_disk_budget(deps, tx, caller.user)
     check_rate("VM creations", limits.rate_vm_new_per_h, now,
                lambda since: tx.vms.count_created_since(caller.user, since),
                lambda since: tx.vms.oldest_created_since(caller.user, since))

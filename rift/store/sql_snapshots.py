@@ -76,6 +76,11 @@ class SqlSnapshots(SqlRepository):
                                             snapshots.c.state.in_(list(expected)))
         return self._conn.execute(statement).rowcount == 1
 
+    def bytes_of_owner(self, owner: str) -> int:
+        query = (select(func.coalesce(func.sum(snapshots.c.bytes), 0))
+                 .where(snapshots.c.owner == owner))
+        return int(self._conn.execute(query).scalar_one())
+
     def bytes_by_host(self) -> dict[str, tuple[int, int]]:
         query = (select(snapshots.c.host, func.count(),
                         func.coalesce(func.sum(snapshots.c.bytes), 0))

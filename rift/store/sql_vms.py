@@ -128,6 +128,11 @@ class SqlVms(SqlRepository):
         )
         return [vm_of(row) for row in self._conn.execute(query)]
 
+    def live_of_owner(self, owner: str) -> list[Vm]:
+        query = select_vms().where(vms.c.owner == owner,
+                                   vms.c.status.in_(LIVE_VM_STATUSES))
+        return [vm_of(row) for row in self._conn.execute(query)]
+
     def live_on_host(self, host: str) -> list[Vm]:
         """VMs creating or running on ``host``, for the reconciler and placement."""
         query = (

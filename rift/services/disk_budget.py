@@ -1,0 +1,38 @@
+"""What a user's work keeps on disk, against `RIFT_MAX_DISK_GIB_PER_USER` (SPEC §15).
+
+Counted: each live VM's overlay as its host last measured it (the usage
+sample's `disk_used_bytes`; a guest that fills its disk raises it), the saved
+memory of a paused VM (its memory size: the file is at most that), and the
+bytes of the user's snapshots. A call that would add to it (a new VM, a fork, a
+snapshot, a pause) is refused with `quota_exceeded` once the user is at or past
+the budget; what is there already is never taken away.
+"""
+
+from __future__ import annotations
+
+from rift.domain import usage
+from rift.domain.errors import QuotaExceeded
+from rift.services.context import Deps
+from rift.services.ports import Tx
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def disk_used_bytes(tx: Tx, user: str) -> int:
+    used = tx.snapshots.bytes_of_owner(user)
+    for vm in tx.vms.live_of_owner(user):
+        measured = usage.view(vm.stats) or {}
+        used += int(measured.get("disk_used_bytes") or 0)
+        if vm.status == "paused":
+            used += vm.memory_mib * MIB
+    return used
+
+
+def check_disk_budget(deps: Deps, tx: Tx, user: str) -> None:
+    """QuotaExceeded when `user` keeps its whole disk budget or more."""
+    limit_gib = deps.limits.max_disk_gib_per_user
+    if disk_used_bytes(tx, user) >= limit_gib * GIB:
+        raise QuotaExceeded(f"GiB of disk per user ({limit_gib}: overlays, paused VMs' "
+                            "memory, snapshots)", limit_gib,
+                            "rift_vm_snapshot_delete or rift_vm_destroy")
