@@ -4,7 +4,6 @@ the stdout bytes, then the stderr bytes it names."""
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Literal
 
@@ -12,9 +11,17 @@ from hypervisor.exec_helper import GUEST_PATH
 from rift.services.ports import GuestExec
 
 EXECS_DIR = "/run/rift-exec"  # each exec's folder in the guest: EXECS_DIR/<exec id>
-_VIEW = re.compile(rb"rift-exec ((?:[a-z_]+=\S+ ?)+)\n")
-_NUMBERS = ("code", "signal", "timed_out", "killed", "started", "ended", "out_total",
-            "err_total", "out_from", "out_len", "err_from", "err_len")
+PREFIX = b"rift-exec "
+VIEW_LINE_MAX = 1024  # the longest view line Rift reads (the helper's is under 300 bytes)
+# Each number of the view and the values it may take (a guest may print anything).
+_RANGES: dict[str, tuple[int, int]] = {
+    "code": (-1, 255), "signal": (-1, 255), "timed_out": (0, 1), "killed": (0, 1),
+    "started": (0, 2**63 - 1), "ended": (0, 2**63 - 1),
+    "out_total": (0, 2**63 - 1), "err_total": (0, 2**63 - 1),
+    "out_from": (0, 2**63 - 1), "err_from": (0, 2**63 - 1),
+    "out_len": (0, 2**63 - 1), "err_len": (0, 2**63 - 1),
+}
+_WORDS = {"state": (b"running", b"ended", b"lost"), "stdin": (b"open", b"closed")}
 NO_SUCH_EXEC, EXEC_ENDED, STDIN_CLOSED = 3, 4, 5  # the helper's exit statuses
 
 
@@ -50,33 +57,73 @@ def kill_command(exec_id: str, signal: Literal["TERM", "KILL"],
     return f"exec {helper} kill {exec_dir(exec_id)} {signal}"
 
 
-def parse_view(data: bytes) -> GuestExec:
-    """The view at the start of `data` (ViewError when it is not a whole one)."""
-    match = _VIEW.match(data)
-    if match is None:
-        raise ViewError(f"not a view: {data[:200]!r}")
-    f = _fields(match.group(1))
-    body = data[match.end():]
-    if len(body) < f["out_len"] + f["err_len"]:
-        raise ViewError("the view's output is cut short")
-    state = match.group(1).split(b"state=")[1].split()[0].decode()
-    if state not in ("running", "ended", "lost"):
-        raise ViewError(f"unknown state {state!r}")
+def view_size(max_bytes: int) -> int:
+    """The most a view answered to a call asking `max_bytes` per stream may hold."""
+    return len(PREFIX) + VIEW_LINE_MAX + 2 * max_bytes
+
+
+def parse_view(data: bytes, max_bytes: int) -> GuestExec:
+    """The view that is the whole of `data`, for a call that asked for at most
+    `max_bytes` of each stream (ViewError when it is not exactly one).
+
+    What a guest prints is hostile (SPEC §15): the line is looked for only in its
+    first VIEW_LINE_MAX bytes, split on spaces (no pattern, nothing backtracks),
+    every field must be known, present once and within its range, and the bytes
+    after the line must be exactly the `out_len` + `err_len` it announced."""
+    if not data.startswith(PREFIX):
+        raise ViewError(f"not a view: {data[:80]!r}")
+    end = data.find(b"\n", len(PREFIX), len(PREFIX) + VIEW_LINE_MAX)
+    if end < 0:
+        raise ViewError(f"no view line within {VIEW_LINE_MAX} bytes")
+    numbers, words = _fields(data[len(PREFIX):end])
+    out_len, err_len = numbers["out_len"], numbers["err_len"]
+    if out_len > max_bytes or err_len > max_bytes:
+        raise ViewError(f"the view announces more output ({out_len}+{err_len} bytes) "
+                        f"than the {max_bytes} asked for")
+    body = memoryview(data)[end + 1:]
+    if len(body) != out_len + err_len:
+        raise ViewError(f"the view announces {out_len + err_len} bytes of output and "
+                        f"{len(body)} follow")
     return GuestExec(
-        state=state,  # type: ignore[arg-type]
-        exit_code=f["code"] if f["code"] >= 0 else None,
-        signal=f["signal"] if f["signal"] >= 0 else None,
-        timed_out=f["timed_out"] == 1, killed=f["killed"] == 1,
-        stdin_open=b"stdin=open" in match.group(1),
-        started_ms=f["started"], ended_ms=f["ended"] or None,
-        stdout_total=f["out_total"], stderr_total=f["err_total"],
-        stdout_from=f["out_from"], stderr_from=f["err_from"],
-        stdout=body[:f["out_len"]], stderr=body[f["out_len"]:f["out_len"] + f["err_len"]])
+        state=words["state"].decode(),  # type: ignore[arg-type]
+        exit_code=numbers["code"] if numbers["code"] >= 0 else None,
+        signal=numbers["signal"] if numbers["signal"] >= 0 else None,
+        timed_out=numbers["timed_out"] == 1, killed=numbers["killed"] == 1,
+        stdin_open=words["stdin"] == b"open",
+        started_ms=numbers["started"], ended_ms=numbers["ended"] or None,
+        stdout_total=numbers["out_total"], stderr_total=numbers["err_total"],
+        stdout_from=numbers["out_from"], stderr_from=numbers["err_from"],
+        stdout=bytes(body[:out_len]), stderr=bytes(body[out_len:]))
 
 
-def _fields(text: bytes) -> dict[str, int]:
-    pairs = dict(part.split(b"=", 1) for part in text.split())
-    try:
-        return {name: int(pairs[name.encode()]) for name in _NUMBERS}
-    except (KeyError, ValueError) as exc:
-        raise ViewError(f"a view without {exc}") from exc
+def _fields(line: bytes) -> tuple[dict[str, int], dict[str, bytes]]:
+    """The view line's numbers and words; ViewError unless each known field is
+    there once, with a value in its range, and nothing else is."""
+    numbers: dict[str, int] = {}
+    words: dict[str, bytes] = {}
+    for part in line.split(b" "):
+        if not part:
+            continue  # the line's trailing space, or two spaces
+        key, eq, value = part.partition(b"=")
+        name = key.decode("ascii", "replace")
+        if not eq or name in numbers or name in words:
+            raise ViewError(f"a view with a bad or repeated field {part[:40]!r}")
+        if name in _WORDS:
+            if value not in _WORDS[name]:
+                raise ViewError(f"a view with {name}={value[:40]!r}")
+            words[name] = value
+            continue
+        bounds = _RANGES.get(name)
+        if bounds is None:
+            raise ViewError(f"a view with an unknown field {key[:40]!r}")
+        digits = value[1:] if value.startswith(b"-") else value
+        if not digits.isdigit() or len(digits) > 19:
+            raise ViewError(f"a view with {name}={value[:40]!r}")
+        number = int(value)
+        if not bounds[0] <= number <= bounds[1]:
+            raise ViewError(f"a view with {name}={number} out of range")
+        numbers[name] = number
+    missing = [name for name in (*_RANGES, *_WORDS) if name not in numbers and name not in words]
+    if missing:
+        raise ViewError(f"a view without {', '.join(missing)}")
+    return numbers, words

@@ -41,7 +41,8 @@ class Channel(Protocol):
     def recv_stderr(self, nbytes: int) -> bytes: ...
     def exit_status_ready(self) -> bool: ...
     def recv_exit_status(self) -> int: ...
-    def sendall(self, s: bytes) -> None: ...
+    def send(self, s: bytes) -> int: ...
+    def settimeout(self, timeout: float | None) -> None: ...
     def shutdown_write(self) -> None: ...
 
 
@@ -134,16 +135,34 @@ class Collected:
     pid: int | None = None  # from the stderr header, when asked for one
 
 
-def feed_stdin(chan: Channel, data: bytes | None) -> threading.Thread | None:
-    """Send `data` then EOF; in a thread when there is data, so output is read meanwhile."""
+def send_within(chan: Channel, data: bytes, deadline: float, *,
+                clock: Callable[[], float] = time.monotonic) -> None:
+    """Send all of `data` by `deadline`, a chunk at a time, each waiting for the
+    guest's window no longer than what is left (TimeoutError past it): a guest
+    that never reads its stdin costs the call its deadline, not a thread for good.
+    ConnectionError when the channel closed first."""
+    sent = 0
+    while sent < len(data):
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise TimeoutError("the guest did not take its input in time")
+        chan.settimeout(remaining)
+        count = chan.send(data[sent:sent + CHUNK])
+        if count <= 0:
+            raise ConnectionError("the channel closed while its input was sent")
+        sent += count
+
+
+def feed_stdin(chan: Channel, data: bytes | None, deadline: float) -> threading.Thread | None:
+    """Send `data` then EOF by `deadline`; in a thread when there is data, so output
+    is read meanwhile."""
     if not data:
         chan.shutdown_write()
         return None
 
     def send() -> None:
         try:
-            for start in range(0, len(data), CHUNK):
-                chan.sendall(data[start:start + CHUNK])
+            send_within(chan, data, deadline)
             chan.shutdown_write()
         except Exception:  # the command stopped reading, or the channel closed: nothing to do
             return

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import secrets
 import select
 import shlex
@@ -46,12 +45,14 @@ from rift.guest.exec_view import (
     parse_view,
     read_command,
     start_command,
+    view_size,
 )
 from rift.guest.keys import keep_boot_key, key_path, load_key, new_host_key, public_line
 from rift.guest.links import HostLinkError, HostLinks, SshTarget, ssh_target
 from rift.guest.pool import ConnectionPool
 from rift.guest.ready import Console, read_markers, same_key, serial_tail, wait_for_marker
-from rift.guest.run import Collected, collect, command_line, feed_stdin, kill_line
+from rift.guest.run import Collected, collect, command_line, feed_stdin, kill_line, send_within
+from rift.guest.watchdog import Guard, Watchdog
 from rift.services.ports import GuestExec
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,11 @@ _NOT_FOUND = 127  # the shell's exit status for a command it cannot find
 _SETTLE_S = 2.5  # how long a fork's SSH server waits before it starts anew (identity)
 _RESTART_S = _SETTLE_S + 5.0  # how long it may take to listen again, from then
 _HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
+_GRACE_S = 1.0  # past a call's deadline, the watchdog closes a connection stuck in paramiko
+_SMALL_ANSWER = 4096  # the most a helper's `input` or `kill` prints
 _IS_DIRECTORY = 21
 _NO_SUCH_FILE = 20
-_SHELL_PREFIX = re.compile(r"^(?:\S*sh: )?(?:eval: line \d+: )?")
+_REASON_MAX = 500  # characters of a guest's stderr kept as a failed file operation's reason
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ class SshGuestShell:
         self._tunnels: dict[str, paramiko.Transport] = {}
         self._pool: ConnectionPool[paramiko.Transport] = ConnectionPool(
             self._connect, per_vm=connections_per_vm)
+        # closes a connection whose call is stuck past its deadline (rift.guest.watchdog)
+        self._watchdog = Watchdog()
 
     # GuestShell
 
@@ -188,8 +193,8 @@ class SshGuestShell:
                              cap_bytes=cap_bytes, wait_ms=wait_ms, max_bytes=max_bytes,
                              with_stdin=stdin is not None)
         status, data = self._helper(vm, line, stdin, wait_ms / 1000 + _HELPER_SLACK_S,
-                                    view=True)
-        return self._view(vm, exec_id, status, data)
+                                    view=True, limit=view_size(max_bytes))
+        return self._view(vm, exec_id, status, data, max_bytes)
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
                   max_bytes: int, wait_ms: int) -> GuestExec:
@@ -197,14 +202,14 @@ class SshGuestShell:
         them, it ended, or `wait_ms` passed."""
         line = read_command(exec_id, stdout_offset, stderr_offset, max_bytes, wait_ms)
         status, data = self._helper(vm, line, None, wait_ms / 1000 + _HELPER_SLACK_S,
-                                    view=True)
-        return self._view(vm, exec_id, status, data)
+                                    view=True, limit=view_size(max_bytes))
+        return self._view(vm, exec_id, status, data, max_bytes)
 
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
         """Write `data` to the exec's stdin (then close it, with `eof`); answers the
         bytes written. GuestExecError when it ended or its stdin is closed."""
         status, out = self._helper(vm, input_command(exec_id, eof=eof), data,
-                                   self.file_timeout_s, view=False)
+                                   self.file_timeout_s, view=False, limit=_SMALL_ANSWER)
         if status in (NO_SUCH_EXEC, EXEC_ENDED):
             raise GuestExecError(exec_id, "ended", vm_id=vm.id)
         if status == STDIN_CLOSED:
@@ -218,30 +223,32 @@ class SshGuestShell:
         """Signal the exec's process group (TERM: KILL follows 5 s later in the guest).
         An exec that ended already is left as it is."""
         status, out = self._helper(vm, kill_command(exec_id, signal), None,
-                                   _HELPER_SLACK_S, view=False)
+                                   _HELPER_SLACK_S, view=False, limit=_SMALL_ANSWER)
         if status not in (0, NO_SUCH_EXEC):
             raise GuestError(f"rift-exec kill failed (exit {status}): {out[-200:]!r}",
                              vm_id=vm.id)
 
-    def _view(self, vm: Vm, exec_id: str, status: int | None, data: bytes) -> GuestExec:
+    def _view(self, vm: Vm, exec_id: str, status: int | None, data: bytes,
+              max_bytes: int) -> GuestExec:
         if status == NO_SUCH_EXEC:
             raise GuestExecError(exec_id, "unknown", vm_id=vm.id)
         try:
-            return parse_view(data)
+            return parse_view(data, max_bytes)
         except ViewError as exc:
             raise GuestError(f"rift-exec answered no view (exit {status}): {exc}",
                              vm_id=vm.id) from exc
 
     def _helper(self, vm: Vm, line: str, stdin: bytes | None, timeout_s: float, *,
-                view: bool) -> tuple[int | None, bytes]:
+                view: bool, limit: int) -> tuple[int | None, bytes]:
         """Run one rift-exec command on a pooled connection: (its exit status, what
-        it printed). Each ends soon: `start` and `read` once their wait is over (an
-        exec's keeper is a process of its own)."""
-        status, data = self._helper_once(vm, line, stdin, timeout_s, view=view)
+        it printed, at most `limit` bytes). Each ends soon: `start` and `read` once
+        their wait is over (an exec's keeper is a process of its own)."""
+        status, data = self._helper_once(vm, line, stdin, timeout_s, view=view, limit=limit)
         if status == _NOT_FOUND and self.helper_binary is not None:
             # A guest Rift did not build (a qcow2 image) has no rift-exec: give it one.
             self._upload_helper(vm)
-            status, data = self._helper_once(vm, line, stdin, timeout_s, view=view)
+            status, data = self._helper_once(vm, line, stdin, timeout_s, view=view,
+                                             limit=limit)
         return status, data
 
     def _upload_helper(self, vm: Vm) -> None:
@@ -262,37 +269,38 @@ class SshGuestShell:
         log.info("rift-exec put into guest %s", vm.id)
 
     def _helper_once(self, vm: Vm, line: str, stdin: bytes | None, timeout_s: float, *,
-                     view: bool) -> tuple[int | None, bytes]:
+                     view: bool, limit: int) -> tuple[int | None, bytes]:
+        """What the guest answers is hostile (SPEC §15): read until `limit` bytes
+        (more is GuestError), every step by the deadline, the connection closed by
+        the watchdog when paramiko waits past it."""
         address = _address(vm)
         self._remember(vm)
         deadline = time.monotonic() + timeout_s
+        guard: Guard | None = None
         try:
-            with self._pool.lease(vm.id, address, timeout_s) as transport:
-                chan = transport.open_session(timeout=self.connect_timeout_s)
+            with self._pool.lease(vm.id, address, timeout_s) as transport, \
+                    self._watchdog.guard(deadline + _GRACE_S, transport.close) as guard:
+                chan = transport.open_session(timeout=_left(deadline, self.connect_timeout_s))
                 try:
                     chan.exec_command(line)
                     if stdin:
-                        chan.sendall(stdin)
+                        send_within(chan, stdin, deadline)
                     chan.shutdown_write()
-                    chunks: list[bytes] = []
-                    while True:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            raise GuestError("rift-exec did not answer in time", vm_id=vm.id)
-                        chan.settimeout(remaining)
-                        chunk = chan.recv(1 << 16)
-                        if not chunk:
-                            break
-                        chunks.append(chunk)
+                    data = _read_capped(chan, deadline, limit, vm.id)
                     if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
                         raise GuestError("rift-exec did not end", vm_id=vm.id)
                     status = chan.recv_exit_status()
                     err = chan.recv_stderr(4096) if chan.recv_stderr_ready() else b""
                 finally:
                     chan.close()
-        except (*_FAILURES, TimeoutError) as exc:
+        except TimeoutError as exc:
+            raise GuestError(f"rift-exec did not answer within {timeout_s:.0f}s: {exc}",
+                             vm_id=vm.id) from exc
+        except _FAILURES as exc:
+            if guard is not None and guard.fired:
+                raise GuestError(f"rift-exec did not answer within {timeout_s:.0f}s; its "
+                                 "connection was closed", vm_id=vm.id) from exc
             raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
-        data = b"".join(chunks)
         if view and status not in (0, NO_SUCH_EXEC, _NOT_FOUND):
             raise GuestError(f"rift-exec failed (exit {status})"
                              f"{': ' + repr(err[-200:]) if err else ''}", vm_id=vm.id)
@@ -361,16 +369,18 @@ class SshGuestShell:
         address = _address(vm)
         self._remember(vm)
         transport = self._connect(vm.id, address)
+        deadline = time.monotonic() + _HAND_OVER_S
         try:
-            chan = transport.open_session(timeout=self.connect_timeout_s)
-            chan.exec_command(STANDBY_SHELL)
-            chan.sendall(f"{HAND_OVER_FUNCTION}\n".encode())
-            # A rehearsal with the key the guest has now: a first run pays what a
-            # guest pays for code and files nothing has touched since its boot
-            # (about 100 ms under TCG), so the real hand-over does not.
-            status = _in_standby(chan, hand_over_call(self._login_key_line(vm), time.time(),
-                                                      secrets.token_bytes(32)),
-                                 time.monotonic() + _HAND_OVER_S)
+            with self._watchdog.guard(deadline + _GRACE_S, transport.close):
+                chan = transport.open_session(timeout=_left(deadline, self.connect_timeout_s))
+                chan.exec_command(STANDBY_SHELL)
+                send_within(chan, f"{HAND_OVER_FUNCTION}\n".encode(), deadline)
+                # A rehearsal with the key the guest has now: a first run pays what a
+                # guest pays for code and files nothing has touched since its boot
+                # (about 100 ms under TCG), so the real hand-over does not.
+                status = _in_standby(chan, hand_over_call(self._login_key_line(vm),
+                                                          time.time(), secrets.token_bytes(32)),
+                                     deadline)
         except (*_FAILURES, TimeoutError) as exc:
             transport.close()
             raise GuestError(f"the standby shell did not start: {exc}", vm_id=vm.id) from exc
@@ -407,9 +417,11 @@ class SshGuestShell:
             held = self._standby.pop(vm.id, None)
         if held is not None:
             transport, chan = held
+            deadline = time.monotonic() + _HAND_OVER_S
             try:
-                status = _in_standby(chan, hand_over_call(public_key_line, now, entropy),
-                                     time.monotonic() + _HAND_OVER_S)
+                with self._watchdog.guard(deadline + _GRACE_S, transport.close):
+                    status = _in_standby(chan, hand_over_call(public_key_line, now, entropy),
+                                         deadline)
             except (*_FAILURES, TimeoutError) as exc:
                 log.info("standby shell of %s failed (%s); handing over anew", vm.id, exc)
                 status = None
@@ -568,6 +580,7 @@ class SshGuestShell:
 
     def close(self) -> None:
         self._pool.close()
+        self._watchdog.stop()
         with self._lock:
             tunnels = list(self._tunnels.values())
             self._tunnels.clear()
@@ -658,22 +671,28 @@ class SshGuestShell:
                              vm_id=vm_id) from exc
         sock = self._open(vm_id, address, timeout)
         transport = paramiko.Transport(sock, default_window_size=self.window_bytes)
+        # banner, key exchange, host key check, login (and a hand-over again) each have
+        # a timeout; the watchdog bounds them together, whatever the guest does
+        deadline = time.monotonic() + 3 * timeout + _HAND_OVER_S
+        guard: Guard | None = None
         try:
-            transport.banner_timeout = timeout
-            transport.auth_timeout = timeout
-            transport.start_client(timeout=timeout)
-            self._check_host_key(vm_id, transport.get_remote_server_key())
-            try:
-                transport.auth_publickey(self.user, pkey)
-            except paramiko.AuthenticationException:
-                if not self._hand_over_again(vm_id, transport, pkey):
-                    raise
+            with self._watchdog.guard(deadline, transport.close) as guard:
+                transport.banner_timeout = timeout
+                transport.auth_timeout = timeout
+                transport.start_client(timeout=timeout)
+                self._check_host_key(vm_id, transport.get_remote_server_key())
+                try:
+                    transport.auth_publickey(self.user, pkey)
+                except paramiko.AuthenticationException:
+                    if not self._hand_over_again(vm_id, transport, pkey):
+                        raise
         except GuestError:
             transport.close()
             raise
         except _FAILURES as exc:
             transport.close()
-            raise GuestError(f"SSH to {address[0]}:{address[1]} failed: {exc}",
+            late = " (past its deadline)" if guard is not None and guard.fired else ""
+            raise GuestError(f"SSH to {address[0]}:{address[1]} failed{late}: {exc}",
                              vm_id=vm_id) from exc
         transport.set_keepalive(30)
         return transport
@@ -728,31 +747,39 @@ class SshGuestShell:
 
     def _run(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: float,
              out_cap: int) -> Collected:
-        """Run `command` in the guest on a pooled connection; past `timeout_s`, kill it."""
+        """Run `command` in the guest on a pooled connection; past `timeout_s`, kill it.
+        Output is kept up to the caps (the rest is read and dropped); a step paramiko
+        waits on past the deadline and the kill's wait gets the connection closed."""
         address = _address(vm)
         self._remember(vm)
+        guard: Guard | None = None
         try:
             with self._pool.lease(vm.id, address, timeout_s) as transport:
                 deadline = time.monotonic() + timeout_s
-                collected = self._session(transport, command, stdin, deadline, out_cap)
-                if collected.timed_out and collected.pid is not None:
-                    # The timed-out channel is closed by now; the kill runs after it on the
-                    # same connection (never two channels at once: see rift.guest.pool).
-                    killed = self._session(transport, kill_line(collected.pid), None,
-                                           time.monotonic() + _KILL_WAIT_S, 4096)
-                    if killed.timed_out:
-                        log.warning("could not kill a timed-out command in %s", vm.id)
+                with self._watchdog.guard(deadline + _KILL_WAIT_S + _GRACE_S,
+                                          transport.close) as guard:
+                    collected = self._session(transport, command, stdin, deadline, out_cap)
+                    if collected.timed_out and collected.pid is not None:
+                        # The timed-out channel is closed by now; the kill runs after it on
+                        # the same connection (never two channels at once: rift.guest.pool).
+                        killed = self._session(transport, kill_line(collected.pid), None,
+                                               time.monotonic() + _KILL_WAIT_S, 4096)
+                        if killed.timed_out:
+                            log.warning("could not kill a timed-out command in %s", vm.id)
         except _FAILURES as exc:
+            if guard is not None and guard.fired:
+                raise GuestError(f"the guest did not answer within {timeout_s:.0f}s; its "
+                                 "connection was closed", vm_id=vm.id) from exc
             raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
         return collected
 
     def _session(self, transport: paramiko.Transport, command: str, stdin: bytes | None,
                  deadline: float, out_cap: int) -> Collected:
         """One channel: run, collect, read the exit status, close."""
-        chan = transport.open_session(timeout=self.connect_timeout_s)
+        chan = transport.open_session(timeout=_left(deadline, self.connect_timeout_s))
         try:
             chan.exec_command(command_line(command))
-            feeder = feed_stdin(chan, stdin)
+            feeder = feed_stdin(chan, stdin, deadline)
             collected = collect(chan, stdout_cap=out_cap, stderr_cap=self.output_cap,
                                 deadline=deadline, wait=lambda t: _wait(chan, t),
                                 alive=transport.is_active, header=True)
@@ -771,7 +798,7 @@ class SshGuestShell:
                              vm_id=vm.id)
         if collected.exit_code == 0:
             return collected.stdout
-        reason = _SHELL_PREFIX.sub("", collected.stderr.decode("utf-8", "replace").strip())
+        reason = shell_reason(collected.stderr)
         if collected.exit_code is None:
             raise GuestError(f"{path}: the guest sent no exit status", vm_id=vm.id)
         raise GuestFileError(path, reason or f"failed with exit code {collected.exit_code}",
@@ -780,7 +807,21 @@ class SshGuestShell:
 
 # The standby shell: bash where there is one (its builtins read the clock), else sh.
 STANDBY_SHELL = "command -v bash >/dev/null && exec bash -s; exec sh -s"
-_HANDED = re.compile(rb"rift-handed-(\d+)\n")
+_HANDED = b"rift-handed-"
+
+
+def _handed(seen: bytes) -> int | None:
+    """The status in the first whole `rift-handed-N` line of `seen` (no pattern)."""
+    at = seen.find(_HANDED)
+    while at >= 0:
+        end = seen.find(b"\n", at)
+        if end < 0:
+            return None
+        digits = seen[at + len(_HANDED):end]
+        if digits.isdigit() and len(digits) <= 3:
+            return int(digits)
+        at = seen.find(_HANDED, at + 1)
+    return None
 
 
 # The hand-over as a shell function, for busybox sh and bash alike, in builtins:
@@ -861,12 +902,12 @@ def hand_over_script(public_key_line: str, now: float, entropy: bytes) -> str:
 
 def _in_standby(chan: paramiko.Channel, script: str, deadline: float) -> int | None:
     """Run `script` in the standby shell; its exit status, None if the shell ended."""
-    chan.sendall(f"{script}\necho rift-handed-$?\n".encode())
+    send_within(chan, f"{script}\necho rift-handed-$?\n".encode(), deadline)
     seen = b""
     while True:
-        found = _HANDED.search(seen)
-        if found:
-            return int(found.group(1))
+        found = _handed(seen)
+        if found is not None:
+            return found
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("the standby shell did not answer")
@@ -875,6 +916,44 @@ def _in_standby(chan: paramiko.Channel, script: str, deadline: float) -> int | N
         if not data:
             return None
         seen = (seen + data)[-4096:]
+
+
+def shell_reason(stderr: bytes) -> str:
+    """A failed command's stderr without the shell's `sh: ` and `eval: line N: `
+    prefixes, at most _REASON_MAX characters (split, no pattern: it is the guest's)."""
+    text = stderr[:4 * _REASON_MAX].decode("utf-8", "replace").strip()
+    first, sep, rest = text.partition(": ")
+    if sep and first.endswith("sh") and " " not in first:
+        text = rest
+    if text.startswith("eval: line "):
+        number, sep, rest = text.removeprefix("eval: line ").partition(": ")
+        if sep and number.isdigit():
+            text = rest
+    return text[:_REASON_MAX]
+
+
+def _left(deadline: float, at_most: float) -> float:
+    """The time a step may take: what is left until `deadline`, at most `at_most`
+    (and a little, so that a step past the deadline fails rather than not start)."""
+    return max(0.01, min(at_most, deadline - time.monotonic()))
+
+
+def _read_capped(chan: paramiko.Channel, deadline: float, limit: int, vm_id: str) -> bytes:
+    """The channel's stdout to its end: GuestError past `deadline` or past `limit`
+    bytes (a guest that floods costs its own call, and no memory)."""
+    data = bytearray()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise GuestError("rift-exec did not answer in time", vm_id=vm_id)
+        chan.settimeout(remaining)
+        chunk = chan.recv(min(1 << 16, limit + 1 - len(data)))
+        if not chunk:
+            return bytes(data)
+        data += chunk
+        if len(data) > limit:
+            raise GuestError(f"rift-exec answered more than the {limit} bytes asked for",
+                             vm_id=vm_id)
 
 
 def _wait(chan: paramiko.Channel, seconds: float) -> None:

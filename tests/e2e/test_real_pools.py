@@ -163,7 +163,7 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                     # the guest's own init and shell).
                     helped = parse_view((await _exec(s, handle, vm["id"], start_command(
                         "exec_pooltest", "echo $((6 * 7))", timeout_s=60, cap_bytes=4096,
-                        wait_ms=20000, max_bytes=4096, with_stdin=False))).encode())
+                        wait_ms=20000, max_bytes=4096, with_stdin=False))).encode(), 4096)
                     assert (helped.state, helped.exit_code, helped.stdout) == \
                         ("ended", 0, b"42\n"), (image, kind, helped)
                     entropy.add(await _exec(s, handle, vm["id"],

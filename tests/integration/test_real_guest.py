@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ import pytest
 
 from hypervisor.base import HypervisorError
 from hypervisor.domain_xml import parse_rift_mark
+from hypervisor.exec_helper import GUEST_PATH
 from hypervisor.image_files import ImageFiles, image_files
 from hypervisor.kernel_boot import guest_spec
 from hypervisor.kvm import KVM, TCG, probe_accel
@@ -358,3 +360,75 @@ def test_the_accelerator_probe_boots_a_guest_and_caches_its_verdict(
     listed = subprocess.run(["virsh", "-c", URI, "list", "--all", "--name"], capture_output=True,
                             text=True, check=True, timeout=30).stdout
     assert "rift-probe-" not in listed
+
+
+def test_a_hostile_helper_costs_its_own_calls_their_deadline_and_nothing_else(
+    image: ImageFiles, guest: Guest
+) -> None:
+    """SPEC §15 on a real guest: a fake rift-exec that never reads its stdin makes
+    an exec with stdin and an input fail with GuestError at their deadlines (not
+    pin their threads for good), one that floods fails at once past the view's
+    size, and another VM's execs on the same shell answer meanwhile."""
+    hostile = _boot(image, guest.shell.keys_dir.parent, "h0st1le0")
+    shell = SshGuestShell(guest.shell.keys_dir, file_timeout_s=5.0)
+    try:
+        def fake_helper(script: str) -> None:
+            put = shell.exec(hostile.vm, f"printf %s {shlex.quote(script)} > {GUEST_PATH}.x "
+                             f"&& chmod 755 {GUEST_PATH}.x && mv -f {GUEST_PATH}.x "
+                             f"{GUEST_PATH}", None, 30)
+            assert put.exit_code == 0, put.stderr
+
+        fake_helper("#!/bin/sh\nexec sleep 100000\n")
+        stdin = b"x" * (8 << 20)  # far past the guest's SSH window: the send must wait
+        outcome: dict[str, tuple[float, BaseException | None]] = {}
+
+        def stalled(name: str, call: Callable[[], object]) -> None:
+            began = time.monotonic()
+            try:
+                call()
+                outcome[name] = (time.monotonic() - began, None)
+            except BaseException as exc:
+                outcome[name] = (time.monotonic() - began, exc)
+
+        calls = {
+            "start": lambda: shell.exec_start(hostile.vm, "exec_stuck001", "cat", stdin,
+                                              timeout_s=60, cap_bytes=4096, wait_ms=0,
+                                              max_bytes=4096),
+            "input": lambda: shell.exec_input(hostile.vm, "exec_stuck002", stdin, eof=True),
+        }
+        threads = [threading.Thread(target=stalled, args=item) for item in calls.items()]
+        for thread in threads:
+            thread.start()
+        other: list[float] = []
+        until = time.monotonic() + 60
+        while any(thread.is_alive() for thread in threads):
+            assert time.monotonic() < until, "a stalled call was never ended"
+            began = time.monotonic()
+            assert shell.exec(guest.vm, "echo ok", None, 30).stdout == b"ok\n"
+            other.append(time.monotonic() - began)
+            time.sleep(0.2)
+        for thread in threads:
+            thread.join(60)
+        # exec_start waits its `wait_ms` (0) plus 15 s for the helper; input the
+        # shell's file timeout (5 s); each with a second's grace
+        assert isinstance(outcome["start"][1], GuestError), outcome
+        assert 14.5 <= outcome["start"][0] < 18, outcome
+        assert isinstance(outcome["input"][1], GuestError), outcome
+        assert 4.5 <= outcome["input"][0] < 8, outcome
+        assert len(other) >= 10 and max(other) < 3.0, other
+
+        fake_helper("#!/bin/sh\nexec yes\n")
+        began = time.monotonic()
+        with pytest.raises(GuestError, match="more than"):
+            shell.exec_read(hostile.vm, "exec_flood01", 0, 0, max_bytes=4096, wait_ms=0)
+        assert time.monotonic() - began < 5
+        # the hostile VM's own calls work again on a fresh connection
+        assert shell.exec(hostile.vm, "echo back", None, 30).stdout == b"back\n"
+        print(f"\nhostile helper: start failed after {outcome['start'][0]:.1f} s, input after "
+              f"{outcome['input'][0]:.1f} s; the other VM's {len(other)} execs meanwhile "
+              f"took at most {max(other) * 1000:.0f} ms")
+    finally:
+        shell.close()
+        hostile.shell.close()
+        hostile.hv.destroy(hostile.domain)
+        hostile.hv.close()

@@ -63,14 +63,14 @@ def start(helper: str, exec_id: str, command: str, *, timeout_s: int = 60,
                                 with_stdin=stdin is not None, helper=helper))
     out, err = proc.communicate(stdin, timeout=wait_ms / 1000 + 30)
     assert proc.returncode == 0, err
-    return parse_view(out)
+    return parse_view(out, max_bytes)
 
 
 def read(helper: str, exec_id: str, out: int = 0, err: int = 0, wait_ms: int = 0,
          max_bytes: int = MIB) -> GuestExec:
     proc = _shell(read_command(exec_id, out, err, max_bytes, wait_ms, helper=helper))
     answer, _ = proc.communicate(timeout=30)
-    return parse_view(answer)
+    return parse_view(answer, max_bytes)
 
 
 def feed(helper: str, exec_id: str, data: bytes, eof: bool = False) -> int:

@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import pytest
 
-from rift.guest.run import Capped, Collected, Header, collect, command_line, feed_stdin, kill_line
+from rift.guest.run import (
+    Capped,
+    Collected,
+    Header,
+    collect,
+    command_line,
+    feed_stdin,
+    kill_line,
+    send_within,
+)
 
 
 @dataclass
@@ -24,6 +34,9 @@ class FakeChannel:
     ends: bool = True  # False: the command never finishes
     sent: list[bytes] = field(default_factory=list)
     write_shut: bool = False
+    window: int | None = None  # bytes the guest takes before it stops reading (None: all)
+    timeout: float | None = None
+    clock: Clock | None = None  # advanced by a send that waits for a window that never opens
 
     @property
     def eof_received(self) -> bool:
@@ -47,8 +60,21 @@ class FakeChannel:
     def recv_exit_status(self) -> int:
         return -1 if self.status is None else self.status
 
-    def sendall(self, s: bytes) -> None:
-        self.sent.append(s)
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+    def send(self, s: bytes) -> int:
+        """As paramiko's: what fits the window, else TimeoutError after the timeout."""
+        room = len(s) if self.window is None else min(len(s), self.window)
+        if room == 0:
+            assert self.timeout is not None, "a send without a timeout would wait for good"
+            if self.clock is not None:
+                self.clock.now += self.timeout
+            raise TimeoutError("no window")
+        if self.window is not None:
+            self.window -= room
+        self.sent.append(bytes(s[:room]))
+        return room
 
     def shutdown_write(self) -> None:
         self.write_shut = True
@@ -134,12 +160,29 @@ def test_capped_counts_what_it_drops() -> None:
 
 def test_stdin_is_sent_then_closed_and_no_stdin_closes_at_once() -> None:
     chan = FakeChannel()
-    assert feed_stdin(chan, None) is None and chan.write_shut
+    assert feed_stdin(chan, None, 60.0) is None and chan.write_shut
     chan = FakeChannel()
-    thread = feed_stdin(chan, b"x" * 200_000)
+    thread = feed_stdin(chan, b"x" * 200_000, time.monotonic() + 60)
     assert thread is not None
     thread.join(5)
     assert b"".join(chan.sent) == b"x" * 200_000 and chan.write_shut
+
+
+def test_input_a_guest_never_reads_fails_at_the_deadline_not_later() -> None:
+    clock = Clock()
+    chan = FakeChannel(window=100_000, clock=clock)
+    with pytest.raises(TimeoutError):
+        send_within(chan, b"x" * 1_000_000, 7.5, clock=clock)
+    assert sum(map(len, chan.sent)) == 100_000
+    assert clock.now == 7.5  # each wait was what was left of the deadline, no more
+
+
+def test_a_stdin_thread_for_a_guest_that_never_reads_ends_at_the_deadline() -> None:
+    chan = FakeChannel(window=0)
+    thread = feed_stdin(chan, b"x" * 1_000_000, time.monotonic() + 0.05)
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive() and not chan.write_shut
 
 
 SHELLS = [s for s in ("sh", "dash", "busybox") if shutil.which(s)]
