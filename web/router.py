@@ -96,7 +96,11 @@ def login(request: Request, user: FormText = "", password: FormText = "",
         return _login_page(request, "The sign-in form had expired. Try again.", user, 403)
     address = request.client.host if request.client else "unknown"
     try:
-        made = sessions.log_in(state.deps, user, password, address, state.settings.session_ttl_s)
+        made = sessions.log_in(state.deps, user, password, address, state.settings.session_ttl_s,
+                               state.login_checks)
+    except sessions.LoginBusy:
+        return _login_page(request, "Too many sign-ins at once. Try again in a second.", user,
+                           429, {"Retry-After": "1"})
     except sessions.LoginThrottled as exc:
         return _login_page(request, f"Too many failed sign-ins. Try again in "
                            f"{exc.retry_after_s} s.", user, 429,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from rift.api.metrics import Metrics
@@ -14,6 +15,11 @@ class AppState:
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
     _deps: Deps | None = None
+    # argon2 checks of passwords at once (RIFT_LOGIN_CONCURRENCY); a login beyond is a 429
+    login_checks: threading.BoundedSemaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.login_checks = threading.BoundedSemaphore(self.settings.login_concurrency)
 
     @property
     def deps(self) -> Deps:

@@ -260,6 +260,10 @@ class WebRepository(Protocol):
         """Take back one failure counted under ``key`` before its password was
         checked (the check passed, or never ran)."""
         ...
+    def uncount_login_failure(self, key: str) -> None:
+        """Take back one failure counted under ``key`` before its password was
+        checked (the check passed, or never ran)."""
+        ...
     def clear_login_failures(self, key: str) -> None: ...
     def purge_login_failures(self, before: datetime) -> int:
         """Forget counts whose last failure is older than ``before``."""

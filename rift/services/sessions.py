@@ -9,6 +9,13 @@ client address, and the address alone. Past a few free failures, each further
 attempt under a key must wait ``base * 2**(failures - free)`` seconds after the
 last failure (capped), and is refused without a password check until then.
 Counts are forgotten a while after the last failure and cleared by a success.
+
+An attempt is counted as a failure *before* its password is checked, in the same
+write that finds it may be checked (SPEC §15): concurrent attempts queue on that
+write (SQLite's write lock, PostgreSQL's row lock of the count), so forty wrong
+passwords at once get no more checks than the throttle allows. A success, or an
+attempt turned away unchecked because `RIFT_LOGIN_CONCURRENCY` argon2 checks are
+running already (`LoginBusy`, a 429), takes its count back.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -69,6 +77,13 @@ class LoginThrottled(Exception):
         self.retry_after_s = retry_after_s
 
 
+class LoginBusy(LoginThrottled):
+    """`RIFT_LOGIN_CONCURRENCY` password checks are running already."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+
+
 @dataclass(frozen=True)
 class NewSession:
     session_id: str = field(repr=False)  # goes in the cookie; never stored
@@ -88,19 +103,39 @@ def _wait_s(tx: Tx, keys: list[tuple[Throttle, str]], now: datetime) -> float:
     return max(policy.wait_s(tx.web.login_failures(key), now) for policy, key in keys)
 
 
-def _record_failure(deps: Deps, keys: list[tuple[Throttle, str]], now: datetime) -> None:
+def _count_attempt(deps: Deps, keys: list[tuple[Throttle, str]], now: datetime) -> None:
+    """Count the attempt as a failure, or refuse it (`LoginThrottled`, nothing
+    counted) when a key must wait. The count's increment comes before the wait is
+    judged, so it holds the count's row (or SQLite's write lock) until this
+    commits: a concurrent attempt judges after it, counting this one."""
     with deps.store.write() as tx:
+        wait = 0.0
         for policy, key in keys:
             found = tx.web.login_failures(key)
             if found is not None and policy.forgotten(found, now):
                 tx.web.clear_login_failures(key)
-            tx.web.add_login_failure(key, now)
+                found = None
+            count = tx.web.add_login_failure(key, now)
+            if found is None or count - 1 != found.failures:  # a concurrent attempt counted
+                found = LoginFailures(key, count - 1, now) if count > 1 else None
+            wait = max(wait, policy.wait_s(found, now))
+        if wait > 0:
+            raise LoginThrottled(max(1, math.ceil(wait)))  # rolls the counts back
         forget = max(policy.forget_s for policy, _ in keys)
         tx.web.purge_login_failures(now - timedelta(seconds=forget))
 
 
-def log_in(deps: Deps, name: str, password: str, address: str, ttl_s: int) -> NewSession:
-    """A new session for ``name``, or ``LoginRefused`` / ``LoginThrottled``.
+def _uncount(deps: Deps, keys: list[tuple[Throttle, str]]) -> None:
+    with deps.store.write() as tx:
+        for _policy, key in keys:
+            tx.web.uncount_login_failure(key)
+
+
+def log_in(deps: Deps, name: str, password: str, address: str, ttl_s: int,
+           checks: threading.Semaphore | None = None) -> NewSession:
+    """A new session for ``name``, or ``LoginRefused`` / ``LoginThrottled`` /
+    ``LoginBusy`` (when ``checks``, the process's budget of password checks at
+    once, is spent).
 
     An unknown name costs one argon2id verify like a known one (see
     ``accounts.verify_password``), so the answer and its time say nothing about
@@ -110,17 +145,25 @@ def log_in(deps: Deps, name: str, password: str, address: str, ttl_s: int) -> Ne
     keys = _keys(name, address)
     with deps.store.read() as tx:
         wait = _wait_s(tx, keys, now)
-    if wait > 0:
+    if wait > 0:  # the common refusal: no write
         raise LoginThrottled(max(1, math.ceil(wait)))
-    fits = 0 < len(name) <= MAX_NAME and len(password) <= MAX_PASSWORD
-    ok = accounts.verify_password(deps, name[:MAX_NAME], password[:MAX_PASSWORD]) and fits
+    _count_attempt(deps, keys, now)
+    if checks is not None and not checks.acquire(blocking=False):
+        _uncount(deps, keys)
+        raise LoginBusy()
+    try:
+        fits = 0 < len(name) <= MAX_NAME and len(password) <= MAX_PASSWORD
+        ok = accounts.verify_password(deps, name[:MAX_NAME], password[:MAX_PASSWORD]) and fits
+    finally:
+        if checks is not None:
+            checks.release()
     if not ok:
-        _record_failure(deps, keys, now)
-        raise LoginRefused()
+        raise LoginRefused()  # counted already
     session_id = new_secret()
     session = WebSession(digest(session_id), name, now, now + timedelta(seconds=ttl_s))
     with deps.store.write() as tx:
         tx.web.clear_login_failures(keys[0][1])
+        tx.web.uncount_login_failure(keys[1][1])
         tx.web.purge_sessions(now)
         tx.web.add_session(session)
     deps.log.info("web login", extra={"user": name})

@@ -92,6 +92,13 @@ class SqlWeb(SqlRepository):
             return 1
         raise RuntimeError(f"could not count a failed login under {key!r}")
 
+    def uncount_login_failure(self, key: str) -> None:
+        self._writing("uncount_login_failure")
+        self._conn.execute(
+            update(login_failures)
+            .where(login_failures.c.key == key, login_failures.c.failures > 0)
+            .values(failures=login_failures.c.failures - 1))
+
     def clear_login_failures(self, key: str) -> None:
         self._writing("clear_login_failures")
         self._conn.execute(delete(login_failures).where(login_failures.c.key == key))

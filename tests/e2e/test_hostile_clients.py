@@ -4,7 +4,9 @@ calls, login throttling under concurrency, exec creation rate-limited."""
 
 from __future__ import annotations
 
+import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,3 +154,48 @@ def test_forms_are_capped_small_and_a_logout_without_a_session_is_not_read(
     status, answer, _ = _raw_post(server, "/logout", b"csrf=" + b"x" * (4 * MIB),
                                      Content_Type="application/x-www-form-urlencoded")
     assert status == 303 and b"location: /login" in answer.lower(), answer[:300]
+
+
+def _login_form(client: httpx.Client) -> str:
+    page = client.get("/login")
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found, page.text[:300]
+    return found.group(1)
+
+
+def test_forty_wrong_logins_at_once_leave_another_users_calls_prompt(server: Server) -> None:
+    other = server.new_token("bob", "laptop")
+    server.rift("user", "add", "carol")
+    forms = []
+    for _ in range(40):
+        client = httpx.Client(base_url=server.url, timeout=30)
+        forms.append((client, _login_form(client)))
+    go = threading.Barrier(41)
+    answers: list[int] = []
+
+    def guess(client: httpx.Client, csrf: str) -> None:
+        go.wait(10)
+        answers.append(client.post("/login", data={"user": "carol", "password": "wrong-wrong",
+                                                   "csrf": csrf}).status_code)
+
+    threads = [threading.Thread(target=guess, args=form) for form in forms]
+    for thread in threads:
+        thread.start()
+    took: list[float] = []
+    with httpx.Client(base_url=server.url, timeout=30,
+                      headers={"Authorization": f"Bearer {other}"}) as bob:
+        bob.get("/api/v1/tasks")
+        go.wait(10)
+        while any(t.is_alive() for t in threads) or len(took) < 10:
+            started = time.monotonic()
+            assert bob.get("/api/v1/tasks").status_code == 200
+            took.append(time.monotonic() - started)
+    for thread in threads:
+        thread.join(30)
+    for client, _ in forms:
+        client.close()
+    # 3 free checks for carol from this address; the rest turned away unchecked
+    assert answers.count(401) <= 3 and answers.count(429) >= 37, answers
+    took.sort()
+    assert took[-1] < 1.0, f"bob's slowest call took {took[-1]:.2f} s (median " \
+        f"{took[len(took) // 2]:.3f} s)"
