@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 
 from rift.api.state import AppState
 from rift.services import boxes, sessions
-from web import live, render
+from web import apidocs, live, render
 from web.security import (
     LOGIN_COOKIE,
     LOGIN_FORM_TTL_S,
@@ -66,7 +66,7 @@ def boxes_page(request: Request) -> Response:
     user, session_id = signed_in
     state = _state(request)
     page = boxes.read_page(state.deps, user)
-    return html(render.boxes_page(page, state.deps.clock.now(), _connect(request),
+    return html(request, render.boxes_page(page, state.deps.clock.now(), _connect(request),
                                   sessions.session_form_token(session_id),
                                   state.settings.task_idle_s))
 
@@ -74,7 +74,7 @@ def boxes_page(request: Request) -> Response:
 def _login_page(request: Request, message: str = "", user: str = "",
                 status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     token = sessions.form_token()
-    response = html(render.render("login.html", form_token=token, message=message,
+    response = html(request, render.render("login.html", form_token=token, message=message,
                                   user=user[:64]), status_code, headers)
     set_cookie(response, request, LOGIN_COOKIE, token, LOGIN_FORM_TTL_S, path="/login")
     return response
@@ -119,7 +119,7 @@ def logout(request: Request, csrf: FormText = "") -> Response:
     if session_id:
         expected = sessions.session_form_token(session_id)
         if not same_origin(request) or not sessions.same_token(csrf, expected):
-            return html(render.render("error.html", status=403, heading="Not logged out",
+            return html(request, render.render("error.html", status=403, heading="Not logged out",
                                       message="That form was out of date. Reload the page "
                                       "and log out again."), 403)
         sessions.log_out(_state(request).deps, session_id)
@@ -148,6 +148,18 @@ def live_stream(request: Request, v: str | None = None) -> Response:
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
+@router.get("/docs")
+def api_docs(request: Request) -> Response:
+    """The REST API's reference, rendered here: no script, nothing from other sites."""
+    document = request.app.openapi()
+    info = document.get("info", {})
+    found = apidocs.schemas(document)
+    return html(request, render.render(
+        "docs.html", title=info.get("title", "Rift"), version=info.get("version", ""),
+        description=info.get("description", ""), operations=apidocs.operations(document),
+        schemas=found, known={s.name for s in found}))
+
+
 @router.get("/static/{name}")
 def static(name: str) -> Response:
     if name not in STATIC_TYPES:
@@ -164,7 +176,7 @@ def install(app: FastAPI) -> None:
 
     async def not_found(request: Request, exc: Exception) -> Response:
         if wants_html(request):
-            return html(render.render("error.html", status=404, heading="Not found",
+            return html(request, render.render("error.html", status=404, heading="Not found",
                                       message="There is no page here."), 404)
         answer = json_handler(request, exc)
         return await answer if inspect.isawaitable(answer) else answer

@@ -2,37 +2,61 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
 
+from rift.api.state import AppState
+
 SESSION_COOKIE = "rift_session"
 LOGIN_COOKIE = "rift_login_form"
 LOGIN_FORM_TTL_S = 3600
 
-# Nothing from other sites, no inline script or style: even a string that
-# escaped escaping could not run.
 HTML_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-        "img-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+# The page's own files, by path: `'self'` would also allow a script an exposure's
+# guest serves under `/x/` on this origin.
+SCRIPTS = ("/static/boxes.js",)
+STYLES = ("/static/boxes.css",)
+LIVE = "/live"
+_ORIGIN_RE = re.compile(r"https?://[A-Za-z0-9.\-]+(:[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
 
-def html(content: str, status_code: int = 200,
+def content_security_policy(request: Request) -> str:
+    """Nothing from other sites, no inline script or style, and of this origin only
+    the page's own script, style sheet and live stream: even a string that escaped
+    escaping could not run, nor load a script from an exposure on this origin."""
+    origin = f"{request.url.scheme}://{request.url.netloc}"
+    if not _ORIGIN_RE.fullmatch(origin):  # not a plain origin: name no file at all
+        return "default-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+    def named(paths: tuple[str, ...]) -> str:
+        return " ".join(origin + path for path in paths)
+
+    return (f"default-src 'none'; script-src {named(SCRIPTS)}; style-src {named(STYLES)}; "
+            f"connect-src {origin}{LIVE}; img-src 'self'; form-action 'self'; "
+            "base-uri 'none'; frame-ancestors 'none'")
+
+
+def html(request: Request, content: str, status_code: int = 200,
          headers: dict[str, str] | None = None) -> HTMLResponse:
-    return HTMLResponse(content, status_code=status_code, headers={**HTML_HEADERS,
-                                                                    **(headers or {})})
+    return HTMLResponse(content, status_code=status_code, headers={
+        **HTML_HEADERS, "Content-Security-Policy": content_security_policy(request),
+        **(headers or {})})
 
 
 def secure(request: Request) -> bool:
-    """Served over HTTPS (uvicorn takes X-Forwarded-Proto from trusted proxies)."""
-    return request.url.scheme == "https"
+    """Served over HTTPS (uvicorn takes X-Forwarded-Proto from trusted proxies), or
+    published at an https `RIFT_PUBLIC_URL` (a TLS proxy in front that does not say so)."""
+    state: AppState = request.app.state.rift
+    public_url = state.settings.public_url or ""
+    return request.url.scheme == "https" or public_url.lower().startswith("https://")
 
 
 def set_cookie(response: Response, request: Request, name: str, value: str, max_age: int,

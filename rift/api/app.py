@@ -116,6 +116,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
 
     app = FastAPI(
         title="Rift", version="0.1.0", lifespan=lifespan,
+        docs_url=None, redoc_url=None,  # their pages load scripts from a CDN: web/ serves /docs
         description="VMs lent to AI agents, grouped in tasks held under a lease. The handle "
         "(task_<id>.<secret>) travels in the Rift-Handle header; the API token in "
         "Authorization: Bearer rift_….")

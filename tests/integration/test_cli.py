@@ -50,9 +50,17 @@ def test_users_and_tokens_are_made_listed_and_revoked(env: Settings,
     code, out, _ = rift(capsys, "token", "list", "alice", "--json")
     listed = json.loads(out)
     assert listed[0]["label"] == "laptop" and token not in out
+    assert listed[0]["operator"] is False
+    code, out, _ = rift(capsys, "token", "new", "alice", "--label", "prometheus", "--operator")
+    operator_token = out.strip()
+    assert code == 0 and re.fullmatch(r"rift_[A-Za-z0-9_-]{43}", operator_token), out
+    code, out, _ = rift(capsys, "token", "list", "alice")
+    assert re.search(r"prometheus\s+True", out) and re.search(r"laptop\s+False", out), out
     deps = build_deps(env)
     try:
         assert accounts.authenticate(deps, token)[1].label == "api:laptop"
+        assert accounts.authenticate(deps, token)[1].operator is False
+        assert accounts.authenticate(deps, operator_token)[1].operator is True
         assert accounts.verify_password(deps, "alice", "correct horse battery")
         assert not accounts.verify_password(deps, "alice", "wrong")
         assert rift(capsys, "token", "revoke", listed[0]["id"])[0] == 0
