@@ -5,10 +5,14 @@ Boxes page's Content-Security-Policy. The document itself stays at `/openapi.jso
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from markupsafe import Markup, escape
+
 METHODS = ("get", "post", "put", "patch", "delete")
+_WORDS = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)")
 
 
 @dataclass(frozen=True)
@@ -97,3 +101,10 @@ def schemas(document: dict[str, Any]) -> list[Schema]:
                   for key, value in schema.get("properties", {}).items()]
         found.append(Schema(name, schema.get("description", ""), fields))
     return found
+
+
+def linked(type_text: str, known: set[str]) -> Markup:
+    """A short type as HTML: each schema it names links to that schema's section."""
+    parts = [Markup('<a href="#schema-{0}">{0}</a>').format(part) if part in known
+             else escape(part) for part in _WORDS.split(type_text) if part]
+    return Markup("<code>") + Markup("").join(parts) + Markup("</code>")

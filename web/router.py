@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Form, Request
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response
 from starlette.exceptions import HTTPException
 
 from rift.api.state import AppState
+from rift.api.waiting import HeldStream
+from rift.domain.errors import TooManyWaiting
 from rift.services import boxes, sessions
 from web import apidocs, live, render
 from web.security import (
@@ -142,10 +144,15 @@ def live_stream(request: Request, v: str | None = None) -> Response:
         return render.live_region(page, state.deps.clock.now(), connect)
 
     since = request.headers.get("last-event-id") or v
+    try:
+        give = state.waiting.take(user)  # an open page waits: one of its user's places
+    except TooManyWaiting as exc:
+        return Response(f"{exc.message}\n", status_code=429, media_type="text/plain",
+                        headers={"Retry-After": "5"})
     events = live.stream(request, state.deps, user, session_id, since,
                          state.settings.live_poll_s, fragment)
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return HeldStream(events, give, media_type="text/event-stream",
+                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 @router.get("/docs")
@@ -157,7 +164,7 @@ def api_docs(request: Request) -> Response:
     return html(request, render.render(
         "docs.html", title=info.get("title", "Rift"), version=info.get("version", ""),
         description=info.get("description", ""), operations=apidocs.operations(document),
-        schemas=found, known={s.name for s in found}))
+        schemas=found, known={s.name for s in found}, linked=apidocs.linked))
 
 
 @router.get("/static/{name}")
