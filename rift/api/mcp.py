@@ -100,7 +100,8 @@ def build_server(state: AppState) -> Server[Any]:
         caller = caller_of(ctx)
         args = parse(tool.contract.input, params.arguments, tool.name)
         if tool.name in WATCHED:
-            answer = await plain_call(state.deps, ctx, tool.name, caller, args, in_flight)
+            answer = await plain_call(state.deps, ctx, tool.name, caller, args, in_flight,
+                                      state.waiting)
         else:
             answer = await anyio.to_thread.run_sync(tool.call, state.deps, caller, args)
         out = answer.model_dump(mode="json")
@@ -113,7 +114,7 @@ def build_server(state: AppState) -> Server[Any]:
     server = TaskServer(
         "rift", version=package_version("rift"), instructions=INSTRUCTIONS,
         on_list_tools=list_tools, get_tool_input_schema=input_schema_of)
-    tasks = Tasks(lambda: state.deps, state.metrics)
+    tasks = Tasks(lambda: state.deps, state.metrics, state.waiting)
     install_extensions(server, [Refusals(state.metrics), tasks], call_tool)
     # The SDK's default middleware is an OpenTelemetry span per message: Rift exports no
     # traces, and the span costs a tenth of a call's server time.

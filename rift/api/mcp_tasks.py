@@ -62,8 +62,9 @@ from rift.api.mcp_additions import INTERNAL, caller_of, refusal, success
 from rift.api.mcp_tools import TOOLS
 from rift.api.mcp_waits import end_made, run_watched
 from rift.api.metrics import Metrics
+from rift.api.waiting import Waiting
 from rift.contract.base import parse
-from rift.domain.errors import RiftError
+from rift.domain.errors import RiftError, TooManyWaiting
 from rift.services import leases
 from rift.services.context import Caller, Deps
 from rift.services.tools import WATCHED
@@ -217,10 +218,13 @@ class Tasks(Extension):
 
     identifier = EXTENSION
 
-    def __init__(self, deps_of: Callable[[], Deps], metrics: Metrics) -> None:
+    def __init__(self, deps_of: Callable[[], Deps], metrics: Metrics,
+                 waiting: Waiting | None = None) -> None:
         self.deps_of = deps_of
         self.metrics = metrics
         self.book = TaskBook()
+        # a task working holds one of its user's places (RIFT_MAX_WAITING_PER_USER)
+        self.waiting = waiting if waiting is not None else Waiting(PER_USER)
 
     # -- starting ----------------------------------------------------------------------
 
@@ -232,6 +236,7 @@ class Tasks(Extension):
         record = self.book.add(caller.user, name, None, ttl_ms)
         try:
             args = parse(TOOLS[name].contract.input, arguments, name)
+            give = self.waiting.take(caller.user)
         except RiftError as exc:
             self.metrics.record("mcp", name, exc.code)
             record.watch.note(f"refused: {exc.code}")
@@ -239,11 +244,22 @@ class Tasks(Extension):
             return record
         record.handle = getattr(args, "handle", None)
         era = ctx.protocol_version
-        threading.Thread(target=self._run, args=(record, caller, args, era), daemon=True,
-                         name=f"rift-mcp-task-{name}").start()
+        try:
+            threading.Thread(target=self._run, args=(record, caller, args, era, give),
+                             daemon=True, name=f"rift-mcp-task-{name}").start()
+        except BaseException:
+            give()
+            raise
         return record
 
-    def _run(self, record: TaskRecord, caller: Caller, args: BaseModel, era: str) -> None:
+    def _run(self, record: TaskRecord, caller: Caller, args: BaseModel, era: str,
+             give: Callable[[], None]) -> None:
+        try:
+            self._work(record, caller, args, era)
+        finally:
+            give()
+
+    def _work(self, record: TaskRecord, caller: Caller, args: BaseModel, era: str) -> None:
         result: types.CallToolResult | None
         try:
             answer = run_watched(self.deps_of(), record.tool, caller, args, record.watch,
@@ -406,6 +422,19 @@ class Tasks(Extension):
             own = {r.id for r in self.book.of_user(user)}
             honored = [t for t in asked if isinstance(t, str) and t in own][:100]
         meta = {"io.modelcontextprotocol/subscriptionId": ctx.request_id}
+        try:
+            give = self.waiting.take(user)  # a listen waits: one of the user's places
+        except TooManyWaiting as exc:
+            raise MCPError(types.INVALID_REQUEST, f"{exc.code}: {exc.message}; hint: {exc.hint}",
+                           exc.to_dict()) from None
+        try:
+            await self._listened(ctx, honored, meta)
+        finally:
+            give()
+        return {"_meta": meta}
+
+    async def _listened(self, ctx: ServerRequestContext[Any, Any], honored: Sequence[str],
+                        meta: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()
         send, receive = anyio.create_memory_object_stream[TaskRecord](256)
 
@@ -428,7 +457,6 @@ class Tasks(Extension):
             stop()
             send.close()
             receive.close()
-        return {"_meta": meta}
 
 
 class UpdateTaskParams(types.RequestParams):

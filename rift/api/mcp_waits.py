@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from rift.api.mcp_additions import caller_of
+from rift.api.waiting import Waiting
 from rift.domain.errors import RiftError
 from rift.services.context import Caller, Deps
 from rift.services.tools import WATCHED, stop_made
@@ -122,11 +123,26 @@ def wait_total_s(tool: str, args: Any, deps: Deps) -> float | None:
 
 
 async def plain_call(deps: Deps, ctx: ServerRequestContext[Any, Any], tool: str,
-                     caller: Caller, args: Any, in_flight: InFlight) -> BaseModel:
-    """A waiting call answered on its own request, with progress while it waits."""
+                     caller: Caller, args: Any, in_flight: InFlight,
+                     waiting: Waiting) -> BaseModel:
+    """A waiting call answered on its own request, with progress while it waits. It
+    runs on the waiting calls' threads and, unless it asks for no wait at all
+    (`wait_s` 0), holds one of the caller's places (rift/api/waiting.py)."""
     watch = Watch()
     wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
     total = wait_total_s(tool, args, deps)
+    place = waiting.take(caller.user) if total is None or total > 0 else None
+    try:
+        return await _watched_call(deps, ctx, tool, caller, args, in_flight, waiting, watch,
+                                   wants_progress, total)
+    finally:
+        if place is not None:
+            place()
+
+
+async def _watched_call(deps: Deps, ctx: ServerRequestContext[Any, Any], tool: str,
+                        caller: Caller, args: Any, in_flight: InFlight, waiting: Waiting,
+                        watch: Watch, wants_progress: bool, total: float | None) -> BaseModel:
 
     async def progress() -> None:
         await anyio.sleep(PROGRESS_FIRST_S)
@@ -144,7 +160,7 @@ async def plain_call(deps: Deps, ctx: ServerRequestContext[Any, Any], tool: str,
             try:
                 answer = await anyio.to_thread.run_sync(
                     run_watched, deps, tool, caller, args, watch, tool in KILLED_ON_CANCEL,
-                    abandon_on_cancel=True)
+                    abandon_on_cancel=True, limiter=waiting.limiter)
             except anyio.get_cancelled_exc_class():
                 # The thread ends its wait within a step, then ends what it made. In the
                 # handshake era only notifications/cancelled (this scope) stops it: the

@@ -5,13 +5,16 @@ A route's body or query is the tool's input model less what travels in the path
 and the `Rift-Handle` header; the route puts those back and makes the tool's own
 call, and answers its output model. Routes are plain `def`: FastAPI runs them in
 worker threads, so the blocking engine (SQLite, libvirt, SSH) never runs on the
-event loop.
+event loop. The routes that wait (an exec's end, a long poll, a VM's boot, an
+exec's stream) are `async def` instead and run the call on the waiting calls'
+own threads, within the caller's budget of waiting calls (rift/api/waiting.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
@@ -19,6 +22,7 @@ from fastapi.responses import StreamingResponse
 
 from rift.api.auth import rest_caller
 from rift.api.state import AppState
+from rift.api.waiting import HeldStream
 from rift.contract import tools as c
 from rift.contract.base import (
     MAX_OFFSET,
@@ -73,6 +77,15 @@ def run(request: Request, tool: str, caller: Caller, args: Input | None = None,
         raise
     state.metrics.record("rest", tool, "ok")
     return out
+
+
+async def waited(request: Request, tool: str, caller: Caller, waits: bool,
+                 args: Input | None = None, **fields: Any) -> Any:
+    """`run` on the waiting calls' threads; holding one of the caller's places
+    while it runs when `waits` (a call that may take long)."""
+    state: AppState = request.app.state.rift
+    return await state.waiting.run(caller.user if waits else None,
+                                   partial(run, request, tool, caller, args, **fields))
 
 
 def _same_task(task_id: str, handle: str | None) -> None:
@@ -137,10 +150,10 @@ def events(request: Request, caller: CallerDep, task_id: TaskIdPath,
 
 @router.post("/tasks/{task_id}/vms", response_model=c.VmOut, status_code=201,
              summary="a new VM in the task; answers when it runs or failed")
-def new_vm(request: Request, caller: CallerDep, task_id: TaskIdPath, handle: HandleHeader = None,
-           body: c.VmNewBody | None = None) -> Any:
+async def new_vm(request: Request, caller: CallerDep, task_id: TaskIdPath,
+                 handle: HandleHeader = None, body: c.VmNewBody | None = None) -> Any:
     _same_task(task_id, handle)
-    return run(request, "rift_vm_new", caller, body, handle=handle)
+    return await waited(request, "rift_vm_new", caller, True, body, handle=handle)
 
 
 @router.get("/vms/{vm_id}", response_model=c.VmOut, summary="a VM")
@@ -185,16 +198,17 @@ def delete_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotId
 
 @router.post("/snapshots/{snapshot_id}/fork", response_model=c.VmsOut, status_code=201,
              summary="new VMs from a snapshot")
-def fork_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotIdPath,
-                  body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_fork", caller, body, handle=handle, snapshot_id=snapshot_id)
+async def fork_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotIdPath,
+                        body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
+    return await waited(request, "rift_vm_fork", caller, True, body, handle=handle,
+                        snapshot_id=snapshot_id)
 
 
 @router.post("/vms/{vm_id}/fork", response_model=c.VmsOut, status_code=201,
              summary="new VMs from a running VM (snapshotted first)")
-def fork_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
-            body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_fork", caller, body, handle=handle, vm_id=vm_id)
+async def fork_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
+                  body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
+    return await waited(request, "rift_vm_fork", caller, True, body, handle=handle, vm_id=vm_id)
 
 
 @router.post("/vms/{vm_id}/exposures", response_model=c.ExposureOut, status_code=201,
@@ -213,9 +227,10 @@ def unexpose_port(request: Request, caller: CallerDep, vm_id: VmIdPath,
 
 @router.post("/vms/{vm_id}/exec", response_model=ExecView,
              summary="run a command in the VM; answers at its end or after wait_s")
-def exec_command(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.ExecBody,
-                 handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_exec", caller, body, handle=handle, vm_id=vm_id)
+async def exec_command(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.ExecBody,
+                       handle: HandleHeader = None) -> Any:
+    return await waited(request, "rift_vm_exec", caller, body.wait_s != 0, body, handle=handle,
+                        vm_id=vm_id)
 
 
 @router.get("/vms/{vm_id}/execs", response_model=c.ExecListOut,
@@ -227,9 +242,10 @@ def list_execs(request: Request, caller: CallerDep, vm_id: VmIdPath,
 
 @router.get("/execs/{exec_id}", response_model=ExecView,
             summary="an exec and its output from the offsets (waiting up to wait_s)")
-def get_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
-             query: Annotated[c.ExecGetQuery, Query()], handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_exec_get", caller, query, handle=handle, exec_id=exec_id)
+async def get_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
+                   query: Annotated[c.ExecGetQuery, Query()], handle: HandleHeader = None) -> Any:
+    return await waited(request, "rift_vm_exec_get", caller, query.wait_s > 0, query,
+                        handle=handle, exec_id=exec_id)
 
 
 @router.get("/execs/{exec_id}/stream", response_class=StreamingResponse,
@@ -238,20 +254,26 @@ def get_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
                 "each with an `id` to resume from (Last-Event-ID), then `end` (the exec view "
                 "without output), or `refused` ({error}) if the lease moved on")}},
             summary="the exec's output as Server-Sent Events until its end")
-def stream_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
-                query: Annotated[c.ExecStreamQuery, Query()], handle: HandleHeader = None,
-                last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-                ) -> StreamingResponse:
+async def stream_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
+                      query: Annotated[c.ExecStreamQuery, Query()], handle: HandleHeader = None,
+                      last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+                      ) -> StreamingResponse:
     offsets = _resumed(last_event_id) or (query.stdout_offset, query.stderr_offset)
-    # The first read is an ordinary call: a refusal is an ordinary answer, before any event.
-    first: ExecView = run(request, "rift_vm_exec_get", caller, handle=handle, exec_id=exec_id,
-                          stdout_offset=offsets[0], stderr_offset=offsets[1])
-    deps = request.app.state.rift.deps
-    return StreamingResponse(
-        exec_events(first, lambda out, err: execs.get(deps, caller, handle, exec_id, out, err,
-                                                      STREAM_WAIT_S)),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    state: AppState = request.app.state.rift
+    give = state.waiting.take(caller.user)  # a stream waits: one of the caller's places
+    try:
+        # The first read is an ordinary call: a refusal is an ordinary answer, before any event.
+        first: ExecView = await state.waiting.run(None, partial(
+            run, request, "rift_vm_exec_get", caller, handle=handle, exec_id=exec_id,
+            stdout_offset=offsets[0], stderr_offset=offsets[1]))
+    except BaseException:
+        give()
+        raise
+    deps = state.deps
+    events = exec_events(first, lambda out, err: execs.get(deps, caller, handle, exec_id, out,
+                                                           err, STREAM_WAIT_S))
+    return HeldStream(state.waiting.iterate(events), give, media_type="text/event-stream",
+                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def _resumed(last_event_id: str | None) -> tuple[int, int] | None:

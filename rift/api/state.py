@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 
 from rift.api.metrics import Metrics
+from rift.api.waiting import Waiting
 from rift.config import Settings
 from rift.services.context import Deps
 
@@ -17,9 +18,12 @@ class AppState:
     _deps: Deps | None = None
     # argon2 checks of passwords at once (RIFT_LOGIN_CONCURRENCY); a login beyond is a 429
     login_checks: threading.BoundedSemaphore = field(init=False)
+    # each user's waiting calls, and the threads they run on (RIFT_MAX_WAITING_PER_USER)
+    waiting: Waiting = field(init=False)
 
     def __post_init__(self) -> None:
         self.login_checks = threading.BoundedSemaphore(self.settings.login_concurrency)
+        self.waiting = Waiting(self.settings.max_waiting_per_user)
 
     @property
     def deps(self) -> Deps:

@@ -261,6 +261,20 @@ class RateLimited(RiftError):
         )
 
 
+class TooManyWaiting(RateLimited):
+    """Over the budget of waiting calls at once (SPEC §15, RIFT_MAX_WAITING_PER_USER)."""
+
+    def __init__(self, limit: int) -> None:
+        RiftError.__init__(
+            self,
+            f"over the budget of {limit} waiting calls at once (exec waits, long polls, "
+            "streams, MCP tasks working, live pages)",
+            "let one end first: a shorter wait_s, rift_vm_exec_get with wait_s 0, closing a "
+            "stream or a page; RIFT_MAX_WAITING_PER_USER is the budget",
+            retry_after_s=1, limit=limit,
+        )
+
+
 class Unauthorized(RiftError):
     code = "unauthorized"
     status = 401
