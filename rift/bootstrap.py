@@ -58,7 +58,9 @@ def limits_of(settings: Settings) -> Limits:
                   settings.vm_creating_grace_s, settings.exec_wait_s,
                   settings.exec_output_mib, settings.max_snapshots_per_task,
                   settings.host_lost_s,
-                  max_disk_gib_per_user=settings.max_disk_gib_per_user)
+                  max_disk_gib_per_user=settings.max_disk_gib_per_user,
+                  rate_exec_new_per_h=settings.rate_exec_new_per_h,
+                  rate_stale_per_h=settings.rate_stale_per_h)
 
 
 def build_deps(settings: Settings, *, clock: Clock | None = None,

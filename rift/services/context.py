@@ -28,6 +28,8 @@ class Limits:
     max_snapshots_per_task: int = 8
     host_lost_s: int = 600  # a host unreachable this long: its VMs are failed (host lost)
     max_disk_gib_per_user: int = 200  # overlays, paused VMs' memory, snapshots (SPEC §15)
+    rate_exec_new_per_h: int = 3600  # exec starts per user per hour (SPEC §15)
+    rate_stale_per_h: int = 120  # stale-handle refusals that leave an event, per task per hour
 
 
 @dataclass

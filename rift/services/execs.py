@@ -36,7 +36,7 @@ from rift.services import validate
 from rift.services.bounded import grouped, per_vm
 from rift.services.context import Caller, Deps
 from rift.services.guest_kinds import reach
-from rift.services.leases import check_handle, in_write, parse_handle, task_vm
+from rift.services.leases import check_handle, check_rate, in_write, parse_handle, task_vm
 from rift.services.ports import ExecGone, GuestExec, GuestShell, Tx
 from rift.services.watch import STEP_S, Watch, newest_line
 
@@ -67,6 +67,9 @@ def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: s
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
         vm = task_vm(tx, task, vm_id)
+        check_rate("exec starts", deps.limits.rate_exec_new_per_h, now,
+                   lambda since: tx.execs.count_started_since(caller.user, since),
+                   lambda since: tx.execs.oldest_started_since(caller.user, since))
         reach(vm, deps.guests)  # guest_unreachable before anything is recorded
         ex = Exec(id=exec_id, task_id=task.id, vm_id=vm.id, owner=caller.user,
                   command=command, status="running", timeout_s=timeout, started_at=now)

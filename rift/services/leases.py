@@ -17,6 +17,7 @@ from rift.domain.errors import (
     HandleInvalid,
     HandleRequired,
     LeaseStale,
+    RateLimited,
     TaskClosed,
     TaskHeld,
     TaskNotFound,
@@ -32,6 +33,18 @@ from rift.services.ports import Store, Tx
 
 T = TypeVar("T")
 _CAS_ATTEMPTS = 8
+HOUR = timedelta(hours=1)
+
+
+def check_rate(what: str, per_hour: int, now: datetime,
+               count: Callable[[datetime], int],
+               oldest: Callable[[datetime], datetime | None]) -> None:
+    """An hourly budget over the rows made in the last hour: refused with the
+    seconds until the oldest of them leaves the window."""
+    since = now - HOUR
+    if count(since) >= per_hour:
+        first = oldest(since) or now
+        raise RateLimited(what, per_hour, max(1, int((first + HOUR - now).total_seconds()) + 1))
 
 
 def in_write(store: Store, work: Callable[[Tx], T]) -> T:
@@ -94,6 +107,11 @@ def check_handle(deps: Deps, tx: Tx, caller: Caller, handle: Handle, now: dateti
     if task.secret_digest is None:
         raise TaskReleased(task.id)
     if not matches(handle.secret, task.secret_digest):
+        # A stale handle leaves an event, within a budget per task (SPEC §15): past
+        # it the refusal is rate_limited and writes nothing (the write rolls back).
+        check_rate(f"stale-handle refusals on task {task.id}", deps.limits.rate_stale_per_h,
+                   now, lambda since: tx.events.count_since(task.id, "stale_rejected", since),
+                   lambda since: tx.events.oldest_since(task.id, "stale_rejected", since))
         tx.events.add(NewEvent(task.id, "stale_rejected", now, caller.label,
                                {"holder": task.holder}))
         raise LeaseStale(task.id, task.holder, iso(task.held_since))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from rift.contract.tools import TaskCloseOut, TaskEventsOut, TaskListOut
@@ -15,7 +14,6 @@ from rift.domain.errors import (
     IdempotencyConflict,
     InvalidArgument,
     QuotaExceeded,
-    RateLimited,
     TaskClosed,
     TaskNotFound,
 )
@@ -28,6 +26,7 @@ from rift.services.context import OPERATOR, Caller, Deps
 from rift.services.leases import (
     Attached,
     check_handle,
+    check_rate,
     ensure_open,
     hold,
     in_write,
@@ -40,7 +39,6 @@ from rift.services.ports import Tx
 from rift.services.snapshots import remove_task_snapshots
 from rift.services.teardown import close_in_tx, destroy_vms, forget_task_key
 
-HOUR = timedelta(hours=1)
 STATUSES = ("open", "closed", "all")
 
 
@@ -106,17 +104,6 @@ def new_task(deps: Deps, caller: Caller, name: str | None = None,
         deps.log.info("task opened", extra={"task_id": task_id, "holder": caller.label})
         return opened
     raise IdempotencyConflict("rift_task_new")
-
-
-def check_rate(what: str, per_hour: int, now: datetime,
-               count: Callable[[datetime], int],
-               oldest: Callable[[datetime], datetime | None]) -> None:
-    """A per-user hourly budget over the rows made in the last hour: refused
-    with the seconds until the oldest of them leaves the window."""
-    since = now - HOUR
-    if count(since) >= per_hour:
-        first = oldest(since) or now
-        raise RateLimited(what, per_hour, max(1, int((first + HOUR - now).total_seconds()) + 1))
 
 
 def _check_task_budget(deps: Deps, tx: Tx, caller: Caller, now: datetime) -> None:

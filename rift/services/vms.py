@@ -26,6 +26,7 @@ from rift.services.guest_kinds import GuestKind, kind_on
 from rift.services.launch import SSH_HOST, check_image, fixed_sizes, launch, pick_ssh_port
 from rift.services.leases import (
     check_handle,
+    check_rate,
     ensure_open,
     in_write,
     owned_task,
@@ -34,7 +35,7 @@ from rift.services.leases import (
 )
 from rift.services.pools import Taken, start_taken, take
 from rift.services.ports import Tx
-from rift.services.tasks import check_rate, request_digest
+from rift.services.tasks import request_digest
 from rift.services.teardown import destroy_vm
 from rift.services.watch import Watch
 

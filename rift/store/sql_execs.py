@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, case, func, select, update
@@ -50,6 +51,17 @@ class SqlExecs(SqlRepository):
             query = query.where(execs.c.status == "running")
         query = query.order_by(execs.c.started_at, execs.c.id)
         return [_exec_of(row) for row in self._conn.execute(query)]
+
+    def count_started_since(self, owner: str, since: datetime) -> int:
+        query = select(func.count()).select_from(execs).where(
+            execs.c.owner == owner, execs.c.started_at >= since)
+        return int(self._conn.scalar(query) or 0)
+
+    def oldest_started_since(self, owner: str, since: datetime) -> datetime | None:
+        query = select(func.min(execs.c.started_at)).where(
+            execs.c.owner == owner, execs.c.started_at >= since)
+        oldest: datetime | None = self._conn.scalar(query)
+        return oldest
 
     def running(self, limit: int, after: str | None = None) -> list[Exec]:
         check_limit(limit)

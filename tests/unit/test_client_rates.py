@@ -1,0 +1,65 @@
+"""What a client can make happen, rate-limited like VM creation (SPEC §15): exec
+starts per user per hour, and the events stale handles leave per task per hour.
+The engine on a fake guest and the real store, with a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from rift.domain.clock import FakeClock
+from rift.services import execs, leases, tasks, vms
+from rift.services.context import Deps
+from tests.support.engine import ALICE, BOB, event_types, refused
+from tests.support.fake_guest import FakeShell
+
+
+def _engine(make_deps: Callable[..., Deps], **limits: int) -> Deps:
+    return replace(make_deps(**limits), guests=FakeShell())  # type: ignore[arg-type]
+
+
+def _vm(deps: Deps, caller: object = ALICE) -> tuple[str, str, str]:
+    opened = tasks.new_task(deps, caller)  # type: ignore[arg-type]
+    vm = vms.new_vm(deps, caller, str(opened.handle))  # type: ignore[arg-type]
+    with deps.store.write() as tx:
+        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+    return str(opened.handle), vm.id, opened.task.id
+
+
+def test_exec_starts_are_rate_limited_per_user_per_hour(
+        make_deps: Callable[..., Deps], clock: FakeClock) -> None:
+    deps = _engine(make_deps, rate_exec_new_per_h=3)
+    handle, vm_id, task_id = _vm(deps)
+    for _ in range(3):
+        assert execs.start(deps, ALICE, handle, vm_id, "echo hi").status == "exited"
+        clock.advance(600)
+    err = refused("rate_limited", execs.start, deps, ALICE, handle, vm_id, "echo hi")
+    # the oldest start leaves the window 30 minutes on
+    assert 29 * 60 < err.details["retry_after_s"] <= 30 * 60 + 1
+    assert "3 exec starts" in err.message
+    assert event_types(deps, task_id).count("exec_started") == 3  # the refusal wrote nothing
+    # another user's budget is their own
+    other_handle, other_vm, _ = _vm(deps, BOB)
+    assert execs.start(deps, BOB, other_handle, other_vm, "echo hi").status == "exited"
+    clock.advance(31 * 60)
+    assert execs.start(deps, ALICE, handle, vm_id, "echo hi").status == "exited"
+
+
+def test_stale_handles_leave_events_within_a_budget_then_are_refused_without_one(
+        make_deps: Callable[..., Deps], clock: FakeClock) -> None:
+    deps = _engine(make_deps, rate_stale_per_h=2)
+    handle, vm_id, task_id = _vm(deps)
+    taken = leases.attach(deps, ALICE, task_id, takeover=True)
+    assert str(taken.handle) != handle
+    refused("lease_stale", leases.hold, deps, ALICE, handle)
+    clock.advance(1)
+    refused("lease_stale", execs.start, deps, ALICE, handle, vm_id, "echo hi")
+    assert event_types(deps, task_id).count("stale_rejected") == 2
+    err = refused("rate_limited", leases.hold, deps, ALICE, handle)
+    assert "stale-handle refusals" in err.message
+    assert event_types(deps, task_id).count("stale_rejected") == 2
+    # the holder is not slowed: its own calls go on
+    assert execs.start(deps, ALICE, str(taken.handle), vm_id, "echo hi").status == "exited"
+    clock.advance(3600)
+    refused("lease_stale", leases.hold, deps, ALICE, handle)
+    assert event_types(deps, task_id).count("stale_rejected") == 3
