@@ -30,6 +30,7 @@ from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.scheduler import PoolFiller, start_scheduler
 from rift.services.context import Caller, Deps
+from rift.services.egress_deny import EgressDeny
 from rift.services.heartbeat import resume
 from rift.services.sweeps import sweep
 from web.router import install as install_web
@@ -96,8 +97,12 @@ def create_app(settings: Settings, deps: Deps | None = None,
         await anyio.to_thread.run_sync(sweep, engine)
         state.start(engine)
         proxy = None
+        # What egress `open` refuses besides the host (SPEC §15): each host's deny sets.
+        deny = EgressDeny(engine, settings.egress_deny, settings.database_url,
+                          settings.public_url)
+        await anyio.to_thread.run_sync(deny.start)
         if settings.egress_proxy_port and not settings.hypervisor_uri.startswith("test:"):
-            proxy = EgressProxy(engine, settings.egress_proxy_port)
+            proxy = EgressProxy(engine, settings.egress_proxy_port, denied=deny.denies)
             await anyio.to_thread.run_sync(proxy.start)
             state.metrics.watch_egress(proxy.refusals.snapshot)
         scheduler = start_scheduler(engine, settings.sweep_interval_s, settings.stats_interval_s)
@@ -110,6 +115,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
             await anyio.to_thread.run_sync(filler.stop)
             if proxy is not None:
                 await anyio.to_thread.run_sync(proxy.stop)
+            await anyio.to_thread.run_sync(deny.stop)
             scheduler.shutdown(wait=True)
             if deps is None:
                 await anyio.to_thread.run_sync(close_deps, engine)

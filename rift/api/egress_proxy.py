@@ -100,16 +100,18 @@ class Refused(Exception):
 
 # what the firewall refused (hypervisor/guest_isolation.nft's named counters)
 
-FIREWALL_COUNTERS = {"refused": "host_service", "proxied_connect": "connect",
-                     "proxied_dns": "dns"}
+FIREWALL_COUNTERS = {"refused": "host_service", "denied": "egress_deny",
+                     "proxied_connect": "connect", "proxied_dns": "dns"}
 _FIREWALL_CACHE_S = 2.0
 _firewall_seen: dict[str, tuple[float, dict[str, int]]] = {}
 
 
 def firewall_refusals() -> dict[str, int]:
     """Packets this host's guest firewall refused, by reason: `host_service` (a guest
-    at its host's own addresses), `connect` and `dns` (a proxied guest around its
-    proxy). Empty when the table cannot be read (not root, no nft, not loaded)."""
+    at its host's own addresses), `egress_deny` (an `open` guest at the deny sets:
+    link-local, metadata, Rift's hosts and database, RIFT_EGRESS_DENY), `connect` and
+    `dns` (a proxied guest around its proxy). Empty when the table cannot be read
+    (not root, no nft, not loaded)."""
     at, seen = _firewall_seen.get("", (0.0, {}))
     if time.monotonic() - at < _FIREWALL_CACHE_S:
         return seen

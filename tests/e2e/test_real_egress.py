@@ -49,6 +49,11 @@ pytestmark = [
 
 LIMIT_S = 240
 BEYOND = "10.213.0.2"  # the namespace's end of the veth pair; the host's is .1
+# The deny test's namespace (SPEC §15): one listener per address, on 8080; this host's
+# end of its veth pair is 10.213.7.1/24, and 169.254.77.1 is routed to it (link-local;
+# never 169.254.169.254, this machine's own metadata address, which no test touches).
+ALLOWED, OPERATOR_DENIED, LINK_LOCAL = "10.213.7.2", "10.213.7.130", "169.254.77.1"
+DENIED_CIDR = "10.213.7.128/25"  # RIFT_EGRESS_DENY of this module's server
 # Names of BEYOND in this host's /etc/hosts while the tests run: the first is allowed.
 BEYOND_NAMES = ["beyond.rift.test", "other.rift.test", "evil.rift.test"]
 # busybox's static wget crashes looking names up even for an address; nc does not
@@ -234,6 +239,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "the guests' isolation is not loaded (scripts/libvirt.sh loads it): "
         + isolation.stderr.strip())
     proc, srv = start_real_server(tmp_path_factory.mktemp("egress"), debian=True,
+                                  RIFT_EGRESS_DENY=DENIED_CIDR,
                                   RIFT_VM_BOOT_TIMEOUT_S="90",
                                   # what VMs use, sampled often enough to be seen here
                                   RIFT_STATS_INTERVAL_S="2", RIFT_SWEEP_INTERVAL_S="5")
@@ -454,3 +460,94 @@ def test_an_allowlisted_debian_guest_reaches_listed_names_through_the_proxy_and_
     assert 0 <= used["cpu_pct"] <= 100 and used["memory_used_mib"] > 100, used
     assert used["disk_used_bytes"] > 1 << 20, used  # its overlay took what apt and pip wrote
     assert used["net_rx_bytes"] > 50_000 and used["net_tx_bytes"] > 1_000, used
+
+
+# The deny test's namespace's server: says which of its addresses was asked.
+_SAYS_ADDRESS = """
+import http.server
+class Says(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("at " + self.connection.getsockname()[0]).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Says).serve_forever()
+"""
+
+
+@pytest.fixture(scope="module")
+def deny_targets() -> Iterator[list[str]]:
+    """Listeners in a network namespace of the test's own at ALLOWED, OPERATOR_DENIED
+    (inside RIFT_EGRESS_DENY) and LINK_LOCAL, each answering `at <address>` on 8080;
+    each answers this host (the test) before any guest asks."""
+    ns = f"rift-deny-{os.getpid()}"
+    host_end, ns_end = f"rfd{os.getpid() % 100000}h", f"rfd{os.getpid() % 100000}n"
+    _ip("netns", "add", ns)
+    proc = None
+    try:
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+        _ip("link", "set", ns_end, "netns", ns)
+        _ip("addr", "add", "10.213.7.1/24", "dev", host_end)
+        _ip("link", "set", host_end, "up")
+        _ip("route", "add", f"{LINK_LOCAL}/32", "dev", host_end)
+        for address in (f"{ALLOWED}/24", f"{OPERATOR_DENIED}/24", f"{LINK_LOCAL}/32"):
+            _ip("-n", ns, "addr", "add", address, "dev", ns_end)
+        _ip("-n", ns, "link", "set", ns_end, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c",
+                                 _SAYS_ADDRESS])
+        targets = [ALLOWED, OPERATOR_DENIED, LINK_LOCAL]
+        for address in targets:
+            for _ in range(100):
+                try:
+                    got = httpx.get(f"http://{address}:8080/", timeout=1).text
+                    assert got == f"at {address}", got
+                    break
+                except httpx.HTTPError:
+                    threading.Event().wait(0.1)
+            else:
+                pytest.fail(f"the namespace's server did not answer at {address}")
+        yield targets
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["ip", "route", "del", f"{LINK_LOCAL}/32"], capture_output=True,
+                       check=False)
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+def test_an_open_guest_is_refused_link_local_and_the_operators_deny_list_and_reaches_the_rest(
+        real: Server, deny_targets: list[str]) -> None:
+    before, counted_before = _refusals(real), _counters()
+    seen: dict[str, str] = {}
+
+    async def scenario() -> None:
+        async with mcp_session(real.url, real.token) as s:
+            handle = (await call(s, "rift_task_new", name="deny"))["handle"]
+            vm = (await call(s, "rift_vm_new", handle=handle, image="tiny",
+                             egress="open"))["vm"]
+            assert vm["egress"] == "open" and vm["status"] == "running", vm
+            for address in deny_targets:
+                command = FETCH.format(address=address, port=8080, path="")
+                done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
+                                  command=command, timeout_s=30, wait_s=30)
+                seen[address] = done["stdout"]
+            await call(s, "rift_task_close", handle=handle)
+
+    run(scenario, LIMIT_S)
+    print(f"\nwhat the open guest's nc got: {seen}")
+    assert seen[ALLOWED].startswith(f"at {ALLOWED}"), seen
+    for address in (OPERATOR_DENIED, LINK_LOCAL):
+        assert "at " not in seen[address] and "refused" in seen[address], (address, seen)
+    # refused by the deny sets (their counter, and /metrics), not missed
+    assert _counters()["denied"] - counted_before.get("denied", 0) >= 2
+    after = _refusals(real)
+    assert after.get("egress_deny", 0) - before.get("egress_deny", 0) >= 2, after
+    listed = subprocess.run(["nft", "list", "set", "inet", "rift_guests", "deny_v4"],
+                            capture_output=True, text=True, check=True).stdout
+    assert DENIED_CIDR in listed and "169.254.0.0/16" in listed, listed
