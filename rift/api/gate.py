@@ -14,14 +14,21 @@ the body is read, and how large a body each route may have.
   input, and `/mcp` (whose tool calls carry the same), keep `MAX_BODY` (16 MiB of
   content, base64-encoded and JSON-escaped); the login and logout forms
   `FORM_BODY`.
+- `OffLoopRoute`: REST's routes parse a JSON body over `JSON_BODY` in a worker
+  thread (40 MiB of escaped JSON is about 0.1 s of parsing: not on the event
+  loop, where every other call would wait for it). `/mcp`'s body is parsed by the
+  SDK's transport, on the loop (pydantic-core, about 0.1 s for the worst 40 MiB).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import anyio
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -142,3 +149,27 @@ class TokenGate:
         user = await anyio.to_thread.run_sync(sessions.session_user, self.state.deps,
                                               session_id)
         return user is not None
+
+
+class OffLoopRequest(Request):
+    """A request whose large JSON body is parsed in a worker thread."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            if len(body) > JSON_BODY:
+                self._json = await anyio.to_thread.run_sync(json.loads, body)
+            else:
+                self._json = json.loads(body)
+        return self._json
+
+
+class OffLoopRoute(APIRoute):
+    """A FastAPI route that hands its handler an `OffLoopRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            return await handler(OffLoopRequest(request.scope, request.receive))
+        return route

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from rift.api.auth import rest_caller
+from rift.api.gate import OffLoopRoute
 from rift.api.state import AppState
 from rift.api.waiting import HeldStream
 from rift.contract import tools as c
@@ -55,7 +56,7 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
     for code in (400, 401, 404, 409, 422, 429, 503)
 }
 
-router = APIRouter(prefix="/api/v1", responses=REFUSALS)
+router = APIRouter(prefix="/api/v1", responses=REFUSALS, route_class=OffLoopRoute)
 
 
 def run(request: Request, tool: str, caller: Caller, args: Input | None = None,

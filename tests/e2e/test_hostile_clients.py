@@ -199,3 +199,18 @@ def test_forty_wrong_logins_at_once_leave_another_users_calls_prompt(server: Ser
     took.sort()
     assert took[-1] < 1.0, f"bob's slowest call took {took[-1]:.2f} s (median " \
         f"{took[len(took) // 2]:.3f} s)"
+
+
+def test_a_large_body_parsed_off_the_loop_is_answered_like_a_small_one(server: Server) -> None:
+    """Over 64 KiB a JSON body is parsed in a worker thread: same answers."""
+    auth = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"}
+    route = server.url + "/api/v1/vms/vm_aaaaaaaa/exec"
+    for size in (100, 100 * 1024, 4 * MIB):
+        start = b'{"command": "cat", "wait_s": 0, "stdin": "' + b"x" * size
+        broken = httpx.post(route, content=start, headers=auth, timeout=30)
+        assert broken.status_code == 422, broken.text[:300]
+        error = broken.json()["error"]
+        assert error["code"] == "invalid_argument" and "not valid JSON" in error["message"]
+        whole = httpx.post(route, content=start + b'"}', headers=auth, timeout=30)
+        assert whole.status_code in (400, 404) and whole.json()["error"]["code"] in (
+            "handle_required", "vm_not_found"), whole.text[:300]
