@@ -53,6 +53,11 @@ class DomainSpec:
     # allowlist): QEMU runs in the group PROXIED_GROUP, whose connections the
     # host's firewall (hypervisor/guest_isolation.nft) refuses save to the proxy.
     proxied: bool = False
+    # The uid QEMU runs as on the host (qemu.conf's `user`, as libvirt's DAC base
+    # label says): a proxied guest's QEMU runs as it, in PROXIED_GROUP. Filled by the
+    # hypervisor that starts the domain; None: the host did not say (root is never
+    # assumed: see domain_xml._process_label).
+    qemu_uid: int | None = None
 
 
 @dataclass(frozen=True)

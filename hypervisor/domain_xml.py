@@ -113,7 +113,8 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
         ET.SubElement(seed, "readonly")
     if spec.serial_log is not None:
         serial = ET.SubElement(devices, "serial", type="file")
-        ET.SubElement(serial, "source", path=spec.serial_log)
+        # append: written with O_APPEND, so Rift can cut the file (rift.guest.console)
+        ET.SubElement(serial, "source", path=spec.serial_log, append="on")
         ET.SubElement(serial, "target", port="0")
     if spec.ssh_port is not None:
         commandline = ET.SubElement(root, "qemu:commandline")
@@ -128,11 +129,15 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
 
 
 def _process_label(root: ET.Element, spec: DomainSpec) -> None:
-    """A proxied guest's QEMU runs in the proxied group (libvirt's DAC driver; as root,
-    like every guest's QEMU here): the host's firewall knows its sockets by it."""
+    """A proxied guest's QEMU runs in the proxied group (libvirt's DAC driver), as the
+    host's own QEMU user (`spec.qemu_uid`, qemu.conf's `user`: an unprivileged one of
+    its own where the host is set up so; never a uid chosen here): the host's
+    firewall knows its sockets by the group. ValueError without the uid."""
     if spec.proxied:
+        if spec.qemu_uid is None:
+            raise ValueError("a proxied guest needs its host's QEMU user (qemu_uid)")
         seclabel = ET.SubElement(root, "seclabel", type="static", model="dac", relabel="no")
-        ET.SubElement(seclabel, "label").text = f"+0:{PROXIED_GROUP}"
+        ET.SubElement(seclabel, "label").text = f"+{int(spec.qemu_uid)}:{PROXIED_GROUP}"
 
 
 _HOSTFWD = re.compile(r"hostfwd=tcp:127\.0\.0\.1:\d+-:22")

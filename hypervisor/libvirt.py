@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -48,6 +49,9 @@ _UNDEFINE_FLAGS = (
 )
 _FLAGS_REFUSED = frozenset({libvirt.VIR_ERR_INVALID_ARG, libvirt.VIR_ERR_NO_SUPPORT})
 _RIFT_PREFIX = "rift"
+# qemu.conf's user and group as libvirt's capabilities show them (its DAC driver's)
+_DAC_BASE = re.compile(r"<model>dac</model>.*?<baselabel type='(?:kvm|qemu)'>\+(\d+):",
+                       re.DOTALL)
 _METADATA_UNSUPPORTED = frozenset(
     {libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_ARGUMENT_UNSUPPORTED, libvirt.VIR_ERR_INVALID_ARG}
 )
@@ -100,6 +104,7 @@ class LibvirtHypervisor:
         self._validate = validate
         self._opener: Callable[[str], Any] = opener or libvirt.open
         self._lock = threading.Lock()
+        self._qemu_uid: int | None = None
         self._conn: Any = None
         self._undefine_from = 0  # index into _UNDEFINE_FLAGS of the first accepted set
 
@@ -134,6 +139,8 @@ class LibvirtHypervisor:
         if spec.restore_from is not None:
             self.fork_state(spec.restore_from, replace(spec, restore_from=None))
             return
+        if spec.proxied and spec.qemu_uid is None:
+            spec = replace(spec, qemu_uid=self.qemu_uid())
         xml = build_domain_xml(spec)
         conn = self._connection()
         flags = libvirt.VIR_DOMAIN_DEFINE_VALIDATE if self._validate else 0
@@ -149,6 +156,22 @@ class LibvirtHypervisor:
                 # The domain carries Rift metadata, so the reconciler finds it later.
                 log.error("could not undo failed start of %s: %s", spec.name, cleanup)
             raise
+
+    def qemu_uid(self) -> int:
+        """The uid QEMU runs as on this host: qemu.conf's `user`, from the DAC base
+        label libvirt's capabilities show (`+uid:+gid`); HypervisorError when the host
+        shows none (a driver without DAC, such as test:///, has no QEMU to run)."""
+        if self._qemu_uid is None:
+            conn = self._connection()
+            with _translated("capabilities"):
+                caps = str(conn.getCapabilities())
+            found = _DAC_BASE.search(caps)
+            if found is None:
+                raise HypervisorError("capabilities", "the host names no DAC base label "
+                                      "(the user QEMU runs as): an allowlisted guest "
+                                      "cannot be given its QEMU user there")
+            self._qemu_uid = int(found.group(1))
+        return self._qemu_uid
 
     def destroy(self, name: str) -> bool:
         try:
@@ -293,26 +316,32 @@ class LibvirtHypervisor:
 
     def migrate(self, name: str, dest_uri: str, dest_address: str,
                 dest_xml: str | None = None) -> None:
+        """Peer to peer: this host's libvirtd opens `dest_uri` itself (over the hosts'
+        SSH for qemu+ssh://). A guest with no disk of its own (kernel and initrd) goes
+        tunnelled through that connection: its memory never crosses the network in
+        clear and no migration port is opened. A guest with a disk: its blocks cannot
+        go tunnelled (libvirt refuses NBD over a tunnel with this QEMU), so QEMU
+        streams memory and disk to `dest_address` over libvirt's migration TLS (the
+        hosts' certificates in /etc/pki/qemu); a host without them refuses, and the
+        guest runs here as before."""
         dom = self._domain("migrate", name)
         with _translated("migrate"):
             has_disk = "<target dev='vda'" in dom.XMLDesc(0)
         flags = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PERSIST_DEST
-                 | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE | libvirt.VIR_MIGRATE_UNSAFE)
-        params: dict[str, Any] = {libvirt.VIR_MIGRATE_PARAM_URI: f"tcp://{dest_address}"}
-        if has_disk:  # its overlay lives on the host: its blocks go along (NBD)
-            flags |= libvirt.VIR_MIGRATE_NON_SHARED_INC
+                 | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE | libvirt.VIR_MIGRATE_UNSAFE
+                 | libvirt.VIR_MIGRATE_PEER2PEER)
+        params: dict[str, Any] = {}
+        if has_disk:  # its overlay lives on the host: its blocks go along (NBD), in TLS
+            flags |= libvirt.VIR_MIGRATE_NON_SHARED_INC | libvirt.VIR_MIGRATE_TLS
+            params[libvirt.VIR_MIGRATE_PARAM_URI] = f"tcp://{dest_address}"
             params[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = ["vda"]
+        else:
+            flags |= libvirt.VIR_MIGRATE_TUNNELLED
         if dest_xml is not None:
             params[libvirt.VIR_MIGRATE_PARAM_DEST_XML] = dest_xml
             params[libvirt.VIR_MIGRATE_PARAM_PERSIST_XML] = dest_xml
         with _translated("migrate"):
-            dest = libvirt.open(dest_uri)
-        try:
-            with _translated("migrate"):
-                dom.migrate3(dest, params, flags)
-        finally:
-            with contextlib.suppress(libvirt.libvirtError):
-                dest.close()
+            dom.migrateToURI3(dest_uri, params, flags)
 
     def domain_xml(self, name: str) -> str:
         dom = self._domain("domain_xml", name)

@@ -365,8 +365,14 @@ def test_drain_move_live_migrates_a_vm_with_a_running_exec_to_the_other_host(
             await anyio.sleep(1)
             before = await call(s, "rift_vm_exec_get", handle=handle,
                                 exec_id=counter["exec_id"])
+            for n in HOSTS:  # no clear migration stream: its ports are closed for this move
+                _nft_in(n, CLEAR_WATCH)
             moved = await anyio.to_thread.run_sync(
                 lambda: real.rift("host", "drain", f"hv{first}", "--move"))
+            seen["clear tries"] = {n: _nft_in(n, "list counter inet rift_test_clear tried")
+                                   for n in HOSTS}
+            for n in HOSTS:
+                _nft_in(n, "delete table inet rift_test_clear")
             seen["cli"] = moved.stdout + moved.stderr
             seen["code"] = moved.returncode
             seen["vm"] = (await call(s, "rift_vm_get", vm_id=vm["id"]))["vm"]
@@ -400,6 +406,55 @@ def test_drain_move_live_migrates_a_vm_with_a_running_exec_to_the_other_host(
     [moved] = seen["moved"]
     assert (moved["details"]["from"], moved["details"]["to"]) == (f"hv{first}", f"hv{second}")
     assert moved["details"]["vm_id"] == vm["id"] and moved["actor"] == "operator"
+    # tunnelled through the hosts' SSH (libvirtd to libvirtd): nothing tried the
+    # migration ports, which the test had closed on both hosts
+    for n in HOSTS:
+        assert "packets 0 bytes 0" in seen["clear tries"][n], seen["clear tries"]
+    # each host's firewall refuses its guests the other host and the control plane, and
+    # lets only the fleet reach its migration ports (sets `rift serve` filled over SSH)
+    # (within a refresh of them: 30 s)
+    from tests.support.servers import wait_until
+
+    for n in HOSTS:
+        other = HOSTS[1] if n == HOSTS[0] else HOSTS[0]
+
+        def filled(n: int = n, other: int = other) -> bool:
+            table = _nft_in(n, "list table inet rift_guests")
+            deny, fleet = _set(table, "deny_v4"), _set(table, "fleet_v4")
+            return all(address in deny and address in fleet
+                       for address in (f"10.214.{other}.2", f"10.214.{n}.1")) \
+                and "169.254.0.0/16" in deny
+        wait_until(filled, 45, f"hv{n}'s deny and fleet sets name hv{other} and the "
+                   "control plane")
+
+
+CLEAR_WATCH = """table inet rift_test_clear
+delete table inet rift_test_clear
+table inet rift_test_clear {
+	counter tried {
+	}
+	chain input {
+		type filter hook input priority -10; policy accept;
+		tcp dport 49152-49215 counter name "tried" drop
+	}
+}
+"""
+
+
+def _nft_in(n: int, script: str) -> str:
+    """`nft` in host hvN's network namespace: a script (several lines) or one command."""
+    args = ["-f", "-"] if "\n" in script else script.split()
+    done = subprocess.run(["ip", "netns", "exec", f"rift-hv{n}", "nft", *args],
+                          input=script if "\n" in script else None, capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert done.returncode == 0, (script, done.stderr)
+    return done.stdout
+
+
+def _set(table: str, name: str) -> str:
+    """The elements line(s) of set `name` in `nft list table` output."""
+    part = table.split(f"set {name} {{", 1)[1].split("}", 1)[0]
+    return part
 
 
 def test_a_host_that_stops_answering_is_lost_and_its_domains_go_when_it_comes_back(

@@ -228,13 +228,16 @@ def test_a_guest_whose_egress_is_none_has_a_restricted_user_network() -> None:
 def test_a_guest_with_an_egress_allowlist_runs_its_qemu_in_the_proxied_group() -> None:
     plain = parse(build_domain_xml(GUEST))
     assert plain.find("seclabel") is None
-    root = parse(build_domain_xml(dataclasses.replace(GUEST, proxied=True)))
+    root = parse(build_domain_xml(dataclasses.replace(GUEST, proxied=True, qemu_uid=994)))
     label = root.find("seclabel")
     assert label is not None and label.attrib == {"type": "static", "model": "dac",
                                                   "relabel": "no"}
-    assert label.findtext("label") == "+0:rift-proxied"
+    # as the host's QEMU user (its DAC base label's uid), never a root chosen here
+    assert label.findtext("label") == "+994:rift-proxied"
+    with pytest.raises(ValueError, match="qemu_uid"):
+        build_domain_xml(dataclasses.replace(GUEST, proxied=True))
     args = [arg.get("value") for arg in root.iter(f"{{{QEMU_XMLNS}}}arg")]
-    assert "restrict=on" not in args[1]  # the firewall, not QEMU, keeps it to the proxy
+    assert "restrict=on" not in str(args[1])  # the firewall, not QEMU, keeps it to the proxy
 
 
 def test_a_migrations_destination_xml_forwards_another_ssh_port_and_keeps_the_rest() -> None:
@@ -335,3 +338,29 @@ def test_largest_free_is_zero_without_hosts_and_never_negative() -> None:
     assert largest_free([]) == (0, 0)
     assert largest_free([host("d", drained=True)]) == (0, 0)
     assert largest_free([host("over", used_vcpus=9, used_memory_mib=9000)]) == (0, 0)
+
+
+def test_the_qemu_user_of_a_host_is_read_off_its_dac_base_label() -> None:
+    from hypervisor.base import HypervisorError
+    from hypervisor.libvirt import LibvirtHypervisor
+
+    class Conn:
+        def __init__(self, caps: str) -> None:
+            self.caps = caps
+
+        def isAlive(self) -> int:
+            return 1
+
+        def getCapabilities(self) -> str:
+            return self.caps
+
+    caps = ("<capabilities><host><secmodel><model>none</model><doi>0</doi></secmodel>"
+            "<secmodel><model>dac</model><doi>0</doi><baselabel type='kvm'>+994:+993"
+            "</baselabel><baselabel type='qemu'>+994:+993</baselabel></secmodel></host>"
+            "</capabilities>")
+    assert LibvirtHypervisor("qemu:///system", opener=lambda _u: Conn(caps)).qemu_uid() == 994
+    bare = LibvirtHypervisor("test:///default", opener=lambda _u: Conn(
+        "<capabilities><host><secmodel><model>testSecurity</model></secmodel></host>"
+        "</capabilities>"))
+    with pytest.raises(HypervisorError, match="DAC base label"):
+        bare.qemu_uid()
