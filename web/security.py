@@ -25,23 +25,35 @@ HTML_HEADERS = {
 SCRIPTS = ("/static/boxes.js",)
 STYLES = ("/static/boxes.css",)
 LIVE = "/live"
-_ORIGIN_RE = re.compile(r"https?://[A-Za-z0-9.\-]+(:[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
+_ORIGIN_RE = re.compile(r"https?://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
 
 
 def content_security_policy(request: Request) -> str:
     """Nothing from other sites, no inline script or style, and of this origin only
     the page's own script, style sheet and live stream: even a string that escaped
     escaping could not run, nor load a script from an exposure on this origin."""
-    origin = f"{request.url.scheme}://{request.url.netloc}"
-    if not _ORIGIN_RE.fullmatch(origin):  # not a plain origin: name no file at all
+    origins = [origin for origin in (f"{request.url.scheme}://{request.url.netloc}",
+                                     _public_origin(request))
+               if origin and _ORIGIN_RE.fullmatch(origin)]  # a plain origin, or none
+    if not origins:
         return "default-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 
     def named(paths: tuple[str, ...]) -> str:
-        return " ".join(origin + path for path in paths)
+        return " ".join(dict.fromkeys(origin + path for origin in origins for path in paths))
 
     return (f"default-src 'none'; script-src {named(SCRIPTS)}; style-src {named(STYLES)}; "
-            f"connect-src {origin}{LIVE}; img-src 'self'; form-action 'self'; "
+            f"connect-src {named((LIVE,))}; img-src 'self'; form-action 'self'; "
             "base-uri 'none'; frame-ancestors 'none'")
+
+
+def _public_origin(request: Request) -> str:
+    """`RIFT_PUBLIC_URL`'s origin: what a browser sees behind a proxy that does not
+    pass the original `Host` on."""
+    state: AppState = request.app.state.rift
+    if not state.settings.public_url:
+        return ""
+    parts = urlsplit(state.settings.public_url)
+    return f"{parts.scheme.lower()}://{parts.netloc.rpartition('@')[2].lower()}"
 
 
 def html(request: Request, content: str, status_code: int = 200,

@@ -125,6 +125,17 @@ def test_the_boxes_pages_policy_names_its_own_files_and_nothing_else(
         missing.headers["content-security-policy"]
 
 
+def test_behind_a_proxy_the_policy_names_the_public_urls_files_too(
+        deps: Deps, tmp_path: Path) -> None:
+    """A proxy that does not pass the original `Host` on: the browser's origin is
+    RIFT_PUBLIC_URL's, so the page's files are named there as well."""
+    with _client(deps, tmp_path, "https://Rift.Example.com/") as client:
+        policy = _policy(client.get("/login").headers["content-security-policy"])
+    assert policy["script-src"] == [f"{BASE}/static/boxes.js",
+                                    "https://rift.example.com/static/boxes.js"]
+    assert policy["connect-src"] == [f"{BASE}/live", "https://rift.example.com/live"]
+
+
 # -- /docs ------------------------------------------------------------------------------
 
 def test_docs_load_nothing_from_another_site(client: TestClient) -> None:
