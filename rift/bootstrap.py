@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 from collections.abc import Callable
@@ -72,6 +73,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     if migrate:
         upgrade(url)
     links = HostLinks()
+    seal_data_dir(settings.data_dir)
     pool = host_pool or CachedHostPool(
         lambda uri: open_hypervisor(uri, disk=host_disk(links, uri)))
     store = SqlStore(url)
@@ -125,6 +127,17 @@ def guest_runtime(settings: Settings, *, make_dirs: bool = True,
 
 
 def private_dir(path: Path) -> Path:
+
+def seal_data_dir(data_dir: Path) -> None:
+    """Rift's own files 0600 in 0700 folders (SPEC §15): the data dir itself (so
+    nothing in it is reached by another user: images, disks, serial logs, keys),
+    its SQLite database and the files SQLite keeps beside it (made with the
+    database's own mode from then on). Keys are made so (rift.guest.keys)."""
+    private_dir(data_dir)
+    for name in ("rift.db", "rift.db-wal", "rift.db-shm", "rift.db-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            (data_dir / name).chmod(0o600)
+
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.chmod(0o700)
     return path
