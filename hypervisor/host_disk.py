@@ -52,6 +52,11 @@ class HostDisk(Protocol):
         """The bytes the files directly in `folder` take on disk; 0 when it is absent."""
         ...
 
+    def free(self, folder: str) -> int:
+        """The bytes still free in the file system that holds `folder` (or its
+        nearest existing parent)."""
+        ...
+
     def spliced(self, source: str, head: bytes, offset: int, target: str) -> None:
         """Write at `target` (mode 0600, under a temporary name renamed onto it once
         complete) `head` followed by the bytes of `source` from `offset` to its end,
@@ -90,6 +95,12 @@ class LocalDisk:
         if not path.is_dir():
             return 0
         return sum(p.stat().st_blocks * 512 for p in path.iterdir() if p.is_file())
+
+    def free(self, folder: str) -> int:
+        path = Path(folder)
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        return shutil.disk_usage(path).free
 
     def spliced(self, source: str, head: bytes, offset: int, target: str) -> None:
         dst = Path(target)

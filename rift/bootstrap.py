@@ -60,6 +60,7 @@ def limits_of(settings: Settings) -> Limits:
                   settings.exec_output_mib, settings.max_snapshots_per_task,
                   settings.host_lost_s,
                   max_disk_gib_per_user=settings.max_disk_gib_per_user,
+                  host_disk_reserve_gib=settings.host_disk_reserve_gib,
                   rate_exec_new_per_h=settings.rate_exec_new_per_h,
                   rate_stale_per_h=settings.rate_stale_per_h)
 
@@ -72,8 +73,8 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     url = settings.resolved_database_url()
     if migrate:
         upgrade(url)
-    links = HostLinks()
     seal_data_dir(settings.data_dir)
+    links = HostLinks()
     pool = host_pool or CachedHostPool(
         lambda uri: open_hypervisor(uri, disk=host_disk(links, uri)))
     store = SqlStore(url)
@@ -100,6 +101,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
                          serial_dir=runtime.serial_dir,
                          egress_proxy_port=settings.egress_proxy_port or None,
                          links=links, host_uri=host_uri,
+                         console_log_mib=settings.console_log_mib,
                          helper_binary=lambda: exec_helper(runtime.images_dir / ".cache"
                                                            / "helpers")),
         runtime=runtime,
@@ -126,8 +128,6 @@ def guest_runtime(settings: Settings, *, make_dirs: bool = True,
     )
 
 
-def private_dir(path: Path) -> Path:
-
 def seal_data_dir(data_dir: Path) -> None:
     """Rift's own files 0600 in 0700 folders (SPEC §15): the data dir itself (so
     nothing in it is reached by another user: images, disks, serial logs, keys),
@@ -138,6 +138,8 @@ def seal_data_dir(data_dir: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             (data_dir / name).chmod(0o600)
 
+
+def private_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.chmod(0o700)
     return path

@@ -51,9 +51,15 @@ class Settings(BaseSettings):
     max_vms_per_task: int = Field(default=16, ge=1, description="Live VMs per task.")
     max_snapshots_per_task: int = Field(default=8, ge=0, le=1024,
         description="Snapshots per task (rift_vm_snapshot, and a fork of a running VM).")
+    console_log_mib: int = Field(default=4, ge=1, le=1024, description=(
+        "The most a guest's serial console log keeps, in MiB: past it the log loses "
+        "its oldest bytes (checked each second here, every 10 s on hosts elsewhere)."))
     max_disk_gib_per_user: int = Field(default=200, ge=1, description=(
         "Disk per user in GiB: VM overlays as measured, paused VMs' memory, snapshots; "
         "at or past it a new VM, fork, snapshot or pause is refused (quota_exceeded)."))
+    host_disk_reserve_gib: int = Field(default=4, ge=0, description=(
+        "Disk in GiB each host keeps free: a host with less (as last sampled, every "
+        "RIFT_STATS_INTERVAL_S) takes no new VM, snapshot or pause (quota_exceeded)."))
     rate_task_new_per_h: int = Field(default=120, ge=1,
         description="Task creations per user per hour.")
     rate_vm_new_per_h: int = Field(default=240, ge=1, description="VM creations per user per hour.")

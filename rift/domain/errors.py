@@ -182,6 +182,21 @@ class QuotaExceeded(RiftError):
         )
 
 
+class HostDiskFull(QuotaExceeded):
+    """A host's disk is under its floor (RIFT_HOST_DISK_RESERVE_GIB): it takes no new
+    VM, snapshot or pause until disk is freed there."""
+
+    def __init__(self, host: str, free_bytes: int) -> None:
+        RiftError.__init__(
+            self,
+            f"host {host} has {free_bytes / (1 << 30):.1f} GiB of disk free, under its "
+            "floor (RIFT_HOST_DISK_RESERVE_GIB): it takes no new VM, snapshot or pause",
+            "rift_vm_snapshot_delete or rift_vm_destroy frees disk; an operator may free "
+            "disk on the host (rift host list)",
+            host=host, free_bytes=free_bytes,
+        )
+
+
 class NoCapacity(RiftError):
     code = "no_capacity"
     status = 503

@@ -3,10 +3,10 @@ pooled VMs hold (a saved pool VM holds only disk), for placement and for pools."
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from hypervisor.placement import HostLoad, choose_host, largest_free
-from rift.domain.errors import NoCapacity
+from rift.domain.errors import HostDiskFull, NoCapacity
 from rift.domain.model import Host
 from rift.domain.records import HostUsage
 from rift.services.ports import Tx
@@ -36,14 +36,20 @@ def host_loads(tx: Tx, without: Collection[str] = ()) -> tuple[dict[str, Host], 
     return hosts, loads
 
 
-def place(tx: Tx, vcpus: int, memory_mib: int, only: str | None = None) -> Host:
-    """The host a new VM of that size goes to (only `only`, when given); NoCapacity
-    with the largest room left when none fits."""
+def place(tx: Tx, vcpus: int, memory_mib: int, only: str | None = None,
+          low_disk: Mapping[str, int] | None = None) -> Host:
+    """The host a new VM of that size goes to (only `only`, when given), leaving out
+    the hosts in `low_disk` (name: free bytes, under their floor); NoCapacity with
+    the largest room left when none fits, HostDiskFull when only disk is short."""
     hosts, loads = host_loads(tx)
     if only is not None:
         loads = [load for load in loads if load.name == only]
-    chosen = choose_host(loads, vcpus, memory_mib)
+    low = low_disk or {}
+    chosen = choose_host([load for load in loads if load.name not in low], vcpus, memory_mib)
     if chosen is None:
+        short = choose_host(loads, vcpus, memory_mib)
+        if short is not None:
+            raise HostDiskFull(short.name, low[short.name])
         free_vcpus, free_mem = largest_free(loads)
         raise NoCapacity(vcpus, memory_mib, free_vcpus, free_mem)
     return hosts[chosen.name]

@@ -28,6 +28,7 @@ class Limits:
     max_snapshots_per_task: int = 8
     host_lost_s: int = 600  # a host unreachable this long: its VMs are failed (host lost)
     max_disk_gib_per_user: int = 200  # overlays, paused VMs' memory, snapshots (SPEC §15)
+    host_disk_reserve_gib: int = 4  # a host with less disk free takes no new VM, snapshot
     rate_exec_new_per_h: int = 3600  # exec starts per user per hour (SPEC §15)
     rate_stale_per_h: int = 120  # stale-handle refusals that leave an event, per task per hour
 
@@ -56,6 +57,17 @@ class Cursors:
     """Where each rotating scan of the background jobs goes on from (this process's)."""
 
     execs: str | None = None  # the sweep's running execs: the last id it looked at
+
+
+@dataclass
+class DiskRoom:
+    """Each host's free disk as last sampled (this process's; rift.services.usage)."""
+
+    free: dict[str, int] = field(default_factory=dict)  # host name: bytes free
+
+    def low(self, floor_bytes: int) -> dict[str, int]:
+        """The hosts under `floor_bytes` (name: bytes free); a host not sampled yet is not."""
+        return {name: free for name, free in self.free.items() if free < floor_bytes}
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,7 @@ class Deps:
     guests: GuestShell | None = None
     observers: Observers = field(default_factory=Observers)
     cursors: Cursors = field(default_factory=Cursors)
+    disk_room: DiskRoom = field(default_factory=DiskRoom)
     runtime: GuestRuntime | None = None
     install_id: str | None = None  # marks this control plane's domains on shared hosts
     default_image: str = "debian"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_IMAGE)

@@ -1,4 +1,5 @@
-"""What a user's work keeps on disk, against `RIFT_MAX_DISK_GIB_PER_USER` (SPEC §15).
+"""Disk (SPEC §15): what a user's work keeps, against `RIFT_MAX_DISK_GIB_PER_USER`,
+and what each host has left, against `RIFT_HOST_DISK_RESERVE_GIB`.
 
 Counted: each live VM's overlay as its host last measured it (the usage
 sample's `disk_used_bytes`; a guest that fills its disk raises it), the saved
@@ -6,12 +7,17 @@ memory of a paused VM (its memory size: the file is at most that), and the
 bytes of the user's snapshots. A call that would add to it (a new VM, a fork, a
 snapshot, a pause) is refused with `quota_exceeded` once the user is at or past
 the budget; what is there already is never taken away.
+
+Each host's free disk (where its VMs' disks are) is sampled with the usage
+figures; a host under its floor takes no new VM (placement leaves it out, and
+refuses with `quota_exceeded` naming it when it alone had room), snapshot or pause.
 """
 
 from __future__ import annotations
 
+from hypervisor.host_disk import HostDisk
 from rift.domain import usage
-from rift.domain.errors import QuotaExceeded
+from rift.domain.errors import HostDiskFull, QuotaExceeded
 from rift.services.context import Deps
 from rift.services.ports import Tx
 
@@ -36,3 +42,24 @@ def check_disk_budget(deps: Deps, tx: Tx, user: str) -> None:
         raise QuotaExceeded(f"GiB of disk per user ({limit_gib}: overlays, paused VMs' "
                             "memory, snapshots)", limit_gib,
                             "rift_vm_snapshot_delete or rift_vm_destroy")
+
+
+def disk_floor_bytes(deps: Deps) -> int:
+    return deps.limits.host_disk_reserve_gib * GIB
+
+
+def check_host_disk(deps: Deps, host: str) -> None:
+    """HostDiskFull when `host`'s disk was last seen under its floor."""
+    low = deps.disk_room.low(disk_floor_bytes(deps))
+    if host in low:
+        raise HostDiskFull(host, low[host])
+
+
+def sample_host_disk(deps: Deps, host: str, disk: HostDisk) -> None:
+    """Note how much disk `host` has free where its VMs' disks are."""
+    if deps.runtime is None:
+        return  # no VM disks (libvirt's test driver)
+    try:
+        deps.disk_room.free[host] = disk.free(str(deps.runtime.vm_disks_dir))
+    except OSError as exc:
+        deps.log.info("host disk not sampled", extra={"host": host, "error": str(exc)})

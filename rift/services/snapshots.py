@@ -50,7 +50,7 @@ from rift.domain.secrets import Handle
 from rift.services import validate
 from rift.services.capacity import host_loads, room
 from rift.services.context import SWEEP, Caller, Deps
-from rift.services.disk_budget import check_disk_budget
+from rift.services.disk_budget import check_disk_budget, check_host_disk
 from rift.services.guest_kinds import GuestKind, kind_on, mac_of, vm_files
 from rift.services.launch import SSH_HOST, fail_start, pick_ssh_port, running
 from rift.services.leases import check_handle, in_write, parse_handle, task_vm
@@ -116,6 +116,7 @@ def _begin(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
             raise QuotaExceeded(f"snapshots per task ({limit})", limit,
                                 "rift_vm_snapshot_delete")
         check_disk_budget(deps, tx, caller.user)
+        check_host_disk(deps, vm.host)
         host = tx.hosts.get(vm.host)
         if host is None:
             raise HypervisorFailed(f"host {vm.host} is not known", host=vm.host)
@@ -400,6 +401,7 @@ def _check_quota_and_room(deps: Deps, tx: Tx, task: Task, host: str, vcpus: int,
     if tx.vms.count_live(task.id) + count > limit:
         raise QuotaExceeded(f"VMs per task ({limit})", limit, "rift_vm_destroy")
     check_disk_budget(deps, tx, task.owner)
+    check_host_disk(deps, host)
     _, loads = host_loads(tx)
     load = next((load for load in loads if load.name == host), None)
     if load is None or room(load, vcpus, memory_mib) < count:

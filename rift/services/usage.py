@@ -14,6 +14,7 @@ from rift.domain import usage
 from rift.domain.errors import RiftError
 from rift.domain.model import Vm
 from rift.services.context import Deps
+from rift.services.disk_budget import sample_host_disk
 
 
 def sample_usage(deps: Deps, net_every_s: float) -> int:
@@ -22,6 +23,7 @@ def sample_usage(deps: Deps, net_every_s: float) -> int:
         hosts = [h for h in tx.hosts.all() if h.unreachable_since is None]
     sampled = 0
     for host in hosts:
+        sample_host_disk(deps, host.name, deps.hosts.hypervisor(host.uri).disk)
         with deps.store.read() as tx:
             running = [vm for vm in tx.vms.live_on_host(host.name)
                        if vm.status == "running" and vm.change is None]

@@ -30,7 +30,7 @@ from rift.domain.model import NewEvent, Vm, VmChange, VmStatus
 from rift.services import validate
 from rift.services.capacity import host_loads, room
 from rift.services.context import SWEEP, Caller, Deps
-from rift.services.disk_budget import check_disk_budget
+from rift.services.disk_budget import check_disk_budget, check_host_disk
 from rift.services.exposures import vm_view
 from rift.services.leases import check_handle, in_write, parse_handle
 from rift.services.ports import Tx
@@ -113,6 +113,7 @@ def _claim(deps: Deps, caller: Caller, handle: str | None, vm_id: str, want: Wan
             _check_room(tx, vm)
         else:
             check_disk_budget(deps, tx, task.owner)
+            check_host_disk(deps, vm.host)
         if not tx.vms.update_changing(vm.id, source, None, change=change, change_at=now):
             return tx.vms.get(vm.id) or vm, False
         return replace(vm, change=change, change_at=now), True

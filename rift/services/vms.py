@@ -20,7 +20,7 @@ from rift.domain.store_errors import DuplicateKey
 from rift.services import validate
 from rift.services.capacity import place
 from rift.services.context import Caller, Deps
-from rift.services.disk_budget import check_disk_budget
+from rift.services.disk_budget import check_disk_budget, disk_floor_bytes
 from rift.services.exposures import vm_view
 from rift.services.guest_kinds import GuestKind, kind_on
 from rift.services.launch import SSH_HOST, check_image, fixed_sizes, launch, pick_ssh_port
@@ -118,7 +118,8 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
             kind = kind_on(deps, host.uri, image)
             vm_id, port = taken.vm.id, taken.vm.ssh_port
         else:
-            host = place(tx, vcpus, memory_mib)
+            host = place(tx, vcpus, memory_mib,
+                         low_disk=deps.disk_room.low(disk_floor_bytes(deps)))
             kind = kind_on(deps, host.uri, image)
             check_image(deps, kind, image, host.uri)
             port = kind.ssh_port(lambda: pick_ssh_port(tx, host.name))

@@ -5,10 +5,13 @@ with `quota_exceeded`, other users are not, and freeing disk makes room again.""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
-from rift.services import snapshots, tasks, vm_state, vms
-from rift.services.context import Deps
+from hypervisor.host_disk import LOCAL_DISK
+from rift.services import hosts, snapshots, tasks, usage, vm_state, vms
+from rift.services.context import Deps, GuestRuntime
 from rift.services.disk_budget import GIB, disk_used_bytes
 from tests.support.engine import ALICE, BOB, refused
 
@@ -53,3 +56,35 @@ def test_paused_memory_and_snapshots_count(deps: Deps) -> None:
     with deps.store.read() as tx:
         assert disk_used_bytes(tx, "alice") == 512 << 20
         assert disk_used_bytes(tx, "bob") == 0
+
+
+def test_a_host_under_its_disk_floor_takes_no_new_vm_snapshot_or_pause(deps: Deps) -> None:
+    hosts.add_host(deps, "big", "fake:///big", 4, 100_000)
+    opened = tasks.new_task(deps, ALICE)
+    handle = str(opened.handle)
+    vm = vms.new_vm(deps, ALICE, handle, image="tiny")
+    assert vm.host == "big"
+    deps.disk_room.free["big"] = 1 << 30  # as sampled: 1 GiB left, under the 4 GiB floor
+    assert vms.new_vm(deps, ALICE, handle, image="tiny").host == "local"  # placed elsewhere
+    for call, args in ((snapshots.make, (vm.id,)), (vm_state.pause, (vm.id,))):
+        error = refused("quota_exceeded", call, deps, ALICE, handle, *args)
+        assert error.details["host"] == "big"
+    hosts.drain_host(deps, "local")  # now only the full host has room
+    error = refused("quota_exceeded", vms.new_vm, deps, ALICE, handle, image="tiny")
+    assert error.details == {"host": "big", "free_bytes": 1 << 30}
+    assert "RIFT_HOST_DISK_RESERVE_GIB" in error.message
+    deps.disk_room.free["big"] = 50 << 30  # disk freed there
+    assert vms.new_vm(deps, ALICE, handle, image="tiny").host == "big"
+
+
+def test_the_free_disk_of_a_folder_not_made_yet_is_its_file_systems(tmp_path: Path) -> None:
+    free = LOCAL_DISK.free(str(tmp_path / "not" / "yet"))
+    assert abs(free - shutil.disk_usage(tmp_path).free) < 64 << 20  # others write meanwhile
+
+
+def test_usage_sampling_notes_each_hosts_free_disk(deps: Deps, tmp_path: Path) -> None:
+    runtime = GuestRuntime(images_dir=tmp_path / "images", serial_dir=tmp_path / "serial",
+                           boot_timeout_s=1.0, accel=lambda uri: "tcg")
+    sampled = replace(deps, runtime=runtime)
+    usage.sample_usage(sampled, 60.0)
+    assert abs(sampled.disk_room.free["local"] - shutil.disk_usage(tmp_path).free) < 64 << 20
