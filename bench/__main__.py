@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark and print its table; `python -m bench NAME ...`
 runs only those named (engine, mcp, vms, boxes, scale, starts, execs, forks,
-exposures, hosts)."""
+exposures, hosts, hostile)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,24 @@ from collections.abc import Callable
 
 
 def benches() -> dict[str, Callable[[], object]]:
-    from bench import boxes, engine, execs, exposures, forks, hosts, mcp, scale, starts, vms
+    from bench import (
+        boxes,
+        engine,
+        execs,
+        exposures,
+        forks,
+        hostile,
+        hosts,
+        mcp,
+        scale,
+        starts,
+        vms,
+    )
 
     return {"engine": engine.main, "mcp": mcp.main, "vms": vms.main, "boxes": boxes.main,
             "scale": scale.main, "starts": starts.main, "execs": execs.main,
-            "forks": forks.main, "exposures": exposures.main, "hosts": hosts.main}
+            "forks": forks.main, "exposures": exposures.main, "hosts": hosts.main,
+            "hostile": hostile.main}
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,241 @@
+"""Hostile guests' and clients' benchmark (issue #26, SPEC §15), on qemu:///system
+with two `tiny` guests (TCG here) behind a real `rift serve` (tests.support's):
+mallory is root in one and does her worst, alice owns the other.
+
+1. alice's calls one after another (`rift_vm_exec` of `true` on her VM,
+   `rift_task_get`, `GET /healthz`; tests.support.hostile's probe): p50 and p99
+   while the server is quiet against while each hostile case runs, side by side
+   in one run, each pair measured back to back (WINDOW_S each). During a case
+   two of mallory's callers keep calling `rift_vm_exec` on her VM, each pausing
+   PACE_S between calls (goal: alice's p99 within 1.5x quiet). The cases: a fake
+   exec helper that never reads its stdin (8 MiB sent each call), floods, never
+   exits, or prints a view line built for backtracking; a console flood; a new
+   SSH host key; a full root tmpfs; a fork bomb (last: her VM is destroyed after
+   it).
+2. The memory of `rift serve` (VmRSS, and its peak VmHWM) before and after a
+   34 MiB JSON body sent with no token, to /mcp and to a REST route (goal: no
+   growth past 64 MiB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import print_table
+from tests.support.hostile import KINDS, GuestRoot, Probe, Window, one_call, rss_mib
+from tests.support.servers import Server, real_vms_missing, start_real_server, stop_server
+
+WINDOW_S = 15.0  # each quiet and each hostile window
+CALLERS = 2  # mallory's callers at once during a case
+PACE_S = 0.25  # each caller's pause between calls (her guest is the attack, not her rate)
+TARGET_P99 = 1.5
+BODY_MIB, TARGET_GROWTH_MIB = 34, 64.0
+
+
+def progress(text: str) -> None:
+    print(f"[hostile] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Mallory:
+    server: Server
+    token: str
+    handle: str
+    task_id: str
+    vm: dict[str, Any]
+
+    def root(self) -> GuestRoot:
+        return GuestRoot(self.vm["ssh"]["port"], self.server.data_dir / "keys" / self.task_id)
+
+    def exec(self, command: str = "true", **args: Any) -> tuple[str | None, float]:
+        code, took, _ = one_call(self.server.url, self.token, "rift_vm_exec", 90,
+                                 handle=self.handle, vm_id=self.vm["id"], command=command,
+                                 wait_s=2, **args)
+        return code, took
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    start: Callable[[GuestRoot], object]
+    stop: Callable[[GuestRoot], object]
+    exec_args: dict[str, Any]
+
+
+def _nothing(_: GuestRoot) -> None:
+    return None
+
+
+def _fill(root: GuestRoot) -> None:
+    root.run("dd if=/dev/zero of=/fill bs=1M", 120)  # it ends with "No space left"
+
+
+CASES = [
+    Case("helper never reads 8 MiB stdin", lambda r: r.fake_helper("silent"),
+         lambda r: r.real_helper(), {"command": "cat", "stdin": "x" * (8 << 20)}),
+    Case("helper floods its output", lambda r: r.fake_helper("endless"),
+         lambda r: r.real_helper(), {}),
+    Case("helper never exits", lambda r: r.fake_helper("silent"),
+         lambda r: r.real_helper(), {}),
+    Case("helper prints `rift-exec ` + 60 `a=`", lambda r: r.fake_helper("catastrophic"),
+         lambda r: r.real_helper(), {}),
+    Case("console flood (yes > /dev/console)",
+         lambda r: r.spawn("timeout -s KILL 600 yes console flood > /dev/console"),
+         lambda r: r.must("killall -q yes; true"), {"command": "echo hi"}),
+    Case("new SSH host key", lambda r: r.change_host_key(),
+         lambda r: r.change_host_key(back=True), {}),
+    Case("root tmpfs full", _fill,
+         lambda r: r.must("rm -f /fill"), {"command": "echo hi"}),
+    Case("fork bomb", lambda r: r.spawn("f() { f | f & }; f"), _nothing, {}),
+]
+
+
+@contextlib.contextmanager
+def _pressure(mallory: Mallory, args: dict[str, Any]) -> Iterator[list[tuple[str | None,
+                                                                          float]]]:
+    """CALLERS threads calling `rift_vm_exec` on mallory's VM until the block ends
+    (a call in flight then is not waited for)."""
+    stop = threading.Event()
+    answers: list[tuple[str | None, float]] = []
+
+    def caller() -> None:
+        while not stop.is_set():
+            answers.append(mallory.exec(**args))
+            stop.wait(PACE_S)
+
+    threads = [threading.Thread(target=caller, daemon=True) for _ in range(CALLERS)]
+    for t in threads:
+        t.start()
+    try:
+        yield answers
+    finally:
+        stop.set()
+
+
+def _quiet_then(probe: Probe, mallory: Mallory, case: Case) -> tuple[Window, Window,
+                                                                   list[Any]]:
+    with probe.window(WINDOW_S) as quiet:
+        pass
+    root = mallory.root()
+    case.start(root)
+    try:
+        with _pressure(mallory, case.exec_args) as answers, \
+                probe.window(WINDOW_S) as hostile:
+            pass
+    finally:
+        case.stop(root)
+    return quiet, hostile, list(answers)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+def _rows(name: str, quiet: Window, hostile: Window) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for kind in KINDS:
+        if not quiet.of(kind) or not hostile.of(kind):
+            rows.append((name, kind, "-", "-", "-", "-", "no samples", ""))
+            continue
+        ratio = hostile.p99(kind) / quiet.p99(kind)
+        failed = len([s for s in hostile.of(kind) if not s.ok])
+        rows.append((name, kind, _ms(quiet.p50(kind)), _ms(quiet.p99(kind)),
+                     _ms(hostile.p50(kind)), _ms(hostile.p99(kind)), f"{ratio:.2f}x",
+                     f"{len(hostile.of(kind))}" + (f" ({failed} failed)" if failed else "")))
+    return rows
+
+
+def _body(size_mib: int) -> bytes:
+    filler = b"a" * ((size_mib << 20) - 16)
+    return b'{"x": "' + filler + b'"}'
+
+
+def _memory(server: Server, pid: int) -> list[tuple[str, ...]]:
+    body = _body(BODY_MIB)
+    rows: list[tuple[str, ...]] = []
+    for path in ("/mcp", "/api/v1/tasks"):
+        before, peak_before = rss_mib(pid), rss_mib(pid, "VmHWM")
+        began = time.perf_counter()
+        try:
+            answer = httpx.post(server.url + path, content=body, timeout=120, headers={
+                "Content-Type": "application/json", "Accept":
+                "application/json, text/event-stream"})
+            status = str(answer.status_code)
+        except httpx.HTTPError as exc:
+            status = type(exc).__name__
+        took = time.perf_counter() - began
+        time.sleep(1)
+        after, peak = rss_mib(pid), rss_mib(pid, "VmHWM")
+        rows.append((f"POST {path}, {BODY_MIB} MiB, no token", status, f"{took:.2f}",
+                     f"{before:.0f}", f"{after:.0f}", f"{after - before:+.0f}",
+                     f"{peak - peak_before:+.0f}", f"< {TARGET_GROWTH_MIB:.0f}"))
+    return rows
+
+
+def _boot(server: Server, token: str, name: str) -> tuple[str, str, dict[str, Any]]:
+    code, _, opened = one_call(server.url, token, "rift_task_new", 60, name=name)
+    assert code is None, opened
+    code, _, made = one_call(server.url, token, "rift_vm_new", 300, handle=opened["handle"],
+                             image="tiny")
+    assert code is None, made
+    return opened["handle"], opened["task"]["id"], made["vm"]
+
+
+def main() -> None:
+    missing = real_vms_missing()
+    if missing is not None:
+        print(f"hostile: skipped ({missing})")
+        return
+    with tempfile.TemporaryDirectory(prefix="rift-bench-hostile-") as tmp:
+        proc, server = start_real_server(Path(tmp), RIFT_VM_BOOT_TIMEOUT_S="120",
+                                         RIFT_LOG_LEVEL="WARNING")
+        try:
+            memory = _memory(server, proc.pid)
+            mallory_token = server.new_token("mallory", "bench")
+            alice_token = server.new_token("alice", "bench")
+            mallory = Mallory(server, mallory_token, *_boot(server, mallory_token, "mallory"))
+            alice_handle, _, alice_vm = _boot(server, alice_token, "alice")
+            probe = Probe(server.url, alice_token, alice_handle, alice_vm["id"]).start()
+            rows: list[tuple[str, ...]] = []
+            theirs: list[tuple[str, ...]] = []
+            try:
+                for case in CASES:
+                    progress(case.name)
+                    quiet, hostile, answers = _quiet_then(probe, mallory, case)
+                    rows += _rows(case.name, quiet, hostile)
+                    codes = sorted({str(code) for code, _ in answers})
+                    slowest = max((took for _, took in answers), default=0.0)
+                    theirs.append((case.name, str(len(answers)), ", ".join(codes),
+                                   f"{slowest:.1f}"))
+                one_call(server.url, mallory_token, "rift_vm_destroy", 60,
+                         handle=mallory.handle, vm_id=mallory.vm["id"])
+            finally:
+                probe.stop()
+            for token, handle in ((mallory_token, mallory.handle),
+                                  (alice_token, alice_handle)):
+                one_call(server.url, token, "rift_task_close", 120, handle=handle)
+        finally:
+            stop_server(proc)
+    print_table("alice's calls, quiet against while mallory's guest does its worst (ms)",
+                rows, ("case", "call", "quiet p50", "quiet p99", "hostile p50",
+                       "hostile p99", "p99 ratio", "samples"))
+    print(f"\ngoal: hostile p99 within {TARGET_P99}x quiet; windows of {WINDOW_S:.0f} s each")
+    print_table("mallory's own rift_vm_exec calls meanwhile (wait_s 2)", theirs,
+                ("case", "calls", "codes (None: answered)", "slowest s"))
+    print_table(f"rift serve's memory and a {BODY_MIB} MiB body with no token (MiB)", memory,
+                ("request", "answer", "s", "RSS before", "RSS after", "growth",
+                 "peak (VmHWM) growth", "goal"))
+
+
+if __name__ == "__main__":
+    main()
