@@ -212,3 +212,28 @@ class client_holding:
         for stream in self.streams:
             stream.__exit__(None, None, None)
         self.client.close()
+
+
+def test_open_boxes_pages_hold_places_and_one_past_the_budget_is_refused(
+        wdeps: Deps, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, hypervisor_uri="fake:///local",
+                        max_waiting_per_user=2)
+    served = Served(wdeps, settings)
+    try:
+        accounts.add_user(wdeps, "ada", "correct horse battery")
+        with httpx.Client(base_url=served.url, timeout=30) as page:
+            form = page.get("/login").text
+            csrf = form.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+            signed = page.post("/login", data={"user": "ada", "password": "correct horse battery",
+                                               "csrf": csrf})
+            assert signed.status_code == 303, signed.text[:300]
+            with page.stream("GET", "/live") as first, page.stream("GET", "/live") as second:
+                assert first.status_code == 200 and second.status_code == 200
+                _until(lambda: served.waiting.held("ada") == 2)
+                third = page.get("/live")
+                assert third.status_code == 429 and third.headers["retry-after"] == "5"
+            _until(lambda: served.waiting.held("ada") == 0)
+            with page.stream("GET", "/live") as again:
+                assert again.status_code == 200
+    finally:
+        served.stop()
