@@ -10,12 +10,14 @@ setup:
 	@scripts/setup.sh
 
 ## run: install what is missing, start libvirtd, build the tiny and debian images, and start Rift
-## on 127.0.0.1:8080 (SQLite in ./var, VMs on the local libvirt)
+## on 127.0.0.1:8080 (SQLite in ./var, VMs on the local libvirt, a pool of debian: one running,
+## two saved; RIFT_DEFAULT_POOL= turns it off)
 run: setup
 	@scripts/libvirt.sh
 	$(VENV)/bin/rift image build tiny
 	$(VENV)/bin/rift image build debian
-	RIFT_HYPERVISOR_URI=$${RIFT_HYPERVISOR_URI:-qemu:///system} $(VENV)/bin/rift serve
+	RIFT_HYPERVISOR_URI=$${RIFT_HYPERVISOR_URI:-qemu:///system} \
+	  RIFT_DEFAULT_POOL=$${RIFT_DEFAULT_POOL-debian:1:2} $(VENV)/bin/rift serve
 
 ## test: install what is missing and run the whole suite
 test: setup

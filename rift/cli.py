@@ -62,6 +62,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         print("Created the user admin. Shown once, keep them now:", flush=True)
         print(f"  password: {first.password}", flush=True)
         print(f"  token:    {first.token}", flush=True)
+    _default_pool(settings, deps)
     try:
         # The request head's deadline is the protocol's (RIFT_HEADER_TIMEOUT_S); the
         # body's is the app's (rift.api.guard).
@@ -70,6 +71,25 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         close_deps(deps)
     return 0
+
+
+def _default_pool(settings: Settings, deps: Deps) -> None:
+    """Make the pool RIFT_DEFAULT_POOL names, unless its image has one; say why not."""
+    from rift.services import pools
+
+    if not settings.default_pool:
+        return
+    image, running_text, saved_text = settings.default_pool.split(":")
+    running, saved = int(running_text), int(saved_text)
+    try:
+        made = pools.ensure_default_pool(deps, image, running, saved)
+    except RiftError as exc:
+        print(f"RIFT_DEFAULT_POOL: no pool of {image}: {exc.message} ({exc.hint})",
+              file=sys.stderr, flush=True)
+        return
+    if made is not None:
+        print(f"Keeping a pool of {image}: {running} running, {saved} saved "
+              "(RIFT_DEFAULT_POOL; rift pool set/clear changes it)", flush=True)
 
 
 def cmd_user(settings: Settings, args: argparse.Namespace) -> int:

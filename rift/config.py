@@ -103,6 +103,11 @@ class Settings(BaseSettings):
         default="debian", min_length=1, max_length=200, description="The image of a "
         "`rift_vm_new` that names none; one not known or not built is refused like naming "
         "it (`image_not_found`).")
+    default_pool: str = Field(
+        default="", pattern=r"^$|^[a-z0-9][a-z0-9._-]{0,62}:[0-9]{1,3}:[0-9]{1,3}$",
+        description="`IMAGE:RUNNING:SAVED`: a pool `rift serve` makes at start when that "
+        "image has none, so a first `rift_vm_new` is a hand-out (`make run` sets "
+        "`debian:1:2`); empty: none. A pool an operator set is left as it is.")
     default_egress: Literal["open", "none"] = Field(
         default="open", description="The `egress` of a `rift_vm_new` that names none: "
         "`open` (the networks beyond the host) or `none` (nothing off the VM).")

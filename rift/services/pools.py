@@ -152,6 +152,15 @@ def set_pool(deps: Deps, image: str, *, running: int | None = None, saved: int |
     return pool
 
 
+def ensure_default_pool(deps: Deps, image: str, running: int, saved: int) -> Pool | None:
+    """The pool `RIFT_DEFAULT_POOL` names, made when its image has no pool yet (one an
+    operator set or resized is theirs, left as it is); None when there was one."""
+    with deps.store.read() as tx:
+        if any(pool.image == image for pool in tx.pools.all()):
+            return None
+    return set_pool(deps, image, running=running, saved=saved)
+
+
 def _check_room(tx: Tx, host: str | None, vcpus: int, memory_mib: int, running: int,
                 own: set[str]) -> None:
     _, loads = host_loads(tx, without=own)
