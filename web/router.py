@@ -9,9 +9,11 @@ token and pass the same-origin check.
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, FastAPI, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.exceptions import HTTPException
@@ -90,16 +92,19 @@ def login_form(request: Request) -> Response:
 
 
 @router.post("/login")
-def login(request: Request, user: FormText = "", password: FormText = "",
-          csrf: FormText = "") -> Response:
+async def login(request: Request, user: FormText = "", password: FormText = "",
+                csrf: FormText = "") -> Response:
+    """Sign-ins run on threads of their own (`AppState.login_threads`): a burst of
+    them queues there, never taking the threads other calls are served from."""
     state = _state(request)
     if not same_origin(request) or not sessions.same_token(csrf,
                                                            request.cookies.get(LOGIN_COOKIE)):
         return _login_page(request, "The sign-in form had expired. Try again.", user, 403)
     address = request.client.host if request.client else "unknown"
     try:
-        made = sessions.log_in(state.deps, user, password, address, state.settings.session_ttl_s,
-                               state.login_checks)
+        made = await anyio.to_thread.run_sync(partial(
+            sessions.log_in, state.deps, user, password, address, state.settings.session_ttl_s,
+            state.login_checks), limiter=state.login_threads)
     except sessions.LoginBusy:
         return _login_page(request, "Too many sign-ins at once. Try again in a second.", user,
                            429, {"Retry-After": "1"})
