@@ -46,13 +46,14 @@ class SshGuests:
                  egress_proxy_port: int | None = None,
                  helper_binary: Callable[[], Path] | None = None,
                  links: HostLinks | None = None,
-                 host_uri: Callable[[str], str | None] | None = None) -> None:
+                 host_uri: Callable[[str], str | None] | None = None,
+                 console_log_mib: int | None = None) -> None:
         self.keys_dir = keys_dir
         self.links = links
-        self.shell = shell or SshGuestShell(keys_dir, serial_dir=serial_dir,
-                                            egress_proxy_port=egress_proxy_port,
-                                            helper_binary=helper_binary, links=links,
-                                            host_uri=host_uri)
+        self.shell = shell or SshGuestShell(
+            keys_dir, serial_dir=serial_dir, egress_proxy_port=egress_proxy_port,
+            helper_binary=helper_binary, links=links, host_uri=host_uri,
+            console_cap_bytes=console_log_mib << 20 if console_log_mib else None)
 
     def _call(self, vm: Vm, call: Callable[[], T]) -> T:
         with _refusals(vm.id):

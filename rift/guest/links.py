@@ -126,6 +126,11 @@ class HostLinks:
             transport.set_keepalive(30)
             return transport
 
+    def targets(self) -> list[SshTarget]:
+        """The hosts a connection is open to now."""
+        with self._lock:
+            return list(self._clients)
+
     def channel(self, target: SshTarget, port: int, timeout_s: float) -> paramiko.Channel:
         """A `direct-tcpip` channel to 127.0.0.1:`port` on the host (a guest's SSH)."""
         try:
@@ -140,20 +145,32 @@ class HostLinks:
         return self.run_bytes(target, command, timeout_s=timeout_s).decode(errors="replace")
 
     def run_bytes(self, target: SshTarget, command: str, stdin: bytes = b"",
-                  timeout_s: float = 120.0) -> bytes:
-        """Run `command` on the host with `stdin`; its stdout, or HostLinkError."""
+                  timeout_s: float = 120.0, limit: int | None = None) -> bytes:
+        """Run `command` on the host with `stdin`; its stdout (HostLinkError past
+        `limit` bytes, or past `timeout_s` on any step), or HostLinkError."""
         name = command.split(maxsplit=1)[0]
         try:
             chan = self.transport(target).open_session(timeout=CONNECT_TIMEOUT_S)
-            chan.settimeout(timeout_s)
-            chan.exec_command(command)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
-            out = chan.makefile("rb").read()
-            err = chan.makefile_stderr("rb").read()
-            code = chan.recv_exit_status()
-            chan.close()
+            try:
+                chan.settimeout(timeout_s)
+                chan.exec_command(command)
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+                out = bytearray()
+                while chunk := chan.recv(CHUNK):
+                    out += chunk
+                    if limit is not None and len(out) > limit:
+                        raise HostLinkError(f"{target.host}: {name} answered more than "
+                                            f"{limit} bytes")
+                if not chan.status_event.wait(timeout_s):
+                    raise HostLinkError(f"{target.host}: {name} did not end")
+                code = chan.recv_exit_status()
+                err = b""
+                while chan.recv_stderr_ready():  # its last KiB, for the message below
+                    err = (err + chan.recv_stderr(CHUNK))[-1024:]
+            finally:
+                chan.close()
         except (OSError, paramiko.SSHException) as exc:
             raise HostLinkError(f"{target.host}: {name} failed: {exc}") from exc
         if code != 0:
@@ -161,24 +178,15 @@ class HostLinks:
                                 f"{err.decode(errors='replace').strip()[-300:]}")
         return bytes(out)
 
-    def read_text(self, target: SshTarget, path: str) -> str | None:
-        """A file's text on the host; None when it is not there (yet). Over SFTP, or
-        `cat` where the host's sshd offers no SFTP subsystem."""
-        try:
-            sftp = self.transport(target).open_sftp_client()
-        except (OSError, paramiko.SSHException):
-            quoted = shlex.quote(path)
-            return self.run(target, f"if [ -e {quoted} ]; then cat {quoted}; else echo "
-                            "rift-absent >&2; fi") or None
-        try:
-            with sftp.open(path, "rb") as f:
-                return f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return None
-        except (OSError, paramiko.SSHException) as exc:
-            raise HostLinkError(f"{target.host}: cannot read {path}: {exc}") from exc
-        finally:
-            sftp.close()
+    def read_tail(self, target: SshTarget, path: str, count: int,
+                  timeout_s: float = 10.0) -> bytes | None:
+        """The last `count` bytes of a file on the host (a guest's console: never
+        read whole); None when it is not there (yet)."""
+        quoted = shlex.quote(path)
+        out = self.run_bytes(target, f"if [ -e {quoted} ]; then tail -c {int(count)} "
+                             f"{quoted}; else echo rift-absent >&2; fi",
+                             timeout_s=timeout_s, limit=int(count))
+        return out or None
 
     def _put(self, target: SshTarget, local: Path, remote: str) -> None:
         """Copy `local` to `remote` on the host: SFTP, or `cat` without an SFTP subsystem."""
@@ -299,6 +307,15 @@ class SshDisk:
         listed = self._run(f"if [ -d {quoted} ]; then find {quoted} -maxdepth 1 -type f "
                            "-printf '%b\\n'; fi")
         return sum(int(n) for n in listed.split()) * 512
+
+    def free(self, folder: str) -> int:
+        quoted = shlex.quote(folder)
+        answer = self._run(f"p={quoted}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+                           "df -B1 --output=avail \"$p\" | tail -n 1", timeout_s=30.0)
+        try:
+            return int(answer.strip())
+        except ValueError as exc:
+            raise OSError(errno.EIO, f"df answered {answer[:80]!r}") from exc
 
     def spliced(self, source: str, head: bytes, offset: int, target: str) -> None:
         partial = shlex.quote(f"{target}.rift-partial")

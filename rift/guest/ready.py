@@ -15,52 +15,54 @@ from pathlib import Path
 import paramiko
 
 from hypervisor.kernel_boot import FAILED_MARKER, HOSTKEY_MARKER, READY_MARKER
+from rift.guest.console import TAIL_BYTES, read_tail
 from rift.guest.errors import GuestError
 
 _POLL_S = 0.02
 _TAIL = 400
 
 
-# A serial console: the file QEMU writes here, or what reads it on the VM's host
-# (a callable answering its text so far, None while there is none).
-Console = Path | Callable[[], str | None]
+# A serial console: the file QEMU writes here, or what reads its tail on the VM's
+# host (a callable answering its last TAIL_BYTES, None while there is none).
+Console = Path | Callable[[], bytes | None]
 _REMOTE_POLL_S = 0.2  # a console read over SSH costs a round trip
 
 
-def _text(console: Console) -> str | None:
+def _tail(console: Console) -> bytes | None:
+    """The console's last TAIL_BYTES: a log a guest floods is never read whole."""
     if callable(console):
         return console()
-    try:
-        return console.read_text(errors="replace")
-    except FileNotFoundError:
-        return None
+    return read_tail(console, TAIL_BYTES)
 
 
 def read_markers(serial_log: Console) -> tuple[bool, str | None, str | None]:
-    """(ready, host key line or None, failure reason or None) from the log so far."""
-    text = _text(serial_log)
-    if text is None:
+    """(ready, host key line or None, failure reason or None) from the log's tail
+    (the markers are the init's last lines; what a guest prints after them in
+    more than TAIL_BYTES hides them, which costs that guest its own boot)."""
+    data = _tail(serial_log)
+    if data is None:
         return False, None, None
     ready = False
     host_key: str | None = None
     failed: str | None = None
-    for raw in text.splitlines():
+    for raw in data.decode("utf-8", "replace").splitlines():
         line = raw.strip("\r\x00 ")
         if line == READY_MARKER:
             ready = True
         elif line.startswith(HOSTKEY_MARKER + " "):
-            host_key = line.removeprefix(HOSTKEY_MARKER + " ").strip() or None
+            host_key = line.removeprefix(HOSTKEY_MARKER + " ").strip()[:1024] or None
         elif line.startswith(FAILED_MARKER):
-            failed = line.removeprefix(FAILED_MARKER).strip() or "the guest's init failed"
+            failed = (line.removeprefix(FAILED_MARKER).strip()[:300]
+                      or "the guest's init failed")
     return ready, host_key, failed
 
 
 def serial_tail(serial_log: Console) -> str:
     try:
-        text = _text(serial_log)
+        data = _tail(serial_log)
     except OSError:
         return ""
-    return (text or "")[-_TAIL:].strip()
+    return (data or b"")[-_TAIL:].decode("utf-8", "replace").strip()
 
 
 def wait_for_marker(serial_log: Console, deadline: float, *,

@@ -34,6 +34,7 @@ from hypervisor.base import ImageError
 from hypervisor.exec_helper import GUEST_PATH
 from rift.domain.egress import proxied, proxy_environment
 from rift.domain.model import Vm
+from rift.guest.console import TAIL_BYTES, ConsoleKeeper
 from rift.guest.errors import GuestError, GuestExecError, GuestFileError, GuestPortClosed
 from rift.guest.exec_view import (
     EXEC_ENDED,
@@ -104,6 +105,7 @@ class SshGuestShell:
         helper_binary: Callable[[], Path] | None = None,
         links: HostLinks | None = None,
         host_uri: Callable[[str], str | None] | None = None,
+        console_cap_bytes: int | None = None,
     ) -> None:
         self.keys_dir = keys_dir
         # Guests of hosts elsewhere are reached through their host's SSH (`links`);
@@ -118,6 +120,9 @@ class SshGuestShell:
         # rift-exec for guests without it (hypervisor.exec_helper; compiled on first use)
         self.helper_binary = helper_binary
         self.serial_dir = serial_dir  # where `<vm id>.log` holds each guest's console
+        # keeps those logs under the cap, here and on hosts elsewhere (from the first boot)
+        self._keeper = (ConsoleKeeper(serial_dir, console_cap_bytes, remote=self._on_hosts)
+                        if serial_dir is not None and console_cap_bytes else None)
         self.user = user
         self.connect_timeout_s = connect_timeout_s
         self.output_cap = output_cap
@@ -321,6 +326,8 @@ class SshGuestShell:
         cloud-init has installed the key, or with host keys it replaces).
         """
         deadline = time.monotonic() + timeout_s
+        if self._keeper is not None:
+            self._keeper.start()
         with self._lock:
             self._closed.discard(vm.id)  # a boot under this id starts now
             if markers:
@@ -581,6 +588,8 @@ class SshGuestShell:
     def close(self) -> None:
         self._pool.close()
         self._watchdog.stop()
+        if self._keeper is not None:
+            self._keeper.stop()
         with self._lock:
             tunnels = list(self._tunnels.values())
             self._tunnels.clear()
@@ -628,6 +637,16 @@ class SshGuestShell:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # else ~40 ms per call
         return sock
 
+    def _on_hosts(self, command: str) -> None:
+        """Run `command` on each host elsewhere Rift is connected to (the keeper's cut)."""
+        if self.links is None:
+            return
+        for target in self.links.targets():
+            try:
+                self.links.run(target, command, timeout_s=30.0)
+            except HostLinkError as exc:
+                log.info("console logs on %s not checked: %s", target.host, exc)
+
     def _console(self, vm_id: str, serial_log: Path) -> Console:
         """The VM's serial console: its file here, or read on its host."""
         target = self._target(vm_id)
@@ -635,9 +654,9 @@ class SshGuestShell:
         if target is None or links is None:
             return serial_log
 
-        def read() -> str | None:
+        def read() -> bytes | None:
             try:
-                return links.read_text(target, str(serial_log))
+                return links.read_tail(target, str(serial_log), TAIL_BYTES)
             except HostLinkError:
                 return None
 
