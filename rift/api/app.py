@@ -28,6 +28,7 @@ from rift.api.rest import router
 from rift.api.state import AppState
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
+from rift.e2b import routes as e2b
 from rift.scheduler import PoolFiller, start_scheduler
 from rift.services.context import Caller, Deps
 from rift.services.egress_deny import EgressDeny
@@ -129,6 +130,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
     app.state.rift = state
     install_error_handlers(app)
     app.include_router(router)
+    e2b.mount(app, state)  # the E2B door at /e2b (SPEC §16)
     install_web(app)  # the Boxes page: /, /login, /logout, /live, /static
     mcp_lifespan = mount_mcp(app, state, security)
 
@@ -148,7 +150,8 @@ def create_app(settings: Settings, deps: Deps | None = None,
         return Response(state.metrics.render(operator=caller.operator),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.add_middleware(BodyGuard, max_body=body_limit, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodyGuard, max_body=e2b.body_limit(body_limit),
+                       body_timeout_s=settings.body_timeout_s)
     app.add_middleware(TokenGate, state=state)  # who calls, before any body is read
     app.add_middleware(RebindingGuard, settings=security)
     # Before the guards: an exposure's request and body are its guest's to judge.

@@ -1,0 +1,159 @@
+"""The E2B door's routes, mounted at `/e2b` (so `E2B_API_URL=E2B_SANDBOX_URL=
+<rift>/e2b` serves both the SDK's API client and its envd client):
+
+- the control plane (`X-API-Key`: a Rift API token): `POST /v2/sandboxes` (and
+  `/sandboxes`), `GET /v2/sandboxes` (and `/sandboxes`), `GET` and `DELETE
+  /sandboxes/{id}`, `POST /sandboxes/{id}/timeout`; refusals in E2B's shape
+  `{"code": <status>, "message": "<Rift's message (code: hint)>"}`.
+- the data plane (rift.e2b.envd): `/process.Process/*`, `/filesystem.Filesystem/*`,
+  `/files`, `/health`.
+
+Anything else under `/e2b` is answered 501 in E2B's shape: not served yet.
+Plain Starlette routes (the door has E2B's shapes, not Rift's contracts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.types import Scope
+
+from rift.api.guard import MAX_BODY
+from rift.api.state import AppState
+from rift.domain.errors import InvalidArgument, RiftError, Unauthorized
+from rift.e2b import sandboxes, shapes
+from rift.e2b.envd import Envd
+from rift.e2b.sandboxes import Registry
+
+PREFIX = "/e2b"
+STREAMS = ("/process.Process/Connect", "/filesystem.Filesystem/WatchDir")
+
+
+def body_limit(base: Callable[[Scope], int]) -> Callable[[Scope], int]:
+    """`base`, except that an upload to a sandbox's `/files` may be as large as a
+    REST file write."""
+    def limit(scope: Scope) -> int:
+        if scope.get("method") == "POST" and scope.get("path") == PREFIX + "/files":
+            return MAX_BODY
+        return base(scope)
+    return limit
+
+
+def refusal(err: RiftError) -> JSONResponse:
+    status = shapes.status_of(err)
+    headers = {"Retry-After": str(err.details.get("retry_after_s", 60))} \
+        if status == 429 else None
+    return JSONResponse(shapes.error_body(status, shapes.message_of(err)), status_code=status,
+                        headers=headers)
+
+
+class Api:
+    def __init__(self, state: AppState, registry: Registry) -> None:
+        self.state = state
+        self.registry = registry
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if not raw:
+            return {}
+        try:
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidArgument("body", f"is not valid JSON: {exc}") from exc
+        if not isinstance(parsed, dict):
+            raise InvalidArgument("body", "must be a JSON object")
+        return parsed
+
+    async def _call(self, request: Request, work: Callable[..., Any], *args: Any,
+                    waits: bool = False) -> Any:
+        deps = self.state.deps
+        caller = await self.state.waiting.run(None, sandboxes.caller_of, deps,
+                                              request.headers.get("x-api-key"))
+        return await self.state.waiting.run(caller.user if waits else None, work, deps,
+                                            self.registry, caller, *args)
+
+    async def create(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            made = await self._call(request, sandboxes.create, body, waits=True)
+        except RiftError as err:
+            return refusal(err)
+        return JSONResponse(made, status_code=201)
+
+    async def list(self, request: Request) -> Response:
+        try:
+            found, next_token = await self._call(request, sandboxes.listing,
+                                                 dict(request.query_params))
+        except RiftError as err:
+            return refusal(err)
+        return JSONResponse(found, headers={"x-next-token": next_token} if next_token else None)
+
+    async def info(self, request: Request) -> Response:
+        try:
+            return JSONResponse(await self._call(request, sandboxes.info,
+                                                 request.path_params["sandbox"]))
+        except RiftError as err:
+            return refusal(err)
+
+    async def kill(self, request: Request) -> Response:
+        try:
+            await self._call(request, sandboxes.kill, request.path_params["sandbox"],
+                             waits=True)
+        except RiftError as err:
+            return refusal(err)
+        return Response(status_code=204)
+
+    async def timeout(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            await self._call(request, sandboxes.set_timeout, request.path_params["sandbox"],
+                             body)
+        except RiftError as err:
+            return refusal(err)
+        return Response(status_code=204)
+
+    async def not_served(self, request: Request) -> Response:
+        """What the door does not serve yet, after the key's check (401 first)."""
+        await request.body()
+        try:
+            await self.state.waiting.run(None, sandboxes.caller_of, self.state.deps,
+                                         request.headers.get("x-api-key"))
+        except Unauthorized as err:
+            return refusal(err)
+        return JSONResponse(shapes.error_body(
+            501, f"{request.method} {request.url.path} is not served by Rift's E2B door yet "
+            "(README: Connect E2B code)"), status_code=501)
+
+
+def routes(state: AppState) -> list[Route]:
+    registry = Registry()
+    api, envd = Api(state, registry), Envd(state, registry)
+    everything = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+    return [
+        Route("/v2/sandboxes", api.create, methods=["POST"]),
+        Route("/sandboxes", api.create, methods=["POST"]),
+        Route("/v2/sandboxes", api.list, methods=["GET"]),
+        Route("/sandboxes", api.list, methods=["GET"]),
+        Route("/sandboxes/{sandbox}", api.info, methods=["GET"]),
+        Route("/sandboxes/{sandbox}", api.kill, methods=["DELETE"]),
+        Route("/sandboxes/{sandbox}/timeout", api.timeout, methods=["POST"]),
+        Route("/process.Process/Start", envd.start, methods=["POST"]),
+        *[Route(path, envd.unimplemented_stream, methods=["POST"]) for path in STREAMS],
+        Route("/process.Process/{rpc}", envd.unimplemented, methods=["POST"]),
+        Route("/filesystem.Filesystem/{rpc}", envd.unimplemented, methods=["POST"]),
+        Route("/files", envd.read, methods=["GET"]),
+        Route("/files", envd.write, methods=["POST"]),
+        Route("/health", envd.health, methods=["GET"]),
+        Route("/{rest:path}", api.not_served, methods=everything),
+    ]
+
+
+def mount(app: Starlette, state: AppState) -> None:
+    """Serve the door at `/e2b`, ahead of the app's other routes."""
+    app.router.routes.insert(0, Mount(PREFIX, routes=routes(state)))
