@@ -9,9 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from rift.catalog import StaticImages
+from rift.domain.clock import FakeClock
 from rift.services import accounts, sessions
 from rift.services.context import Deps
+from rift.services.ports import Store
 from rift.services.sessions import PER_ADDRESS, PER_NAME_AND_ADDRESS, _keys
+from tests.support.engine import FakePool
 
 PASSWORD = "correct horse battery"
 
@@ -44,6 +48,18 @@ def test_forty_wrong_passwords_at_once_get_only_the_free_checks(deps: Deps) -> N
     assert _counts(deps, "ada") == [PER_NAME_AND_ADDRESS.free] * 2
     # and the right password is throttled too until the wait is over
     assert _try(deps, "ada", PASSWORD) == "throttled"
+
+
+def test_concurrent_wrong_passwords_are_counted_before_their_checks_on_each_database(
+        store: Store) -> None:
+    """The same rule where the store is PostgreSQL (row locks, not a file lock)."""
+    deps = Deps(store=store, clock=FakeClock(), hosts=FakePool(),
+                images=StaticImages(["debian"]))
+    accounts.add_user(deps, "ada", PASSWORD)
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda _: _try(deps, "ada", "wrong-wrong"), range(20)))
+    assert answers.count("checked") == PER_NAME_AND_ADDRESS.free, answers
+    assert _counts(deps, "ada") == [PER_NAME_AND_ADDRESS.free] * 2
 
 
 def test_a_login_beyond_the_concurrent_checks_is_busy_and_counts_nothing(deps: Deps) -> None:
