@@ -83,14 +83,20 @@ class HostLinks:
     dropped; safe to share between threads (paramiko multiplexes channels)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the dicts below; never held while connecting
+        self._connecting: dict[SshTarget, threading.Lock] = {}  # one connect per host at once
         self._clients: dict[SshTarget, paramiko.SSHClient] = {}
         self._copied: dict[tuple[SshTarget, str], str] = {}  # (host, path) -> sha256 there
         self._digests: dict[str, tuple[int, int, str]] = {}  # path -> (size, mtime, sha256)
 
     def transport(self, target: SshTarget) -> paramiko.Transport:
+        """The host's connection, opened when there is none (a host that stalls makes
+        only its own callers wait: each host connects under a lock of its own)."""
         with self._lock:
-            client = self._clients.get(target)
+            connecting = self._connecting.setdefault(target, threading.Lock())
+        with connecting:
+            with self._lock:
+                client = self._clients.get(target)
             transport = client.get_transport() if client is not None else None
             if transport is not None and transport.is_active():
                 return transport
@@ -120,7 +126,8 @@ class HostLinks:
                 client.close()
                 raise HostLinkError(f"SSH to {target.user}@{target.host}:{target.port} "
                                     f"failed: {exc}") from exc
-            self._clients[target] = client
+            with self._lock:
+                self._clients[target] = client
             transport = client.get_transport()
             assert transport is not None
             transport.set_keepalive(30)
@@ -372,6 +379,11 @@ class RemoteFiles:
                 self.links.ensure_file(target, Path(spec.seed), fresh=True)
             if spec.serial_log is not None:
                 self.links.mkdir(target, str(Path(spec.serial_log).parent))
+                # made here (0664) before libvirtd opens it for QEMU: its DAC driver
+                # gives it to QEMU's own user and group rift-guests, whose member the
+                # SSH user is (the ansible role), so Rift still reads and trims it
+                log = shlex.quote(spec.serial_log)
+                self.links.run(target, f"if [ ! -e {log} ]; then (umask 002 && : > {log}); fi")
         except (HostLinkError, OSError) as exc:
             raise HypervisorError("prepare", f"the VM's files could not be put on "
                                   f"{target.host}: {exc}") from exc

@@ -66,14 +66,20 @@ class ConnectionPool(Generic[T]):
 
     def add(self, vm_id: str, address: Address, transport: T) -> None:
         """Keep an opened connection as idle (closed instead when there is no room)."""
-        with self._cond:
-            slot = self._slot(vm_id, address)
-            if len(slot.open) + slot.opening < self.per_vm and len(slot.idle) < self.keep_idle:
-                slot.open.append(transport)
-                slot.idle.append(transport)
-                self._cond.notify_all()
-                return
-        transport.close()
+        retired: list[T] = []
+        try:
+            with self._cond:
+                slot = self._slot(vm_id, address, retired)
+                if (len(slot.open) + slot.opening < self.per_vm
+                        and len(slot.idle) < self.keep_idle):
+                    slot.open.append(transport)
+                    slot.idle.append(transport)
+                    self._cond.notify_all()
+                    return
+            retired.append(transport)
+        finally:
+            for old in retired:
+                old.close()
 
     def count(self, vm_id: str) -> int:
         """Open connections of a VM (idle and lent)."""
@@ -97,36 +103,42 @@ class ConnectionPool(Generic[T]):
         for vm_id in vm_ids:
             self.close_vm(vm_id)
 
-    def _slot(self, vm_id: str, address: Address) -> _Slot[T]:
-        """The VM's slot, replaced when the VM's address changed (called locked)."""
+    def _slot(self, vm_id: str, address: Address, retired: list[T]) -> _Slot[T]:
+        """The VM's slot, replaced when the VM's address changed (called locked); the
+        old slot's connections go into `retired`, for closing once unlocked (a close
+        may wait on the network: nothing does while the pool's lock is held)."""
         slot = self._slots.get(vm_id)
         if slot is not None and slot.address != address:
             slot.closed = True
-            for transport in slot.open:
-                transport.close()
+            retired.extend(slot.open)
             slot = None
         if slot is None:
             slot = self._slots[vm_id] = _Slot(address)
         return slot
 
     def _acquire(self, vm_id: str, address: Address, deadline: float) -> T:
-        with self._cond:
-            while True:
-                slot = self._slot(vm_id, address)
-                while slot.idle:
-                    transport = slot.idle.pop()
-                    if transport.is_active():
-                        return transport
-                    slot.open.remove(transport)
-                    transport.close()
-                if len(slot.open) + slot.opening < self.per_vm:
-                    slot.opening += 1
-                    break
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    raise GuestError(f"all {self.per_vm} connections to the guest are busy",
-                                     vm_id=vm_id)
-                self._cond.wait(remaining)
+        retired: list[T] = []
+        try:
+            with self._cond:
+                while True:
+                    slot = self._slot(vm_id, address, retired)
+                    while slot.idle:
+                        transport = slot.idle.pop()
+                        if transport.is_active():
+                            return transport
+                        slot.open.remove(transport)
+                        retired.append(transport)
+                    if len(slot.open) + slot.opening < self.per_vm:
+                        slot.opening += 1
+                        break
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        raise GuestError(f"all {self.per_vm} connections to the guest are "
+                                         "busy", vm_id=vm_id)
+                    self._cond.wait(remaining)
+        finally:
+            for old in retired:
+                old.close()
         try:
             transport = self._connect(vm_id, address)
         except BaseException:

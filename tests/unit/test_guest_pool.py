@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,6 +150,29 @@ def test_an_added_connection_serves_the_first_call() -> None:
     with pool.lease("vm_a", ADDRESS, 1) as transport:
         assert transport is ready
     assert opener.opened == []
+
+
+def test_a_vm_whose_connect_stalls_makes_no_other_vms_call_wait() -> None:
+    release = threading.Event()
+    opened = Opener()
+
+    def connect(vm_id: str, address: tuple[str, int]) -> FakeTransport:
+        if vm_id == "vm_stuck":
+            release.wait(10)  # a guest that never finishes its SSH handshake
+        return opened(vm_id, address)
+
+    pool = ConnectionPool(connect, per_vm=1)
+    stuck = threading.Thread(target=lambda: pool.lease("vm_stuck", ADDRESS, 10).__enter__())
+    stuck.start()
+    try:
+        began = time.monotonic()
+        with pool.lease("vm_b", ("127.0.0.1", 40023), 1) as transport:
+            assert transport.is_active()
+        pool.close_vm("vm_b")
+        assert time.monotonic() - began < 0.5
+    finally:
+        release.set()
+        stuck.join(5)
 
 
 def test_close_closes_every_vm() -> None:
