@@ -128,9 +128,13 @@ def _kvm_failure(domain: str) -> str | None:
     return None
 
 
+_READ_MAX = 1 << 20  # the probe guest's console is read this far, never whole
+
+
 def _read(path: Path) -> str:
     try:
-        return path.read_text(errors="replace")
+        with path.open("rb") as f:
+            return f.read(_READ_MAX).decode(errors="replace")
     except OSError:
         return ""
 
