@@ -34,6 +34,7 @@ import httpx
 from bench.common import print_table
 from tests.support.hostile import KINDS, GuestRoot, Probe, Window, one_call, rss_mib
 from tests.support.servers import Server, real_vms_missing, start_real_server, stop_server
+from tests.support.witnesses import our_domains, remove_domain
 
 WINDOW_S = 15.0  # each quiet and each hostile window
 CALLERS = 2  # mallory's callers at once during a case
@@ -187,7 +188,7 @@ def _boot(server: Server, token: str, name: str) -> tuple[str, str, dict[str, An
     assert code is None, opened
     code, _, made = one_call(server.url, token, "rift_vm_new", 300, handle=opened["handle"],
                              image="tiny")
-    assert code is None, made
+    assert code is None and made["vm"]["status"] == "running", made
     return opened["handle"], opened["task"]["id"], made["vm"]
 
 
@@ -226,6 +227,8 @@ def main() -> None:
                 one_call(server.url, token, "rift_task_close", 120, handle=handle)
         finally:
             stop_server(proc)
+            for record in our_domains(server).values():  # after a failed run
+                remove_domain(record.name)
     print_table("alice's calls, quiet against while mallory's guest does its worst (ms)",
                 rows, ("case", "call", "quiet p50", "quiet p99", "hostile p50",
                        "hostile p99", "p99 ratio", "samples"))

@@ -1,12 +1,13 @@
-"""Hostile guests on real `tiny` guests (SPEC §15, issue #26): mallory is root in
-her guest and does her worst (a fake exec helper that never reads its stdin, floods,
-never answers or prints a view line built for backtracking; a console flood; a new
-SSH host key; a full disk; a fork bomb); each time her own call fails with
-`guest_unreachable` (or answers) within its deadline, and a probe shows that
-alice's `rift_vm_exec` and `rift_task_get` and `/healthz` kept answering
-meanwhile, each well within PROBE_BOUND_S (the figures against a quiet server are
-bench/hostile.py's). Last, `rift serve` stops within 10 s of SIGTERM with a hostile
-call in flight. One VM each, kept across the module (mallory's last one is new)."""
+"""Hostile guests on real `tiny` guests and one `debian` (SPEC §15, issue #26):
+mallory is root in her guest and does her worst (a fake exec helper that never
+reads its stdin, floods, never answers or prints a view line built for
+backtracking; a console flood; a new SSH host key; a full disk; a fork bomb);
+each time her own call fails with `guest_unreachable` (or answers) within its
+deadline, and a probe shows that alice's `rift_vm_exec` and `rift_task_get` and
+`/healthz` kept answering meanwhile, each well within PROBE_BOUND_S (the figures
+against a quiet server are bench/hostile.py's). Last, `rift serve` stops within
+10 s of SIGTERM with a hostile call in flight. One VM each, kept across the
+module (mallory's `debian` and her last `tiny` are new ones)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tests.support.servers import (
     Server,
     real_vms_missing,
     restart_server,
+    seed_images,
     start_real_server,
     stop_server,
     wait_until,
@@ -46,6 +48,8 @@ DEADLINE_S = WAIT_S + SLACK_S + 5  # generous under TCG
 PROBE_BOUND_S = 5.0  # alice's slowest call while mallory does her worst (minutes, unfixed)
 GROWTH_MIB = 64  # what a flooding guest may cost `rift serve` in memory at most
 STOP_S = 10
+DEBIAN_BOOT_S = 120  # a `debian` boot on a busy 2-core machine under TCG
+DEBIAN_FILL_S = 240  # writing its free space (about 400 MiB) under TCG
 CONSOLE_LOG_MIB = 1  # the server's RIFT_CONSOLE_LOG_MIB here
 FLOOD_BYTES = 3 << 20
 
@@ -70,13 +74,15 @@ async def _task_and_vm(url: str, token: str, name: str) -> tuple[str, str, dict[
     async with mcp_session(url, token, name) as s:
         opened = await call(s, "rift_task_new", name=name)
         vm = (await call(s, "rift_vm_new", handle=opened["handle"], image="tiny"))["vm"]
+        assert vm["status"] == "running", vm
         return opened["handle"], opened["task"]["id"], vm
 
 
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     proc, srv = start_real_server(tmp_path_factory.mktemp("hostile"),
-                                  RIFT_VM_BOOT_TIMEOUT_S="120", RIFT_SWEEP_INTERVAL_S="2",
+                                  RIFT_VM_BOOT_TIMEOUT_S=str(DEBIAN_BOOT_S),
+                                  RIFT_SWEEP_INTERVAL_S="2",
                                   RIFT_CONSOLE_LOG_MIB=str(CONSOLE_LOG_MIB))
     made = Scene(srv, proc, srv.new_token("mallory", "hostile"), srv.new_token("alice", "probe"))
     try:
@@ -98,24 +104,26 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
 
 def _tidy(made: Scene) -> None:
     """Close both tasks on a fresh `rift serve` (the module's may be frozen or
-    stopped by now), and check that no domain is left."""
+    stopped by now), and check that no domain is left (removing any that is)."""
     stop_server(made.proc)
-    proc, again = restart_server(made.server)
     try:
-        async def close() -> None:
-            for user in ("mallory", "alice"):
-                if user in made.handles:
-                    token = made.mallory if user == "mallory" else made.alice
-                    async with mcp_session(again.url, token) as s:
-                        await call(s, "rift_task_close", handle=made.handles[user])
+        proc, again = restart_server(made.server)
+        try:
+            async def close() -> None:
+                for user in ("mallory", "alice"):
+                    if user in made.handles:
+                        token = made.mallory if user == "mallory" else made.alice
+                        async with mcp_session(again.url, token) as s:
+                            await call(s, "rift_task_close", handle=made.handles[user])
 
-        run(close, 120)
+            run(close, 120)
+        finally:
+            stop_server(proc)
     finally:
-        stop_server(proc)
         remaining = our_domains(made.server)
         for record in remaining.values():
             remove_domain(record.name)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+    assert not remaining, f"domains left behind: {sorted(remaining)}"
 
 
 # -- mallory's calls and the probe's verdict ---------------------------------------------
@@ -243,6 +251,35 @@ def test_a_guest_that_fills_its_disk_gets_an_answer_and_slows_no_one(scene: Scen
     finally:
         root.must("rm -f /fill")
     _assert_mallory_mended(scene)
+
+
+def test_a_debian_guest_that_fills_its_disk_still_answers_and_its_overlay_stays_bounded(
+        scene: Scene) -> None:
+    """A `debian` VM of mallory's writes zeros until its root file system is full:
+    her exec answers (its helper keeps its files in /run, a tmpfs), alice is
+    unharmed, the overlay on the host grows no further than the disk's size, and
+    destroying the VM removes it."""
+    assert scene.probe is not None
+    seed_images(scene.server.data_dir, debian=True)  # skips where it cannot be built
+    code, _, made = _mallory(scene, "rift_vm_new", limit_s=DEBIAN_BOOT_S + 60,
+                             image="debian")
+    assert code is None, made
+    vm = made["vm"]
+    root = GuestRoot(vm["ssh"]["port"],
+                     scene.server.data_dir / "keys" / scene.handles["mallory_task"])
+    size = int(root.must("blockdev --getsize64 /dev/vda").strip())
+    with scene.probe.window() as window:
+        root.run("dd if=/dev/zero of=/fill bs=1M; sync", DEBIAN_FILL_S)
+        code, took, done = _mallory(scene, "rift_vm_exec", vm_id=vm["id"],
+                                    command="df --output=pcent / | tail -1", wait_s=WAIT_S)
+    assert code is None and done["stdout"].strip() == "100%", (code, done)
+    assert took < DEADLINE_S, took
+    _assert_alice_unharmed(window)
+    overlay = next(scene.server.data_dir.rglob(f"{vm['id']}.qcow2"))
+    assert overlay.stat().st_size <= size * 1.05, (overlay.stat().st_size, size)
+    code, _, gone = _mallory(scene, "rift_vm_destroy", vm_id=vm["id"])
+    assert code is None and gone["vm"]["status"] == "destroyed", (code, gone)
+    assert not overlay.exists(), overlay
 
 
 def test_a_fork_bomb_costs_its_own_vm_only_and_the_vm_is_still_destroyed(
