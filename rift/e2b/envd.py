@@ -295,7 +295,7 @@ class Envd:
             guests.write_file(self.deps, call.caller, call.handle, call.vm_id, path, content,
                               "base64")
         except InvalidArgument as err:
-            if not _missing_file(err):
+            if err.details.get("field") != "path":
                 raise
             folder = posixpath.dirname(path)
             made = execs.start(self.deps, call.caller, call.handle, call.vm_id,

@@ -18,7 +18,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rift.contract.views import TaskView, VmView
-from rift.domain.errors import InvalidArgument, TaskClosed, Unauthorized, VmNotFound
+from rift.domain.errors import (
+    HypervisorFailed,
+    InvalidArgument,
+    TaskClosed,
+    Unauthorized,
+    VmNotFound,
+)
 from rift.e2b import shapes
 from rift.services import accounts, tasks, vms
 from rift.services.context import Caller, Deps
@@ -114,7 +120,8 @@ def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
         raise
     if vm.status not in ("running", "paused"):
         tasks.close_task(deps, caller, handle=handle)
-        raise InvalidArgument("templateID", f"its VM did not start: {vm.error or vm.status}")
+        raise HypervisorFailed(f"the sandbox's VM did not start: {vm.error or vm.status}",
+                               vm.host)
     sandbox = shapes.sandbox_id(vm.id)
     now = deps.clock.now()
     registry.put(sandbox, Extras(template, now, now + timedelta(seconds=timeout),

@@ -1,0 +1,139 @@
+"""The E2B door on a real guest (SPEC §16), driven by E2B's own SDK (`e2b`, sync
+client) with only its two settings pointed at `rift serve`: a sandbox of `tiny`
+(busybox sh) runs commands (output, exit codes, envs, cwd), writes and reads
+files, is a Rift task held by `e2b:<token label>` with one VM, and a takeover of
+that task through REST ends the SDK's lease with an answer naming the new holder.
+One server and one sandbox for the module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+)
+from e2b.exceptions import NotFoundException
+
+from tests.support.e2b import e2b_opts, own_tiny
+from tests.support.servers import Server, real_vms_missing, start_real_server, stop_server
+from tests.support.witnesses import our_domains
+
+pytestmark = [
+    pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
+    pytest.mark.slow,
+]
+
+
+@dataclass
+class World:
+    srv: Server
+    sbx: Sandbox
+    opts: dict[str, object]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("e2b")
+    own_tiny(tmp / "data")
+    proc, srv = start_real_server(tmp, RIFT_DEFAULT_IMAGE="tiny",
+                                  RIFT_VM_BOOT_TIMEOUT_S="120")
+    try:
+        opts = e2b_opts(srv.url, srv.token)
+        sbx = Sandbox.create(envs={"GREETING": "hello"}, metadata={"suite": "real"},
+                             **opts)  # type: ignore[arg-type]
+        try:
+            yield World(srv, sbx, opts)
+        finally:
+            sbx.kill()
+    finally:
+        stop_server(proc)
+        remaining = our_domains(srv)
+        assert not remaining, f"domains left behind: {sorted(remaining)}"
+
+
+def test_commands_run_in_the_sandbox_with_their_output_envs_and_cwd(world: World) -> None:
+    ran = world.sbx.commands.run("echo hi")
+    assert (ran.stdout, ran.stderr, ran.exit_code) == ("hi\n", "", 0)
+    both = world.sbx.commands.run("echo $GREETING $LOCAL; echo oops >&2; pwd",
+                                  envs={"LOCAL": "there"}, cwd="/tmp")
+    assert (both.stdout, both.stderr) == ("hello there\n/tmp\n", "oops\n")
+    heard: list[str] = []
+    world.sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.2; done", on_stdout=heard.append)
+    assert "".join(heard) == "1\n2\n3\n"
+
+
+def test_a_failing_command_raises_with_its_exit_code(world: World) -> None:
+    with pytest.raises(CommandExitException) as failed:
+        world.sbx.commands.run("echo no >&2; exit 3")
+    assert (failed.value.exit_code, failed.value.stderr) == (3, "no\n")
+
+
+def test_files_written_are_read_back(world: World) -> None:
+    world.sbx.files.write("/tmp/note.txt", "content\n")
+    assert world.sbx.files.read("/tmp/note.txt") == "content\n"
+    blob = bytes(range(256)) * 64
+    info = world.sbx.files.write("/tmp/deep/er/blob.bin", blob)  # its folders are made
+    assert (info.path, info.name) == ("/tmp/deep/er/blob.bin", "blob.bin")
+    assert bytes(world.sbx.files.read("/tmp/deep/er/blob.bin", format="bytes")) == blob
+    assert world.sbx.commands.run("wc -c < /tmp/deep/er/blob.bin").stdout.strip() == "16384"
+    with pytest.raises(FileNotFoundException):
+        world.sbx.files.read("/tmp/not-there")
+
+
+def test_the_sandbox_is_a_rift_task_held_by_e2b_and_listed(world: World) -> None:
+    vm_id = "vm_" + world.sbx.sandbox_id
+    vm = httpx.get(f"{world.srv.url}/api/v1/vms/{vm_id}", timeout=30,
+                   headers={"Authorization": f"Bearer {world.srv.token}"}).json()["vm"]
+    task = httpx.get(f"{world.srv.url}/api/v1/tasks/{vm['task_id']}", timeout=30,
+                     headers={"Authorization": f"Bearer {world.srv.token}"}).json()["task"]
+    assert task["holder"].startswith("e2b:") and [v["id"] for v in task["vms"]] == [vm_id]
+    info = world.sbx.get_info()
+    assert (info.state.value, info.metadata, info.template_id) == \
+        ("running", {"suite": "real"}, "base")
+    found = Sandbox.list(query=SandboxQuery(metadata={"suite": "real"}),
+                         **world.opts).next_items()  # type: ignore[arg-type]
+    assert [s.sandbox_id for s in found] == [world.sbx.sandbox_id]
+
+
+def test_another_user_sees_no_sandbox_and_a_bad_key_is_refused(world: World) -> None:
+    other = e2b_opts(world.srv.url, world.srv.new_token("eve", "eve-e2b"))
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(world.sbx.sandbox_id, **other)  # type: ignore[arg-type]
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info("zzzzzzzz", **other)  # type: ignore[arg-type]
+    assert Sandbox.list(**other).next_items() == []  # type: ignore[arg-type]
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(**e2b_opts(world.srv.url, "rift_" + "x" * 43)).next_items()
+
+
+def test_a_takeover_ends_the_sdk_lease_saying_who_holds_it(world: World) -> None:
+    vm_id = "vm_" + world.sbx.sandbox_id
+    auth = {"Authorization": f"Bearer {world.srv.token}"}
+    task_id = httpx.get(f"{world.srv.url}/api/v1/vms/{vm_id}", headers=auth,
+                        timeout=30).json()["vm"]["task_id"]
+    took = httpx.post(f"{world.srv.url}/api/v1/tasks/{task_id}/attach", headers=auth,
+                      json={"takeover": True}, timeout=30)
+    assert took.status_code == 200, took.text
+    with pytest.raises(SandboxException) as refused:
+        world.sbx.commands.run("echo late")
+    assert "api:" in str(refused.value) and "lease_stale" in str(refused.value)
+    with pytest.raises(SandboxException) as refused_file:
+        world.sbx.files.read("/tmp/note.txt")
+    assert "403" in str(refused_file.value) and "api:" in str(refused_file.value)
+    world.sbx.kill()  # by the API key: the task is closed, its VM destroyed
+    assert Sandbox.list(**world.opts).next_items() == []  # type: ignore[arg-type]
+    with pytest.raises(NotFoundException):
+        world.sbx.get_info()
+
+
+def test_nothing_is_left_of_the_sandbox(world: World, tmp_path: Path) -> None:
+    assert not our_domains(world.srv)
