@@ -1,0 +1,32 @@
+"""The command line an E2B process start becomes runs in a real shell as the SDK
+meant it: its environment, its folder, its quoting and its exit code."""
+
+from __future__ import annotations
+
+import subprocess
+
+from rift.e2b import shapes
+
+
+def _run(line: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True,
+                          timeout=30, check=False)
+
+
+def test_the_command_line_keeps_envs_cwd_quoting_and_exit_code() -> None:
+    script = "echo \"$A|$B|$(pwd)\"; printf '%s\\n' \"it's\" '$HOME'; exit 7"
+    line = shapes.command_line("/bin/bash", ["-l", "-c", script],
+                               {"A": "x y", "B": "'quoted' $HOME"}, "/tmp")
+    ran = _run(line)
+    assert ran.returncode == 7, ran.stderr
+    assert ran.stdout == "x y|'quoted' $HOME|/tmp\nit's\n$HOME\n"
+
+
+def test_a_missing_folder_ends_the_command_before_it_runs() -> None:
+    ran = _run(shapes.command_line("/bin/bash", ["-c", "echo ran"], {}, "/no/such/dir"))
+    assert ran.returncode == 1 and ran.stdout == ""
+
+
+def test_a_program_with_arguments_runs_as_given() -> None:
+    ran = _run(shapes.command_line("printf", ["%s-%s", "a b", "$c"], {}, None))
+    assert (ran.returncode, ran.stdout) == (0, "a b-$c")

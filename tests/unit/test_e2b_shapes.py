@@ -1,0 +1,105 @@
+"""The E2B door's pure parts: sandbox ids and pids, refusal statuses, the command
+line a process start becomes, and the Connect protocol's envelopes."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from rift.domain.errors import InvalidArgument, LeaseStale, Unauthorized, VmNotFound
+from rift.domain.ids import new_exec_id, new_vm_id
+from rift.e2b import connect, shapes
+from rift.e2b.connect import ConnectFault
+
+
+def test_a_sandbox_id_is_its_vms_id_without_the_prefix() -> None:
+    vm_id = new_vm_id()
+    sandbox = shapes.sandbox_id(vm_id)
+    assert "_" not in sandbox and shapes.vm_id(sandbox) == vm_id
+    for wrong in ("", "ABCDEFGH", "abcdefg", "abcdefghi", "../etc", "abcdefg1", "vm_abcdefgh"):
+        assert shapes.vm_id(wrong) is None, wrong
+
+
+def test_pids_are_uint32_and_stable() -> None:
+    ids = [new_exec_id() for _ in range(200)]
+    pids = [shapes.pid(i) for i in ids]
+    assert all(0 <= p < 2**32 for p in pids)
+    assert pids == [shapes.pid(i) for i in ids]
+    assert len(set(pids)) > 195
+
+
+def test_refusals_take_e2b_statuses() -> None:
+    assert shapes.status_of(InvalidArgument("x", "y")) == 400
+    assert shapes.status_of(Unauthorized()) == 401
+    assert shapes.status_of(LeaseStale("task_aaaaaaaa", "api:x", None)) == 403
+    assert shapes.status_of(VmNotFound("vm_aaaaaaaa")) == 404
+    stale = shapes.message_of(LeaseStale("task_aaaaaaaa", "api:laptop", None))
+    assert "api:laptop" in stale and "lease_stale" in stale
+
+
+def test_the_sdks_bash_command_becomes_bash_or_sh_with_envs_and_cwd() -> None:
+    line = shapes.command_line("/bin/bash", ["-l", "-c", "echo 'hi'"], {"A": "x y"}, "/tmp")
+    assert line.startswith("export A='x y'; cd /tmp || exit 1; ")
+    assert "exec /bin/bash -l -c 'echo '\"'\"'hi'\"'\"''" in line
+    assert "else exec /bin/sh -c" in line
+    assert shapes.command_line("ls", ["-la", "a b"], {}, None) == "exec ls -la 'a b'"
+    for bad in ("A B", "1A", "A=B", "", "A;rm"):
+        with pytest.raises(InvalidArgument):
+            shapes.command_line("true", [], {bad: "v"}, None)
+    with pytest.raises(InvalidArgument):
+        shapes.command_line("", [], {}, None)
+
+
+def test_an_exec_end_is_envds_end_event() -> None:
+    assert shapes.end_status("exited", 3, None) == \
+        {"exitCode": 3, "exited": True, "status": "exit status 3"}
+    assert shapes.end_status("killed", None, "KILL")["status"] == "signal: kill"
+    assert shapes.end_status("lost", None, None)["error"]
+    assert shapes.data_event("stdout", "hé") == {"event": {"data": {"stdout": "aMOp"}}}
+
+
+def _framed(message: bytes, flags: int = 0, size: int | None = None) -> bytes:
+    return struct.pack(">BI", flags, len(message) if size is None else size) + message
+
+
+def test_a_stream_request_is_one_json_envelope() -> None:
+    body = _framed(b'{"process": {"cmd": "ls"}}')
+    assert connect.stream_request("application/connect+json", body) == \
+        {"process": {"cmd": "ls"}}
+    refusals = [
+        ("application/connect+proto", body, "unimplemented"),
+        ("application/connect+json", b"\x00\x00", "invalid_argument"),
+        ("application/connect+json", _framed(b"{}", flags=1), "unimplemented"),
+        ("application/connect+json", _framed(b"{}", size=9), "invalid_argument"),
+        ("application/connect+json", _framed(b"{}") + _framed(b"{}"), "invalid_argument"),
+        ("application/connect+json", _framed(b"{no"), "invalid_argument"),
+        ("application/connect+json", _framed(b"[1]"), "invalid_argument"),
+        ("application/connect+json", _framed(b"\xff\xfe"), "invalid_argument"),
+        ("application/connect+json", _framed(b"{}" + b" " * connect.MAX_MESSAGE),
+         "invalid_argument"),
+    ]
+    for ctype, raw, code in refusals:
+        with pytest.raises(ConnectFault) as fault:
+            connect.stream_request(ctype, raw)
+        assert fault.value.code == code, raw[:20]
+
+
+def test_answers_are_envelopes_ending_with_an_end_of_stream() -> None:
+    data = connect.envelope({"event": {"keepalive": {}}}) + \
+        connect.end_stream(ConnectFault("not_found", "gone"))
+    flags, size = struct.unpack(">BI", data[:5])
+    assert flags == 0 and json.loads(data[5:5 + size]) == {"event": {"keepalive": {}}}
+    rest = data[5 + size:]
+    assert rest[0] == connect.END_STREAM
+    assert json.loads(rest[5:]) == {"error": {"code": "not_found", "message": "gone"}}
+    assert json.loads(connect.end_stream()[5:]) == {}
+
+
+def test_a_connect_timeout_is_whole_seconds_within_bounds() -> None:
+    assert connect.timeout_s("60000", 5, 100) == 60
+    assert connect.timeout_s("1", 5, 100) == 1
+    assert connect.timeout_s("999999999", 5, 100) == 100
+    for wrong in (None, "", "-1", "1e3", "9" * 30):
+        assert connect.timeout_s(wrong, 5, 100) == 5
