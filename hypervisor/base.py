@@ -16,6 +16,10 @@ if TYPE_CHECKING:  # host_disk raises this module's errors
 # The group of the QEMU processes of guests with an egress allowlist (SPEC §13);
 # every other guest's QEMU runs in qemu.conf's group, rift-guests.
 PROXIED_GROUP = "rift-proxied"
+# The unprivileged user QEMU runs as (qemu.conf's `user`, made by scripts/libvirt.sh,
+# scripts/netns-hosts.sh and the ansible hypervisor role), and its own group: the
+# folders QEMU passes through on the way to its files belong to that group.
+QEMU_USER = "rift-qemu"
 
 
 def elsewhere(uri: str) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import grp
+import os
 import secrets
 import threading
 from collections.abc import Callable
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypervisor import Hypervisor, open_hypervisor
+from hypervisor.base import QEMU_USER
 from hypervisor.exec_helper import exec_helper
 from rift.catalog import DirectoryImages
 from rift.config import Settings
@@ -122,21 +125,45 @@ def guest_runtime(settings: Settings, *, make_dirs: bool = True,
     return GuestRuntime(
         images_dir=settings.data_dir / "images",
         serial_dir=made(settings.data_dir / "serial"),
-        disks_dir=made(settings.data_dir / "disks"),
+        disks_dir=(qemu_dir if make_dirs else made)(settings.data_dir / "disks"),
         boot_timeout_s=settings.vm_boot_timeout_s,
         accel=Accelerators(settings.data_dir / "images", install),
     )
 
 
 def seal_data_dir(data_dir: Path) -> None:
-    """Rift's own files 0600 in 0700 folders (SPEC §15): the data dir itself (so
-    nothing in it is reached by another user: images, disks, serial logs, keys),
-    its SQLite database and the files SQLite keeps beside it (made with the
-    database's own mode from then on). Keys are made so (rift.guest.keys)."""
-    private_dir(data_dir)
+    """Rift's own files 0600 in 0700 folders (SPEC §15): its SQLite database and the
+    files SQLite keeps beside it (made with the database's own mode from then on);
+    keys are made so (rift.guest.keys). The data dir itself is 0700, or, where QEMU
+    runs as its own user, a folder QEMU only passes through (`qemu_dir`)."""
+    qemu_dir(data_dir)
     for name in ("rift.db", "rift.db-wal", "rift.db-shm", "rift.db-journal"):
         with contextlib.suppress(FileNotFoundError):
             (data_dir / name).chmod(0o600)
+
+
+def qemu_gid() -> int | None:
+    """The group of QEMU's own user (QEMU_USER) on this machine; None where there is
+    none (QEMU runs as root, or not here at all)."""
+    try:
+        return grp.getgrnam(QEMU_USER).gr_gid
+    except KeyError:
+        return None
+
+
+def qemu_dir(path: Path) -> Path:
+    """A folder QEMU passes through on the way to its files (the data dir, the VMs'
+    disks): Rift's (0700), save that where QEMU runs as its own user its group may
+    pass (0710, group rift-qemu: no listing, nothing for anyone else)."""
+    private_dir(path)
+    gid = qemu_gid()
+    if gid is not None:
+        try:
+            os.chown(path, -1, gid)
+        except PermissionError:  # not root and not in that group: QEMU is not ours here
+            return path
+        path.chmod(0o710)
+    return path
 
 
 def private_dir(path: Path) -> Path:

@@ -14,8 +14,9 @@
 # (this end 10.214.N.1/30, the host's 10.214.N.2/30) and, inside it, a mount
 # namespace of its own: its own /run (so its own libvirt sockets and pid files),
 # /tmp, /var/lib/libvirt, /var/log/libvirt, /var/cache/libvirt and /etc/libvirt
-# (a copy of this machine's), and so its own libvirtd, virtlogd and sshd, and its
-# own firewall table (hypervisor/guest_isolation.nft, per network namespace).
+# (a copy of this machine's, but with QEMU as the unprivileged user rift-qemu),
+# and so its own libvirtd, virtlogd and sshd, and its own firewall table
+# (hypervisor/guest_isolation.nft, per network namespace).
 # Hosts reach one another (10.214.0.0/16, forwarded by this machine on their
 # veth ends only), as live migration needs.
 # Its sshd listens on 10.214.N.2:22 only and lets in root with the control
@@ -103,6 +104,18 @@ up() {
   ssh-keygen -q -t ed25519 -N "" -f "$state/host_key"
   cp "$DIR/client_key.pub" "$state/authorized_keys"
   cp -a /etc/libvirt "$state/etc-libvirt"
+  # QEMU runs as an unprivileged user of its own there (SPEC §15), whatever this
+  # machine's qemu.conf says: rift-qemu (no login, no home, no libvirt or SSH
+  # rights), in the group rift-guests the firewall knows its sockets by.
+  if ! getent group rift-qemu >/dev/null; then groupadd -r rift-qemu; fi
+  if ! getent passwd rift-qemu >/dev/null; then
+    useradd -r -g rift-qemu -M -d /nonexistent -s /usr/sbin/nologin rift-qemu
+  fi
+  sed -i -e 's/^user = .*/user = "rift-qemu"/' -e 's/^group = .*/group = "rift-guests"/' \
+    -e '/^remember_owner = /d' "$state/etc-libvirt/qemu.conf"
+  echo "remember_owner = 0" >> "$state/etc-libvirt/qemu.conf"
+  grep -q '^user = "rift-qemu"$' "$state/etc-libvirt/qemu.conf" \
+    || { say "its qemu.conf names no QEMU user (run scripts/libvirt.sh first)"; exit 1; }
   # its own copy: a checkout under /tmp is hidden inside the host (its /tmp is its own)
   cp "$ROOT/hypervisor/guest_isolation.nft" "$state/guest_isolation.nft"
   rm -rf "$state/etc-libvirt/qemu/"*.xml "$state/etc-libvirt/qemu/autostart"

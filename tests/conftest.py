@@ -3,6 +3,7 @@ SQLite + libvirt's test driver (integration)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,6 +20,28 @@ from rift.store.sql import SqlStore
 from tests.support.engine import FakePool
 
 pytest_plugins = ["tests.conftest_store", "tests.e2e.replicas"]
+
+
+# QEMU runs as its own unprivileged user (rift-qemu, scripts/libvirt.sh): on its way
+# to a test's data dir (itself 0710, group rift-qemu: rift.bootstrap.qemu_dir) it
+# passes through pytest's temporary folders, which pytest makes 0700. They are made
+# passable (0711: no listing) as they are made.
+_mktemp = pytest.TempPathFactory.mktemp
+
+
+def _passable_mktemp(self: pytest.TempPathFactory, basename: str,
+                     numbered: bool = True) -> Path:
+    path = _mktemp(self, basename, numbered)
+    base = self.getbasetemp()
+    for folder in (path, *path.parents):
+        if folder == base.parent.parent:
+            break
+        if folder.stat().st_uid == os.geteuid():
+            folder.chmod(folder.stat().st_mode & 0o7777 | 0o111)
+    return path
+
+
+pytest.TempPathFactory.mktemp = _passable_mktemp  # type: ignore[method-assign]
 
 @pytest.fixture
 def clock() -> FakeClock:

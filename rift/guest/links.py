@@ -382,8 +382,9 @@ class RemoteFiles:
                 # made here (0664) before libvirtd opens it for QEMU: its DAC driver
                 # gives it to QEMU's own user and group rift-guests, whose member the
                 # SSH user is (the ansible role), so Rift still reads and trims it
-                log = shlex.quote(spec.serial_log)
-                self.links.run(target, f"if [ ! -e {log} ]; then (umask 002 && : > {log}); fi")
+                serial = shlex.quote(spec.serial_log)
+                self.links.run(target, f"if [ ! -e {serial} ]; then "
+                               f"(umask 002 && : > {serial}); fi")
         except (HostLinkError, OSError) as exc:
             raise HypervisorError("prepare", f"the VM's files could not be put on "
                                   f"{target.host}: {exc}") from exc

@@ -208,6 +208,10 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
                                                  "tail -n 1 | awk '{print $1}'"))["stdout"]
             there = int(full["host"].removeprefix("hv"))  # hv11 or hv12: the one with room
             seen["overlay there"] = _on_host(there, f"ls {real.data_dir}/disks/")
+            # QEMU runs there as its own unprivileged user (SPEC §15), not root
+            seen["qemu users"] = _on_host(
+                there, "ps -eo user=,comm=,args= | grep "
+                       f"'[g]uest=rift-{full['id']},' | awk '$2 ~ /^qemu-system/ {{print $1}}'")
             await call(s, "rift_vm_destroy", handle=handle, vm_id=full["id"])
             seen["overlay gone"] = _on_host(there, f"ls {real.data_dir}/disks/")
             await call(s, "rift_task_close", handle=handle)
@@ -226,6 +230,7 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     assert full["host"] in {f"hv{n}" for n in HOSTS} and full["status"] == "running", full
     assert seen["python"].split() == ["42", "/dev/vda"], seen["python"]
     assert f"{full['id']}.qcow2" in seen["overlay there"], seen["overlay there"]
+    assert set(seen["qemu users"].split()) == {"rift-qemu"}, seen["qemu users"]
     assert full["id"] not in seen["overlay gone"], seen["overlay gone"]
     # its port is on hv11's loopback only: not on this machine's
     with socket.socket() as probe:

@@ -29,7 +29,9 @@ from hypervisor import write_test_host_xml
 from tests.support.cache import CACHE as TEST_CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_URI = "qemu:///system"
+# The libvirt the real-guest tests use: this machine's, unless RIFT_TEST_LIBVIRT_URI
+# names another (a libvirtd configured otherwise, e.g. qemu+unix:///system?socket=…).
+REAL_URI = os.environ.get("RIFT_TEST_LIBVIRT_URI", "qemu:///system")
 # Where tests keep the `tiny` image between runs (shared with
 # tests/integration/test_real_guest.py; the build is skipped when up to date).
 TEST_IMAGES = TEST_CACHE / "test-images"
