@@ -422,6 +422,12 @@ def test_a_hostile_helper_costs_its_own_calls_their_deadline_and_nothing_else(
         with pytest.raises(GuestError, match="more than"):
             shell.exec_read(hostile.vm, "exec_flood01", 0, 0, max_bytes=4096, wait_ms=0)
         assert time.monotonic() - began < 5
+        # a view line made for backtracking patterns (it froze the whole process once)
+        fake_helper("#!/bin/sh\nprintf 'rift-exec " + "a=" * 60 + "'\n")
+        began = time.monotonic()
+        with pytest.raises(GuestError, match="no view"):
+            shell.exec_read(hostile.vm, "exec_catas01", 0, 0, max_bytes=4096, wait_ms=0)
+        assert time.monotonic() - began < 5
         # the hostile VM's own calls work again on a fresh connection
         assert shell.exec(hostile.vm, "echo back", None, 30).stdout == b"back\n"
         print(f"\nhostile helper: start failed after {outcome['start'][0]:.1f} s, input after "
