@@ -1,10 +1,9 @@
 """envd's data plane, served by Rift for every sandbox: routed by the
 `E2b-Sandbox-Id` header, and let in by `X-Access-Token`, the sandbox task's
 handle, checked by the engine on every call (a handle that no longer holds the
-task is refused 403 naming who holds it now).
+task is refused 403 naming who holds it now). Processes are rift.e2b.processes;
+here are who calls, the refusals, and envd's HTTP routes:
 
-- `POST /process.Process/Start` (Connect, server stream): a Rift exec
-  (`execs.start`), its output streamed as envd's `data` events until its `end`.
 - `GET /files?path=` reads a file, `POST /files` writes one or several
   (multipart, or one `application/octet-stream` body with `?path=`).
 - `GET /health`: 204 while the sandbox runs.
@@ -18,37 +17,24 @@ import base64
 import binascii
 import posixpath
 import shlex
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rift.api.state import AppState
-from rift.api.waiting import HeldStream
-from rift.contract.base import MAX_EXEC_S
-from rift.contract.views import ExecView
 from rift.domain.errors import InvalidArgument, RiftError, Unauthorized, VmNotFound
 from rift.e2b import shapes
 from rift.e2b.connect import (
     CODES,
-    HTTP_OF,
-    STREAM_JSON,
     ConnectFault,
-    end_stream,
-    envelope,
-    stream_request,
-    timeout_s,
 )
 from rift.e2b.sandboxes import Registry
 from rift.services import execs, guests, vms
 from rift.services.context import Caller, Deps
 from rift.services.leases import parse_handle
 
-STREAM_WAIT_S = 15  # the longest quiet before a keepalive event
-FIRST_WAIT_S = 1  # how long the start waits for the first output or the end
 HOMES = {"root": "/root"}
 
 
@@ -63,7 +49,7 @@ class Call:
     sandbox: str
 
 
-def _call(deps: Deps, request: Request) -> Call:
+def call_of(deps: Deps, request: Request) -> Call:
     """Who calls, from the sandbox header and the access token; blocking (one read).
     A missing or malformed token is 401; a sandbox id that names no VM 404. Whether
     the token still holds the task, the engine checks in the call itself."""
@@ -83,7 +69,7 @@ def _call(deps: Deps, request: Request) -> Call:
     return Call(Caller(task.owner, label), token, vm_id, sandbox)
 
 
-def _fault(err: RiftError) -> ConnectFault:
+def fault_of(err: RiftError) -> ConnectFault:
     status = shapes.status_of(err)
     if isinstance(err, VmNotFound):
         return ConnectFault("unavailable", f"sandbox not found: {shapes.message_of(err)}")
@@ -138,105 +124,12 @@ class Envd:
     def deps(self) -> Deps:
         return self.state.deps
 
-    # -- processes --------------------------------------------------------------------
-
-    async def start(self, request: Request) -> Response:
-        """`process.Process/Start`: always 200 with a Connect stream; a refusal is its
-        end-of-stream error (the Connect protocol's way for streams)."""
-        body = await request.body()
-        try:
-            message = stream_request(request.headers.get("content-type", ""), body)
-            call = await self.state.waiting.run(None, _call, self.deps, request)
-            command = self._command(message, call)
-        except ConnectFault as fault:
-            return _stream_refusal(fault)
-        except RiftError as err:
-            return _stream_refusal(_fault(err))
-        limit = timeout_s(request.headers.get("connect-timeout-ms"), MAX_EXEC_S, MAX_EXEC_S)
-        try:
-            give = self.state.waiting.take(call.caller.user)
-        except RiftError as err:
-            return _stream_refusal(_fault(err))
-        try:
-            first: ExecView = await self.state.waiting.run(
-                None, execs.start, self.deps, call.caller, call.handle, call.vm_id, command,
-                None, limit, FIRST_WAIT_S)
-        except RiftError as err:
-            give()
-            return _stream_refusal(_fault(err))
-        except BaseException:
-            give()
-            raise
-        events = self._events(call, first)
-        return HeldStream(self.state.waiting.iterate(events), give, media_type=STREAM_JSON,
-                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    def _command(self, message: dict[str, Any], call: Call) -> str:
-        process = message.get("process")
-        if not isinstance(process, dict):
-            raise ConnectFault("invalid_argument", "process: the process to start")
-        if message.get("pty"):
-            raise ConnectFault("unimplemented", "PTYs are not served by this door yet")
-        if message.get("stdin") is True:
-            raise ConnectFault("unimplemented", "stdin to a command is not served by this "
-                               "door yet: start it with stdin off")
-        cmd, args = process.get("cmd"), process.get("args") or []
-        envs, cwd = process.get("envs") or {}, process.get("cwd")
-        if not isinstance(cmd, str) or not isinstance(args, list) or \
-                not all(isinstance(a, str) for a in args) or not isinstance(envs, dict) or \
-                not all(isinstance(v, str) for v in envs.values()) or \
-                not isinstance(cwd, str | None):
-            raise ConnectFault("invalid_argument", "process: cmd (a string), args (strings), "
-                               "envs (strings), cwd (a string)")
-        extras = self.registry.get(call.sandbox)
-        merged = {**(extras.envs if extras else {}), **envs}
-        return shapes.command_line(cmd, args, merged, cwd)
-
-    def _events(self, call: Call, view: ExecView) -> Iterator[bytes]:
-        """envd's events for one exec: start, its output as it comes (a keepalive each
-        quiet `STREAM_WAIT_S`), its end; then the end of the stream. In a worker thread."""
-        yield envelope({"event": {"start": {"pid": shapes.pid(view.exec_id)}}})
-        while True:
-            said = False
-            for name in ("stdout", "stderr"):
-                text: str = getattr(view, name)
-                if text:
-                    yield envelope(shapes.data_event(name, text))
-                    said = True
-            if view.status != "running":
-                yield envelope({"event": {"end": shapes.end_status(
-                    view.status, view.exit_code, view.signal)}})
-                yield end_stream()
-                return
-            if not said:
-                yield envelope({"event": {"keepalive": {}}})
-            try:
-                view = execs.get(self.deps, call.caller, call.handle, view.exec_id,
-                                 view.stdout_offset, view.stderr_offset, STREAM_WAIT_S)
-            except RiftError as err:
-                yield end_stream(_fault(err))
-                return
-
-    async def unimplemented(self, request: Request) -> Response:
-        """The other envd RPCs (unary): Connect's `unimplemented`, as E2B answers a call
-        it does not serve."""
-        await request.body()
-        fault = ConnectFault("unimplemented", f"{request.url.path.rpartition('/e2b')[2]} is "
-                             "not served by Rift's E2B door yet (README: Connect E2B code)")
-        return JSONResponse(fault.body(), status_code=HTTP_OF[fault.code])
-
-    async def unimplemented_stream(self, request: Request) -> Response:
-        await request.body()
-        return _stream_refusal(ConnectFault(
-            "unimplemented", f"{request.url.path.rpartition('/e2b')[2]} is not served by "
-            "Rift's E2B door yet (README: Connect E2B code)"))
-
     # -- files and health -------------------------------------------------------------
 
     async def read(self, request: Request) -> Response:
         path = request.query_params.get("path", "")
         try:
-            call = await self.state.waiting.run(None, _call, self.deps, request)
+            call = await self.state.waiting.run(None, call_of, self.deps, request)
             if not path:
                 raise InvalidArgument("path", "the file to read")
             read = await self.state.waiting.run(
@@ -253,7 +146,7 @@ class Envd:
     async def write(self, request: Request) -> Response:
         user = _user(request)
         try:
-            call = await self.state.waiting.run(None, _call, self.deps, request)
+            call = await self.state.waiting.run(None, call_of, self.deps, request)
             files = await self._uploads(request, user)
             written = []
             for path, data in files:
@@ -309,7 +202,7 @@ class Envd:
 
     async def health(self, request: Request) -> Response:
         try:
-            call = await self.state.waiting.run(None, _call, self.deps, request)
+            call = await self.state.waiting.run(None, call_of, self.deps, request)
             vm = await self.state.waiting.run(None, vms.get_vm, self.deps, call.caller,
                                               call.vm_id)
         except RiftError as err:
@@ -319,6 +212,3 @@ class Envd:
                                 status_code=502)
         return Response(status_code=204)
 
-
-def _stream_refusal(fault: ConnectFault) -> Response:
-    return Response(end_stream(fault), media_type=STREAM_JSON)

@@ -29,10 +29,11 @@ from rift.api.state import AppState
 from rift.domain.errors import InvalidArgument, RiftError, Unauthorized
 from rift.e2b import sandboxes, shapes
 from rift.e2b.envd import Envd
+from rift.e2b.processes import Processes
 from rift.e2b.sandboxes import Registry
 
 PREFIX = "/e2b"
-STREAMS = ("/process.Process/Connect", "/filesystem.Filesystem/WatchDir")
+STREAMS = ("/filesystem.Filesystem/WatchDir",)
 
 
 def body_limit(base: Callable[[Scope], int]) -> Callable[[Scope], int]:
@@ -134,6 +135,7 @@ class Api:
 def routes(state: AppState) -> list[Route]:
     registry = Registry()
     api, envd = Api(state, registry), Envd(state, registry)
+    procs = Processes(state, registry)
     everything = ["GET", "POST", "PUT", "PATCH", "DELETE"]
     return [
         Route("/v2/sandboxes", api.create, methods=["POST"]),
@@ -143,10 +145,15 @@ def routes(state: AppState) -> list[Route]:
         Route("/sandboxes/{sandbox}", api.info, methods=["GET"]),
         Route("/sandboxes/{sandbox}", api.kill, methods=["DELETE"]),
         Route("/sandboxes/{sandbox}/timeout", api.timeout, methods=["POST"]),
-        Route("/process.Process/Start", envd.start, methods=["POST"]),
-        *[Route(path, envd.unimplemented_stream, methods=["POST"]) for path in STREAMS],
-        Route("/process.Process/{rpc}", envd.unimplemented, methods=["POST"]),
-        Route("/filesystem.Filesystem/{rpc}", envd.unimplemented, methods=["POST"]),
+        Route("/process.Process/Start", procs.start, methods=["POST"]),
+        Route("/process.Process/Connect", procs.connect, methods=["POST"]),
+        Route("/process.Process/List", procs.list, methods=["POST"]),
+        Route("/process.Process/SendSignal", procs.signal, methods=["POST"]),
+        Route("/process.Process/SendInput", procs.send_input, methods=["POST"]),
+        Route("/process.Process/CloseStdin", procs.close_stdin, methods=["POST"]),
+        *[Route(path, procs.unimplemented_stream, methods=["POST"]) for path in STREAMS],
+        Route("/process.Process/{rpc}", procs.unimplemented, methods=["POST"]),
+        Route("/filesystem.Filesystem/{rpc}", procs.unimplemented, methods=["POST"]),
         Route("/files", envd.read, methods=["GET"]),
         Route("/files", envd.write, methods=["POST"]),
         Route("/health", envd.health, methods=["GET"]),

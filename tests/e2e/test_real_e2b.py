@@ -77,6 +77,25 @@ def test_a_failing_command_raises_with_its_exit_code(world: World) -> None:
     assert (failed.value.exit_code, failed.value.stderr) == (3, "no\n")
 
 
+def test_background_commands_are_listed_fed_reconnected_and_killed(world: World) -> None:
+    sbx = world.sbx
+    sleeper = sbx.commands.run("sleep 60", background=True)
+    fed = sbx.commands.run("read a; echo got $a; cat", background=True, stdin=True)
+    assert {sleeper.pid, fed.pid} <= {p.pid for p in sbx.commands.list()}
+    sbx.commands.send_stdin(fed.pid, "one\n")
+    again = sbx.commands.connect(fed.pid)  # a second stream on the same process
+    sbx.commands.send_stdin(fed.pid, "two\n")
+    sbx.commands.close_stdin(fed.pid)
+    assert fed.wait().stdout == "got one\ntwo\n"
+    assert "two\n" in again.wait().stdout
+    assert sbx.commands.kill(sleeper.pid)
+    with pytest.raises(CommandExitException) as killed:
+        sleeper.wait()
+    assert killed.value.exit_code == -1
+    assert sleeper.pid not in {p.pid for p in sbx.commands.list()}
+    assert not sbx.commands.kill(sleeper.pid)  # no longer running: not found
+
+
 def test_files_written_are_read_back(world: World) -> None:
     world.sbx.files.write("/tmp/note.txt", "content\n")
     assert world.sbx.files.read("/tmp/note.txt") == "content\n"
