@@ -183,3 +183,17 @@ def test_stalled_guests_make_no_other_vm_wait(
         assert not thread.is_alive()  # each stalled call's thread is free again
     assert len(outcomes) == 6 and all(isinstance(o, GuestError) for o in outcomes), outcomes
     assert len(answered) >= 5 and max(answered) < 0.5, answered
+
+
+def test_a_guest_that_accepts_and_never_speaks_ssh_fails_at_the_connect_timeout(
+        tmp_path: Path) -> None:
+    key_for_task(tmp_path, "task_stalls")
+    quiet = SshGuestShell(tmp_path, connect_timeout_s=1.0, file_timeout_s=30.0)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel accepts; nothing ever answers
+        vm = _vm("mute", listener.getsockname()[1])
+        try:
+            _fails_within(4.0, lambda: quiet.exec_input(vm, "exec_a", b"x", eof=True))
+        finally:
+            quiet.close()
