@@ -9,10 +9,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from rift.domain.model import Vm
+from rift.guest import GuestError, SshGuestShell
 from rift.guest.console import TAIL_BYTES, ConsoleKeeper, cut, cut_command, read_tail
 from rift.guest.ready import read_markers, serial_tail
 
@@ -117,3 +120,24 @@ def test_markers_are_read_from_the_tail_of_a_huge_log_in_milliseconds(tmp_path: 
         f.write(b"\r\nRIFT-HOSTKEY ssh-ed25519 AAAA root@rift\r\nRIFT-READY\r\n")
     assert read_markers(log) == (True, "ssh-ed25519 AAAA root@rift", None)
     assert len(read_tail(log) or b"") == TAIL_BYTES
+
+
+def test_the_shell_keeps_its_serial_dir_under_the_cap_once_a_guest_boots(
+        tmp_path: Path) -> None:
+    serial = tmp_path / "serial"
+    serial.mkdir()
+    flooded = serial / "vm_other.log"
+    flooded.write_bytes(b"x" * (3 * MIB))
+    shell = SshGuestShell(tmp_path / "keys", serial_dir=serial, console_cap_bytes=MIB)
+    vm = Vm(id="vm_a", task_id="task_a", owner="alice", name="a", image="tiny",
+            status="running", host="local", vcpus=1, memory_mib=256,
+            created_at=datetime.now(UTC), ssh_host="127.0.0.1", ssh_port=1)
+    try:
+        with pytest.raises(GuestError):
+            shell.connect_when_ready(vm, serial / "vm_a.log", 0.05)
+        deadline = time.monotonic() + 5
+        while flooded.stat().st_size > MIB:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        shell.close()
