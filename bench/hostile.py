@@ -3,7 +3,9 @@ with two `tiny` guests (TCG here) behind a real `rift serve` (tests.support's):
 mallory is root in one and does her worst, alice owns the other.
 
 1. alice's calls one after another (`rift_vm_exec` of `true` on her VM,
-   `rift_task_get`, `GET /healthz`; tests.support.hostile's probe): p50 and p99
+   `rift_task_get`, `GET /healthz`; tests.support.hostile's probe; and, as the
+   floor, `true` on an open raw paramiko connection to her VM with her task's
+   key, which shows what the host's own load costs without Rift): p50 and p99
    while the server is quiet against while each hostile case runs, side by side
    in one run, each pair measured back to back (WINDOW_S each). During a case
    two of mallory's callers keep calling `rift_vm_exec` on her VM, each pausing
@@ -32,7 +34,8 @@ from typing import Any
 import httpx
 
 from bench.common import print_table
-from tests.support.hostile import KINDS, GuestRoot, Probe, Window, one_call, rss_mib
+from bench.execs import _open_raw, _raw
+from tests.support.hostile import FLOOR, KINDS, GuestRoot, Probe, Window, one_call, rss_mib
 from tests.support.servers import Server, real_vms_missing, start_real_server, stop_server
 from tests.support.witnesses import our_domains, remove_domain
 
@@ -105,7 +108,7 @@ CASES = [
 def _pressure(mallory: Mallory, args: dict[str, Any]) -> Iterator[list[tuple[str | None,
                                                                           float]]]:
     """CALLERS threads calling `rift_vm_exec` on mallory's VM until the block ends
-    (a call in flight then is not waited for)."""
+    (and the calls in flight then have answered)."""
     stop = threading.Event()
     answers: list[tuple[str | None, float]] = []
 
@@ -121,6 +124,8 @@ def _pressure(mallory: Mallory, args: dict[str, Any]) -> Iterator[list[tuple[str
         yield answers
     finally:
         stop.set()
+        for t in threads:  # the calls in flight end within their deadline
+            t.join(60)
 
 
 def _quiet_then(probe: Probe, mallory: Mallory, case: Case) -> tuple[Window, Window,
@@ -144,7 +149,7 @@ def _ms(seconds: float) -> str:
 
 def _rows(name: str, quiet: Window, hostile: Window) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
-    for kind in KINDS:
+    for kind in (*KINDS, FLOOR):
         if not quiet.of(kind) or not hostile.of(kind):
             rows.append((name, kind, "-", "-", "-", "-", "no samples", ""))
             continue
@@ -205,8 +210,10 @@ def main() -> None:
             mallory_token = server.new_token("mallory", "bench")
             alice_token = server.new_token("alice", "bench")
             mallory = Mallory(server, mallory_token, *_boot(server, mallory_token, "mallory"))
-            alice_handle, _, alice_vm = _boot(server, alice_token, "alice")
-            probe = Probe(server.url, alice_token, alice_handle, alice_vm["id"]).start()
+            alice_handle, alice_task, alice_vm = _boot(server, alice_token, "alice")
+            raw = _open_raw(alice_vm["ssh"]["port"], server.data_dir / "keys" / alice_task)
+            probe = Probe(server.url, alice_token, alice_handle, alice_vm["id"],
+                          floor=lambda: _raw(raw, "true")).start()
             rows: list[tuple[str, ...]] = []
             theirs: list[tuple[str, ...]] = []
             try:
@@ -222,6 +229,7 @@ def main() -> None:
                          handle=mallory.handle, vm_id=mallory.vm["id"])
             finally:
                 probe.stop()
+                raw.close()
             for token, handle in ((mallory_token, mallory.handle),
                                   (alice_token, alice_handle)):
                 one_call(server.url, token, "rift_task_close", 120, handle=handle)

@@ -12,7 +12,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ REAL_HELPER = GUEST_PATH + ".real"  # where the guest keeps the real rift-exec a
 HOST_KEY = "/etc/dropbear/dropbear_ed25519_host_key"  # hypervisor/guest_init.sh's
 PROBE_CALL_S = 60.0  # one probe call's own bound (a frozen server costs a probe this)
 KINDS = ("rift_vm_exec", "rift_task_get", "/healthz")
+FLOOR = "raw SSH exec"  # the probe's optional floor: the same guest without Rift
 
 # What a hostile guest puts at GUEST_PATH, by name: shell scripts run by its busybox.
 FAKE_HELPERS = {
@@ -183,12 +184,15 @@ class Probe:
     """A second user's calls one after another, in a thread with its own event loop
     and MCP session: `rift_vm_exec` (`true`) on that user's VM, `rift_task_get`, and
     `GET /healthz`, each timed (a call that fails or takes over PROBE_CALL_S is a
-    failed sample)."""
+    failed sample); with `floor`, that too each round (FLOOR: e.g. `true` over an
+    open raw SSH connection to the same VM, which shows what the host's own load
+    costs without Rift)."""
 
     def __init__(self, url: str, token: str, handle: str, vm_id: str,
-                 pause_s: float = 0.05) -> None:
+                 pause_s: float = 0.05, floor: Callable[[], object] | None = None) -> None:
         self.url, self.token, self.handle, self.vm_id = url, token, handle, vm_id
         self.pause_s = pause_s
+        self.floor = floor
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -268,7 +272,14 @@ class Probe:
                 answer = await http.get(self.url + "/healthz")
                 return answer.status_code == 200, f"HTTP {answer.status_code}"
 
+            async def floor() -> tuple[bool, str]:
+                assert self.floor is not None
+                await anyio.to_thread.run_sync(self.floor)
+                return True, ""
+
             while not self._stop.is_set():
+                if self.floor is not None:
+                    await self._timed(FLOOR, floor())
                 await self._timed("rift_vm_exec", exec_true())
                 await self._timed("rift_task_get", tool("rift_task_get", handle=self.handle))
                 await self._timed("/healthz", healthz())
