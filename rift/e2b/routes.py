@@ -3,7 +3,9 @@
 
 - the control plane (`X-API-Key`: a Rift API token): `POST /v2/sandboxes` (and
   `/sandboxes`), `GET /v2/sandboxes` (and `/sandboxes`), `GET` and `DELETE
-  /sandboxes/{id}`, `POST /sandboxes/{id}/timeout`; refusals in E2B's shape
+  /sandboxes/{id}`, `POST /sandboxes/{id}/timeout`, `POST /v2/sandboxes/{id}/connect`
+  (and `/sandboxes/{id}/connect`, `/resume`), `POST /sandboxes/{id}/pause`
+  (rift.e2b.lifecycle); refusals in E2B's shape
   `{"code": <status>, "message": "<Rift's message (code: hint)>"}`.
 - the data plane (rift.e2b.envd): `/process.Process/*`, `/filesystem.Filesystem/*`,
   `/files`, `/health`.
@@ -27,7 +29,7 @@ from starlette.types import Scope
 from rift.api.guard import MAX_BODY
 from rift.api.state import AppState
 from rift.domain.errors import InvalidArgument, RiftError, Unauthorized
-from rift.e2b import sandboxes, shapes
+from rift.e2b import lifecycle, sandboxes, shapes
 from rift.e2b.envd import Envd
 from rift.e2b.processes import Processes
 from rift.e2b.sandboxes import Registry
@@ -119,6 +121,24 @@ class Api:
             return refusal(err)
         return Response(status_code=204)
 
+    async def connect(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            made, resumed = await self._call(request, lifecycle.connect,
+                                             request.path_params["sandbox"], body, waits=True)
+        except RiftError as err:
+            return refusal(err)
+        return JSONResponse(made, status_code=201 if resumed else 200)
+
+    async def pause(self, request: Request) -> Response:
+        try:
+            body = await self._body(request)
+            await self._call(request, lifecycle.pause, request.path_params["sandbox"], body,
+                             waits=True)
+        except RiftError as err:
+            return refusal(err)
+        return Response(status_code=204)
+
     async def not_served(self, request: Request) -> Response:
         """What the door does not serve yet, after the key's check (401 first)."""
         await request.body()
@@ -145,6 +165,10 @@ def routes(state: AppState) -> list[Route]:
         Route("/sandboxes/{sandbox}", api.info, methods=["GET"]),
         Route("/sandboxes/{sandbox}", api.kill, methods=["DELETE"]),
         Route("/sandboxes/{sandbox}/timeout", api.timeout, methods=["POST"]),
+        Route("/v2/sandboxes/{sandbox}/connect", api.connect, methods=["POST"]),
+        Route("/sandboxes/{sandbox}/connect", api.connect, methods=["POST"]),
+        Route("/sandboxes/{sandbox}/resume", api.connect, methods=["POST"]),
+        Route("/sandboxes/{sandbox}/pause", api.pause, methods=["POST"]),
         Route("/process.Process/Start", procs.start, methods=["POST"]),
         Route("/process.Process/Connect", procs.connect, methods=["POST"]),
         Route("/process.Process/List", procs.list, methods=["POST"]),

@@ -44,6 +44,9 @@ class Extras:
     end_at: datetime
     metadata: dict[str, str] = field(default_factory=dict)
     envs: dict[str, str] = field(default_factory=dict)
+    # The task's handle this door answered last: kept in memory only (never stored),
+    # so that connects by the same holder share the lease (rift.e2b.lifecycle).
+    handle: str | None = field(default=None, repr=False)
 
 
 class Registry:
@@ -64,6 +67,11 @@ class Registry:
     def drop(self, sandbox: str) -> None:
         with self._lock:
             self._by_id.pop(sandbox, None)
+
+    def hold(self, sandbox: str, handle: str, fallback: Extras) -> None:
+        with self._lock:
+            found = self._by_id.get(sandbox, fallback)
+            self._by_id[sandbox] = replace(found, handle=handle)
 
     def ends(self, sandbox: str, end_at: datetime) -> None:
         with self._lock:
@@ -89,7 +97,7 @@ def _strings(body: dict[str, Any], key: str) -> dict[str, str]:
     return dict(value)
 
 
-def _timeout(value: Any) -> int:
+def timeout_of(value: Any) -> int:
     if value is None:
         return DEFAULT_TIMEOUT_S
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_TIMEOUT_S:
@@ -104,7 +112,7 @@ def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
     template = body.get("templateID")
     if not isinstance(template, str) or not 0 < len(template) <= 200:
         raise InvalidArgument("templateID", "the template (an image name; base is the default)")
-    timeout = _timeout(body.get("timeout"))
+    timeout = timeout_of(body.get("timeout"))
     metadata = _strings(body, "metadata")
     envs = _strings(body, "envVars")
     shapes.command_line("true", [], envs, None)  # names checked before anything is made
@@ -125,13 +133,18 @@ def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
     sandbox = shapes.sandbox_id(vm.id)
     now = deps.clock.now()
     registry.put(sandbox, Extras(template, now, now + timedelta(seconds=timeout),
-                                 metadata, envs))
+                                 metadata, envs, handle))
+    return answer(sandbox, template, handle)
+
+
+def answer(sandbox: str, template: str, handle: str) -> dict[str, Any]:
+    """E2B's `Sandbox`: what create and connect answer."""
     return {"templateID": template, "sandboxID": sandbox, "alias": template,
             "clientID": shapes.CLIENT_ID, "envdVersion": shapes.ENVD_VERSION,
             "envdAccessToken": handle, "trafficAccessToken": None, "domain": None}
 
 
-def _vm(deps: Deps, caller: Caller, sandbox: str) -> VmView:
+def live_vm(deps: Deps, caller: Caller, sandbox: str) -> VmView:
     """The caller's live VM a sandbox id names; anything else (unknown, another
     user's, gone) is the same `vm_not_found`."""
     vm_id = shapes.vm_id(sandbox)
@@ -158,7 +171,7 @@ def _listed(vm: VmView, extras: Extras | None) -> dict[str, Any]:
 
 def info(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> dict[str, Any]:
     """GET /sandboxes/{id}: E2B's `SandboxDetail` (no access token: it is not stored)."""
-    vm = _vm(deps, caller, sandbox)
+    vm = live_vm(deps, caller, sandbox)
     return _listed(vm, registry.get(sandbox))
 
 
@@ -208,7 +221,7 @@ def kill(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> None:
     """DELETE /sandboxes/{id}: the sandbox's task is closed (its VM destroyed), taking
     it over if another holder has it; a VM in a task not of this door is destroyed
     alone."""
-    vm = _vm(deps, caller, sandbox)
+    vm = live_vm(deps, caller, sandbox)
     task = tasks.get_task(deps, caller, task_id=vm.task_id)
     if task.name.startswith(TASK_PREFIX):
         with contextlib.suppress(TaskClosed):  # closed meanwhile: nothing left to kill
@@ -221,6 +234,6 @@ def kill(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> None:
 def set_timeout(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
                 body: dict[str, Any]) -> None:
     """POST /sandboxes/{id}/timeout: the sandbox's end moves to now + timeout."""
-    timeout = _timeout(body.get("timeout"))
-    _vm(deps, caller, sandbox)
+    timeout = timeout_of(body.get("timeout"))
+    live_vm(deps, caller, sandbox)
     registry.ends(sandbox, deps.clock.now() + timedelta(seconds=timeout))

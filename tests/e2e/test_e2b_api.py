@@ -109,6 +109,43 @@ def test_a_sandbox_is_a_task_of_its_own_held_by_e2b(door: Door) -> None:
         sbx.kill()
 
 
+def test_connects_share_the_lease_and_another_holders_connect_takes_it_over(door: Door) -> None:
+    sbx = Sandbox.create(**door.opts)
+    try:
+        same = Sandbox.connect(sbx.sandbox_id, **door.opts)
+        assert same._envd_access_token == sbx._envd_access_token  # one lease, shared
+        other = Sandbox.connect(sbx.sandbox_id, **e2b_opts(
+            door.srv.url, door.srv.new_token("admin", "second-script")))
+        assert other._envd_access_token != sbx._envd_access_token
+        with pytest.raises(SandboxException) as refused:
+            sbx.files.read("/etc/hostname")
+        assert "e2b:second-script" in str(refused.value)
+        back = Sandbox.connect(sbx.sandbox_id, **door.opts)  # and back: a takeover again
+        assert back._envd_access_token not in (sbx._envd_access_token,
+                                               other._envd_access_token)
+    finally:
+        sbx.kill()
+
+
+def test_a_paused_sandbox_is_listed_paused_and_connect_resumes_it(door: Door) -> None:
+    sbx = Sandbox.create(**door.opts)
+    try:
+        assert sbx.pause()
+        assert sbx.get_info().state == SandboxState.PAUSED
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED]),
+                              **door.opts).next_items()
+        assert [s.sandbox_id for s in paused] == [sbx.sandbox_id]
+        assert not sbx.pause()  # paused already: 409, the SDK's False
+        resumed = _api(door, "POST", f"/v2/sandboxes/{sbx.sandbox_id}/connect", json={})
+        assert resumed.status_code == 201, resumed.text
+        assert resumed.json()["envdAccessToken"] == sbx._envd_access_token
+        assert sbx.get_info().state == SandboxState.RUNNING
+        ran = _api(door, "POST", f"/v2/sandboxes/{sbx.sandbox_id}/connect", json={})
+        assert ran.status_code == 200
+    finally:
+        sbx.kill()
+
+
 def test_a_bad_key_is_refused_401_and_another_users_sandbox_is_unknown(door: Door) -> None:
     with pytest.raises(AuthenticationException):
         Sandbox.create(**{**door.opts, "api_key": "rift_" + "x" * 43})
@@ -138,9 +175,9 @@ def test_bad_input_is_answered_in_e2b_shape(door: Door) -> None:
         answer = _api(door, "POST", "/v2/sandboxes", json=body)
         assert answer.status_code == 400 and answer.json()["code"] == 400, (body, answer.text)
     assert _api(door, "POST", "/v2/sandboxes", content=b"{not json").status_code == 400
-    unserved = _api(door, "POST", "/sandboxes/abcdefgh/pause")
+    unserved = _api(door, "POST", "/sandboxes/abcdefgh/fork")
     assert unserved.status_code == 501 and "not served" in unserved.json()["message"]
-    assert _api(door, "POST", "/sandboxes/abcdefgh/pause", key="").status_code == 401
+    assert _api(door, "POST", "/sandboxes/abcdefgh/fork", key="").status_code == 401
 
 
 def test_envd_refuses_missing_stale_and_malformed_calls(door: Door) -> None:

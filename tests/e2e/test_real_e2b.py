@@ -123,6 +123,17 @@ def test_the_sandbox_is_a_rift_task_held_by_e2b_and_listed(world: World) -> None
     assert [s.sandbox_id for s in found] == [world.sbx.sandbox_id]
 
 
+def test_a_paused_sandbox_keeps_its_files_and_connect_resumes_it(world: World) -> None:
+    world.sbx.files.write("/tmp/kept.txt", "kept")
+    world.sbx.commands.run("echo remembered > /dev/shm/mem")
+    assert world.sbx.pause()
+    assert world.sbx.get_info().state.value == "paused"
+    world.sbx.connect()  # resumes it; the SDK keeps its token: the lease is shared
+    assert world.sbx.get_info().state.value == "running"
+    assert world.sbx.files.read("/tmp/kept.txt") == "kept"
+    assert world.sbx.commands.run("cat /dev/shm/mem").stdout == "remembered\n"
+
+
 def test_another_user_sees_no_sandbox_and_a_bad_key_is_refused(world: World) -> None:
     other = e2b_opts(world.srv.url, world.srv.new_token("eve", "eve-e2b"))
     with pytest.raises(NotFoundException):
