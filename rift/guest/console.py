@@ -153,11 +153,20 @@ class ConsoleKeeper:
 
     def _run(self) -> None:
         rounds = 0
+        remote: threading.Thread | None = None
         while not self._stop.wait(self.interval_s):
             self.sweep()
             rounds += 1
-            if self.remote is not None and rounds % self.remote_every == 0:
-                try:
-                    self.remote(cut_command(str(self.serial_dir), self.cap_bytes))
-                except Exception:  # a host that does not answer is the sweep's to report
-                    log.debug("cutting console logs on hosts elsewhere failed", exc_info=True)
+            due = self.remote is not None and rounds % self.remote_every == 0
+            if due and (remote is None or not remote.is_alive()):
+                # on a thread of its own: a host that stalls holds up no sweep here
+                remote = threading.Thread(target=self._cut_remote, daemon=True,
+                                          name="rift-console-keeper-hosts")
+                remote.start()
+
+    def _cut_remote(self) -> None:
+        assert self.remote is not None
+        try:
+            self.remote(cut_command(str(self.serial_dir), self.cap_bytes))
+        except Exception:  # a host that does not answer is the sweep's to report
+            log.debug("cutting console logs on hosts elsewhere failed", exc_info=True)

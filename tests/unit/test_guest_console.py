@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -141,3 +142,28 @@ def test_the_shell_keeps_its_serial_dir_under_the_cap_once_a_guest_boots(
             time.sleep(0.05)
     finally:
         shell.close()
+
+
+def test_a_host_elsewhere_that_stalls_holds_up_no_sweep_here(tmp_path: Path) -> None:
+    stalled = threading.Event()
+    commands: list[str] = []
+
+    def on_hosts(command: str) -> None:
+        commands.append(command)
+        stalled.wait(10)  # a host whose SSH never answers
+
+    keeper = ConsoleKeeper(tmp_path, MIB, interval_s=0.05, remote=on_hosts,
+                           remote_every_s=0.05)
+    keeper.start()
+    try:
+        time.sleep(0.3)
+        log = tmp_path / "vm_late.log"
+        log.write_bytes(b"x" * (2 * MIB))
+        deadline = time.monotonic() + 5
+        while log.stat().st_size > MIB:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert len(commands) == 1 and str(tmp_path) in commands[0]  # one at a time
+    finally:
+        stalled.set()
+        keeper.stop()
