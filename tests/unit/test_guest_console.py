@@ -9,12 +9,15 @@ import subprocess
 import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from hypervisor.base import DomainSpec
+from hypervisor.domain_xml import build_domain_xml
 from rift.domain.model import Vm
 from rift.guest import GuestError, SshGuestShell
 from rift.guest.console import TAIL_BYTES, ConsoleKeeper, cut, cut_command, read_tail
@@ -167,3 +170,13 @@ def test_a_host_elsewhere_that_stalls_holds_up_no_sweep_here(tmp_path: Path) -> 
     finally:
         stalled.set()
         keeper.stop()
+
+
+def test_a_guests_serial_log_is_opened_for_appending_so_it_can_be_cut() -> None:
+    xml = build_domain_xml(DomainSpec(name="rift-vm_a", task_id="task_a", vm_id="vm_a",
+                                      vcpus=1, memory_mib=256, image="tiny",
+                                      domain_type="qemu", kernel="/img/vmlinux",
+                                      serial_log="/var/serial/vm_a.log"))
+    source = ET.fromstring(xml).find("devices/serial/source")  # noqa: S314 - our own XML
+    assert source is not None and source.attrib == {"path": "/var/serial/vm_a.log",
+                                                    "append": "on"}
