@@ -27,7 +27,8 @@ CODES = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denie
          415: "unimplemented", 422: "invalid_argument", 429: "resource_exhausted",
          500: "internal", 501: "unimplemented", 502: "unavailable", 503: "unavailable",
          504: "deadline_exceeded"}
-HTTP_OF = {"invalid_argument": 400, "unauthenticated": 401, "permission_denied": 403,
+HTTP_OF = {"invalid_argument": 400, "already_exists": 409, "unauthenticated": 401,
+           "permission_denied": 403,
            "not_found": 404, "failed_precondition": 412, "resource_exhausted": 429,
            "unimplemented": 501, "internal": 500, "unavailable": 503,
            "deadline_exceeded": 504, "canceled": 499, "unknown": 500}

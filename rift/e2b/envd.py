@@ -95,7 +95,7 @@ def _missing_file(err: RiftError) -> bool:
         "no such file" in err.message.lower())
 
 
-def _user(request: Request) -> str:
+def user_of(request: Request) -> str:
     """The envd user a call names (`Authorization: Basic <user>:`, or `username=`)."""
     named = request.query_params.get("username")
     if named:
@@ -109,7 +109,7 @@ def _user(request: Request) -> str:
     return "user"
 
 
-def _absolute(path: str, user: str) -> str:
+def absolute(path: str, user: str) -> str:
     if path.startswith("/"):
         return path
     return posixpath.join(HOMES.get(user, f"/home/{user}"), path)
@@ -134,7 +134,7 @@ class Envd:
                 raise InvalidArgument("path", "the file to read")
             read = await self.state.waiting.run(
                 None, guests.read_file, self.deps, call.caller, call.handle, call.vm_id,
-                _absolute(path, _user(request)), "base64")
+                absolute(path, user_of(request)), "base64")
         except RiftError as err:
             return _refusal(err)
         if read.truncated:
@@ -144,7 +144,7 @@ class Envd:
         return Response(base64.b64decode(read.content), media_type="application/octet-stream")
 
     async def write(self, request: Request) -> Response:
-        user = _user(request)
+        user = user_of(request)
         try:
             call = await self.state.waiting.run(None, call_of, self.deps, request)
             files = await self._uploads(request, user)
@@ -165,7 +165,7 @@ class Envd:
             path = request.query_params.get("path")
             if not path:
                 raise InvalidArgument("path", "an octet-stream upload names its file in ?path=")
-            return [(_absolute(path, user), await request.body())]
+            return [(absolute(path, user), await request.body())]
         if kind != "multipart/form-data":
             raise InvalidArgument("Content-Type", "multipart/form-data or "
                                   "application/octet-stream")
@@ -177,7 +177,7 @@ class Envd:
                 path = value.filename or request.query_params.get("path")
                 if not path:
                     raise InvalidArgument("path", "each file part names its path")
-                out.append((_absolute(path, user), await value.read()))
+                out.append((absolute(path, user), await value.read()))
         return out
 
     def _write(self, call: Call, path: str, data: bytes) -> None:

@@ -169,18 +169,18 @@ class Processes:
     # -- unary calls ------------------------------------------------------------------
 
     async def list(self, request: Request) -> Response:
-        return await self._unary(request, self._list)
+        return await self.unary(request, self._list)
 
     async def signal(self, request: Request) -> Response:
-        return await self._unary(request, self._signal)
+        return await self.unary(request, self._signal)
 
     async def send_input(self, request: Request) -> Response:
-        return await self._unary(request, self._input)
+        return await self.unary(request, self._input)
 
     async def close_stdin(self, request: Request) -> Response:
-        return await self._unary(request, self._close)
+        return await self.unary(request, self._close)
 
-    async def _unary(self, request: Request,
+    async def unary(self, request: Request,
                      work: Callable[[Call, dict[str, Any]], dict[str, Any]]) -> Response:
         body = await request.body()
         try:

@@ -31,6 +31,7 @@ from rift.api.state import AppState
 from rift.domain.errors import InvalidArgument, RiftError, Unauthorized
 from rift.e2b import lifecycle, sandboxes, shapes
 from rift.e2b.envd import Envd
+from rift.e2b.filesystem import Filesystem
 from rift.e2b.processes import Processes
 from rift.e2b.sandboxes import Registry
 
@@ -156,6 +157,7 @@ def routes(state: AppState) -> list[Route]:
     registry = Registry()
     api, envd = Api(state, registry), Envd(state, registry)
     procs = Processes(state, registry)
+    files = Filesystem(procs)
     everything = ["GET", "POST", "PUT", "PATCH", "DELETE"]
     return [
         Route("/v2/sandboxes", api.create, methods=["POST"]),
@@ -177,6 +179,11 @@ def routes(state: AppState) -> list[Route]:
         Route("/process.Process/CloseStdin", procs.close_stdin, methods=["POST"]),
         *[Route(path, procs.unimplemented_stream, methods=["POST"]) for path in STREAMS],
         Route("/process.Process/{rpc}", procs.unimplemented, methods=["POST"]),
+        Route("/filesystem.Filesystem/Stat", files.stat, methods=["POST"]),
+        Route("/filesystem.Filesystem/ListDir", files.list_dir, methods=["POST"]),
+        Route("/filesystem.Filesystem/MakeDir", files.make_dir, methods=["POST"]),
+        Route("/filesystem.Filesystem/Move", files.move, methods=["POST"]),
+        Route("/filesystem.Filesystem/Remove", files.remove, methods=["POST"]),
         Route("/filesystem.Filesystem/{rpc}", procs.unimplemented, methods=["POST"]),
         Route("/files", envd.read, methods=["GET"]),
         Route("/files", envd.write, methods=["POST"]),

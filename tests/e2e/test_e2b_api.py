@@ -198,8 +198,8 @@ def test_envd_refuses_missing_stale_and_malformed_calls(door: Door) -> None:
                 (framed, "application/connect+proto", "unimplemented")):
             answer = _envd(door, "/process.Process/Start", sbx.sandbox_id, token, body, ctype)
             assert answer.status_code == 200 and _end_error(answer)["code"] == code, body
-        other_rpc = _envd(door, "/filesystem.Filesystem/Stat", sbx.sandbox_id, token, b"{}",
-                          "application/json")
+        other_rpc = _envd(door, "/filesystem.Filesystem/CreateWatcher", sbx.sandbox_id, token,
+                          b"{}", "application/json")
         assert other_rpc.status_code == 501 and other_rpc.json()["code"] == "unimplemented"
 
         auth = {"Authorization": f"Bearer {door.srv.token}"}

@@ -108,6 +108,30 @@ def test_files_written_are_read_back(world: World) -> None:
         world.sbx.files.read("/tmp/not-there")
 
 
+def test_folders_are_made_listed_stat_renamed_and_removed(world: World) -> None:
+    files = world.sbx.files
+    assert files.make_dir("/tmp/tree/a/b")
+    assert not files.make_dir("/tmp/tree/a/b")  # there already
+    files.write("/tmp/tree/a/one.txt", "12345")
+    files.write("/tmp/tree/top.txt", "x")
+    info = files.get_info("/tmp/tree/a/one.txt")
+    assert (info.name, info.type.value, info.size, info.path) == \
+        ("one.txt", "file", 5, "/tmp/tree/a/one.txt")
+    assert files.get_info("/tmp/tree/a").type.value == "dir"
+    assert sorted(e.name for e in files.list("/tmp/tree")) == ["a", "top.txt"]
+    deep = sorted(e.path for e in files.list("/tmp/tree", depth=3))
+    assert deep == ["/tmp/tree/a", "/tmp/tree/a/b", "/tmp/tree/a/one.txt", "/tmp/tree/top.txt"]
+    moved = files.rename("/tmp/tree/top.txt", "/tmp/tree/a/b/moved.txt")
+    assert (moved.name, moved.path) == ("moved.txt", "/tmp/tree/a/b/moved.txt")
+    assert files.exists("/tmp/tree/a/b/moved.txt") and not files.exists("/tmp/tree/top.txt")
+    files.remove("/tmp/tree")
+    assert not files.exists("/tmp/tree")
+    with pytest.raises(FileNotFoundException):
+        files.get_info("/tmp/tree")
+    with pytest.raises(FileNotFoundException):
+        files.list("/tmp/tree")
+
+
 def test_the_sandbox_is_a_rift_task_held_by_e2b_and_listed(world: World) -> None:
     vm_id = "vm_" + world.sbx.sandbox_id
     vm = httpx.get(f"{world.srv.url}/api/v1/vms/{vm_id}", timeout=30,

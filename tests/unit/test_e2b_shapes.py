@@ -103,3 +103,18 @@ def test_a_connect_timeout_is_whole_seconds_within_bounds() -> None:
     assert connect.timeout_s("999999999", 5, 100) == 100
     for wrong in (None, "", "-1", "1e3", "9" * 30):
         assert connect.timeout_s(wrong, 5, 100) == 5
+
+
+def test_a_guests_stat_line_is_an_entry_and_a_bad_one_is_left_out() -> None:
+    from rift.e2b.filesystem import entry
+
+    line = "41ed\t4096\troot\twheel\t1700000000\t/tmp/a\tb"  # a name with a tab in it
+    assert entry(line) == {
+        "name": "a\tb", "type": "FILE_TYPE_DIRECTORY", "path": "/tmp/a\tb", "size": "4096",
+        "mode": 0o755, "permissions": "drwxr-xr-x", "owner": "root", "group": "wheel",
+        "modifiedTime": "2023-11-14T22:13:20Z"}
+    assert entry("81a4\t5\tu\tg\t0\t/f")["type"] == "FILE_TYPE_FILE"  # type: ignore[index]
+    assert entry("a1ff\t5\tu\tg\t0\t/l")["type"] == "FILE_TYPE_SYMLINK"  # type: ignore[index]
+    for bad in ("", "41ed\t4096", "zz\t1\tu\tg\t0\t/x", "41ed\tbig\tu\tg\t0\t/x",
+                "41ed\t1\tu\tg\t" + "9" * 40 + "\t/x"):
+        assert entry(bad) is None, bad
