@@ -65,8 +65,10 @@ class SshGuests:
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
         return self._call(vm, lambda: self.shell.write_file(vm, path, data, mode))
 
-    def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]:
-        return self._call(vm, lambda: self.shell.read_file(vm, path))
+    def read_file(self, vm: Vm, path: str, *, limit: int | None = None,
+                  timeout_s: float | None = None) -> tuple[bytes, bool]:
+        return self._call(vm, lambda: self.shell.read_file(vm, path, limit=limit,
+                                                           timeout_s=timeout_s))
 
     def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
                    timeout_s: int, cap_bytes: int, wait_ms: int,

@@ -177,15 +177,17 @@ class SshGuestShell:
         self._file_op(vm, path, script, data)
         return len(data)
 
-    def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]:
+    def read_file(self, vm: Vm, path: str, *, limit: int | None = None,
+                  timeout_s: float | None = None) -> tuple[bytes, bool]:
         _absolute(path, vm)
+        cap = self.file_cap if limit is None else min(limit, self.file_cap)
         quoted = shlex.quote(path)
         script = (f"p={quoted}; if [ -d \"$p\" ]; then echo 'is a directory' >&2; "
                   f"exit {_IS_DIRECTORY}; fi; if [ ! -e \"$p\" ]; then "
                   f"echo 'no such file' >&2; exit {_NO_SUCH_FILE}; fi; "
-                  f"exec head -c {self.file_cap + 1} \"$p\"")
-        data = self._file_op(vm, path, script, None)
-        return data[: self.file_cap], len(data) > self.file_cap
+                  f"exec head -c {cap + 1} \"$p\"")
+        data = self._file_op(vm, path, script, None, cap=cap, timeout_s=timeout_s)
+        return data[:cap], len(data) > cap
 
     # background execs (rift-exec in the guest: hypervisor/rift_exec.c)
 
@@ -810,10 +812,13 @@ class SshGuestShell:
             chan.close()
         return collected
 
-    def _file_op(self, vm: Vm, path: str, script: str, data: bytes | None) -> bytes:
-        collected = self._run(vm, script, data, self.file_timeout_s, self.file_cap + 1)
+    def _file_op(self, vm: Vm, path: str, script: str, data: bytes | None, *,
+                 cap: int | None = None, timeout_s: float | None = None) -> bytes:
+        timeout_s = self.file_timeout_s if timeout_s is None else timeout_s
+        collected = self._run(vm, script, data, timeout_s,
+                              (self.file_cap if cap is None else cap) + 1)
         if collected.timed_out:
-            raise GuestError(f"{path}: the transfer took longer than {self.file_timeout_s:.0f}s",
+            raise GuestError(f"{path}: the transfer took longer than {timeout_s:.0f}s",
                              vm_id=vm.id)
         if collected.exit_code == 0:
             return collected.stdout

@@ -57,8 +57,10 @@ class FakeShell:
         self.files[path] = data
         return len(data)
 
-    def read_file(self, vm: Vm, path: str) -> tuple[bytes, bool]:
-        return self.files[path], False
+    def read_file(self, vm: Vm, path: str, *, limit: int | None = None,
+                  timeout_s: float | None = None) -> tuple[bytes, bool]:
+        data = self.files[path]
+        return (data, False) if limit is None else (data[:limit], len(data) > limit)
 
     # what teardown and the sweep ask of any guest shell
 

@@ -119,3 +119,20 @@ def test_a_host_that_says_nothing_or_refuses_leaves_its_vms_as_they_were(
     assert sample_usage(deps, net_every_s=60) == 1  # no guest shell: the network unknown
     seen = vms.get_vm(deps, ALICE, vm.id).model_dump()["stats"]
     assert seen is not None and seen["net_rx_bytes"] is None and seen["memory_used_mib"] is None
+
+
+def test_a_guest_that_makes_up_a_huge_net_dev_gets_no_net_figures(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    lie = PROC_NET_DEV + "  eth9: " + "9" * 70_000 + "\n"
+    shell = FakeShell(files={"/proc/net/dev": lie.encode()})
+    deps = replace(deps, guests=shell)  # type: ignore[arg-type]
+    opened = tasks.new_task(deps, ALICE)
+    vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny")
+    with deps.store.write() as tx:
+        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+    local_hv.usage[f"rift-{vm.id}"] = DomainStats(cpu_time_ns=10**9, memory_rss_kib=1024,
+                                                  disk_allocation_bytes=1 << 20)
+    assert sample_usage(deps, net_every_s=60) == 1
+    seen = vms.get_vm(deps, ALICE, vm.id).model_dump()["stats"]
+    assert seen["disk_used_bytes"] == 1 << 20
+    assert seen["net_rx_bytes"] is None and seen["net_tx_bytes"] is None
