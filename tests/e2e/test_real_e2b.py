@@ -7,6 +7,7 @@ One server and one sandbox for the module."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2b import (
+    AsyncSandbox,
     AuthenticationException,
     CommandExitException,
     FileNotFoundException,
@@ -69,6 +71,21 @@ def test_commands_run_in_the_sandbox_with_their_output_envs_and_cwd(world: World
     heard: list[str] = []
     world.sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.2; done", on_stdout=heard.append)
     assert "".join(heard) == "1\n2\n3\n"
+
+
+def test_the_async_client_works_the_same(world: World) -> None:
+    async def tour() -> None:
+        sbx = await AsyncSandbox.create(**world.opts)  # type: ignore[arg-type]
+        try:
+            ran = await sbx.commands.run("echo async; exit 0")
+            assert (ran.stdout, ran.exit_code) == ("async\n", 0)
+            await sbx.files.write("/tmp/async.txt", "a")
+            assert await sbx.files.read("/tmp/async.txt") == "a"
+            assert [e.name for e in await sbx.files.list("/tmp") if e.name == "async.txt"]
+        finally:
+            assert await sbx.kill()
+
+    asyncio.run(tour())
 
 
 def test_a_failing_command_raises_with_its_exit_code(world: World) -> None:
