@@ -4,10 +4,11 @@ reads its stdin, floods, never answers or prints a view line built for
 backtracking; a console flood; a new SSH host key; a full disk; a fork bomb);
 each time her own call fails with `guest_unreachable` (or answers) within its
 deadline, and a probe shows that alice's `rift_vm_exec` and `rift_task_get` and
-`/healthz` kept answering meanwhile, each well within PROBE_BOUND_S (the figures
-against a quiet server are bench/hostile.py's). Last, `rift serve` stops within
-10 s of SIGTERM with a hostile call in flight. One VM each, kept across the
-module (mallory's `debian` and her last `tiny` are new ones)."""
+`/healthz` kept answering meanwhile, each well within PROBE_BOUND_S, and that the
+sweep kept its beat (the figures against a quiet server are bench/hostile.py's).
+Last, `rift serve` stops within 10 s of SIGTERM with a hostile call in flight.
+One VM each, kept across the module (mallory's `debian` and her last `tiny` are
+new ones)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -35,7 +37,7 @@ from tests.support.servers import (
     stop_server,
     wait_until,
 )
-from tests.support.witnesses import our_domains, remove_domain
+from tests.support.witnesses import our_domains, remove_domain, rows
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -49,6 +51,8 @@ PROBE_BOUND_S = 5.0  # alice's slowest call while mallory does her worst (minute
 GROWTH_MIB = 64  # what a flooding guest may cost `rift serve` in memory at most
 CUT_S = 8  # past its wait, how soon a flooding helper's call is cut off (TCG)
 STOP_S = 10
+SWEEP_S = 2  # the server's RIFT_SWEEP_INTERVAL_S here
+HEARTBEAT = "sweep heartbeat age"  # the probe's gauge
 DEBIAN_BOOT_S = 120  # a `debian` boot on a busy 2-core machine under TCG
 DEBIAN_FILL_S = 240  # writing its free space (about 400 MiB) under TCG
 CONSOLE_LOG_MIB = 1  # the server's RIFT_CONSOLE_LOG_MIB here
@@ -83,7 +87,7 @@ async def _task_and_vm(url: str, token: str, name: str) -> tuple[str, str, dict[
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     proc, srv = start_real_server(tmp_path_factory.mktemp("hostile"),
                                   RIFT_VM_BOOT_TIMEOUT_S=str(DEBIAN_BOOT_S),
-                                  RIFT_SWEEP_INTERVAL_S="2",
+                                  RIFT_SWEEP_INTERVAL_S=str(SWEEP_S),
                                   RIFT_CONSOLE_LOG_MIB=str(CONSOLE_LOG_MIB))
     made = Scene(srv, proc, srv.new_token("mallory", "hostile"), srv.new_token("alice", "probe"))
     try:
@@ -95,7 +99,8 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
         made.root().spawn(f"yes console flood | head -c {FLOOD_BYTES} > /dev/console; "
                           "touch /tmp/flooded")
         made.probe = Probe(srv.url, made.alice, made.handles["alice"],
-                           made.vms["alice"]["id"]).start()
+                           made.vms["alice"]["id"],
+                           gauges={HEARTBEAT: functools.partial(_heartbeat_age, srv)}).start()
         yield made
     finally:
         if made.probe is not None:
@@ -142,7 +147,19 @@ def _exec(scene: Scene, command: str, **args: Any) -> tuple[str | None, float,
                     command=command, **args)
 
 
+def _heartbeat_age(srv: Server) -> float:
+    """Seconds since the sweep's last heartbeat (rift.services.heartbeat), read
+    from the server's store."""
+    beat = rows(srv, "SELECT value FROM meta WHERE key = 'heartbeat_at'")[0]["value"]
+    return (datetime.now(UTC) - datetime.fromisoformat(beat)).total_seconds()
+
+
 def _assert_alice_unharmed(window: Window) -> None:
+    """Alice's calls all answered, each within PROBE_BOUND_S, and the sweep kept
+    its beat (its last heartbeat never older than SWEEP_S + PROBE_BOUND_S)."""
+    ages = window.seconds(HEARTBEAT)
+    assert ages and ages[-1] < SWEEP_S + PROBE_BOUND_S, f"the sweep's heartbeat ages: {ages}"
+    window = Window([s for s in window.samples if s.kind != HEARTBEAT])
     for kind in ("rift_vm_exec", "rift_task_get", "/healthz"):
         assert window.of(kind), f"the probe made no {kind} call meanwhile"
     assert not window.failures(), window.failures()[:3]

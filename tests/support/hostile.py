@@ -186,13 +186,17 @@ class Probe:
     `GET /healthz`, each timed (a call that fails or takes over PROBE_CALL_S is a
     failed sample); with `floor`, that too each round (FLOOR: e.g. `true` over an
     open raw SSH connection to the same VM, which shows what the host's own load
-    costs without Rift)."""
+    costs without Rift); with `gauges`, each read once a round and kept as a
+    sample whose `seconds` is the value read (e.g. the age of the sweep's last
+    heartbeat)."""
 
     def __init__(self, url: str, token: str, handle: str, vm_id: str,
-                 pause_s: float = 0.05, floor: Callable[[], object] | None = None) -> None:
+                 pause_s: float = 0.05, floor: Callable[[], object] | None = None,
+                 gauges: dict[str, Callable[[], float]] | None = None) -> None:
         self.url, self.token, self.handle, self.vm_id = url, token, handle, vm_id
         self.pause_s = pause_s
         self.floor = floor
+        self.gauges = gauges or {}
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -278,6 +282,13 @@ class Probe:
                 return True, ""
 
             while not self._stop.is_set():
+                for name, gauge in self.gauges.items():
+                    began = time.monotonic()
+                    try:
+                        value = await anyio.to_thread.run_sync(gauge)
+                        self._note(Sample(began, name, value, True))
+                    except Exception as exc:  # a gauge that cannot be read is a failure
+                        self._note(Sample(began, name, 0.0, False, repr(exc)))
                 if self.floor is not None:
                     await self._timed(FLOOR, floor())
                 await self._timed("rift_vm_exec", exec_true())
