@@ -78,9 +78,10 @@ class SshGuests:
             wait_ms=wait_ms, max_bytes=max_bytes))
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int) -> GuestExec:
+                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
         return self._call(vm, lambda: self.shell.exec_read(
-            vm, exec_id, stdout_offset, stderr_offset, max_bytes=max_bytes, wait_ms=wait_ms))
+            vm, exec_id, stdout_offset, stderr_offset, max_bytes=max_bytes, wait_ms=wait_ms,
+            deadline_s=deadline_s))
 
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
         return self._call(vm, lambda: self.shell.exec_input(vm, exec_id, data, eof=eof))

@@ -204,11 +204,14 @@ class SshGuestShell:
         return self._view(vm, exec_id, status, data, max_bytes)
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int) -> GuestExec:
+                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
         """The exec's view with output from the offsets, once there is some past
-        them, it ended, or `wait_ms` passed."""
+        them, it ended, or `wait_ms` passed; GuestError past `deadline_s` (default:
+        the wait and the helper's slack)."""
         line = read_command(exec_id, stdout_offset, stderr_offset, max_bytes, wait_ms)
-        status, data = self._helper(vm, line, None, wait_ms / 1000 + _HELPER_SLACK_S,
+        if deadline_s is None:
+            deadline_s = wait_ms / 1000 + _HELPER_SLACK_S
+        status, data = self._helper(vm, line, None, deadline_s,
                                     view=True, limit=view_size(max_bytes))
         return self._view(vm, exec_id, status, data, max_bytes)
 

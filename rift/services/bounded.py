@@ -24,20 +24,22 @@ VM_BUDGET_S = 5.0  # a VM's guest work per run, beyond which the rest waits for 
 WORKERS = 4  # VMs served at once
 
 
-def per_vm(groups: dict[str, list[T]], work: Callable[[T], R | None], *,
+def per_vm(groups: dict[str, list[T]], work: Callable[[T, float], R | None], *,
            budget_s: float = VM_BUDGET_S, workers: int = WORKERS) -> list[R]:
-    """`work` on each item of each VM's group (a VM id: its items), in order within
-    a VM, up to its budget or its first GuestUnreachable; answers what the calls
+    """`work(item, seconds left)` on each item of each VM's group (a VM id: its
+    items), in order within a VM, up to its budget (each call is given what is left
+    of it, as its deadline) or its first GuestUnreachable; answers what the calls
     answered (Nones dropped)."""
 
     def one_vm(items: list[T]) -> list[R]:
         deadline = time.monotonic() + budget_s
         done: list[R] = []
         for item in items:
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
             try:
-                answer = work(item)
+                answer = work(item, left)
             except GuestUnreachable:
                 break  # the guest does not answer now: its other items wait
             if answer is not None:

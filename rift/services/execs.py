@@ -205,6 +205,9 @@ def list_execs(deps: Deps, caller: Caller, handle: str | None, vm_id: str | None
 
 # -- ends ---------------------------------------------------------------------------------
 
+SWEEP_CALL_S = 3.0  # the sweep's look at one exec: a guest slower than this waits a run
+
+
 def record_ends(deps: Deps, limit: int = 100) -> list[str]:
     """The sweep's part: end the running execs whose VM is gone (`lost`), whose
     guest says they ended, or that their guest has not known for
@@ -228,11 +231,12 @@ def record_ends(deps: Deps, limit: int = 100) -> list[str]:
         return ended
     guests, grace = deps.guests, timedelta(seconds=deps.limits.creating_grace_s)
 
-    def look(ex: Exec) -> str | None:
+    def look(ex: Exec, left_s: float) -> str | None:
         vm = vms[ex.vm_id]
         assert vm is not None
         try:
-            seen = guests.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
+            seen = guests.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0,
+                                    deadline_s=min(SWEEP_CALL_S, left_s))
         except ExecGone:
             # The row is written before the guest starts the command: a young exec the
             # guest does not know yet may be starting (its call ends it itself if the

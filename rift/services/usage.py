@@ -43,7 +43,7 @@ def sample_usage(deps: Deps, net_every_s: float) -> int:
         # a guest that stalls holds up no other VM's figures.
         due = {vm.id: [vm] for vm in running
                if usage.net_due(vm.stats, deps.clock.now().timestamp(), net_every_s)}
-        nets = dict(per_vm(due, lambda vm: (vm.id, _net(deps, vm))))
+        nets = dict(per_vm(due, lambda vm, _left: (vm.id, _net(deps, vm))))
         for vm in running:
             got = found[vm.domain_name]
             now = deps.clock.now().timestamp()

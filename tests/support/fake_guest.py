@@ -114,7 +114,7 @@ class FakeShell:
         return self._view(exec_id, 0, 0, max_bytes)
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int) -> GuestExec:
+                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
         self.waits.append(wait_ms)
         if exec_id not in self.execs:
             raise ExecGone("unknown")

@@ -25,10 +25,12 @@ class StallingShell(FakeShell):
     stalled_vm: str | None = None
     stall_s: float = 0.3
     asked: list[str] = field(default_factory=list)
+    deadlines: list[float | None] = field(default_factory=list)
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int) -> GuestExec:
+                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
         self.asked.append(exec_id)
+        self.deadlines.append(deadline_s)
         if vm.id == self.stalled_vm:
             time.sleep(self.stall_s)
             raise GuestUnreachable(vm.id, "timed out")
@@ -57,6 +59,8 @@ def test_a_guest_that_stalls_is_asked_once_and_other_vms_ends_are_recorded(
     shell.stalled_vm = hostile
     assert execs.record_ends(gdeps) == [done]
     assert sum(1 for exec_id in shell.asked if exec_id in stalled) == 1
+    # Each look is given a short deadline of its own, never the helper's long slack.
+    assert all(d is not None and 0 < d <= execs.SWEEP_CALL_S for d in shell.deadlines)
 
 
 def test_each_vm_works_within_its_budget_and_vms_do_not_wait_on_each_other() -> None:
@@ -64,7 +68,8 @@ def test_each_vm_works_within_its_budget_and_vms_do_not_wait_on_each_other() -> 
     began = time.monotonic()
     lock = threading.Lock()
 
-    def work(item: tuple[str, float]) -> str:
+    def work(item: tuple[str, float], left_s: float) -> str:
+        assert 0 < left_s <= 0.5
         vm_id, seconds = item
         time.sleep(seconds)
         with lock:
