@@ -46,6 +46,31 @@ if ! getent passwd libvirt-qemu >/dev/null; then
   useradd -r -U -M -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
 fi
 
+# QEMU's own user (SPEC §15: never root, never the user holding libvirt or SSH
+# rights): no login, no home, its own group rift-qemu (a member of it too, so
+# every QEMU process has it, allowlisted ones included), and kvm's when there is one.
+if ! getent group rift-qemu >/dev/null; then
+  say "adding the rift-qemu group (of the folders QEMU passes through)"
+  groupadd -r rift-qemu
+fi
+if ! getent passwd rift-qemu >/dev/null; then
+  say "adding the rift-qemu user (QEMU's own)"
+  useradd -r -g rift-qemu -M -d /nonexistent -s /usr/sbin/nologin rift-qemu
+fi
+id -nG rift-qemu | grep -qw rift-qemu || usermod -a -G rift-qemu rift-qemu
+# /dev/kvm as udev makes it on Debian (root:kvm 0660) and QEMU's user in kvm: where
+# QEMU's user cannot open it, libvirt probes QEMU's capabilities again at every
+# start (some 7 s each under TCG: seen on this kind of machine).
+if [ -e /dev/kvm ]; then
+  getent group kvm >/dev/null || groupadd -r kvm
+  if [ "$(stat -c %G /dev/kvm)" = root ] && [ "$(stat -c %a /dev/kvm)" = 600 ]; then
+    chgrp kvm /dev/kvm && chmod 660 /dev/kvm
+  fi
+fi
+if getent group kvm >/dev/null && ! id -nG rift-qemu | grep -qw kvm; then
+  usermod -a -G kvm rift-qemu
+fi
+
 if ! getent group rift-guests >/dev/null; then
   say "adding the rift-guests group (QEMU's, for the guests' isolation)"
   groupadd -r rift-guests
@@ -55,22 +80,25 @@ if ! getent group rift-proxied >/dev/null; then
   groupadd -r rift-proxied
 fi
 
-# qemu.conf: QEMU runs as root in the group rift-guests (the firewall below
-# knows its sockets by it), with no security driver and no cgroups (else QEMU
-# leaves the container's cgroup). Our block sits at the end of the file; any
-# other uncommented setting of the same keys is commented out first.
+# qemu.conf: QEMU runs as rift-qemu in the group rift-guests (the firewall below
+# knows its sockets by it; libvirt's DAC driver gives each VM's disks, kernel and
+# seed to that user while it runs, without remembering owners in xattrs: an
+# allowlisted guest's QEMU, group rift-proxied, shares images' kernels with the
+# others, which that bookkeeping refuses), with no MAC security driver and no cgroups
+# (else QEMU leaves the container's cgroup). Our block sits at the end of the
+# file; any other uncommented setting of the same keys is commented out first.
 conf_changed=0
-want_block=$'# rift: begin\nuser = "root"\ngroup = "rift-guests"\nsecurity_driver = "none"\ncgroup_controllers = [ ]\n# rift: end'
+want_block=$'# rift: begin\nuser = "rift-qemu"\ngroup = "rift-guests"\nremember_owner = 0\nsecurity_driver = "none"\ncgroup_controllers = [ ]\n# rift: end'
 mkdir -p "$(dirname "$QEMU_CONF")"
 touch "$QEMU_CONF"
 current_block=$(sed -n '/^# rift: begin$/,/^# rift: end$/p' "$QEMU_CONF")
 if [ "$current_block" != "$want_block" ] \
-   || grep -Eq '^(user|group|security_driver|cgroup_controllers)[[:space:]]*=' \
+   || grep -Eq '^(user|group|remember_owner|security_driver|cgroup_controllers)[[:space:]]*=' \
         <(sed '/^# rift: begin$/,/^# rift: end$/d' "$QEMU_CONF"); then
   say "configuring $QEMU_CONF"
   tmp=$(mktemp)
   sed -e '/^# rift: begin$/,/^# rift: end$/d' \
-      -e 's/^\(\(user\|group\|security_driver\|cgroup_controllers\)[[:space:]]*=\)/#\1/' \
+      -e 's/^\(\(user\|group\|remember_owner\|security_driver\|cgroup_controllers\)[[:space:]]*=\)/#\1/' \
       "$QEMU_CONF" > "$tmp"
   printf '%s\n' "$want_block" >> "$tmp"
   cat "$tmp" > "$QEMU_CONF"

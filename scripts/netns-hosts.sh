@@ -111,6 +111,11 @@ up() {
   if ! getent passwd rift-qemu >/dev/null; then
     useradd -r -g rift-qemu -M -d /nonexistent -s /usr/sbin/nologin rift-qemu
   fi
+  # in kvm (scripts/libvirt.sh makes /dev/kvm root:kvm 0660): else libvirt probes
+  # QEMU's capabilities again at every start, some 7 s each
+  if getent group kvm >/dev/null && ! id -nG rift-qemu | grep -qw kvm; then
+    usermod -a -G kvm rift-qemu
+  fi
   sed -i -e 's/^user = .*/user = "rift-qemu"/' -e 's/^group = .*/group = "rift-guests"/' \
     -e '/^remember_owner = /d' "$state/etc-libvirt/qemu.conf"
   echo "remember_owner = 0" >> "$state/etc-libvirt/qemu.conf"

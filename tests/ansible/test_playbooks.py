@@ -485,10 +485,11 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
 
     # the hypervisor: libvirt as Rift needs it, started the tini way
     qemu_conf = (hv1 / "etc/libvirt/qemu.conf").read_text()
-    assert ('# rift: begin\nuser = "rift"\ngroup = "rift-guests"\nsecurity_driver = "none"\n'
-            'cgroup_controllers = [ ]\nstdio_handler = "file"\nnamespaces = [ ]\n'
-            '# rift: end\n') in qemu_conf
-    assert not re.search(r'^(user|group|security_driver)\s*=(?! "(rift|none|rift-guests)")',
+    # QEMU as its own user (SPEC §15), not the rift user that holds libvirt and SSH rights
+    assert ('# rift: begin\nuser = "rift-qemu"\nremember_owner = 0\ngroup = "rift-guests"\n'
+            'security_driver = "none"\ncgroup_controllers = [ ]\nstdio_handler = "file"\n'
+            'namespaces = [ ]\n# rift: end\n') in qemu_conf
+    assert not re.search(r'^(user|group|security_driver)\s*=(?! "(rift-qemu|none|rift-guests)")',
                          qemu_conf, re.M)
     # the guests' isolation, as scripts/libvirt.sh loads it here (loaded when started)
     assert (hv1 / "etc/rift/guest_isolation.nft").read_bytes() == (
@@ -500,6 +501,11 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
     assert (hv1 / "usr/bin/tini").exists() and (hv1 / "usr/sbin/libvirtd").exists()
     assert not (hv1 / "lib/systemd/systemd").exists()
     assert "libvirt" in in_chroot(hv1, "id", "-nG", "rift").split()
+    # QEMU's own user: neither libvirt's group nor SSH rights; rift reads its serial logs
+    assert set(in_chroot(hv1, "id", "-nG", "rift-qemu").split()) <= {"rift-qemu", "kvm"}
+    assert not (hv1 / "nonexistent").exists()
+    assert "rift-guests" in in_chroot(hv1, "id", "-nG", "rift").split()
+    assert "/usr/sbin/nft -f -" in (hv1 / "etc/sudoers.d/rift-nft").read_text()
 
     # SSH: the control plane's key on the hypervisor, its host key on the control plane
     public_key = (cp1 / "var/lib/rift/.ssh/id_ed25519.pub").read_text().split()[:2]
