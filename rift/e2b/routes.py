@@ -5,7 +5,7 @@
   `/sandboxes`), `GET /v2/sandboxes` (and `/sandboxes`), `GET` and `DELETE
   /sandboxes/{id}`, `POST /sandboxes/{id}/timeout`, `POST /v2/sandboxes/{id}/connect`
   (and `/sandboxes/{id}/connect`, `/resume`), `POST /sandboxes/{id}/pause`
-  (rift.e2b.lifecycle); refusals in E2B's shape
+  (rift.e2b.lifecycle), `GET /sandboxes/{id}/metrics`; refusals in E2B's shape
   `{"code": <status>, "message": "<Rift's message (code: hint)>"}`.
 - the data plane (rift.e2b.envd): `/process.Process/*`, `/filesystem.Filesystem/*`,
   `/files`, `/health`.
@@ -105,6 +105,13 @@ class Api:
         except RiftError as err:
             return refusal(err)
 
+    async def metrics(self, request: Request) -> Response:
+        try:
+            return JSONResponse(await self._call(request, sandboxes.metrics,
+                                                 request.path_params["sandbox"]))
+        except RiftError as err:
+            return refusal(err)
+
     async def kill(self, request: Request) -> Response:
         try:
             await self._call(request, sandboxes.kill, request.path_params["sandbox"],
@@ -166,6 +173,7 @@ def routes(state: AppState) -> list[Route]:
         Route("/sandboxes", api.list, methods=["GET"]),
         Route("/sandboxes/{sandbox}", api.info, methods=["GET"]),
         Route("/sandboxes/{sandbox}", api.kill, methods=["DELETE"]),
+        Route("/sandboxes/{sandbox}/metrics", api.metrics, methods=["GET"]),
         Route("/sandboxes/{sandbox}/timeout", api.timeout, methods=["POST"]),
         Route("/v2/sandboxes/{sandbox}/connect", api.connect, methods=["POST"]),
         Route("/sandboxes/{sandbox}/connect", api.connect, methods=["POST"]),

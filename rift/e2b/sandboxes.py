@@ -237,3 +237,20 @@ def set_timeout(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     timeout = timeout_of(body.get("timeout"))
     live_vm(deps, caller, sandbox)
     registry.ends(sandbox, deps.clock.now() + timedelta(seconds=timeout))
+
+
+def metrics(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
+            ) -> list[dict[str, Any]]:
+    """GET /sandboxes/{id}/metrics: Rift keeps a VM's latest sample only (SPEC §14), so
+    the answer is that one sample (none before the first)."""
+    vm = live_vm(deps, caller, sandbox)
+    stats = vm.stats
+    if stats is None:
+        return []
+    moment = datetime.fromisoformat(stats.at.replace("Z", "+00:00"))
+    mib = 1024 * 1024
+    return [{"timestamp": stats.at, "timestampUnix": int(moment.timestamp()),
+             "cpuCount": vm.vcpus, "cpuUsedPct": stats.cpu_pct or 0.0,
+             "memUsed": (stats.memory_used_mib or 0) * mib, "memTotal": vm.memory_mib * mib,
+             "memCache": 0, "diskUsed": stats.disk_used_bytes or 0,
+             "diskTotal": vm.disk_gib * 1024 * mib}]

@@ -8,6 +8,7 @@ One server and one sandbox for the module."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("e2b")
     own_tiny(tmp / "data")
     proc, srv = start_real_server(tmp, RIFT_DEFAULT_IMAGE="tiny",
-                                  RIFT_VM_BOOT_TIMEOUT_S="120")
+                                  RIFT_VM_BOOT_TIMEOUT_S="120", RIFT_STATS_INTERVAL_S="1")
     try:
         opts = e2b_opts(srv.url, srv.token)
         sbx = Sandbox.create(envs={"GREETING": "hello"}, metadata={"suite": "real"},
@@ -173,6 +174,16 @@ def test_a_paused_sandbox_keeps_its_files_and_connect_resumes_it(world: World) -
     assert world.sbx.get_info().state.value == "running"
     assert world.sbx.files.read("/tmp/kept.txt") == "kept"
     assert world.sbx.commands.run("cat /dev/shm/mem").stdout == "remembered\n"
+
+
+def test_metrics_are_the_vms_latest_sample(world: World) -> None:
+    deadline = time.monotonic() + 30
+    while not (found := world.sbx.get_metrics()):
+        assert time.monotonic() < deadline, "no sample within 30 s"
+        time.sleep(0.5)
+    sample = found[-1]
+    assert sample.cpu_count == 1 and sample.mem_used > 0 and sample.mem_total > 0
+    assert sample.disk_total > 0
 
 
 def test_another_user_sees_no_sandbox_and_a_bad_key_is_refused(world: World) -> None:
