@@ -24,7 +24,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rift.api.state import AppState
-from rift.domain.errors import InvalidArgument, RiftError, Unauthorized, VmNotFound
+from rift.domain.errors import (
+    HandleRequired,
+    InvalidArgument,
+    RiftError,
+    Unauthorized,
+    VmNotFound,
+)
 from rift.e2b import shapes
 from rift.e2b.connect import (
     CODES,
@@ -56,7 +62,7 @@ def call_of(deps: Deps, request: Request) -> Call:
     token = request.headers.get("x-access-token")
     sandbox = request.headers.get("e2b-sandbox-id", "")
     if not token:
-        raise Unauthorized()
+        raise HandleRequired()  # 401: the sandbox's envdAccessToken is its task's handle
     handle = parse_handle(token)
     vm_id = shapes.vm_id(sandbox)
     if vm_id is None:

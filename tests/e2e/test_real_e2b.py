@@ -20,6 +20,7 @@ from e2b import (
     AuthenticationException,
     CommandExitException,
     FileNotFoundException,
+    InvalidArgumentException,
     Sandbox,
     SandboxException,
     SandboxQuery,
@@ -124,6 +125,8 @@ def test_files_written_are_read_back(world: World) -> None:
     assert world.sbx.commands.run("wc -c < /tmp/deep/er/blob.bin").stdout.strip() == "16384"
     with pytest.raises(FileNotFoundException):
         world.sbx.files.read("/tmp/not-there")
+    with pytest.raises(InvalidArgumentException):  # a directory where a file is expected
+        world.sbx.files.read("/tmp")
 
 
 def test_folders_are_made_listed_stat_renamed_and_removed(world: World) -> None:
