@@ -42,7 +42,8 @@ def held_handle(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     won = leases.attach(deps, caller, vm.task_id, takeover=True)
     handle = str(won.handle)
     now = deps.clock.now()
-    registry.hold(sandbox, handle, Extras(vm.image, now, now + timedelta(seconds=300)))
+    registry.hold(sandbox, handle, Extras(vm.image, now, now + timedelta(seconds=300),
+                                         owner=caller.user))
     return handle
 
 

@@ -30,6 +30,7 @@ from rift.api.guard import MAX_BODY
 from rift.api.state import AppState
 from rift.domain.errors import InvalidArgument, RiftError, Unauthorized
 from rift.e2b import lifecycle, sandboxes, shapes
+from rift.e2b.deadlines import with_deadlines
 from rift.e2b.envd import Envd
 from rift.e2b.filesystem import Filesystem
 from rift.e2b.processes import Processes
@@ -160,8 +161,7 @@ class Api:
             "(README: Connect E2B code)"), status_code=501)
 
 
-def routes(state: AppState) -> list[Route]:
-    registry = Registry()
+def routes(state: AppState, registry: Registry) -> list[Route]:
     api, envd = Api(state, registry), Envd(state, registry)
     procs = Processes(state, registry)
     files = Filesystem(procs)
@@ -201,5 +201,8 @@ def routes(state: AppState) -> list[Route]:
 
 
 def mount(app: Starlette, state: AppState) -> None:
-    """Serve the door at `/e2b`, ahead of the app's other routes."""
-    app.router.routes.insert(0, Mount(PREFIX, routes=routes(state)))
+    """Serve the door at `/e2b`, ahead of the app's other routes, and keep its
+    sandboxes' timeouts while the app runs."""
+    registry = Registry()
+    app.router.routes.insert(0, Mount(PREFIX, routes=routes(state, registry)))
+    app.router.lifespan_context = with_deadlines(app.router.lifespan_context, state, registry)

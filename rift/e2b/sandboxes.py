@@ -5,7 +5,8 @@ only its digest). Blocking: the routes run these in worker threads.
 
 What the engine has no place for yet (a sandbox's metadata, envVars and its
 timeout's end) is kept here, in this process's memory (`Extras`): a restart
-forgets it, and the timeout is reported, not enforced (README: Connect E2B code).
+forgets it (README: Connect E2B code); rift.e2b.deadlines kills a sandbox at
+its end.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Extras:
     # The task's handle this door answered last: kept in memory only (never stored),
     # so that connects by the same holder share the lease (rift.e2b.lifecycle).
     handle: str | None = field(default=None, repr=False)
+    owner: str = ""  # the user whose sandbox it is: its deadline ends it (rift.e2b.deadlines)
 
 
 class Registry:
@@ -72,6 +74,12 @@ class Registry:
         with self._lock:
             found = self._by_id.get(sandbox, fallback)
             self._by_id[sandbox] = replace(found, handle=handle)
+
+    def due(self, now: datetime) -> list[tuple[str, str]]:
+        """The sandboxes (and their owners) whose end has come."""
+        with self._lock:
+            return [(sid, found.owner) for sid, found in self._by_id.items()
+                    if found.owner and found.end_at <= now]
 
     def ends(self, sandbox: str, end_at: datetime) -> None:
         with self._lock:
@@ -133,7 +141,7 @@ def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
     sandbox = shapes.sandbox_id(vm.id)
     now = deps.clock.now()
     registry.put(sandbox, Extras(template, now, now + timedelta(seconds=timeout),
-                                 metadata, envs, handle))
+                                 metadata, envs, handle, caller.user))
     return answer(sandbox, template, handle)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,28 @@ def test_sandboxes_are_made_read_listed_timed_and_killed(door: Door) -> None:
     assert not Sandbox.kill(made[0].sandbox_id, **door.opts)  # a second kill: not found
     assert Sandbox.list(query=SandboxQuery(metadata={"suite": "api"}),
                         **door.opts).next_items() == []
+
+
+def test_a_sandbox_is_killed_at_its_timeout_unless_it_is_moved(door: Door) -> None:
+    short = Sandbox.create(timeout=1, **door.opts)
+    kept = Sandbox.create(timeout=5, **door.opts)
+    kept.set_timeout(300)
+    task_id = short._envd_access_token.partition(".")[0]  # type: ignore[union-attr]
+    deadline = time.monotonic() + 15
+    while short.is_running():
+        assert time.monotonic() < deadline, "the sandbox outlived its timeout"
+        time.sleep(0.2)
+    with pytest.raises(NotFoundException):
+        short.get_info()
+    auth = {"Authorization": f"Bearer {door.srv.token}"}
+    task = httpx.get(f"{door.srv.url}/api/v1/tasks/{task_id}", headers=auth,
+                     timeout=30).json()["task"]
+    assert task["status"] == "closed"
+    events = httpx.get(f"{door.srv.url}/api/v1/tasks/{task_id}/events", headers=auth,
+                       timeout=30).json()["events"]
+    assert any(e["actor"] == "e2b:timeout" for e in events), events
+    assert kept.get_info().state == SandboxState.RUNNING
+    kept.kill()
 
 
 def test_a_sandbox_is_a_task_of_its_own_held_by_e2b(door: Door) -> None:
