@@ -136,7 +136,8 @@ def _process_label(root: ET.Element, spec: DomainSpec) -> None:
     if spec.proxied:
         if spec.qemu_uid is None:
             raise ValueError("a proxied guest needs its host's QEMU user (qemu_uid)")
-        seclabel = ET.SubElement(root, "seclabel", type="static", model="dac", relabel="no")
+        # relabel: the DAC driver gives its disks, kernel and seed to that user and group
+        seclabel = ET.SubElement(root, "seclabel", type="static", model="dac", relabel="yes")
         ET.SubElement(seclabel, "label").text = f"+{int(spec.qemu_uid)}:{PROXIED_GROUP}"
 
 

@@ -231,7 +231,7 @@ def test_a_guest_with_an_egress_allowlist_runs_its_qemu_in_the_proxied_group() -
     root = parse(build_domain_xml(dataclasses.replace(GUEST, proxied=True, qemu_uid=994)))
     label = root.find("seclabel")
     assert label is not None and label.attrib == {"type": "static", "model": "dac",
-                                                  "relabel": "no"}
+                                                  "relabel": "yes"}
     # as the host's QEMU user (its DAC base label's uid), never a root chosen here
     assert label.findtext("label") == "+994:rift-proxied"
     with pytest.raises(ValueError, match="qemu_uid"):
