@@ -28,6 +28,7 @@ from rift.api.rest import router
 from rift.api.state import AppState
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
+from rift.e2b import gate as e2b_gate
 from rift.e2b import routes as e2b
 from rift.scheduler import PoolFiller, start_scheduler
 from rift.services.context import Caller, Deps
@@ -152,7 +153,8 @@ def create_app(settings: Settings, deps: Deps | None = None,
 
     app.add_middleware(BodyGuard, max_body=e2b.body_limit(body_limit),
                        body_timeout_s=settings.body_timeout_s)
-    app.add_middleware(TokenGate, state=state)  # who calls, before any body is read
+    # Who calls, before any body is read (the E2B door with its own credentials).
+    app.add_middleware(TokenGate, state=state, doors={e2b_gate.PREFIX: e2b_gate.first_check})
     app.add_middleware(RebindingGuard, settings=security)
     # Before the guards: an exposure's request and body are its guest's to judge.
     app.add_middleware(ExposureProxy, state=state, preview_domain=settings.preview_domain)

@@ -9,6 +9,8 @@ the body is read, and how large a body each route may have.
   kept in the request's state, so the route does not look it up again. A form
   post that needs a session (`POST /logout`) without a live one is sent to the
   login the same way, unread.
+- A door with credentials of its own (the E2B door's `X-API-Key` and access
+  token) gives the gate its first check for its path prefix (rift.e2b.gate).
 - `body_limit`: what `BodyGuard` lets through, per route. Plain JSON is at most
   `JSON_BODY` (64 KiB); the routes that carry file content, exec stdin or exec
   input, and `/mcp` (whose tool calls carry the same), keep `MAX_BODY` (16 MiB of
@@ -23,7 +25,7 @@ the body is read, and how large a body each route may have.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import anyio
@@ -109,17 +111,31 @@ async def refuse_unauthorized(scope: Scope, send: Send) -> None:
                   [(b"www-authenticate", b'Bearer realm="rift"')])
 
 
+# A door's own first check: given the request (before its body), None to go on or
+# the refusal to answer. Doors with credentials of their own (the E2B door) add one.
+FirstCheck = Callable[[AppState, Scope], Awaitable[Response | None]]
+
+
 class TokenGate:
-    def __init__(self, app: ASGIApp, state: AppState) -> None:
+    def __init__(self, app: ASGIApp, state: AppState,
+                 doors: Mapping[str, FirstCheck] | None = None) -> None:
         self.app = app
         self.state = state
+        self.doors = dict(doors or {})  # path prefix: its first check
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        if needs_token(path):
+        door = next((check for prefix, check in self.doors.items()
+                     if path.startswith(prefix + "/")), None)
+        if door is not None:
+            refused = await door(self.state, scope)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        elif needs_token(path):
             found = await self._caller(bearer_of(scope))
             if found is None:
                 await refuse_unauthorized(scope, send)

@@ -82,7 +82,7 @@ def fault_of(err: RiftError) -> ConnectFault:
     return ConnectFault(CODES.get(status, "unknown"), shapes.message_of(err))
 
 
-def _refusal(err: RiftError) -> JSONResponse:
+def files_refusal(err: RiftError) -> JSONResponse:
     """An envd HTTP route's refusal (`/files`, `/health`): E2B's shape and status; a
     sandbox that is not there is 502 as E2B's proxy answers ("sandbox not found")."""
     if isinstance(err, VmNotFound):
@@ -142,7 +142,7 @@ class Envd:
                 None, guests.read_file, self.deps, call.caller, call.handle, call.vm_id,
                 absolute(path, user_of(request)), "base64")
         except RiftError as err:
-            return _refusal(err)
+            return files_refusal(err)
         if read.truncated:
             return JSONResponse(shapes.error_body(
                 400, f"{path} is larger than the {read.bytes} bytes a read carries here"),
@@ -160,7 +160,7 @@ class Envd:
                 written.append({"name": posixpath.basename(path), "type": "file",
                                 "path": path})
         except RiftError as err:
-            return _refusal(err)
+            return files_refusal(err)
         return JSONResponse(written)
 
     async def _uploads(self, request: Request, user: str) -> list[tuple[str, bytes]]:
@@ -212,7 +212,7 @@ class Envd:
             vm = await self.state.waiting.run(None, vms.get_vm, self.deps, call.caller,
                                               call.vm_id)
         except RiftError as err:
-            return _refusal(err)
+            return files_refusal(err)
         if vm.status != "running" or vm.task_id != parse_handle(call.handle).task_id:
             return JSONResponse(shapes.error_body(502, "The sandbox was not found"),
                                 status_code=502)

@@ -28,15 +28,15 @@ from starlette.types import Scope
 
 from rift.api.guard import MAX_BODY
 from rift.api.state import AppState
-from rift.domain.errors import InvalidArgument, RiftError, Unauthorized
+from rift.domain.errors import InvalidArgument, RiftError
 from rift.e2b import lifecycle, sandboxes, shapes
 from rift.e2b.deadlines import with_deadlines
 from rift.e2b.envd import Envd
 from rift.e2b.filesystem import Filesystem
+from rift.e2b.gate import CALLER_KEY, PREFIX
 from rift.e2b.processes import Processes
 from rift.e2b.sandboxes import Registry
 
-PREFIX = "/e2b"
 STREAMS = ("/filesystem.Filesystem/WatchDir",)
 
 
@@ -78,8 +78,10 @@ class Api:
     async def _call(self, request: Request, work: Callable[..., Any], *args: Any,
                     waits: bool = False) -> Any:
         deps = self.state.deps
-        caller = await self.state.waiting.run(None, sandboxes.caller_of, deps,
-                                              request.headers.get("x-api-key"))
+        caller = request.scope.get("state", {}).get(CALLER_KEY)  # the gate's (rift.e2b.gate)
+        if caller is None:
+            caller = await self.state.waiting.run(None, sandboxes.caller_of, deps,
+                                                  request.headers.get("x-api-key"))
         return await self.state.waiting.run(caller.user if waits else None, work, deps,
                                             self.registry, caller, *args)
 
@@ -149,13 +151,7 @@ class Api:
         return Response(status_code=204)
 
     async def not_served(self, request: Request) -> Response:
-        """What the door does not serve yet, after the key's check (401 first)."""
-        await request.body()
-        try:
-            await self.state.waiting.run(None, sandboxes.caller_of, self.state.deps,
-                                         request.headers.get("x-api-key"))
-        except Unauthorized as err:
-            return refusal(err)
+        """What the door does not serve yet, after the key's check (the gate's: 401 first)."""
         return JSONResponse(shapes.error_body(
             501, f"{request.method} {request.url.path} is not served by Rift's E2B door yet "
             "(README: Connect E2B code)"), status_code=501)

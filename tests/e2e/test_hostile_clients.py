@@ -109,6 +109,29 @@ def test_a_34_mib_body_without_a_token_is_refused_401_unread(running: Running) -
     assert grown < 64, f"the server grew {grown:.0f} MiB"
 
 
+def test_the_e2b_door_checks_its_key_and_access_token_before_reading_a_body(
+        running: Running) -> None:
+    server = running.server
+    before = running.rss_mib()
+    body = b'{"templateID": "' + b"a" * (BIG - 40) + b'"}'
+    cases = (("/e2b/v2/sandboxes", {}, 401),  # no X-API-Key
+             ("/e2b/v2/sandboxes", {"X_API_Key": "rift_" + "x" * 40}, 401),  # a made-up key
+             ("/e2b/files?path=/tmp/x", {"E2b_Sandbox_Id": "aaaaaaaa"}, 401),  # no token
+             ("/e2b/process.Process/Start",  # a token of a task that is not there: a
+              {"E2b_Sandbox_Id": "aaaaaaaa", "X_Access_Token": "task_aaaaaaaa." + "b" * 43},
+              200))  # Connect stream's refusal, `unauthenticated` in its end message
+    for path, headers, want in cases:
+        started = time.monotonic()
+        status, answer, sent = _raw_post(server, path, body, Content_Type="application/json",
+                                         **headers)
+        assert status == want, (path, answer[:300])
+        assert b'"code"' in answer and time.monotonic() - started < 5
+        assert want == 401 or b"unauthenticated" in answer
+        assert sent < BIG, f"{path}: the whole body went in before the answer"
+    grown = running.rss_mib() - before
+    assert grown < 64, f"the server grew {grown:.0f} MiB"
+
+
 def test_a_34_mib_body_with_a_token_on_a_json_route_is_413_at_once(running: Running) -> None:
     server = running.server
     before = running.rss_mib()

@@ -1,0 +1,71 @@
+"""The E2B door's first check (SPEC §15): who calls, before any byte of a body is
+read. rift.api.gate's `TokenGate` runs it for every request under `/e2b`.
+
+- The control plane: `X-API-Key` must be a Rift API token (401 in E2B's shape
+  otherwise); the caller found is kept in the request's state for the route.
+- The data plane (envd's RPCs and `/files`): `X-Access-Token` must hold the task
+  of the sandbox it names, checked as the engine checks a handle (a stale one is
+  refused naming the holder, its event recorded); `/health` asks nothing.
+"""
+
+from __future__ import annotations
+
+import anyio
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
+
+from rift.api.state import AppState
+from rift.domain.errors import HandleRequired, RiftError, Unauthorized
+from rift.e2b import sandboxes, shapes
+from rift.e2b.envd import fault_of, files_refusal
+from rift.e2b.processes import stream_refusal, unary_refusal
+from rift.services import leases
+from rift.services.context import Caller, Deps
+
+PREFIX = "/e2b"
+RPCS = ("/process.", "/filesystem.")
+STREAMS = ("/process.Process/Start", "/process.Process/Connect",
+           "/filesystem.Filesystem/WatchDir")  # server streams: refused in the stream
+DATA_PLANE = (*RPCS, "/files")
+OPEN = ("/health",)
+CALLER_KEY = "rift_e2b_caller"  # in the request's state
+
+
+def _data_plane(deps: Deps, token: str | None) -> None:
+    if not token:
+        raise HandleRequired()  # 401: the sandbox's envdAccessToken is its task's handle
+    handle = leases.parse_handle(token)
+    with deps.store.read() as tx:
+        task = tx.tasks.get(handle.task_id)
+    if task is None:
+        raise Unauthorized()
+    label = task.holder if task.holder and task.holder.startswith("e2b:") else "e2b:envd"
+    leases.hold(deps, Caller(task.owner, label), token)
+
+
+async def first_check(state: AppState, scope: Scope) -> Response | None:
+    """None to go on to the route; else the refusal to answer, the body unread."""
+    path = scope["path"][len(PREFIX):]
+    headers = Headers(scope=scope)
+    try:
+        if path in OPEN:
+            return None
+        if path.startswith(DATA_PLANE):
+            try:
+                await anyio.to_thread.run_sync(_data_plane, state.deps,
+                                               headers.get("x-access-token"))
+            except RiftError as err:  # answered as envd answers that route
+                if path in STREAMS:
+                    return stream_refusal(fault_of(err))
+                return unary_refusal(fault_of(err)) if path.startswith(RPCS) \
+                    else files_refusal(err)
+            return None
+        caller = await anyio.to_thread.run_sync(sandboxes.caller_of, state.deps,
+                                                headers.get("x-api-key"))
+    except RiftError as err:
+        status = shapes.status_of(err)
+        return JSONResponse(shapes.error_body(status, shapes.message_of(err)),
+                            status_code=status)
+    scope.setdefault("state", {})[CALLER_KEY] = caller
+    return None
