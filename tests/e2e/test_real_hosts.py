@@ -210,7 +210,7 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
             seen["overlay there"] = _on_host(there, f"ls {real.data_dir}/disks/")
             # QEMU runs there as its own unprivileged user (SPEC §15), not root
             seen["qemu users"] = _on_host(
-                there, "ps -eo user=,comm=,args= | grep "
+                there, "ps -eo user:32=,comm=,args= | grep "
                        f"'[g]uest=rift-{full['id']},' | awk '$2 ~ /^qemu-system/ {{print $1}}'")
             await call(s, "rift_vm_destroy", handle=handle, vm_id=full["id"])
             seen["overlay gone"] = _on_host(there, f"ls {real.data_dir}/disks/")
