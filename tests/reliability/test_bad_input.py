@@ -176,7 +176,10 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         # fuzz reach the tools (its pools close their tasks as they go). VMs per task stay
         # few enough that aimed VM creations meet that quota now and then.
         RIFT_RATE_TASK_NEW_PER_H="1000000", RIFT_RATE_VM_NEW_PER_H="1000000",
-        RIFT_MAX_OPEN_TASKS="1000", RIFT_MAX_VMS_PER_TASK=str(MAX_VMS_PER_TASK))
+        RIFT_MAX_OPEN_TASKS="1000", RIFT_MAX_VMS_PER_TASK=str(MAX_VMS_PER_TASK),
+        # 50 live pages of one user at once vanish here (the waiting budget has tests of
+        # its own: tests/integration/test_waiting_budget.py).
+        RIFT_MAX_WAITING_PER_USER="1000")
     campaign.enlist(srv.data_dir, srv.log, srv.token, srv.password)
     try:
         yield Running(srv, proc)
