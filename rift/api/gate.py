@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rift.api.guard import MAX_BODY
 from rift.api.state import AppState
-from rift.domain.errors import Unauthorized
+from rift.domain.errors import RiftError, Unauthorized
 from rift.domain.secrets import Token
 from rift.services import accounts, sessions
 from web.security import SESSION_COOKIE
@@ -136,7 +136,11 @@ class TokenGate:
                 await refused(scope, receive, send)
                 return
         elif needs_token(path):
-            found = await self._caller(bearer_of(scope))
+            try:
+                found = await self._caller(bearer_of(scope))
+            except RiftError as err:  # the database does not answer: 503, as routes say
+                await _answer(send, err.status, {"error": err.to_dict()}, [])
+                return
             if found is None:
                 await refuse_unauthorized(scope, send)
                 return
