@@ -121,7 +121,9 @@ def absolute(path: str, user: str) -> str:
     return posixpath.join(HOMES.get(user, f"/home/{user}"), path)
 
 
-class Envd:
+class EnvdPart:
+    """A part of the data plane: the app's state and the door's sandbox registry."""
+
     def __init__(self, state: AppState, registry: Registry) -> None:
         self.state = state
         self.registry = registry
@@ -129,6 +131,9 @@ class Envd:
     @property
     def deps(self) -> Deps:
         return self.state.deps
+
+
+class Envd(EnvdPart):
 
     # -- files and health -------------------------------------------------------------
 

@@ -21,7 +21,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from rift.api.state import AppState
 from rift.api.waiting import HeldStream
 from rift.contract.base import MAX_EXEC_S
 from rift.contract.views import ExecView
@@ -37,10 +36,8 @@ from rift.e2b.connect import (
     timeout_s,
     unary_request,
 )
-from rift.e2b.envd import Call, call_of, fault_of
-from rift.e2b.sandboxes import Registry
+from rift.e2b.envd import Call, EnvdPart, call_of, fault_of
 from rift.services import execs
-from rift.services.context import Deps
 
 STREAM_WAIT_S = 15  # the longest quiet before a keepalive event
 FIRST_WAIT_S = 1  # how long the start waits for the first output or the end
@@ -65,14 +62,7 @@ def _pid(message: dict[str, Any]) -> int:
     return pid
 
 
-class Processes:
-    def __init__(self, state: AppState, registry: Registry) -> None:
-        self.state = state
-        self.registry = registry
-
-    @property
-    def deps(self) -> Deps:
-        return self.state.deps
+class Processes(EnvdPart):
 
     # -- streams ----------------------------------------------------------------------
 
