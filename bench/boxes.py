@@ -28,8 +28,9 @@ from rift.bootstrap import build_deps, close_deps, ensure_admin
 from rift.config import Settings
 from rift.domain.ids import new_task_id, new_vm_id
 from rift.domain.model import Task, Vm
-from rift.services import boxes, sessions
+from rift.services.access import sessions
 from rift.services.context import Deps
+from rift.services.read import boxes
 from web import render
 from web.security import SESSION_COOKIE
 

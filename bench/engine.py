@@ -22,8 +22,9 @@ from bench.common import median_us, per_op, print_table
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.domain.secrets import Handle, matches
-from rift.services import leases, sweeps, tasks
+from rift.services.background import sweeps
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import leases, tasks
 from rift.store.tables import tasks as tasks_table
 
 ATTACHES = 4000

@@ -2,7 +2,7 @@
 (TCG here: the KVM probe fails on this machine):
 
 1. `rift_vm_new` until the first successful exec, through the engine
-   (`rift.services.tools.vm_new` then `vm_exec`, with a real `build_deps`: the
+   (`rift.services.lifecycle.tools.vm_new` then `vm_exec`, with a real `build_deps`: the
    calls the MCP door makes, without HTTP), against the floor: the same domain
    XML (`guest_spec` + `build_domain_xml`, as Rift plans it) defined and
    started with raw libvirt, then polled with raw paramiko (connect, auth,
@@ -47,8 +47,8 @@ from rift.config import Settings
 from rift.contract.tools import TaskCloseIn, TaskNewIn, VmDestroyIn, VmExecIn, VmNewIn
 from rift.contract.views import VmView
 from rift.guest.keys import key_for_task, key_path, load_key
-from rift.services import tools
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import tools
 
 URI = "qemu:///system"
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,8 +23,9 @@ from rift.domain.store_errors import DuplicateKey
 from rift.guest.adapter import SshGuests
 from rift.guest.links import HostLinks, RemoteFiles, host_disk
 from rift.logs import setup_logging
-from rift.services import accounts, hosts
+from rift.services.access import accounts
 from rift.services.context import Deps, ExposureUrls, GuestRuntime, Limits
+from rift.services.operator import hosts
 from rift.services.ports import HostPool
 from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore

@@ -75,7 +75,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
 def _default_pool(settings: Settings, deps: Deps) -> None:
     """Make the pool RIFT_DEFAULT_POOL names, unless its image has one; say why not."""
-    from rift.services import pools
+    from rift.services.lifecycle import pools
 
     if not settings.default_pool:
         return
@@ -93,7 +93,7 @@ def _default_pool(settings: Settings, deps: Deps) -> None:
 
 
 def cmd_user(settings: Settings, args: argparse.Namespace) -> int:
-    from rift.services import accounts
+    from rift.services.access import accounts
 
     deps = _deps(settings)
     if args.action == "add":
@@ -108,7 +108,7 @@ def cmd_user(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
-    from rift.services import accounts
+    from rift.services.access import accounts
 
     deps = _deps(settings)
     if args.action == "new":
@@ -131,7 +131,7 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(settings: Settings, args: argparse.Namespace) -> int:
-    from rift.services import tasks
+    from rift.services.lifecycle import tasks
 
     deps = _deps(settings)
     rows: list[dict[str, Any]] = []
@@ -150,7 +150,7 @@ def cmd_tasks(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_task(settings: Settings, args: argparse.Namespace) -> int:
-    from rift.services import tasks
+    from rift.services.lifecycle import tasks
 
     deps = _deps(settings)
     if args.action == "close":
@@ -163,14 +163,14 @@ def cmd_task(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
-    from rift.services import hosts
+    from rift.services.operator import hosts
 
     deps = _deps(settings)
     if args.action == "add":
         host = hosts.add_host(deps, args.name, args.uri, args.vcpus, args.memory_mib)
         print(f"added host {host.name} ({host.vcpus} vCPUs, {host.memory_mib} MiB)")
     elif args.action == "drain" and args.move:
-        from rift.services.moves import drain_and_move
+        from rift.services.operator.moves import drain_and_move
 
         report = drain_and_move(deps, args.name)
         for vm_id, to in report.moved:
@@ -225,7 +225,7 @@ def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "add":
         return _image_add(settings, args)
     if args.action == "remove":
-        from rift.services.image_removal import remove_image
+        from rift.services.operator.images import remove_image
 
         remove_image(_deps(settings), args.name)
         print(f"removed image {args.name}")
@@ -249,7 +249,7 @@ def _image_add(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     started = time.monotonic()
     if args.snapshot is not None:
-        from rift.services.snapshot_images import add_image_from_snapshot
+        from rift.services.operator.images import add_image_from_snapshot
 
         folder = add_image_from_snapshot(_deps(settings), args.name, args.snapshot)
         what = f"from snapshot {args.snapshot}"
@@ -275,7 +275,7 @@ POOL_COLUMNS = ("image", "host", "vcpus", "memory_mib", "running", "saved", "las
 
 
 def cmd_pool(settings: Settings, args: argparse.Namespace) -> int:
-    from rift.services import pools
+    from rift.services.lifecycle import pools
 
     deps = _deps(settings)
     if args.action == "set":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rift.config import Settings
-from rift.services.guest_kinds import GuestKind, guest_kind, usable
+from rift.services.lifecycle.guest_kinds import GuestKind, guest_kind, usable
 
 Check = tuple[str, bool, str]
 

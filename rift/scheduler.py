@@ -13,10 +13,10 @@ import threading
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from rift.domain.errors import StoreUnavailable
+from rift.services.background.sweeps import sweep
+from rift.services.background.usage import sample_usage
 from rift.services.context import Deps
-from rift.services.pools import refill
-from rift.services.sweeps import sweep
-from rift.services.usage import sample_usage
+from rift.services.lifecycle.pools import refill
 
 log = logging.getLogger("rift.scheduler")
 

@@ -15,7 +15,7 @@ from rift.catalog import StaticImages
 from rift.domain.clock import FakeClock
 from rift.domain.leases import LeaseRules
 from rift.services.context import Deps, Limits
-from rift.services.hosts import ensure_local_host
+from rift.services.operator.hosts import ensure_local_host
 from rift.store.sql import SqlStore
 from tests.support.engine import FakePool
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import anyio
 from fastapi import Request
 
-from rift.services import boxes, sessions
+from rift.services.access import sessions
 from rift.services.context import Deps
+from rift.services.read import boxes
 
 SESSION_CHECK_S = 10.0
 KEEPALIVE_S = 15.0

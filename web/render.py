@@ -14,7 +14,7 @@ from markupsafe import Markup, escape
 
 from rift.contract.views import VmView
 from rift.domain.model import DESTROYABLE_VM_STATUSES
-from rift.services.boxes import BoxesPage
+from rift.services.read.boxes import BoxesPage
 from web import timefmt
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

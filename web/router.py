@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException
 from rift.api.state import AppState
 from rift.api.waiting import HeldStream
 from rift.domain.errors import TooManyWaiting
-from rift.services import boxes, sessions
+from rift.services.access import sessions
+from rift.services.read import boxes
 from web import apidocs, live, render
 from web.security import (
     LOGIN_COOKIE,

@@ -21,7 +21,7 @@ from rift.api.errors import install_error_handlers
 from rift.api.exposures import ExposureProxy, redact
 from rift.api.gate import TokenGate, body_limit
 from rift.api.guard import BodyGuard
-from rift.api.mcp import mount_mcp
+from rift.api.mcp.server import mount_mcp
 from rift.api.metrics import Metrics, door_of
 from rift.api.rebinding import RebindingGuard, allowed_hosts, security_settings
 from rift.api.rest import router
@@ -31,10 +31,10 @@ from rift.config import Settings
 from rift.e2b import gate as e2b_gate
 from rift.e2b import routes as e2b
 from rift.scheduler import PoolFiller, start_scheduler
+from rift.services.background.heartbeat import resume
+from rift.services.background.sweeps import sweep
 from rift.services.context import Caller, Deps
-from rift.services.egress_deny import EgressDeny
-from rift.services.heartbeat import resume
-from rift.services.sweeps import sweep
+from rift.services.operator.egress_deny import EgressDeny
 from web.router import install as install_web
 
 log = logging.getLogger("rift.http")

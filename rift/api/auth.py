@@ -8,7 +8,7 @@ from fastapi import Request
 from rift.api.gate import CALLER_KEY
 from rift.api.state import AppState
 from rift.domain.errors import Unauthorized
-from rift.services import accounts
+from rift.services.access import accounts
 from rift.services.context import Caller
 
 

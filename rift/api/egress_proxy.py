@@ -330,7 +330,7 @@ class EgressProxy:
                  ) -> None:
         """`vm_of` (the VM a connection from a client port is of) and `is_local` are
         the host's own by default; tests give their own. `denied`: the addresses egress
-        `open` refuses too (rift.services.egress_deny), refused here whatever the list."""
+        `open` refuses too (rift.services.operator.egress_deny), refused here whatever the list."""
         self.deps = deps
         self.port = port
         self.refusals = Refusals()

@@ -37,8 +37,8 @@ from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 from rift.api.state import AppState
 from rift.domain.errors import GuestUnreachable
 from rift.services.context import Deps
-from rift.services.exposures import Target, resolve
-from rift.services.guest_kinds import reach
+from rift.services.lifecycle.exposures import Target, resolve
+from rift.services.lifecycle.guest_kinds import reach
 from rift.services.ports import PortChannel, PortClosed
 
 log = logging.getLogger("rift.http")

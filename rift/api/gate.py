@@ -38,7 +38,7 @@ from rift.api.guard import MAX_BODY
 from rift.api.state import AppState
 from rift.domain.errors import RiftError, Unauthorized
 from rift.domain.secrets import Token
-from rift.services import accounts, sessions
+from rift.services.access import accounts, sessions
 from web.security import SESSION_COOKIE
 
 JSON_BODY = 64 * 1024

@@ -21,8 +21,8 @@ class StoreGauges(Collector):
         self.deps = deps
 
     def collect(self) -> list[GaugeMetricFamily]:
-        from rift.services.pools import pool_counts
-        from rift.services.queries import counts
+        from rift.services.lifecycle.pools import pool_counts
+        from rift.services.read.queries import counts
 
         open_tasks, running_vms = counts(self.deps)
         pooled = GaugeMetricFamily(

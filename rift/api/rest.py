@@ -39,9 +39,9 @@ from rift.contract.base import Path as GuestPathText
 from rift.contract.views import ExecView
 from rift.domain.errors import InvalidArgument, RiftError
 from rift.domain.secrets import Handle
-from rift.services import execs
 from rift.services.context import Caller
-from rift.services.tools import CALLS
+from rift.services.lifecycle import execs
+from rift.services.lifecycle.tools import CALLS
 
 CallerDep = Annotated[Caller, Depends(rest_caller)]
 # Path, query and header parameters take their types from the contract, like bodies.

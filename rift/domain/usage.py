@@ -4,7 +4,7 @@ The text holds the latest figures (the VM view's `stats`), what the next sample
 needs to turn CPU time into a percentage (the CPU time and when it was read),
 when the guest's network counters were last read, and a short history of CPU
 and memory that the Boxes page draws. Pure: the sampling is
-rift.services.usage's.
+rift.services.background.usage's.
 """
 
 from __future__ import annotations

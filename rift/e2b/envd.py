@@ -37,9 +37,9 @@ from rift.e2b.connect import (
     ConnectFault,
 )
 from rift.e2b.sandboxes import Registry
-from rift.services import execs, guests, vms
 from rift.services.context import Caller, Deps
-from rift.services.leases import parse_handle
+from rift.services.lifecycle import execs, files, vms
+from rift.services.lifecycle.leases import parse_handle
 
 HOMES = {"root": "/root"}
 
@@ -144,7 +144,7 @@ class Envd(EnvdPart):
             if not path:
                 raise InvalidArgument("path", "the file to read")
             read = await self.state.waiting.run(
-                None, guests.read_file, self.deps, call.caller, call.handle, call.vm_id,
+                None, files.read_file, self.deps, call.caller, call.handle, call.vm_id,
                 absolute(path, user_of(request)), "base64")
         except RiftError as err:
             return files_refusal(err)
@@ -196,7 +196,7 @@ class Envd(EnvdPart):
         directories a path needs)."""
         content = base64.b64encode(data).decode("ascii")
         try:
-            guests.write_file(self.deps, call.caller, call.handle, call.vm_id, path, content,
+            files.write_file(self.deps, call.caller, call.handle, call.vm_id, path, content,
                               "base64")
         except InvalidArgument as err:
             if err.details.get("field") != "path":
@@ -208,7 +208,7 @@ class Envd(EnvdPart):
             if made.exit_code != 0:
                 raise InvalidArgument("path", f"{folder}: could not be made: "
                                       f"{made.stderr.strip()[:200]}") from err
-            guests.write_file(self.deps, call.caller, call.handle, call.vm_id, path, content,
+            files.write_file(self.deps, call.caller, call.handle, call.vm_id, path, content,
                               "base64")
 
     async def health(self, request: Request) -> Response:

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from rift.e2b.connect import ConnectFault
 from rift.e2b.envd import Call, absolute, user_of
 from rift.e2b.processes import Processes
-from rift.services import execs
+from rift.services.lifecycle import execs
 
 SCRIPT_S = 30  # a file operation's exec: its timeout and how long the call waits for it
 MAX_DEPTH = 32

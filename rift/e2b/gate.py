@@ -20,8 +20,8 @@ from rift.domain.errors import HandleRequired, RiftError, Unauthorized
 from rift.e2b import sandboxes, shapes
 from rift.e2b.envd import fault_of, files_refusal
 from rift.e2b.processes import stream_refusal, unary_refusal
-from rift.services import leases
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import leases
 
 PREFIX = "/e2b"
 RPCS = ("/process.", "/filesystem.")

@@ -23,8 +23,8 @@ from typing import Any
 from rift.contract.views import VmView
 from rift.domain.errors import RiftError, VmNotRunning
 from rift.e2b.sandboxes import LIVE, Extras, Registry, answer, live_vm, timeout_of
-from rift.services import leases, tasks, vm_state
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import leases, pauses, tasks
 
 
 def held_handle(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
@@ -56,7 +56,7 @@ def connect(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     handle = held_handle(deps, registry, caller, sandbox, vm)
     resumed = LIVE[vm.status] == "paused"
     if resumed:
-        vm_state.resume(deps, caller, handle, vm.id)
+        pauses.resume(deps, caller, handle, vm.id)
     if timeout is not None:
         end = deps.clock.now() + timedelta(seconds=timeout_of(timeout))
         extras = registry.get(sandbox)
@@ -73,5 +73,5 @@ def pause(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     if LIVE[vm.status] == "paused":  # 409, as E2B answers (the SDK's `False`)
         raise VmNotRunning(vm.id, vm.status)
     handle = held_handle(deps, registry, caller, sandbox, vm)
-    vm_state.pause(deps, caller, handle, vm.id)
+    pauses.pause(deps, caller, handle, vm.id)
 

@@ -37,7 +37,7 @@ from rift.e2b.connect import (
     unary_request,
 )
 from rift.e2b.envd import Call, EnvdPart, call_of, fault_of
-from rift.services import execs
+from rift.services.lifecycle import execs
 
 STREAM_WAIT_S = 15  # the longest quiet before a keepalive event
 FIRST_WAIT_S = 1  # how long the start waits for the first output or the end

@@ -27,8 +27,9 @@ from rift.domain.errors import (
     VmNotFound,
 )
 from rift.e2b import shapes
-from rift.services import accounts, tasks, vms
+from rift.services.access import accounts
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import tasks, vms
 
 TASK_PREFIX = "e2b "
 DEFAULT_TIMEOUT_S = 300

@@ -61,7 +61,7 @@ class Cursors:
 
 @dataclass
 class DiskRoom:
-    """Each host's free disk as last sampled (this process's; rift.services.usage)."""
+    """Each host's free disk as last sampled (this process's; rift.services.background.usage)."""
 
     free: dict[str, int] = field(default_factory=dict)  # host name: bytes free
 

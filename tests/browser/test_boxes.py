@@ -100,7 +100,7 @@ def test_a_paused_vm_and_the_tasks_snapshots_show_live(server: Server, page: Any
 
 
 def record_usage(server: Server, vm_id: str, samples: list[tuple[float, int, int]]) -> None:
-    """Samples of a VM's use written as rift.services.usage writes them ((when, CPU
+    """Samples of a VM's use written as rift.services.background.usage writes them ((when, CPU
     time in ns, resident KiB) each; libvirt's test driver, under this server, reports
     no figures), with the mark that tells the Boxes pages."""
     store = SqlStore(f"sqlite:///{(server.data_dir / 'rift.db').resolve()}")

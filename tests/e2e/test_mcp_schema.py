@@ -18,9 +18,9 @@ from mcp.server.auth.middleware.auth_context import auth_context_var
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 
-from rift.api.mcp import build_server
-from rift.api.mcp_additions import name_in_session_id, name_in_user_agent, session_id_for
-from rift.api.mcp_tools import TOOLS
+from rift.api.mcp.callers import name_in_session_id, name_in_user_agent, session_id_for
+from rift.api.mcp.server import build_server
+from rift.api.mcp.tools import TOOLS
 from rift.api.state import AppState
 from rift.config import Settings
 from rift.contract.base import parse

@@ -16,7 +16,7 @@ from tests.support.servers import Server
 
 
 def _record_usage(server: Server, vm_id: str) -> None:
-    """A sample of the VM's use, written as rift.services.usage writes it (libvirt's
+    """A sample of the VM's use, written as rift.services.background.usage writes it (libvirt's
     test driver, under this server, reports no figures)."""
     store = SqlStore(f"sqlite:///{(server.data_dir / 'rift.db').resolve()}")
     try:

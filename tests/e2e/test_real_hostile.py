@@ -148,7 +148,7 @@ def _exec(scene: Scene, command: str, **args: Any) -> tuple[str | None, float,
 
 
 def _heartbeat_age(srv: Server) -> float:
-    """Seconds since the sweep's last heartbeat (rift.services.heartbeat), read
+    """Seconds since the sweep's last heartbeat (rift.services.background.heartbeat), read
     from the server's store."""
     beat = rows(srv, "SELECT value FROM meta WHERE key = 'heartbeat_at'")[0]["value"]
     return (datetime.now(UTC) - datetime.fromisoformat(beat)).total_seconds()

@@ -18,7 +18,8 @@ from hypervisor import write_test_host_xml
 from rift.bootstrap import build_deps, close_deps
 from rift.cli import main
 from rift.config import Settings
-from rift.services import accounts, tasks, vms
+from rift.services.access import accounts
+from rift.services.lifecycle import tasks, vms
 
 
 @pytest.fixture

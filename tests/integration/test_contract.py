@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 
 from rift.api.app import create_app
-from rift.api.mcp import build_server
+from rift.api.mcp.server import build_server
 from rift.api.state import AppState
 from rift.config import Settings
 from rift.contract.base import inline
@@ -179,7 +179,7 @@ def test_both_doors_take_disk_gib_in_its_range_and_show_it_and_the_start(
     shown, with how the VM started; a VM that names no image gets RIFT_DEFAULT_IMAGE."""
     from starlette.testclient import TestClient
 
-    from rift.services import accounts
+    from rift.services.access import accounts
 
     accounts.add_user(deps, "ada", "correct horse battery")
     token = accounts.new_token(deps, "ada").token.value

@@ -14,8 +14,9 @@ from hypervisor import parse_rift_metadata, write_test_host_xml
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.domain.errors import RiftError
-from rift.services import leases, sweeps, tasks, vms
+from rift.services.background import sweeps
 from rift.services.context import Deps
+from rift.services.lifecycle import leases, tasks, vms
 from tests.support.databases import SQL_KINDS, empty_database_url
 from tests.support.engine import ALICE, ALICE_2
 
@@ -198,7 +199,7 @@ def test_serve_destroys_a_domain_made_behind_its_back_before_taking_calls(
 def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
         engine: Deps, tmp_path: Path) -> None:
     """Each host is its own libvirt test-driver node of a chosen size."""
-    from rift.services import hosts
+    from rift.services.operator import hosts
 
     small = write_test_host_xml(str(tmp_path / "small.xml"), 2, 1024)
     large = write_test_host_xml(str(tmp_path / "large.xml"), 4, 6144)
@@ -227,12 +228,13 @@ def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
 
 def test_a_paused_vm_is_a_managed_save_on_the_test_driver_and_resumes_at_once(
         engine: Deps, host_uri: str) -> None:
-    from rift.services import reconcile, vm_state
+    from rift.services.background import reconcile
+    from rift.services.lifecycle import pauses
 
     opened = tasks.new_task(engine, ALICE)
     handle = str(opened.handle)
     vm = vms.new_vm(engine, ALICE, handle, memory_mib=3000)
-    assert vm_state.pause(engine, ALICE, handle, vm.id).status == "paused"
+    assert pauses.pause(engine, ALICE, handle, vm.id).status == "paused"
     conn = engine.hosts.hypervisor(host_uri)._connection()  # type: ignore[attr-defined]
     dom = conn.lookupByName(f"rift-{vm.id}")
     assert not dom.isActive() and dom.hasManagedSaveImage(0)
@@ -241,19 +243,19 @@ def test_a_paused_vm_is_a_managed_save_on_the_test_driver_and_resumes_at_once(
     assert other.status == "running"
     assert not reconcile.reconcile(engine)
     with pytest.raises(RiftError) as full:
-        vm_state.resume(engine, ALICE, handle, vm.id)
+        pauses.resume(engine, ALICE, handle, vm.id)
     assert full.value.code == "no_capacity"
     vms.destroy(engine, ALICE, other.id, handle)
-    assert vm_state.resume(engine, ALICE, handle, vm.id).status == "running"
+    assert pauses.resume(engine, ALICE, handle, vm.id).status == "running"
     assert dom.isActive() and not dom.hasManagedSaveImage(0)
-    vm_state.pause(engine, ALICE, handle, vm.id)
+    pauses.pause(engine, ALICE, handle, vm.id)
     closed = tasks.close_task(engine, ALICE, handle=handle)
     assert vm.id in closed.destroyed and _domains(engine, host_uri) == {}
 
 
 def test_a_snapshot_is_a_saved_file_on_the_test_driver_and_forks_answer_at_once(
         engine: Deps, host_uri: str, data_dir: Path) -> None:
-    from rift.services import snapshots
+    from rift.services.lifecycle import snapshots
 
     opened = tasks.new_task(engine, ALICE)
     handle = str(opened.handle)

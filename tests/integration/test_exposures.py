@@ -26,8 +26,8 @@ import uvicorn
 from rift.api.app import create_app
 from rift.config import Settings
 from rift.domain.secrets import digest
-from rift.services import exposures, tasks, vm_state, vms
 from rift.services.context import Deps, ExposureUrls
+from rift.services.lifecycle import exposures, pauses, tasks, vms
 from tests.support import ws
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeShell
@@ -185,11 +185,11 @@ def test_destroying_the_vm_or_closing_the_task_ends_its_exposures(gdeps: Deps) -
 def test_a_pause_keeps_the_exposure_and_its_vm_says_it_is_paused(gdeps: Deps) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
     secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
-    paused = vm_state.pause(gdeps, ALICE, handle, vm_id)
+    paused = pauses.pause(gdeps, ALICE, handle, vm_id)
     assert paused.status == "paused" and [p.port for p in paused.exposures] == [GUEST_PORT]
     target = exposures.resolve(gdeps, secret)
     assert target is not None and target.vm.status == "paused"
-    resumed = vm_state.resume(gdeps, ALICE, handle, vm_id)
+    resumed = pauses.resume(gdeps, ALICE, handle, vm_id)
     assert [p.port for p in resumed.exposures] == [GUEST_PORT]
 
 
@@ -201,7 +201,7 @@ def test_bad_exposures_are_refused_and_change_nothing(gdeps: Deps) -> None:
     refused("task_not_found", exposures.expose, gdeps, BOB, handle, vm_id, GUEST_PORT)
     other = tasks.new_task(gdeps, ALICE)
     refused("vm_not_found", exposures.expose, gdeps, ALICE, str(other.handle), vm_id, GUEST_PORT)
-    vm_state.pause(gdeps, ALICE, handle, vm_id)
+    pauses.pause(gdeps, ALICE, handle, vm_id)
     err = refused("vm_not_running", exposures.expose, gdeps, ALICE, handle, vm_id, GUEST_PORT)
     assert "rift_vm_resume" in err.hint
     with gdeps.store.read() as tx:
@@ -307,7 +307,7 @@ def test_unknown_ended_and_unreachable_exposures_answer_plainly(
         refused_port = client.get(f"/x/{closed}/")
         assert refused_port.status_code == 502 and "port 9" in refused_port.text
         secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
-        vm_state.pause(gdeps, ALICE, handle, vm_id)
+        pauses.pause(gdeps, ALICE, handle, vm_id)
         paused = client.get(f"/x/{secret}/")
         assert paused.status_code == 503 and "rift_vm_resume" in paused.text
         assert client.get("/healthz").json() == {"status": "ok"}  # the API is still the API

@@ -18,8 +18,9 @@ from starlette.testclient import TestClient
 from rift.api.app import create_app
 from rift.config import Settings
 from rift.domain import usage
-from rift.services import accounts, tasks, vms
+from rift.services.access import accounts
 from rift.services.context import Deps
+from rift.services.lifecycle import tasks, vms
 from tests.support.engine import ALICE
 from web.security import LOGIN_COOKIE, SESSION_COOKIE
 

@@ -11,10 +11,10 @@ import pytest
 
 from rift.catalog import StaticImages
 from rift.domain.clock import FakeClock
-from rift.services import accounts, sessions
+from rift.services.access import accounts, sessions
+from rift.services.access.sessions import PER_ADDRESS, PER_NAME_AND_ADDRESS, _keys
 from rift.services.context import Deps
 from rift.services.ports import Store
-from rift.services.sessions import PER_ADDRESS, PER_NAME_AND_ADDRESS, _keys
 from tests.support.engine import FakePool
 
 PASSWORD = "correct horse battery"

@@ -11,8 +11,9 @@ from rift.bootstrap import build_deps, close_deps, ensure_admin
 from rift.config import Settings
 from rift.domain.errors import RiftError
 from rift.logs import setup_logging
-from rift.services import accounts, leases, tasks, vms
+from rift.services.access import accounts
 from rift.services.context import Caller
+from rift.services.lifecycle import leases, tasks, vms
 
 
 def test_no_secret_appears_in_the_database_files_or_the_logs(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ import pytest
 from rift.bootstrap import ensure_admin
 from rift.catalog import StaticImages
 from rift.domain.clock import SystemClock
+from rift.services.background.heartbeat import HEARTBEAT, beat, resume
 from rift.services.context import Deps
-from rift.services.heartbeat import HEARTBEAT, beat, resume
-from rift.services.hosts import ensure_local_host
+from rift.services.operator.hosts import ensure_local_host
 from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore
 from tests.support.databases import skip_without_postgres, wipe

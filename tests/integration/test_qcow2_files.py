@@ -26,7 +26,7 @@ from hypervisor.qcow2 import (
 from rift.domain.model import Vm
 from rift.guest.adapter import SshGuests
 from rift.services.context import GuestRuntime
-from rift.services.guest_kinds import Qcow2Guest, VmFiles
+from rift.services.lifecycle.guest_kinds import Qcow2Guest, VmFiles
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBItiKMb60WRZYHdNAnTB9p/iehwos+LVjLTxu2yyPzL rift"
 

@@ -20,7 +20,8 @@ from hypervisor.libvirt import LibvirtHypervisor
 from hypervisor.tiny import build_tiny
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
-from rift.services import execs, hosts, tasks, vms
+from rift.services.lifecycle import execs, tasks, vms
+from rift.services.operator import hosts
 from tests.support.cache import CACHE as TEST_CACHE
 from tests.support.engine import ALICE
 

@@ -10,7 +10,7 @@ from hypervisor import write_test_host_xml
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.scheduler import start_scheduler
-from rift.services import tasks
+from rift.services.lifecycle import tasks
 from tests.support.engine import ALICE
 
 

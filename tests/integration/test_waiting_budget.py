@@ -19,8 +19,9 @@ import uvicorn
 
 from rift.api.app import create_app
 from rift.config import Settings
-from rift.services import accounts, tasks, vms
+from rift.services.access import accounts
 from rift.services.context import Deps
+from rift.services.lifecycle import tasks, vms
 from tests.support.engine import ALICE
 from tests.support.fake_guest import FakeShell
 from tests.support.mcp_clients import mcp_session, run

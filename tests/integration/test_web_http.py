@@ -16,8 +16,9 @@ from rift.config import Settings
 from rift.contract import tools as c
 from rift.domain.clock import FakeClock
 from rift.domain.secrets import digest
-from rift.services import accounts, tasks, tools
+from rift.services.access import accounts
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import tasks, tools
 from web.security import LOGIN_COOKIE, SESSION_COOKIE
 
 PASSWORD = "correct horse battery"

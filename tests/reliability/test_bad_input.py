@@ -56,7 +56,7 @@ from schemathesis.checks import response_schema_conformance
 
 from rift.api.app import create_app
 from rift.api.guard import MAX_BODY
-from rift.api.mcp_tools import TOOLS
+from rift.api.mcp.tools import TOOLS
 from rift.config import Settings
 from rift.contract.base import inline
 from tests.support import campaign

@@ -22,9 +22,10 @@ from rift.catalog import StaticImages
 from rift.domain.clock import FakeClock
 from rift.domain.errors import TaskHeld
 from rift.domain.leases import LeaseRules
-from rift.services import leases, sweeps, tasks
+from rift.services.background import sweeps
 from rift.services.context import Caller, Deps, Limits
-from rift.services.hosts import ensure_local_host
+from rift.services.lifecycle import leases, tasks
+from rift.services.operator.hosts import ensure_local_host
 from rift.services.ports import Store
 from tests.support import campaign
 from tests.support.engine import FakePool

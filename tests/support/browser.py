@@ -17,7 +17,7 @@ import pytest
 
 from rift.catalog import StaticImages
 from rift.domain.clock import SystemClock
-from rift.services import accounts
+from rift.services.access import accounts
 from rift.services.context import Deps
 from rift.store.sql import SqlStore
 from tests.support.engine import FakePool

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rift.services import accounts
+from rift.services.access import accounts
 from rift.services.context import Deps
 from tests.support.engine import refused
 

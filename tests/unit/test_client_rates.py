@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from rift.domain.clock import FakeClock
-from rift.services import execs, leases, tasks, vms
 from rift.services.context import Deps
+from rift.services.lifecycle import execs, leases, tasks, vms
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeShell
 

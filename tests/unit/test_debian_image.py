@@ -25,10 +25,10 @@ from hypervisor.kernel_boot import guest_cmdline
 from rift.catalog import BUILTIN
 from rift.domain.model import Vm
 from rift.guest.adapter import SshGuests
-from rift.services import tasks, vms
 from rift.services.context import Deps, GuestRuntime
-from rift.services.guest_kinds import KernelGuest, VmFiles
-from rift.services.guest_kinds.real import DEFAULT_DISK_GIB, GIB
+from rift.services.lifecycle import tasks, vms
+from rift.services.lifecycle.guest_kinds import KernelGuest, VmFiles
+from rift.services.lifecycle.guest_kinds.real import DEFAULT_DISK_GIB, GIB
 from tests.support.engine import ALICE
 
 needs_qemu_img = pytest.mark.skipif(shutil.which("qemu-img") is None,

@@ -10,9 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from hypervisor.host_disk import LOCAL_DISK
-from rift.services import hosts, snapshots, tasks, usage, vm_state, vms
+from rift.services.background import usage
 from rift.services.context import Deps, GuestRuntime
-from rift.services.disk_budget import GIB, disk_used_bytes
+from rift.services.lifecycle import pauses, snapshots, tasks, vms
+from rift.services.lifecycle.disk_budget import GIB, disk_used_bytes
+from rift.services.operator import hosts
 from tests.support.engine import ALICE, BOB, refused
 
 
@@ -39,7 +41,7 @@ def test_a_user_at_the_budget_gets_quota_exceeded_and_others_do_not(deps: Deps) 
     assert "disk per user" in error.message and "rift_vm_destroy" in error.hint
     refused("quota_exceeded", snapshots.make, deps, ALICE, handle, vm.id)
     refused("quota_exceeded", snapshots.fork, deps, ALICE, handle, vm_id=vm.id)
-    refused("quota_exceeded", vm_state.pause, deps, ALICE, handle, vm.id)
+    refused("quota_exceeded", pauses.pause, deps, ALICE, handle, vm.id)
     theirs = tasks.new_task(deps, BOB)
     assert vms.new_vm(deps, BOB, str(theirs.handle), image="tiny").status == "running"
     vms.destroy(deps, ALICE, vm.id, handle=handle)  # frees its overlay
@@ -52,7 +54,7 @@ def test_paused_memory_and_snapshots_count(deps: Deps) -> None:
     vm = vms.new_vm(deps, ALICE, handle, image="tiny", memory_mib=512)
     with deps.store.read() as tx:
         assert disk_used_bytes(tx, "alice") == 0
-    vm_state.pause(deps, ALICE, handle, vm.id)
+    pauses.pause(deps, ALICE, handle, vm.id)
     with deps.store.read() as tx:
         assert disk_used_bytes(tx, "alice") == 512 << 20
         assert disk_used_bytes(tx, "bob") == 0
@@ -66,7 +68,7 @@ def test_a_host_under_its_disk_floor_takes_no_new_vm_snapshot_or_pause(deps: Dep
     assert vm.host == "big"
     deps.disk_room.free["big"] = 1 << 30  # as sampled: 1 GiB left, under the 4 GiB floor
     assert vms.new_vm(deps, ALICE, handle, image="tiny").host == "local"  # placed elsewhere
-    for call, args in ((snapshots.make, (vm.id,)), (vm_state.pause, (vm.id,))):
+    for call, args in ((snapshots.make, (vm.id,)), (pauses.pause, (vm.id,))):
         error = refused("quota_exceeded", call, deps, ALICE, handle, *args)
         assert error.details["host"] == "big"
     hosts.drain_host(deps, "local")  # now only the full host has room

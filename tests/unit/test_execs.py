@@ -14,10 +14,11 @@ from datetime import timedelta
 import pytest
 
 from rift.domain.clock import FakeClock
-from rift.services import execs, leases, sweeps, tasks, vms
+from rift.services.background import sweeps
 from rift.services.context import Deps
-from rift.services.tools import _task_out
-from rift.services.watch import STEP_S, Watch, newest_line
+from rift.services.lifecycle import execs, leases, tasks, vms
+from rift.services.lifecycle.tools import _task_out
+from rift.services.ports.watch import STEP_S, Watch, newest_line
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeShell
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 
 from hypervisor.fake import FakeHypervisor
-from rift.services import execs, guests, tasks, vms
 from rift.services.context import Deps
+from rift.services.lifecycle import execs, files, tasks, vms
 from tests.support.engine import ALICE, refused
 from tests.support.fake_guest import FakeShell
 
@@ -26,8 +26,8 @@ def test_on_a_host_with_no_guest_exec_and_files_refuse_with_guest_unreachable(
     handle, vm_id = _vm(deps, ssh=False)
     err = refused("guest_unreachable", execs.start, deps, ALICE, handle, vm_id, "uname")
     assert "test driver" in err.message and "rift_vm_new" in err.hint
-    refused("guest_unreachable", guests.write_file, deps, ALICE, handle, vm_id, "/x", "hi")
-    refused("guest_unreachable", guests.read_file, deps, ALICE, handle, vm_id, "/x")
+    refused("guest_unreachable", files.write_file, deps, ALICE, handle, vm_id, "/x", "hi")
+    refused("guest_unreachable", files.read_file, deps, ALICE, handle, vm_id, "/x")
 
 
 def test_a_vm_that_is_not_running_refuses_with_its_status(deps: Deps,
@@ -49,12 +49,12 @@ def test_exec_and_files_go_through_the_guest_shell(make_deps) -> None:  # type: 
     out = execs.start(deps, ALICE, handle, vm_id, "cat", stdin="hi")
     assert (out.status, out.exit_code, out.stdout, out.timed_out) == ("exited", 0, "hi", False)
     blob = bytes(range(256))
-    wrote = guests.write_file(deps, ALICE, handle, vm_id, "/tmp/b", base64.b64encode(blob)
+    wrote = files.write_file(deps, ALICE, handle, vm_id, "/tmp/b", base64.b64encode(blob)
                               .decode(), encoding="base64", mode=0o600)
     assert (wrote.path, wrote.bytes) == ("/tmp/b", 256)
-    back = guests.read_file(deps, ALICE, handle, vm_id, "/tmp/b", encoding="base64")
+    back = files.read_file(deps, ALICE, handle, vm_id, "/tmp/b", encoding="base64")
     assert base64.b64decode(back.content) == blob
-    refused("invalid_argument", guests.read_file, deps, ALICE, handle, vm_id, "/tmp/b")
+    refused("invalid_argument", files.read_file, deps, ALICE, handle, vm_id, "/tmp/b")
 
 
 def test_bad_guest_input_is_refused_naming_the_field(deps: Deps) -> None:
@@ -70,13 +70,13 @@ def test_bad_guest_input_is_refused_naming_the_field(deps: Deps) -> None:
         err = refused("invalid_argument", execs.start, deps, ALICE, handle, vm_id,
                       **kwargs)
         assert err.details["field"] == field_name
-    err = refused("invalid_argument", guests.write_file, deps, ALICE, handle, vm_id,
+    err = refused("invalid_argument", files.write_file, deps, ALICE, handle, vm_id,
                   "relative/path", "x")
     assert err.details["field"] == "path"
-    err = refused("invalid_argument", guests.write_file, deps, ALICE, handle, vm_id, "/x",
+    err = refused("invalid_argument", files.write_file, deps, ALICE, handle, vm_id, "/x",
                   "not base64!", encoding="base64")
     assert err.details["field"] == "content"
-    refused("invalid_argument", guests.write_file, deps, ALICE, handle, vm_id, "/x", "x",
+    refused("invalid_argument", files.write_file, deps, ALICE, handle, vm_id, "/x", "x",
             encoding="latin-1")
     other = tasks.new_task(deps, ALICE)
     refused("vm_not_found", execs.start, deps, ALICE, str(other.handle), vm_id, "true")

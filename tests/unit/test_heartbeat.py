@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from rift.domain.clock import FakeClock
-from rift.services import heartbeat, sweeps, tasks
+from rift.services.background import heartbeat, sweeps
 from rift.services.context import Deps
+from rift.services.lifecycle import tasks
 from tests.support.engine import ALICE
 
 

@@ -29,16 +29,16 @@ ONLY_IN = {
     "mcp": ("rift/api/",),
 }
 # What kind of guest a host or an image has is asked in one place: the engine's
-# kinds of guest (rift/services/guest_kinds/) know the image formats and the
+# kinds of guest (rift/services/lifecycle/guest_kinds/) know the image formats and the
 # test driver; the rest of the engine only calls a kind's methods.
-GUEST_KINDS = "rift/services/guest_kinds/"
+GUEST_KINDS = "rift/services/lifecycle/guest_kinds/"
 IMAGE_FORMATS = {
     "hypervisor.image_files": (GUEST_KINDS,),
     "hypervisor.kernel_boot": (GUEST_KINDS,),
     "hypervisor.disks": (GUEST_KINDS,),
     # the operator's image commands: removing one, making one from a snapshot
-    "hypervisor.qcow2": (GUEST_KINDS, "rift/services/image_removal.py",
-                         "rift/services/snapshot_images.py"),
+    "hypervisor.qcow2": (GUEST_KINDS, "rift/services/operator/images.py",
+                         "rift/services/operator/images.py"),
 }
 
 
@@ -88,7 +88,7 @@ def test_only_the_guest_kinds_ask_what_a_host_or_an_image_is() -> None:
         rel = path.relative_to(ROOT).as_posix()
         if not rel.startswith(GUEST_KINDS):
             assert "is_test_host" not in path.read_text(), f"{rel} asks whether a host is " \
-                "the test driver; a kind of guest (rift.services.guest_kinds) answers instead"
+                "the test driver; a kind of guest (its guest_kinds) answers instead"
 
 
 def test_every_setting_is_described_and_documented_in_the_readme() -> None:

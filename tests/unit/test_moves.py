@@ -8,9 +8,10 @@ import pytest
 
 from hypervisor.fake import FakeHypervisor
 from rift.domain.errors import NoCapacity
-from rift.services import hosts, tasks, vm_state, vms
 from rift.services.context import Deps
-from rift.services.moves import drain_and_move
+from rift.services.lifecycle import pauses, tasks, vms
+from rift.services.operator import hosts
+from rift.services.operator.moves import drain_and_move
 from tests.support.engine import ALICE, FakePool, event_types, snapshot
 
 
@@ -25,7 +26,7 @@ def _on_far(deps: Deps, pool: FakePool, count: int) -> tuple[str, list[str]]:
 def test_drain_move_moves_each_running_vm_with_its_event_and_leaves_a_paused_one(
         deps: Deps, pool: FakePool, local_hv: FakeHypervisor) -> None:
     handle, (one, two, parked) = _on_far(deps, pool, 3)
-    vm_state.pause(deps, ALICE, handle, parked)
+    pauses.pause(deps, ALICE, handle, parked)
     far = pool.hypervisor("fake:///far")
     report = drain_and_move(deps, "far")
     assert sorted(report.moved) == sorted([(one, "local"), (two, "local")])

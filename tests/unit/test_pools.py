@@ -10,8 +10,10 @@ import pytest
 
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
-from rift.services import hosts, pools, reconcile, tasks, vms
+from rift.services.background import reconcile
 from rift.services.context import Deps, GuestRuntime
+from rift.services.lifecycle import pools, tasks, vms
+from rift.services.operator import hosts
 from tests.support.engine import ALICE, event_types, refused, snapshot
 
 FILLER = "test-filler"

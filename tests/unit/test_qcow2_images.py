@@ -24,8 +24,9 @@ from rift.catalog import DirectoryImages
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError
 from rift.guest.shell import SshGuestShell
-from rift.services import reconcile, tasks, vms
+from rift.services.background import reconcile
 from rift.services.context import Deps, GuestRuntime
+from rift.services.lifecycle import tasks, vms
 from tests.support.engine import ALICE
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBItiKMb60WRZYHdNAnTB9p/iehwos+LVjLTxu2yyPzL rift"

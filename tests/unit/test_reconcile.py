@@ -11,8 +11,9 @@ from hypervisor.fake import FakeHypervisor
 from hypervisor.kvm import PROBE_STALE_S, PROBE_TASK
 from rift.domain.clock import FakeClock
 from rift.domain.model import Vm
-from rift.services import reconcile, sweeps, tasks, teardown, vms
+from rift.services.background import reconcile, sweeps
 from rift.services.context import Deps
+from rift.services.lifecycle import tasks, teardown, vms
 from tests.support.engine import ALICE, event_types
 
 
@@ -63,7 +64,7 @@ def test_a_create_that_died_half_way_is_failed_after_the_grace_period(
 def test_an_unreachable_host_is_reported_and_the_rest_goes_on(
         deps: Deps, local_hv: FakeHypervisor, pool: object) -> None:
     from hypervisor.base import HypervisorError
-    from rift.services import hosts
+    from rift.services.operator import hosts
 
     hosts.add_host(deps, "gone", "fake:///gone", 4, 4096)
     gone = deps.hosts.hypervisor("fake:///gone")
@@ -94,7 +95,7 @@ def test_another_installations_domains_are_left_alone(
 def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
         deps: Deps, pool: object) -> None:
     from hypervisor.base import HypervisorError
-    from rift.services import hosts
+    from rift.services.operator import hosts
 
     hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
     opened = tasks.new_task(deps, ALICE)
@@ -122,13 +123,14 @@ def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
 def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back_destroys_them(
         deps: Deps, clock: FakeClock, local_hv: FakeHypervisor, pool: object) -> None:
     from hypervisor.base import HypervisorError
-    from rift.services import hosts, vm_state
+    from rift.services.lifecycle import pauses
+    from rift.services.operator import hosts
 
     hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
     opened = tasks.new_task(deps, ALICE)
     handle = str(opened.handle)
     running, parked = (vms.new_vm(deps, ALICE, handle), vms.new_vm(deps, ALICE, handle))
-    vm_state.pause(deps, ALICE, handle, parked.id)
+    pauses.pause(deps, ALICE, handle, parked.id)
     assert {running.host, parked.host} == {"far"}
     here = vms.new_vm(deps, ALICE, handle, vcpus=64)  # too big for "far": on "local"
     far = deps.hosts.hypervisor("fake:///far")

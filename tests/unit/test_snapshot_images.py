@@ -24,9 +24,9 @@ from hypervisor.snapshot_image import (
 )
 from rift.catalog import DirectoryImages
 from rift.domain.model import Vm
-from rift.services import pools, tasks, vms
 from rift.services.context import Deps, GuestRuntime
-from rift.services.guest_kinds import SnapshotGuest, guest_kind
+from rift.services.lifecycle import pools, tasks, vms
+from rift.services.lifecycle.guest_kinds import SnapshotGuest, guest_kind
 from tests.support.engine import ALICE, refused
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
-from rift.services import reconcile, snapshots, sweeps, tasks, vm_state, vms
+from rift.services.background import reconcile, sweeps
 from rift.services.context import Deps, GuestRuntime
+from rift.services.lifecycle import pauses, snapshots, tasks, vms
 from tests.support.engine import ALICE, BOB, event_types, refused, snapshot
 
 
@@ -118,7 +119,7 @@ def test_snapshots_and_forks_refuse_what_is_not_the_callers(deps: Deps) -> None:
     refused("invalid_argument", snapshots.fork, deps, ALICE, handle, snapshot_id=snap.id,
             count=0)
     refused("invalid_argument", snapshots.delete, deps, ALICE, handle, "snap_NOPE")
-    vm_state.pause(deps, ALICE, handle, vm_id)
+    pauses.pause(deps, ALICE, handle, vm_id)
     paused = refused("vm_not_running", snapshots.make, deps, ALICE, handle, vm_id)
     assert "rift_vm_resume" in paused.hint
 
@@ -183,11 +184,11 @@ def test_a_snapshot_cut_by_a_crash_after_the_save_is_abandoned_and_its_vm_runs_o
 
 def test_host_list_counts_paused_vms_and_snapshots_and_remove_refuses_them(
         deps: Deps) -> None:
-    from rift.services import hosts
+    from rift.services.operator import hosts
 
     _, handle, vm_id = _running(deps)
     snapshots.make(deps, ALICE, handle, vm_id)
-    vm_state.pause(deps, ALICE, handle, vm_id)
+    pauses.pause(deps, ALICE, handle, vm_id)
     (local,) = hosts.list_hosts(deps)
     assert (local["paused"], local["snapshots"], local["vms"]) == (1, 1, 0)
     assert "VMs" in refused("invalid_argument", hosts.remove_host, deps, "local").message

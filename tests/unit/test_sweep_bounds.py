@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, replace
 
 from rift.domain.errors import GuestUnreachable
 from rift.domain.model import Vm
-from rift.services import execs, tasks, vms
-from rift.services.bounded import per_vm
+from rift.services.background.bounded import per_vm
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import execs, tasks, vms
 from rift.services.ports import GuestExec
 from tests.support.engine import ALICE, BOB
 from tests.support.fake_guest import FakeShell

@@ -10,9 +10,10 @@ from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
 from rift.guest.adapter import SshGuests
 from rift.guest.keys import keep_boot_key, key_for_task
-from rift.services import pools, sweeps, tasks, vms
+from rift.services.background import sweeps
 from rift.services.context import Deps
-from rift.services.teardown import close_in_tx
+from rift.services.lifecycle import pools, tasks, vms
+from rift.services.lifecycle.teardown import close_in_tx
 from tests.support.engine import ALICE, event_types, refused
 
 

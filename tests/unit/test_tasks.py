@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rift.domain.clock import FakeClock
-from rift.services import leases, tasks
 from rift.services.context import Deps
+from rift.services.lifecycle import leases, tasks
 from tests.support.engine import ALICE, ALICE_2, BOB, event_types, refused, snapshot
 
 
@@ -110,7 +110,7 @@ def test_handles_are_required_and_must_be_well_formed(deps: Deps) -> None:
 
 def test_closing_by_handle_destroys_every_vm_and_a_repeat_answers_task_closed(
         deps: Deps) -> None:
-    from rift.services import vms
+    from rift.services.lifecycle import vms
 
     opened = tasks.new_task(deps, ALICE)
     made = [vms.new_vm(deps, ALICE, str(opened.handle)).id for _ in range(3)]

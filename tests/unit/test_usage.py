@@ -10,9 +10,9 @@ from hypervisor.fake import FakeHypervisor
 from rift.api.metrics import Metrics
 from rift.domain import usage
 from rift.domain.clock import FakeClock
-from rift.services import tasks, vm_state, vms
+from rift.services.background.usage import sample_usage
 from rift.services.context import Deps
-from rift.services.usage import sample_usage
+from rift.services.lifecycle import pauses, tasks, vms
 from tests.support.engine import ALICE
 from tests.support.fake_guest import FakeShell
 
@@ -75,7 +75,7 @@ def test_running_vms_are_sampled_into_their_view_and_metrics_and_paused_ones_are
     assert busy.stats is None  # nothing sampled yet
     with deps.store.write() as tx:  # a guest behind it (fake hosts have none)
         tx.vms.update(busy.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
-    vm_state.pause(deps, ALICE, handle, parked.id)
+    pauses.pause(deps, ALICE, handle, parked.id)
     local_hv.usage[f"rift-{busy.id}"] = DomainStats(cpu_time_ns=10**9, memory_rss_kib=262144,
                                                     disk_allocation_bytes=1 << 20)
     assert sample_usage(deps, net_every_s=60) == 1

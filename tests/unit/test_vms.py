@@ -7,8 +7,9 @@ from dataclasses import replace
 
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
-from rift.services import hosts, leases, tasks, vms
 from rift.services.context import Deps
+from rift.services.lifecycle import leases, tasks, vms
+from rift.services.operator import hosts
 from tests.support.engine import ALICE, ALICE_2, BOB, FakePool, event_types, refused, snapshot
 
 

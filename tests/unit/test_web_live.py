@@ -11,8 +11,10 @@ from fastapi import Request
 
 from rift.contract import tools as c
 from rift.domain.clock import FakeClock
-from rift.services import accounts, boxes, sessions, tools
+from rift.services.access import accounts, sessions
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import tools
+from rift.services.read import boxes
 from web import live, timefmt
 
 ADA = Caller("ada", "mcp:claude-code")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rift.domain.records import LoginFailures
-from rift.services.sessions import PER_ADDRESS, PER_NAME_AND_ADDRESS, session_form_token
+from rift.services.access.sessions import PER_ADDRESS, PER_NAME_AND_ADDRESS, session_form_token
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -1,0 +1,354 @@
+"""Reconciliation: every domain Rift made matches a live VM row, and no row
+lies about a domain. Runs in every sweep and before `rift serve` takes calls.
+
+Race-safe without locks: rows are read before the domain listing to find
+domains that vanished (a row already `running` then had its domain before the
+listing began), and again after it to find orphans (a domain is made only
+after its row exists, so a domain with no live row after the listing is one
+nobody will ever account for).
+
+Pool VMs (rift.services.lifecycle.pools) have rows of their own: their domains and files
+are kept while the row is there. Pool rows are read before VM rows, because a
+hand-out moves an id from one table to the other in one transaction: read in
+that order, a VM is seen in at least one of them.
+
+A live row whose destroy was asked for (`destroy_requested_at`, recorded before
+libvirt is) is a destroy that a crash or a libvirt refusal cut short: it is
+finished as one (`destroyed`, with its `vm_destroyed` event), never failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
+from hypervisor.kvm import PROBE_STALE_S, probe_started_at
+from rift.domain.errors import HypervisorFailed
+from rift.domain.model import NewEvent, Vm, VmStatus
+from rift.services.context import SWEEP, Deps, Limits
+from rift.services.lifecycle.execs import end_vm_work
+from rift.services.lifecycle.guest_kinds import vm_files
+from rift.services.lifecycle.pauses import settle_change
+from rift.services.lifecycle.pools import stale_pool_vms
+from rift.services.lifecycle.teardown import destroy_domain, destroy_vm
+
+# The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
+# still `creating` after it is a create whose process died.
+CREATING_GRACE_S = Limits.creating_grace_s
+
+FINISHED_DESTROY = {"reason": "finishing a destroy that a crash or a libvirt refusal cut short"}
+
+
+@dataclass
+class ReconcileReport:
+    orphans_destroyed: list[str] = field(default_factory=list)
+    vanished: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)  # VMs of hosts unreachable too long
+    stopped: list[str] = field(default_factory=list)
+    disks_removed: list[str] = field(default_factory=list)
+    destroys_finished: list[str] = field(default_factory=list)
+    pool_vms_removed: list[str] = field(default_factory=list)
+    changes_settled: list[str] = field(default_factory=list)  # pauses and resumes
+    # Each host's domain names as listed, and when the listing began.
+    listed: dict[str, tuple[set[str], datetime]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.orphans_destroyed or self.vanished or self.interrupted
+                    or self.unreachable or self.lost or self.stopped or self.disks_removed
+                    or self.destroys_finished or self.pool_vms_removed
+                    or self.changes_settled)
+
+
+def _pool_ids(deps: Deps) -> set[str]:
+    with deps.store.read() as tx:
+        return tx.pools.ids()
+
+
+def _live(deps: Deps, host: str) -> dict[str, Vm]:
+    with deps.store.read() as tx:
+        return {vm.id: vm for vm in tx.vms.live_on_host(host)}
+
+
+def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
+    """Fail the row (compare-and-set on `expected` and on the change it was read
+    with), unless its destroy was asked for since it was read: that destroy finishes
+    it (the call under way, or the next sweep), so nothing outside Rift is blamed for
+    a domain Rift took down. A pause, resume or snapshot begun since the row was read
+    wins too: the domain it stops or starts is not a domain lost."""
+    now = deps.clock.now()
+    with deps.store.write() as tx:
+        current = tx.vms.get(vm.id)
+        if current is None or current.destroy_requested_at is not None:
+            return False
+        won = tx.vms.update_changing(vm.id, expected, vm.change, status="failed",
+                                     error=error)
+        if won:
+            tx.events.add(NewEvent(vm.task_id, "vm_failed", now, SWEEP,
+                                   {"vm_id": vm.id, "error": error}))
+            end_vm_work(tx, vm, now, SWEEP)
+    return won
+
+
+def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> None:
+    before = _live(deps, host)
+    hv = deps.hosts.hypervisor(uri)
+    listed_at = deps.clock.now()
+    try:
+        listed: list[DomainRecord] = hv.list_domains()
+    except HypervisorError as exc:
+        deps.log.warning("host unreachable", extra={"host": host, "error": str(exc)})
+        report.unreachable.append(host)
+        mark_unreachable(deps, host, str(exc))
+        report.lost.extend(lose_vms_of_lost_host(deps, host))
+        return
+    mark_reachable(deps, host)
+    report.listed[host] = ({d.name for d in listed}, listed_at)
+    # Only this installation's domains: other control planes may share the host.
+    ours = {d.vm_id: d for d in listed if d.vm_id is not None and d.install == deps.install_id}
+    pooled = _pool_ids(deps)
+    after = _live(deps, host)
+    for vm_id, domain in ours.items():
+        probed = probe_started_at(domain.task_id, vm_id)
+        if probed is not None and time.time() - probed < PROBE_STALE_S:
+            continue  # a KVM probe under way (rift.bootstrap.Accelerators)
+        if vm_id not in after and vm_id not in pooled:
+            try:
+                hv.destroy(domain.name)
+                report.orphans_destroyed.append(domain.name)
+                deps.log.warning("orphan domain destroyed", extra={"domain": domain.name,
+                                                                    "host": host})
+            except HypervisorError as exc:
+                deps.log.warning("orphan destroy refused", extra={"domain": domain.name,
+                                                                  "error": str(exc)})
+    for vm in before.values():
+        _check_row(deps, vm, ours.get(vm.id), uri, report)
+    stale = deps.clock.now() - timedelta(seconds=deps.limits.creating_grace_s)
+    for vm in after.values():
+        if vm.status == "creating" and vm.created_at < stale:
+            if vm.destroy_requested_at is not None:
+                _finish_destroy(deps, vm, report)
+            else:
+                _interrupted(deps, vm, hv, vm.id in ours, report)
+
+
+def _check_running(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+                   report: ReconcileReport) -> None:
+    """A `running` row (read before the listing) against its domain in the listing."""
+    if vm.destroy_requested_at is not None:
+        _finish_destroy(deps, vm, report)
+    elif domain is None:
+        if _fail(deps, vm, "running", "the domain is gone: it was destroyed or lost "
+                 "outside Rift (host restart, virsh)"):
+            report.vanished.append(vm.id)
+    elif not domain.active:
+        _stopped(deps, vm, uri, report)
+
+
+def _check_row(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+               report: ReconcileReport) -> None:
+    """A live row read before the listing, against its domain in the listing."""
+    if vm.change is not None:
+        _check_changing(deps, vm, domain, uri, report)
+    elif vm.status == "running":
+        _check_running(deps, vm, domain, uri, report)
+    elif vm.status == "paused":
+        _check_paused(deps, vm, domain, uri, report)
+
+
+def _check_changing(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+                    report: ReconcileReport) -> None:
+    """A pause or resume under way for longer than any takes (a crash cut it): finished
+    or rolled back by what the domain shows; failed when it has neither run nor a
+    saved state."""
+    if vm.destroy_requested_at is not None:
+        _finish_destroy(deps, vm, report)
+        return
+    if vm.change == "snapshotting":
+        return  # its snapshot settles it (rift.services.lifecycle.snapshots.settle_snapshots)
+    stale = deps.clock.now() - timedelta(seconds=deps.limits.creating_grace_s)
+    if vm.change_at is None or vm.change_at >= stale:
+        return  # a change under way now: its call settles it
+    done = settle_change(deps, vm, domain)
+    if done is not None:
+        report.changes_settled.append(vm.id)
+        deps.log.warning("vm change settled", extra={"vm_id": vm.id, "done": done})
+        return
+    _lost_saved_state(deps, vm, domain, uri, report)
+
+
+def _check_paused(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+                  report: ReconcileReport) -> None:
+    """A `paused` row against its domain: stopped with a saved state, as it should be;
+    running (started outside Rift) turns the row running; gone, or stopped with no
+    saved state, fails it."""
+    if vm.destroy_requested_at is not None:
+        _finish_destroy(deps, vm, report)
+    elif domain is not None and domain.active:
+        now = deps.clock.now()
+        with deps.store.write() as tx:
+            if tx.vms.update_changing(vm.id, "paused", None, status="running"):
+                tx.events.add(NewEvent(vm.task_id, "vm_resumed", now, SWEEP, {
+                    "vm_id": vm.id, "reason": "its domain was started outside Rift"}))
+                report.changes_settled.append(vm.id)
+    elif domain is None or not domain.saved:
+        _lost_saved_state(deps, vm, domain, uri, report)
+
+
+def _lost_saved_state(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
+                      report: ReconcileReport) -> None:
+    why = ("the domain is gone: it was destroyed or lost outside Rift (host restart, "
+           "virsh)" if domain is None else "its saved state is gone: it cannot resume")
+    if _fail(deps, vm, vm.status, why):
+        report.vanished.append(vm.id)
+        if domain is not None:
+            _take_down(deps, vm, uri)
+
+
+def _take_down(deps: Deps, vm: Vm, uri: str) -> None:
+    """The domain of a row just failed. The row goes first (by compare-and-set), so a
+    pause or resume begun after the listing keeps its domain; a destroy refused here
+    leaves the domain an orphan, which the next sweep destroys."""
+    try:
+        destroy_domain(deps, vm, uri)
+    except HypervisorFailed as exc:
+        deps.log.warning("destroy of a failed vm refused", extra={"vm_id": vm.id,
+                                                                  "error": str(exc)})
+
+
+def _finish_destroy(deps: Deps, vm: Vm, report: ReconcileReport) -> None:
+    """Pool VMs (rift.services.lifecycle.pools) have rows of their own: their domains and files
+are kept while the row is there. Pool rows are read before VM rows, because a
+hand-out moves an id from one table to the other in one transaction: read in
+that order, a VM is seen in at least one of them.
+
+A live row whose destroy was asked for: the destroy a crash (or a libvirt
+    refusal) cut short, finished as `rift_vm_destroy` would have (the domain
+    destroyed if still there, the row `destroyed` with its event). A destroy
+    still under way elsewhere may race this: the compare-and-set on the row's
+    status gives one event between them."""
+    try:
+        done = destroy_vm(deps, vm, SWEEP, FINISHED_DESTROY)
+    except HypervisorFailed as exc:
+        deps.log.warning("destroy refused", extra={"vm_id": vm.id, "error": exc.message})
+        return  # the row stays live; the next sweep tries again
+    if done.status == "destroyed":
+        report.destroys_finished.append(vm.id)
+
+
+def _stopped(deps: Deps, vm: Vm, uri: str, report: ReconcileReport) -> None:
+    """A `running` row whose domain is shut off (a poweroff inside the guest, a stop
+    outside Rift): undefine the domain, fail the row. (A destroy of Rift's own that
+    a crash cut off between the stop and the undefine has its request on the row
+    and is finished as a destroy instead.)"""
+    if _fail(deps, vm, "running", "the guest stopped: its domain was shut off (a poweroff "
+             "inside the guest, or a stop outside Rift)"):
+        report.stopped.append(vm.id)
+        _take_down(deps, vm, uri)
+
+
+def _unreachable_note(host: str) -> str:
+    return f"host {host} does not answer"
+
+
+def mark_unreachable(deps: Deps, host: str, error: str) -> None:
+    """The host takes no new VMs, and its live VMs say why they may not answer;
+    nothing else stops."""
+    now = deps.clock.now()
+    note = f"{_unreachable_note(host)} since {now.isoformat(timespec='seconds')}: {error}"
+    with deps.store.write() as tx:
+        current = tx.hosts.get(host)
+        if current is None or current.unreachable_since is not None:
+            return
+        tx.hosts.update(host, unreachable_since=now, last_error=error)
+        for vm in tx.vms.live_on_host(host):
+            if vm.error is None:
+                tx.vms.update(vm.id, (vm.status,), error=note)
+
+
+def lose_vms_of_lost_host(deps: Deps, host: str) -> list[str]:
+    """Past `RIFT_HOST_LOST_S` of silence, the host's live VMs are `failed` (host
+    lost), each with its event, and no longer hold its capacity. Their domains may
+    still run there: if the host comes back, they are orphans of failed rows, and
+    its first reconciliation destroys them (and nothing else)."""
+    with deps.store.read() as tx:
+        current = tx.hosts.get(host)
+        vms = tx.vms.live_on_host(host)
+    since = current.unreachable_since if current is not None else None
+    if since is None:
+        return []
+    silent_s = (deps.clock.now() - since).total_seconds()
+    if silent_s < deps.limits.host_lost_s:
+        return []
+    error = (f"host lost: {host} has not answered since {since.isoformat(timespec='seconds')} "
+             f"(over {deps.limits.host_lost_s} s, RIFT_HOST_LOST_S)")
+    lost = [vm.id for vm in vms if _fail(deps, vm, vm.status, error)]
+    if lost:
+        deps.log.warning("host lost: its VMs failed", extra={"host": host, "vms": len(lost)})
+    return lost
+
+
+def mark_reachable(deps: Deps, host: str) -> None:
+    with deps.store.read() as tx:
+        current = tx.hosts.get(host)
+    if current is None or current.unreachable_since is None:
+        return
+    with deps.store.write() as tx:
+        tx.hosts.update(host, unreachable_since=None, last_error=None)
+        for vm in tx.vms.live_on_host(host):
+            if vm.error is not None and vm.error.startswith(_unreachable_note(host)):
+                tx.vms.update(vm.id, (vm.status,), error=None)
+    deps.log.info("host answers again", extra={"host": host})
+
+
+def _interrupted(deps: Deps, vm: Vm, hv: Hypervisor, has_domain: bool,
+                 report: ReconcileReport) -> None:
+    """A create that never finished (its process died): take the domain down, fail the row."""
+    if has_domain:
+        try:
+            hv.destroy(vm.domain_name)
+        except HypervisorError:
+            return  # the next sweep tries again; the row stays live meanwhile
+    if _fail(deps, vm, "creating", "interrupted: the control plane stopped while creating it"):
+        report.interrupted.append(vm.id)
+
+
+def reconcile(deps: Deps) -> ReconcileReport:
+    report = ReconcileReport()
+    with deps.store.read() as tx:
+        hosts = tx.hosts.all()
+    for host in hosts:
+        reconcile_host(deps, host.name, host.uri, report)
+    report.pool_vms_removed = stale_pool_vms(deps, report.listed)
+    remove_dead_disks(deps, report)
+    if report:
+        deps.log.info("reconciled", extra={
+            "orphans_destroyed": len(report.orphans_destroyed), "vanished": len(report.vanished),
+            "destroys_finished": len(report.destroys_finished),
+            "stopped": len(report.stopped), "disks_removed": len(report.disks_removed),
+            "interrupted": len(report.interrupted), "unreachable": report.unreachable,
+            "lost": len(report.lost),
+            "pool_vms_removed": len(report.pool_vms_removed),
+            "changes_settled": len(report.changes_settled)})
+    return report
+
+
+def remove_dead_disks(deps: Deps, report: ReconcileReport) -> None:
+    """Delete the files (overlays, seeds, serial logs) of VMs with no live row that
+    have disks: those a crash, an orphan's destroy or a vanished domain left behind.
+    Files are listed before rows are read, and a row is live before its files are
+    made, so a VM being created keeps its files."""
+    files = vm_files(deps)
+    found = files.with_disks()
+    if not found:
+        return
+    pooled = _pool_ids(deps)
+    with deps.store.read() as tx:
+        dead = sorted(vm_id for vm_id in found - pooled
+                      if (vm := tx.vms.get(vm_id)) is None or not vm.is_live)
+    for vm_id in dead:
+        files.remove(vm_id)
+        report.disks_removed.append(vm_id)

@@ -1,0 +1,434 @@
+"""Execs (SPEC §10): commands that run detached in a VM's guest and outlive the
+call that started them. `rift_vm_exec` records the exec (`running`, with its
+`exec_started` event) before the guest starts it, so no command runs without a
+row; its end is recorded once (a compare-and-set from `running`, with its
+`exec_ended` event) by whichever call or sweep sees it first. The output stays
+in the guest (rift-exec's rings); Rift keeps only the totals it last saw.
+
+While a call waits on a guest (an exec's end, a long poll), its task's activity
+clock keeps moving at its step (`in_flight`): no lease turns quiet under a call
+that is still working.
+"""
+
+from __future__ import annotations
+
+import signal as signals
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from rift.contract.base import MAX_EXEC_S, MAX_OFFSET, MAX_WAIT_S
+from rift.contract.tools import ExecInputOut, ExecListOut
+from rift.contract.views import ExecView
+from rift.domain.errors import (
+    ExecNotFound,
+    GuestUnreachable,
+    InvalidArgument,
+    VmNotRunning,
+)
+from rift.domain.ids import new_exec_id
+from rift.domain.model import Exec, ExecStatus, NewEvent, Task, Vm
+from rift.services.background.bounded import grouped, per_vm
+from rift.services.context import Caller, Deps
+from rift.services.lifecycle import validate
+from rift.services.lifecycle.guest_kinds import reach
+from rift.services.lifecycle.leases import check_handle, check_rate, in_write, parse_handle, task_vm
+from rift.services.ports import ExecGone, GuestExec, GuestShell, Tx
+from rift.services.ports.watch import STEP_S, Watch, newest_line
+
+MIB = 1 << 20
+ANSWER_BYTES = MIB  # the most of each stream one answer carries
+
+
+# -- starting ---------------------------------------------------------------------------
+
+def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: str,
+          stdin: str | None = None, timeout_s: int | None = None,
+          wait_s: int | None = None, watch: Watch | None = None) -> ExecView:
+    """Record the exec, start it in the guest, and answer its view at its end or
+    after `wait_s` (RIFT_EXEC_WAIT_S by default). A `watch` hears of the exec
+    and its newest output line while the call waits, and can stop the wait."""
+    validate.text("command", command, max_len=validate.MAX_COMMAND)
+    if stdin is not None and len(stdin) > validate.MAX_CONTENT:
+        raise InvalidArgument("stdin", "at most 16 MiB")
+    timeout = validate.integer("timeout_s", 60 if timeout_s is None else timeout_s, 1,
+                               MAX_EXEC_S)
+    wait = validate.integer("wait_s", deps.limits.exec_wait_s if wait_s is None else wait_s,
+                            0, MAX_WAIT_S)
+    parsed = parse_handle(handle)
+    validate.vm_id(vm_id)
+    exec_id = new_exec_id()
+
+    def record(tx: Tx) -> tuple[Task, Vm, Exec]:
+        now = deps.clock.now()
+        task = check_handle(deps, tx, caller, parsed, now)
+        vm = task_vm(tx, task, vm_id)
+        check_rate("exec starts", deps.limits.rate_exec_new_per_h, now,
+                   lambda since: tx.execs.count_started_since(caller.user, since),
+                   lambda since: tx.execs.oldest_started_since(caller.user, since))
+        reach(vm, deps.guests)  # guest_unreachable before anything is recorded
+        ex = Exec(id=exec_id, task_id=task.id, vm_id=vm.id, owner=caller.user,
+                  command=command, status="running", timeout_s=timeout, started_at=now)
+        tx.execs.add(ex)
+        tx.events.add(NewEvent(task.id, "exec_started", now, caller.label,
+                               {"exec_id": exec_id, "vm_id": vm.id}))
+        return task, vm, ex
+
+    task, vm, ex = in_write(deps.store, record)
+    if watch is not None:
+        watch.begun(exec_id)
+    shell = reach(vm, deps.guests)
+    deadline = time.monotonic() + wait
+    first = wait if watch is None else min(wait, STEP_S)
+    try:
+        with in_flight(deps, task.id, wait):
+            seen = shell.exec_start(vm, exec_id, command,
+                                    stdin.encode() if stdin is not None else None,
+                                    timeout_s=timeout, cap_bytes=deps.limits.exec_output_mib * MIB,
+                                    wait_ms=int(first * 1000), max_bytes=ANSWER_BYTES)
+    except (GuestUnreachable, ExecGone) as exc:
+        lost = _end(deps, ex, "lost", caller.label)
+        if _vm_gone(deps, vm.id):  # destroyed while the call waited: the exec is lost
+            return ExecView.of(lost)
+        if isinstance(exc, GuestUnreachable):
+            raise
+        raise GuestUnreachable(vm.id, "the guest lost the exec as it started") from exc
+    if watch is not None and seen.state == "running" and wait > first:
+        try:
+            with in_flight(deps, task.id, wait):
+                seen = _follow_to_end(shell, vm, ex.id, seen, deadline, watch)
+        except (GuestUnreachable, ExecGone):
+            return _out_of_sight(deps, ex, caller.label)
+    return _answer(deps, ex, seen, 0, 0, caller.label)
+
+
+# -- reading, input, kill, list ------------------------------------------------------------
+
+def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
+        stdout_offset: int = 0, stderr_offset: int = 0, wait_s: int = 0,
+        watch: Watch | None = None) -> ExecView:
+    """The exec's view with output from the offsets, waiting up to `wait_s` for
+    output past them or its end (in steps when a `watch` can stop it)."""
+    out_from = validate.integer("stdout_offset", stdout_offset, 0, MAX_OFFSET)
+    err_from = validate.integer("stderr_offset", stderr_offset, 0, MAX_OFFSET)
+    wait = validate.integer("wait_s", wait_s, 0, MAX_WAIT_S)
+    task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+    _check_offsets(ex, out_from, err_from)
+    if not ex.is_running and vm is None:
+        return ExecView.of(ex, stdout_offset=out_from, stderr_offset=err_from)
+    if vm is None:
+        return ExecView.of(_end(deps, ex, "lost", caller.label))
+    if watch is not None:
+        watch.begun(ex.id)
+    shell = reach(vm, deps.guests)
+    deadline = time.monotonic() + wait
+    try:
+        with in_flight(deps, task.id, wait):
+            left: float = wait
+            while True:
+                step = left if watch is None else min(left, STEP_S)
+                seen = shell.exec_read(vm, ex.id, out_from, err_from, max_bytes=ANSWER_BYTES,
+                                       wait_ms=max(0, int(step * 1000)))
+                news = (seen.state != "running" or seen.stdout_total > out_from
+                        or seen.stderr_total > err_from)
+                left = deadline - time.monotonic()
+                if news or watch is None or watch.stopped or left <= 0:
+                    break
+    except ExecGone:
+        return ExecView.of(_end(deps, ex, "lost", caller.label) if ex.is_running else ex)
+    if out_from > seen.stdout_total or err_from > seen.stderr_total:
+        field = "stdout_offset" if out_from > seen.stdout_total else "stderr_offset"
+        total = seen.stdout_total if field == "stdout_offset" else seen.stderr_total
+        raise InvalidArgument(field, f"beyond the {total} bytes the exec wrote so far")
+    return _answer(deps, ex, seen, out_from, err_from, caller.label)
+
+
+def send_input(deps: Deps, caller: Caller, handle: str | None, exec_id: str, data: str = "",
+               encoding: str | None = None, eof: bool = False) -> ExecInputOut:
+    raw = validate.decoded("data", data, validate.encoding(encoding))
+    _task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+    if not ex.is_running or vm is None:
+        raise InvalidArgument("exec_id", f"exec {exec_id} has ended ({ex.status}); its stdin "
+                              "takes no more input")
+    shell = reach(vm, deps.guests)
+    try:
+        written = shell.exec_input(vm, ex.id, raw, eof=eof)
+    except ExecGone as exc:
+        if exc.why == "stdin_closed":
+            raise InvalidArgument("eof", f"the stdin of exec {exec_id} is closed already "
+                                  "(eof was sent, or the command closed it)") from exc
+        _refresh(deps, shell, vm, ex, caller.label)
+        raise InvalidArgument("exec_id", f"exec {exec_id} has ended; its stdin takes no "
+                              "more input") from exc
+    return ExecInputOut(exec_id=ex.id, bytes=written)
+
+
+def kill(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
+         signal: str | None = None) -> ExecView:
+    chosen = signal or "TERM"
+    if chosen not in ("TERM", "KILL"):
+        raise InvalidArgument("signal", "TERM or KILL")
+    _task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+    if not ex.is_running:
+        return ExecView.of(ex)
+    if vm is None:
+        return ExecView.of(_end(deps, ex, "lost", caller.label))
+    shell = reach(vm, deps.guests)
+    try:
+        shell.exec_kill(vm, ex.id, chosen)  # type: ignore[arg-type]
+    except ExecGone:
+        return ExecView.of(_end(deps, ex, "lost", caller.label))
+    return ExecView.of(_refresh(deps, shell, vm, ex, caller.label))
+
+
+def list_execs(deps: Deps, caller: Caller, handle: str | None, vm_id: str | None = None,
+               status: str | None = None) -> ExecListOut:
+    which = status or "running"
+    if which not in ("running", "all"):
+        raise InvalidArgument("status", "running or all")
+    parsed = parse_handle(handle)
+    if vm_id is not None:
+        validate.vm_id(vm_id)
+
+    def work(tx: Tx) -> list[Exec]:
+        task = check_handle(deps, tx, caller, parsed, deps.clock.now())
+        if vm_id is not None:
+            task_vm(tx, task, vm_id, running=False)
+        return tx.execs.of_task(task.id, vm_id, running_only=which == "running")
+
+    return ExecListOut(execs=[ExecView.of(ex) for ex in in_write(deps.store, work)])
+
+
+# -- ends ---------------------------------------------------------------------------------
+
+SWEEP_CALL_S = 3.0  # the sweep's look at one exec: a guest slower than this waits a run
+
+
+def record_ends(deps: Deps, limit: int = 100) -> list[str]:
+    """The sweep's part: end the running execs whose VM is gone (`lost`), whose
+    guest says they ended, or that their guest has not known for
+    `RIFT_VM_CREATING_GRACE_S` since their start (`lost`). Each run looks at
+    `limit` execs from where the last left off (a rotating cursor), each VM's
+    guest within its budget (rift.services.background.bounded). Answers the ids it ended."""
+    with deps.store.read() as tx:
+        running = tx.execs.running(limit, after=deps.cursors.execs)
+        vms = {ex.vm_id: tx.vms.get(ex.vm_id) for ex in running}
+    deps.cursors.execs = running[-1].id if len(running) == limit else None
+    ended: list[str] = []
+    asked: list[Exec] = []
+    for ex in running:
+        vm = vms.get(ex.vm_id)
+        if vm is None or not vm.keeps_execs:
+            if _end(deps, ex, "lost", "sweep").status == "lost":
+                ended.append(ex.id)
+        elif vm.status == "running" and vm.change is None and vm.ssh_port is not None:
+            asked.append(ex)  # else paused, pausing or resuming: its execs wait in its guest
+    if deps.guests is None:
+        return ended
+    guests, grace = deps.guests, timedelta(seconds=deps.limits.creating_grace_s)
+
+    def look(ex: Exec, left_s: float) -> str | None:
+        vm = vms[ex.vm_id]
+        assert vm is not None
+        try:
+            seen = guests.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0,
+                                    deadline_s=min(SWEEP_CALL_S, left_s))
+        except ExecGone:
+            # The row is written before the guest starts the command: a young exec the
+            # guest does not know yet may be starting (its call ends it itself if the
+            # start fails); an old one was lost (a reboot, or a crash before its start).
+            if deps.clock.now() - ex.started_at >= grace:
+                _end(deps, ex, "lost", "sweep")
+                return ex.id
+            return None
+        if seen.state != "running" and _record(deps, ex, seen, "sweep").status != "running":
+            return ex.id
+        return None
+
+    return ended + per_vm(grouped(asked, lambda ex: ex.vm_id), look)
+
+
+def end_vm_work(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
+    """In the transaction that destroys or fails `vm`: its running execs are lost
+    and its exposures end (their URLs answer 404 from the commit on)."""
+    for ex in tx.execs.of_task(vm.task_id, vm.id, running_only=True):
+        _end_in(tx, ex, {"status": "lost", "ended_at": now}, now, actor)
+    tx.exposures.remove(vm.id)
+
+
+def _out_of_sight(deps: Deps, ex: Exec, actor: str) -> ExecView:
+    """A started exec its guest stopped answering about: lost if its VM went, else
+    as last recorded (the guest may answer the next read)."""
+    if _vm_gone(deps, ex.vm_id):
+        return ExecView.of(_end(deps, ex, "lost", actor))
+    with deps.store.read() as tx:
+        return ExecView.of(tx.execs.get(ex.id) or ex)
+
+
+def _vm_gone(deps: Deps, vm_id: str) -> bool:
+    """Gone, or going (its destroy is recorded before libvirt is asked); a paused
+    VM keeps its execs in its saved state."""
+    with deps.store.read() as tx:
+        vm = tx.vms.get(vm_id)
+    return vm is None or not vm.keeps_execs
+
+
+def _follow_to_end(shell: GuestShell, vm: Vm, exec_id: str, seen: GuestExec,
+                   deadline: float, watch: Watch) -> GuestExec:
+    """Wait for the exec's end in steps, noting its newest output line before each,
+    until `deadline` or a stop; answer its view with output from the start."""
+    tail = 4096
+    while seen.state == "running" and not watch.stopped:
+        seen = shell.exec_read(vm, exec_id, max(0, seen.stdout_total - tail),
+                               max(0, seen.stderr_total - tail), max_bytes=tail, wait_ms=0)
+        watch.note(newest_line(seen.stdout) or newest_line(seen.stderr))
+        left = deadline - time.monotonic()
+        if left <= 0 or seen.state != "running":
+            break
+        # Offsets past any output: the guest answers at the end, or when the step is up.
+        seen = shell.exec_read(vm, exec_id, MAX_OFFSET, MAX_OFFSET, max_bytes=0,
+                               wait_ms=int(min(left, STEP_S) * 1000))
+    return shell.exec_read(vm, exec_id, 0, 0, max_bytes=ANSWER_BYTES, wait_ms=0)
+
+
+def _answer(deps: Deps, ex: Exec, seen: GuestExec, out_from: int, err_from: int,
+            actor: str) -> ExecView:
+    current = _record(deps, ex, seen, actor)
+    truncated = seen.stdout_from > out_from or seen.stderr_from > err_from
+    duration = current.duration_ms
+    if duration is None:
+        duration = max(0, int((deps.clock.now() - ex.started_at).total_seconds() * 1000))
+    return ExecView.of(current, stdout=seen.stdout, stderr=seen.stderr,
+                       stdout_offset=seen.stdout_from + len(seen.stdout),
+                       stderr_offset=seen.stderr_from + len(seen.stderr),
+                       truncated=truncated, duration_ms=duration)
+
+
+def _record(deps: Deps, ex: Exec, seen: GuestExec, actor: str) -> Exec:
+    """Write what the guest said: the totals, and the end once."""
+    if seen.state == "running":
+        if (seen.stdout_total, seen.stderr_total) != (ex.stdout_bytes, ex.stderr_bytes):
+            with deps.store.write() as tx:
+                tx.execs.seen(ex.id, seen.stdout_total, seen.stderr_total)
+        return replace(ex, stdout_bytes=max(ex.stdout_bytes, seen.stdout_total),
+                       stderr_bytes=max(ex.stderr_bytes, seen.stderr_total))
+    status: ExecStatus = ("lost" if seen.state == "lost" else "timed_out" if seen.timed_out
+                          else "killed" if seen.killed else "exited")
+    changes: dict[str, Any] = {
+        "status": status, "stdout_bytes": seen.stdout_total,
+        "stderr_bytes": seen.stderr_total, "timed_out": seen.timed_out}
+    if seen.state == "ended":
+        duration = max(0, (seen.ended_ms or seen.started_ms) - seen.started_ms)
+        changes |= {"exit_code": seen.exit_code, "signal": signal_name(seen.signal),
+                    "duration_ms": duration,
+                    "ended_at": ex.started_at + timedelta(milliseconds=duration)}
+    else:
+        changes["ended_at"] = deps.clock.now()
+    return _end_with(deps, ex, changes, actor)
+
+
+def _end(deps: Deps, ex: Exec, status: ExecStatus, actor: str) -> Exec:
+    return _end_with(deps, ex, {"status": status, "ended_at": deps.clock.now()}, actor)
+
+
+def _end_with(deps: Deps, ex: Exec, changes: dict[str, Any], actor: str) -> Exec:
+    def work(tx: Tx) -> Exec:
+        current = tx.execs.get(ex.id)
+        if current is None or not current.is_running:
+            return current or ex  # ended meanwhile by another call or the sweep
+        return _end_in(tx, current, changes, deps.clock.now(), actor)
+
+    return in_write(deps.store, work)
+
+
+def _end_in(tx: Tx, ex: Exec, changes: dict[str, Any], now: datetime, actor: str) -> Exec:
+    if not tx.execs.end(ex.id, **changes):
+        return tx.execs.get(ex.id) or ex
+    ended = replace(ex, **changes)
+    tx.events.add(NewEvent(ex.task_id, "exec_ended", now, actor,
+                           {"exec_id": ex.id, "vm_id": ex.vm_id, "status": ended.status,
+                            "exit_code": ended.exit_code}))
+    return ended
+
+
+def _refresh(deps: Deps, shell: GuestShell, vm: Vm, ex: Exec, actor: str) -> Exec:
+    try:
+        seen = shell.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
+    except ExecGone:
+        return _end(deps, ex, "lost", actor)
+    return _record(deps, ex, seen, actor)
+
+
+def signal_name(number: int | None) -> str | None:
+    if number is None:
+        return None
+    try:
+        return signals.Signals(number).name.removeprefix("SIG")
+    except ValueError:
+        return str(number)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def _held_exec(deps: Deps, caller: Caller, handle: str | None,
+               exec_id: str) -> tuple[Task, Exec, Vm | None]:
+    """The handle's task, the exec of it, and its VM while that runs. A running exec
+    of a paused VM is refused (`vm_not_running`, naming rift_vm_resume): it waits
+    in the saved state, out of reach."""
+    parsed = parse_handle(handle)
+    validate.exec_id(exec_id)
+
+    def work(tx: Tx) -> tuple[Task, Exec, Vm | None]:
+        task = check_handle(deps, tx, caller, parsed, deps.clock.now())
+        ex = tx.execs.get(exec_id)
+        if ex is None or ex.task_id != task.id:
+            raise ExecNotFound(exec_id)
+        vm = tx.vms.get(ex.vm_id)
+        if ex.is_running and vm is not None and vm.status == "paused":
+            raise VmNotRunning(vm.id, vm.status)  # its exec waits in the saved state
+        return task, ex, vm if vm is not None and vm.status == "running" else None
+
+    return in_write(deps.store, work)
+
+
+def _check_offsets(ex: Exec, out_from: int, err_from: int) -> None:
+    """Offsets past all an ended exec wrote are refused at once (a running one's
+    totals are the guest's to say)."""
+    if ex.is_running:
+        return
+    for field, offset, total in (("stdout_offset", out_from, ex.stdout_bytes),
+                                 ("stderr_offset", err_from, ex.stderr_bytes)):
+        if offset > total:
+            raise InvalidArgument(field, f"beyond the {total} bytes the exec wrote")
+
+
+@contextmanager
+def in_flight(deps: Deps, task_id: str, wait_s: float) -> Iterator[None]:
+    """While the block runs (a call waiting on its guest), move the task's activity
+    clock at its step, as a call made each step would."""
+    step = deps.lease_rules.activity_step_s
+    if wait_s < step / 2:
+        yield
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(step / 2):
+            now = deps.clock.now()
+            with deps.store.write() as tx:
+                tx.tasks.touch(task_id, now, now - timedelta(seconds=step))
+
+    beater = threading.Thread(target=beat, name="rift-in-flight", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join(5)
+
+
+__all__ = ["get", "kill", "list_execs", "record_ends", "send_input", "start"]

@@ -1,0 +1,247 @@
+"""Task use cases: new, get, list, events, close (by handle, by id, by the operator)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rift.contract.tools import TaskCloseOut, TaskEventsOut, TaskListOut
+from rift.contract.views import EventView, TaskView
+from rift.domain.errors import (
+    IdempotencyConflict,
+    InvalidArgument,
+    QuotaExceeded,
+    TaskClosed,
+    TaskNotFound,
+)
+from rift.domain.ids import new_task_id
+from rift.domain.model import NewEvent, Task, Vm
+from rift.domain.secrets import Handle
+from rift.domain.store_errors import DuplicateKey
+from rift.services.context import OPERATOR, Caller, Deps
+from rift.services.lifecycle import validate
+from rift.services.lifecycle.leases import (
+    Attached,
+    check_handle,
+    check_rate,
+    ensure_open,
+    hold,
+    in_write,
+    owned_task,
+    parse_handle,
+    refuse_if_held,
+    take_lease,
+)
+from rift.services.lifecycle.snapshots import remove_task_snapshots
+from rift.services.lifecycle.teardown import close_in_tx, destroy_vms, forget_task_key
+from rift.services.ports import Tx
+
+STATUSES = ("open", "closed", "all")
+
+
+def request_digest(**fields: Any) -> str:
+    """What an idempotency key is bound to: the call's other input."""
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def view(deps: Deps, tx: Tx, task: Task) -> TaskView:
+    vms = tx.vms.of_task(task.id)
+    return TaskView.of(task, vms, deps.lease_rules, tx.execs.count_running([task.id])[task.id],
+                       tx.snapshots.of_task(task.id), tx.exposures.of_vms([v.id for v in vms]))
+
+
+@dataclass(frozen=True)
+class Opened:
+    task: TaskView
+    handle: Handle
+    replayed: bool = False
+
+
+def _replay(deps: Deps, tx: Tx, caller: Caller, task: Task, digest: str) -> Attached | None:
+    """A repeated keyed create: same input gets the task with a fresh handle (the
+    first answer may never have arrived); other input is a conflict."""
+    if task.request_digest != digest:
+        raise IdempotencyConflict("rift_task_new")
+    ensure_open(task)
+    return take_lease(deps, tx, caller, task, deps.clock.now(), False, {"replay": True})
+
+
+def new_task(deps: Deps, caller: Caller, name: str | None = None,
+             idempotency_key: str | None = None) -> Opened:
+    validate.text("name", name)
+    validate.text("idempotency_key", idempotency_key)
+    digest = request_digest(name=name)
+    for _ in range(3):
+        now = deps.clock.now()
+        try:
+            with deps.store.write() as tx:
+                if idempotency_key is not None:
+                    existing = tx.tasks.find_by_key(caller.user, idempotency_key)
+                    if existing is not None:
+                        won = _replay(deps, tx, caller, existing, digest)
+                        if won is None:
+                            continue
+                        return Opened(view(deps, tx, won.task), won.handle, replayed=True)
+                _check_task_budget(deps, tx, caller, now)
+                task_id = new_task_id()
+                handle = Handle.mint(task_id)
+                task = Task(
+                    id=task_id, owner=caller.user, name=name or "untitled", status="open",
+                    lease_gen=1, secret_digest=handle.digest, holder=caller.label,
+                    held_since=now, last_activity_at=now, created_at=now,
+                    idempotency_key=idempotency_key, request_digest=digest,
+                )
+                tx.tasks.add(task)
+                tx.events.add(NewEvent(task_id, "opened", now, caller.label,
+                                       {"name": task.name, "holder": caller.label}))
+                opened = Opened(TaskView.of(task, [], deps.lease_rules), handle)
+        except DuplicateKey:
+            continue  # a concurrent create with the same key won; replay it
+        deps.log.info("task opened", extra={"task_id": task_id, "holder": caller.label})
+        return opened
+    raise IdempotencyConflict("rift_task_new")
+
+
+def _check_task_budget(deps: Deps, tx: Tx, caller: Caller, now: datetime) -> None:
+    limits = deps.limits
+    if tx.tasks.count_open(caller.user) >= limits.max_open_tasks:
+        raise QuotaExceeded(f"open tasks per user ({limits.max_open_tasks})",
+                            limits.max_open_tasks, "rift_task_close")
+    check_rate("task creations", limits.rate_task_new_per_h, now,
+               lambda since: tx.tasks.count_created_since(caller.user, since),
+               lambda since: tx.tasks.oldest_created_since(caller.user, since))
+
+
+def get_task(deps: Deps, caller: Caller, task_id: str | None = None,
+             handle: str | None = None) -> TaskView:
+    """A task's view; with a handle this is a touch (activity on the task)."""
+    if handle is not None:
+        task = hold(deps, caller, handle)
+        with deps.store.read() as tx:
+            return view(deps, tx, tx.tasks.get(task.id) or task)
+    if task_id is None:
+        raise InvalidArgument("task_id", "give task_id or handle")
+    validate.task_id(task_id)
+    with deps.store.read() as tx:
+        return view(deps, tx, owned_task(tx, caller, task_id))
+
+
+def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
+               limit: int | None = None, after: str | None = None) -> TaskListOut:
+    """The caller's tasks, newest first (``caller=None``: every user's, for operators)."""
+    status = status or "open"
+    if status not in STATUSES:
+        raise InvalidArgument("status", "one of open, closed, all")
+    size = validate.limit(limit)
+    if after is not None:
+        validate.task_id(after, "after")
+    with deps.store.read() as tx:
+        page = tx.tasks.page(caller.user if caller else None, status, size + 1, after)
+        more = len(page) > size
+        page = page[:size]
+        vms = tx.vms.of_tasks([t.id for t in page])
+        running = tx.execs.count_running([t.id for t in page])
+        snaps = tx.snapshots.of_tasks([t.id for t in page])
+        exposed = tx.exposures.of_vms([v.id for found in vms.values() for v in found])
+    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id], snaps[t.id],
+                         exposed) for t in page]
+    return TaskListOut(tasks=views, next_after=page[-1].id if more and page else None)
+
+
+def task_events(deps: Deps, caller: Caller | None, task_id: str, after_id: int | None = None,
+                limit: int | None = None) -> TaskEventsOut:
+    validate.task_id(task_id)
+    start = 0 if after_id is None else validate.integer("after_id", after_id, 0, 2**62)
+    size = validate.limit(limit)
+    with deps.store.read() as tx:
+        task = tx.tasks.get(task_id)
+        if task is None or (caller is not None and task.owner != caller.user):
+            raise TaskNotFound(task_id)
+        events = tx.events.page(task_id, start, size + 1)
+    more = len(events) > size
+    events = events[:size]
+    return TaskEventsOut(task_id=task_id, events=[EventView.of(e) for e in events],
+                         next_after=events[-1].id if events else start, has_more=more)
+
+
+def _finish_close(deps: Deps, task_id: str, actor: str) -> TaskCloseOut:
+    with deps.store.read() as tx:
+        vms: list[Vm] = tx.vms.of_task(task_id)
+    destroyed, refused = destroy_vms(deps, vms, actor)
+    if not refused:
+        forget_task_key(deps, task_id)
+    remove_task_snapshots(deps, task_id, actor)
+    with deps.store.read() as tx:
+        task = tx.tasks.get(task_id)
+        assert task is not None
+        deps.log.info("task closed", extra={"task_id": task_id, "actor": actor,
+                                            "reason": task.close_reason})
+        return TaskCloseOut(task=view(deps, tx, task), destroyed=destroyed)
+
+
+def close_task(deps: Deps, caller: Caller, handle: str | None = None,
+               task_id: str | None = None, takeover: bool = False) -> TaskCloseOut:
+    """Close by handle, or by id under attach's rules; its VMs are destroyed."""
+    if handle is None and task_id is None:
+        raise InvalidArgument("handle", "give handle, or task_id (+ takeover)")
+    if handle is not None:
+        parsed = parse_handle(handle)
+
+        def by_handle(tx: Tx) -> bool:
+            now = deps.clock.now()
+            task = check_handle(deps, tx, caller, parsed, now)
+            return close_in_tx(tx, task, caller.label, "closed", now)
+
+        target = parsed.task_id
+        closed = _retry(lambda: in_write(deps.store, by_handle))
+    else:
+        assert task_id is not None
+        target = validate.task_id(task_id)
+
+        def by_id(tx: Tx) -> bool:
+            now = deps.clock.now()
+            task = owned_task(tx, caller, target)
+            ensure_open(task)
+            refuse_if_held(deps, task, now, takeover)
+            return close_in_tx(tx, task, caller.label, "closed", now, {"takeover": takeover})
+
+        closed = _retry(lambda: in_write(deps.store, by_id))
+    if not closed:
+        raise TaskClosed(target, None, None)
+    return _finish_close(deps, target, caller.label)
+
+
+def operator_view(deps: Deps, task_id: str) -> TaskView:
+    """`rift task show ID`: any user's task, for the local operator."""
+    validate.task_id(task_id)
+    with deps.store.read() as tx:
+        task = tx.tasks.get(task_id)
+        if task is None:
+            raise TaskNotFound(task_id)
+        return view(deps, tx, task)
+
+
+def close_as_operator(deps: Deps, task_id: str, by: str | None = None) -> TaskCloseOut:
+    """`rift task close ID`: the local operator closes any task, reason `operator`."""
+    validate.task_id(task_id)
+    details = {"by": by} if by else {}
+
+    def work(tx: Tx) -> bool:
+        task = tx.tasks.get(task_id)
+        if task is None:
+            raise TaskNotFound(task_id)
+        ensure_open(task)
+        return close_in_tx(tx, task, OPERATOR, "operator", deps.clock.now(), details)
+
+    if not _retry(lambda: in_write(deps.store, work)):
+        raise TaskClosed(task_id, None, None)
+    return _finish_close(deps, task_id, OPERATOR)
+
+
+def _retry(attempt: Any) -> bool:
+    """Repeat a compare-and-set that lost to a concurrent change (each try re-reads)."""
+    return any(attempt() for _ in range(8))

@@ -1,0 +1,96 @@
+"""Operators' images: removing one (refused while a live VM was made from it), and
+`rift image add NAME --snapshot SNAP_ID`, which turns one task's snapshot into an
+image that every user's VMs start from (hypervisor.snapshot_image has the files;
+rift.services.lifecycle.guest_kinds.SnapshotGuest starts its VMs). A plain
+`rift image add` needs no engine: hypervisor.qcow2.add_qcow2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypervisor.base import ImageError, elsewhere
+from hypervisor.qcow2 import KIND_KERNEL, image_kind
+from hypervisor.qcow2 import remove_image as remove_image_files
+from hypervisor.snapshot_image import (
+    KIND_SNAPSHOT,
+    SnapshotSource,
+    add_snapshot_image,
+    snapshot_image,
+)
+from rift.domain.errors import InvalidArgument, SnapshotNotFound
+from rift.services.context import Deps
+from rift.services.lifecycle import validate
+from rift.services.lifecycle.snapshots import DISK_FILE, STATE_FILE, snapshot_dir
+
+
+def _images_dir(deps: Deps) -> Path:
+    if deps.runtime is None:
+        raise InvalidArgument("image", "this control plane runs no real guests (no guest "
+                              "runtime), so it keeps no images")
+    return deps.runtime.images_dir
+
+
+def live_vms_of_image(deps: Deps, name: str) -> list[str]:
+    """Ids of the live (creating or running) VMs made from image `name`, on any host."""
+    with deps.store.read() as tx:
+        return sorted(vm.id for host in tx.hosts.all()
+                      for vm in tx.vms.live_on_host(host.name) if vm.image == name)
+
+
+def remove_image(deps: Deps, name: str) -> None:
+    """Delete image `name`, unless a live VM was made from it (its overlay reads the
+    image; destroy the VM, or close its task, first)."""
+    images_dir = _images_dir(deps)
+    users = live_vms_of_image(deps, name)
+    if users:
+        raise InvalidArgument("image", f"image {name!r} is in use by live VMs "
+                              f"{', '.join(users)}; destroy them (rift task close) first")
+    try:
+        remove_image_files(images_dir, name)
+    except ImageError as exc:
+        raise InvalidArgument("image", str(exc)) from exc
+
+
+def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
+    """Make image `name` from the ready snapshot `snapshot_id` (of any task) and
+    answer its folder. The snapshot stays its task's; the image is a copy.
+    Refused: no such ready snapshot (snapshot_not_found), a name that is taken or
+    malformed, a control plane without real guests, files that cannot be copied
+    (invalid_argument, saying which)."""
+    validate.snapshot_id(snapshot_id)
+    if deps.runtime is None or deps.guests is None:
+        raise InvalidArgument("snapshot_id", "this control plane runs no real guests (no "
+                              "guest runtime), so it keeps no images")
+    with deps.store.read() as tx:
+        snap = tx.snapshots.get(snapshot_id)
+        source_vm = tx.vms.get(snap.vm_id) if snap is not None else None
+    folder = snapshot_dir(deps, snapshot_id)
+    if snap is None or snap.state != "ready" or folder is None:
+        raise SnapshotNotFound(snapshot_id)
+    with deps.store.read() as tx:
+        host = tx.hosts.get(snap.host)
+    if host is not None and elsewhere(host.uri):
+        raise InvalidArgument("snapshot_id", f"{snapshot_id} is kept on host {snap.host}, "
+                              "another machine; an image is made from a snapshot kept on "
+                              "this one (of a VM on a host here)")
+    if source_vm is not None and source_vm.egress != "open":
+        # Its network is in the saved state, and an image's VMs are `open` (SPEC §13).
+        raise InvalidArgument("snapshot_id", f"{snapshot_id} is of a VM whose egress is not "
+                              "open; an image is made from a snapshot of an `open` VM")
+    images_dir = deps.runtime.images_dir
+    origin_kind = image_kind(images_dir, snap.image) or KIND_KERNEL
+    try:
+        if origin_kind == KIND_SNAPSHOT:  # a snapshot of a VM of a snapshot image
+            origin_kind = snapshot_image(images_dir, snap.image).origin_kind
+        disk = folder / DISK_FILE
+        source = SnapshotSource(
+            snapshot_id=snap.id, image=snap.image, origin_kind=origin_kind,
+            state=folder / STATE_FILE, disk=disk if disk.is_file() else None,
+            key=deps.guests.task_key_file(snap.task_id), host_key=snap.host_key,
+            vcpus=snap.vcpus, memory_mib=snap.memory_mib, disk_gib=snap.disk_gib)
+        made = add_snapshot_image(images_dir, name, source)
+    except ImageError as exc:
+        raise InvalidArgument("name", str(exc)) from exc
+    deps.log.info("image added from a snapshot", extra={
+        "image": name, "snapshot_id": snap.id, "from_image": snap.image})
+    return made

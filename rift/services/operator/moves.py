@@ -1,0 +1,125 @@
+"""Moving running VMs between hosts (SPEC §14): `rift host drain NAME --move`.
+
+Each move is libvirt's live migration: QEMU on the source streams the guest's
+memory (and the blocks of its own disk, for an image with one) to a QEMU started
+for it on the destination, then the domain runs there and is undefined here. The
+guest goes on as it was: its processes (a background exec), its files, its SSH
+host key; the VM's row then names the new host (and the SSH port chosen there),
+with a `vm_moved` event, and Rift's connections to it are opened anew through
+the new host. Handles, execs and exposures are the VM's, not the host's: they
+keep working.
+
+All or nothing before anything moves: every running VM of the host gets a
+destination with room first (the other hosts that are active and answer),
+else the drain is refused (`no_capacity`, naming the largest room) and nothing
+moves. A migration that fails leaves that VM running where it was (libvirt's
+own rollback); the others still move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from hypervisor.base import HypervisorError
+from hypervisor.domain_xml import domain_xml_with_ssh_port
+from hypervisor.placement import HostLoad, choose_host, largest_free
+from rift.domain import egress as egress_rules
+from rift.domain.errors import InvalidArgument, NoCapacity
+from rift.domain.model import NewEvent, Vm
+from rift.services.context import OPERATOR, Deps
+from rift.services.lifecycle.capacity import host_loads
+from rift.services.lifecycle.guest_kinds import kind_on
+from rift.services.lifecycle.launch import pick_ssh_port
+from rift.services.operator.hosts import drain_host
+
+
+@dataclass
+class MoveReport:
+    moved: list[tuple[str, str]] = field(default_factory=list)  # (VM id, the host it went to)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (VM id, why), still there
+    stayed: list[tuple[str, str]] = field(default_factory=list)  # (VM id, why not moved)
+
+
+def _address(uri: str) -> str:
+    """Where a host's QEMU takes a migration's stream: its URI's host (this machine
+    for a local URI)."""
+    return urlsplit(uri).hostname or "127.0.0.1"
+
+
+def plan_moves(deps: Deps, source: str, vms: list[Vm]) -> dict[str, str]:
+    """A destination with room for each VM (VM id -> host name); NoCapacity, before
+    anything moves, when one does not fit."""
+    with deps.store.read() as tx:
+        _hosts, loads = host_loads(tx)
+    free = {load.name: load for load in loads if load.name != source}
+    planned: dict[str, str] = {}
+    for vm in sorted(vms, key=lambda v: -v.memory_mib):  # the largest first
+        chosen = choose_host(list(free.values()), vm.vcpus, vm.memory_mib)
+        if chosen is None:
+            free_vcpus, free_mem = largest_free(list(free.values()))
+            raise NoCapacity(vm.vcpus, vm.memory_mib, free_vcpus, free_mem)
+        planned[vm.id] = chosen.name
+        free[chosen.name] = HostLoad(chosen.name, chosen.vcpus, chosen.memory_mib,
+                                     chosen.used_vcpus + vm.vcpus,
+                                     chosen.used_memory_mib + vm.memory_mib, False)
+    return planned
+
+
+def drain_and_move(deps: Deps, name: str) -> MoveReport:
+    """Drain host `name` (it takes no new VMs) and move its running VMs elsewhere."""
+    with deps.store.read() as tx:
+        host = tx.hosts.get(name)
+        live = tx.vms.live_on_host(name) if host is not None else []
+    if host is None:
+        raise InvalidArgument("name", f"no host {name!r} (rift host list)")
+    running = [vm for vm in live if vm.status == "running" and vm.change is None
+               and not egress_rules.proxied(vm.egress)]
+    report = MoveReport(stayed=[
+        (vm.id, "its egress is an allowlist: the host's firewall refuses its QEMU's "
+                "migration stream" if egress_rules.proxied(vm.egress)
+         else f"{vm.status}: only running VMs move") for vm in live if vm not in running])
+    planned = plan_moves(deps, name, running)
+    drain_host(deps, name)
+    for vm in running:
+        try:
+            moved = move_vm(deps, vm, planned[vm.id])
+        except HypervisorError as exc:
+            report.failed.append((vm.id, exc.message))
+            deps.log.warning("a move failed: the VM runs where it was",
+                             extra={"vm_id": vm.id, "host": name, "error": exc.message})
+            continue
+        report.moved.append((vm.id, moved.host))
+    return report
+
+
+def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
+    """Live-migrate one running VM to host `dest`; its row follows, with its event.
+    HypervisorError (and nothing changed) when libvirt could not move it."""
+    with deps.store.read() as tx:
+        source_host, dest_host = tx.hosts.get(vm.host), tx.hosts.get(dest)
+    assert source_host is not None and dest_host is not None
+    source = deps.hosts.hypervisor(source_host.uri)
+    with deps.store.write() as tx:  # a port of the destination no VM there uses
+        port = pick_ssh_port(tx, dest)
+    try:
+        xml = domain_xml_with_ssh_port(source.domain_xml(vm.domain_name), port)
+    except ValueError as exc:
+        raise HypervisorError("migrate", f"{vm.domain_name}: {exc}") from exc
+    # what it reads from its host's disk, there first
+    kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
+    started = deps.clock.now()
+    source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml)
+    if deps.guests is not None:
+        deps.guests.drop_connections(vm.id)  # they went through the old host
+    now = deps.clock.now()
+    with deps.store.write() as tx:
+        tx.vms.update(vm.id, ("running",), host=dest, ssh_port=port)
+        tx.events.add(NewEvent(vm.task_id, "vm_moved", now, OPERATOR, {
+            "vm_id": vm.id, "from": vm.host, "to": dest, "ssh_port": port,
+            "ms": round((now - started).total_seconds() * 1000)}))
+        moved = tx.vms.get(vm.id)
+    assert moved is not None
+    deps.log.info("VM moved", extra={"vm_id": vm.id, "from": vm.host, "to": dest})
+    return moved
+
