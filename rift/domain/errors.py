@@ -341,6 +341,20 @@ class StoreUnavailable(RiftError):
         )
 
 
+class IllegalTransition(RiftError):
+    """A VM, pooled VM or snapshot asked to change from a state that change does not
+    start from (the state diagrams in rift.domain.model and rift.domain.records).
+    Not a refusal of SPEC §4: the engine checks a state before it asks for a change,
+    so this is a bug if it is ever seen; the code stays `internal`."""
+
+    def __init__(self, kind: str, object_id: str, state: str, transition: str) -> None:
+        super().__init__(
+            f"{kind} {object_id} cannot be {transition} from {state}",
+            "call again; if it keeps failing, tell the operator (rift doctor)",
+            object_id=object_id, state=state, transition=transition,
+        )
+
+
 ALL_ERRORS: tuple[type[RiftError], ...] = (
     HandleRequired, HandleInvalid, TaskNotFound, TaskClosed, TaskReleased, LeaseStale, TaskHeld,
     VmNotFound, VmNotRunning, QuotaExceeded, NoCapacity, ImageNotFound, InvalidArgument,

@@ -5,13 +5,53 @@ stream polls, and the pools of ready VMs.
 Plain values here, in the domain, because both sides use them: the engine reads
 and writes them through its ports, the store builds them from rows. Neither
 package has to import the other.
+
+Two of them have a life, changed only by their methods: each answers the object
+as it is after the change (and a snapshot's event), and refuses a state the change
+does not start from with `IllegalTransition`. The store saves the answer with one
+compare-and-set on the state it was read in (``tx.pools.save_vm(new, was=old)``,
+``tx.snapshots.save(new, was=old)``: ``UPDATE ... WHERE id = ? AND state = ?``),
+so of two callers changing one row one wins. A row that goes (a pooled VM handed
+out or removed, a snapshot abandoned or deleted) is deleted the same way
+(``tx.pools.take(vm)``, ``tx.snapshots.remove(snap)``). No version column: the
+state is what every change reads and moves, so it is the version.
+
+A pooled VM (SPEC §11)::
+
+    from         method             to           by
+    (none)       -                  starting     pools' fill: the row, then its domain boots
+    starting     saving(key)        saving       a `saved` pool's VM answers: libvirt saves it
+    starting     settled(key, now)  ready        a `running` pool's VM answers
+    saving       settled(key, now)  saved        its memory is on disk
+    ready        handed_out()       (row goes)   a new VM takes it (a VM row of its id)
+    saved        handed_out()       (row goes)   a new VM restores it
+    any          destroying()       destroying   cleared, replaced, failed: its domain goes
+    starting     removed()          (row goes)   its domain was never defined
+    saving       removed()          (row goes)   (as starting)
+    destroying   removed()          (row goes)   its domain and files are gone
+
+(`settled` from `starting` to `saved` and from `saving` to `ready` follow the
+pool's goal too: the state it ends in is the goal's end.)
+
+A snapshot (SPEC §12)::
+
+    from       method                 to           event
+    (none)     -                      making       (its VM turns `snapshotting`)
+    making     made(bytes, key, ...)  ready        snapshot_made
+    ready      deleting(by, now, ..)  deleting     snapshot_deleted
+    making     removed()              (row goes)   - (abandoned: the save failed or a crash cut it)
+    deleting   removed()              (row goes)   - (its files are gone)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
+
+from rift.domain.errors import IllegalTransition
+from rift.domain.model import NewEvent
 
 
 @dataclass(frozen=True)
@@ -113,6 +153,34 @@ class PoolVm:
     host_key: str | None = None  # pinned when it first answered: a restore checks it
     ready_at: datetime | None = None
 
+    # Its transitions: the table in this module's docstring.
+
+    def saving(self, host_key: str | None) -> PoolVm:
+        """It answered; libvirt is to save it (a `saved` pool's VM)."""
+        _from("pool VM", self.id, self.state, ("starting",), "saving")
+        return replace(self, state="saving", host_key=host_key)
+
+    def settled(self, host_key: str | None, now: datetime) -> PoolVm:
+        """Its start is done: `ready` (a `running` pool's) or `saved`, ready to hand out."""
+        _from("pool VM", self.id, self.state, ("starting", "saving"), "settled")
+        return replace(self, state="saved" if self.goal == "saved" else "ready",
+                       host_key=host_key, ready_at=now)
+
+    def destroying(self) -> PoolVm:
+        """No hand-out takes it any more: its domain and files are to go (from any
+        state, and again from `destroying` when a destroy was cut)."""
+        return replace(self, state="destroying")
+
+    def handed_out(self) -> PoolVm:
+        """Taken for a new VM (its row goes; a VM row of its id takes its place)."""
+        _from("pool VM", self.id, self.state, ("ready", "saved"), "handed out")
+        return self
+
+    def removed(self) -> PoolVm:
+        """Its row goes: its domain never came (starting, saving) or is gone (destroying)."""
+        _from("pool VM", self.id, self.state, ("starting", "saving", "destroying"), "removed")
+        return self
+
 
 # A snapshot's life (SPEC §12): `making` while the VM is saved and its disk copied,
 # `ready` once it can be forked, `deleting` while its files go (then the row goes).
@@ -139,6 +207,37 @@ class Snapshot:
     created_at: datetime
     bytes: int = 0  # its files' size on the host's disk
     host_key: str | None = None  # the guest's SSH host key when it was taken
+
+    # Its transitions: the table in this module's docstring.
+
+    def made(self, size: int, host_key: str | None, by: str,
+             now: datetime) -> tuple[Snapshot, NewEvent]:
+        """Its files are written (``size`` bytes): it can be forked."""
+        _from("snapshot", self.id, self.state, ("making",), "made")
+        new = replace(self, state="ready", bytes=size, host_key=host_key)
+        return new, NewEvent(self.task_id, "snapshot_made", now, by, {
+            "snapshot_id": self.id, "vm_id": self.vm_id, "name": self.name, "bytes": size})
+
+    def deleting(self, by: str, now: datetime,
+                 reason: str | None = None) -> tuple[Snapshot, NewEvent]:
+        """Deleted: no fork starts from it; its files go next, then its row."""
+        _from("snapshot", self.id, self.state, ("ready",), "deleted")
+        details: dict[str, Any] = {"snapshot_id": self.id, "vm_id": self.vm_id}
+        if reason is not None:
+            details["reason"] = reason
+        return replace(self, state="deleting"), NewEvent(self.task_id, "snapshot_deleted",
+                                                         now, by, details)
+
+    def removed(self) -> Snapshot:
+        """Its row goes: abandoned while `making`, or its files gone once `deleting`."""
+        _from("snapshot", self.id, self.state, ("making", "deleting"), "removed")
+        return self
+
+
+def _from(kind: str, object_id: str, state: str, sources: Collection[str],
+          transition: str) -> None:
+    if state not in sources:
+        raise IllegalTransition(kind, object_id, state, transition)
 
 
 @dataclass(frozen=True)

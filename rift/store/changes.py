@@ -1,8 +1,10 @@
 """Rules every repository checks: which fields a change may touch, limits, times.
-(A task's changes are its domain transitions, saved whole by `tx.tasks.save`.)"""
+(Tasks, VMs, pooled VMs and snapshots change by their domain transitions, saved
+whole by their repository's `save`: see `changed`.)"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -11,12 +13,11 @@ VM_CHANGEABLE = frozenset({
     "name", "status", "host", "ready_at", "destroyed_at", "error", "ssh_host", "ssh_port",
     "destroy_requested_at", "start_kind", "start_ms", "change", "change_at", "stats",
 })
+POOL_VM_CHANGEABLE = frozenset({"state", "ssh_port", "host_key", "ready_at"})
 HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachable_since",
                              "last_error"})
 POOL_CHANGEABLE = frozenset({"running", "saved", "failures", "retry_at", "last_error",
                              "filler", "fill_until"})
-POOL_VM_CHANGEABLE = frozenset({"state", "ssh_port", "host_key", "ready_at"})
-SNAPSHOT_CHANGEABLE = frozenset({"state", "bytes", "host_key"})
 EXEC_END_CHANGEABLE = frozenset({"status", "ended_at", "exit_code", "signal", "timed_out",
                                  "stdout_bytes", "stderr_bytes", "duration_ms"})
 EXEC_END_STATUSES = frozenset({"exited", "killed", "timed_out", "lost"})
@@ -28,6 +29,16 @@ def check_changes(kind: str, changes: Mapping[str, Any], allowed: frozenset[str]
     bad = sorted(set(changes) - allowed)
     if bad:
         raise ValueError(f"{kind} fields that cannot be changed: {', '.join(bad)}")
+
+
+def changed(new: Any, was: Any) -> dict[str, Any]:
+    """The fields a domain transition changed: what `save` writes (nothing else, so
+    a column another writer moved meanwhile is not put back). Refuses a change of
+    the object's id: a transition answers the same object."""
+    if new.id != was.id:
+        raise ValueError(f"a saved object keeps its id: {was.id!r}, not {new.id!r}")
+    return {f.name: getattr(new, f.name) for f in dataclasses.fields(new)
+            if getattr(new, f.name) != getattr(was, f.name)}
 
 
 def check_limit(limit: int) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import Row, delete, func, select, update
 
-from rift.domain.records import Snapshot, SnapshotState
+from rift.domain.records import Snapshot
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
-from rift.store.changes import SNAPSHOT_CHANGEABLE, check_changes
+from rift.store.changes import changed
 from rift.store.sql_base import SqlRepository
 from rift.store.tables import SNAPSHOT_COLUMNS, snapshots, tasks
 
@@ -60,20 +60,21 @@ class SqlSnapshots(SqlRepository):
         query = select(*SNAPSHOT_COLUMNS).order_by(snapshots.c.created_at, snapshots.c.id)
         return [_snapshot_of(row) for row in self._conn.execute(query)]
 
-    def update(self, snapshot_id: str, expected: Sequence[SnapshotState],
-               **changes: Any) -> bool:
-        self._writing("update")
-        check_changes("snapshot", changes, SNAPSHOT_CHANGEABLE)
-        statement = (update(snapshots)
-                     .where(snapshots.c.id == snapshot_id,
-                            snapshots.c.state.in_(list(expected)))
-                     .values(**changes))
+    def save(self, snap: Snapshot, was: Snapshot) -> bool:
+        """One conditional UPDATE: what the transition from ``was`` changed, while
+        the row is still in ``was``'s state."""
+        self._writing("save")
+        changes = changed(snap, was)
+        where = (snapshots.c.id == was.id, snapshots.c.state == was.state)
+        if not changes:
+            return self._exists(snapshots, *where)
+        statement = update(snapshots).where(*where).values(**changes)
         return self._conn.execute(statement).rowcount == 1
 
-    def remove(self, snapshot_id: str, expected: Sequence[SnapshotState]) -> bool:
+    def remove(self, snap: Snapshot) -> bool:
         self._writing("remove")
-        statement = delete(snapshots).where(snapshots.c.id == snapshot_id,
-                                            snapshots.c.state.in_(list(expected)))
+        statement = delete(snapshots).where(snapshots.c.id == snap.id,
+                                            snapshots.c.state == snap.state)
         return self._conn.execute(statement).rowcount == 1
 
     def bytes_of_owner(self, owner: str) -> int:

@@ -45,7 +45,7 @@ from rift.domain.errors import (
 )
 from rift.domain.ids import new_snapshot_id, new_vm_id
 from rift.domain.model import NewEvent, Task, Vm
-from rift.domain.records import Snapshot
+from rift.domain.records import Snapshot, SnapshotState
 from rift.domain.secrets import Handle
 from rift.services.context import SWEEP, Caller, Deps
 from rift.services.lifecycle import validate
@@ -183,15 +183,11 @@ def _take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snaps
         _abandon(deps, snap, vm, hv.disk)
         raise HypervisorFailed(f"the snapshot's disk could not be written: {failure}",
                                host=vm.host) from failure
-    now = deps.clock.now()
-    made = replace(snap, state="ready", bytes=size, host_key=host_key)
+    made, event = snap.made(size, host_key, caller.label, deps.clock.now())
     with deps.store.write() as tx:
-        tx.snapshots.update(snap.id, ("making",), state="ready", bytes=made.bytes,
-                            host_key=host_key)
+        tx.snapshots.save(made, snap)
         tx.vms.update_changing(vm.id, "running", "snapshotting", change=None, change_at=None)
-        tx.events.add(NewEvent(snap.task_id, "snapshot_made", now, caller.label,
-                               {"snapshot_id": snap.id, "vm_id": vm.id, "name": snap.name,
-                                "bytes": made.bytes}))
+        tx.events.add(event)
     deps.log.info("snapshot made", extra={"snapshot_id": snap.id, "vm_id": vm.id,
                                           "bytes": made.bytes, **steps.ms})
     return made
@@ -225,7 +221,7 @@ def _abandon(deps: Deps, snap: Snapshot, vm: Vm, disk: HostDisk) -> None:
     """A snapshot that was not made: its files and row go, the VM has no change."""
     _remove_files(deps, snap.id, disk)
     with deps.store.write() as tx:
-        tx.snapshots.remove(snap.id, ("making",))
+        _remove_row(tx, snap.id, "making")
         tx.vms.update_changing(vm.id, "running", "snapshotting", change=None, change_at=None)
 
 
@@ -242,9 +238,9 @@ def delete(deps: Deps, caller: Caller, handle: str | None, snapshot_id: str) -> 
         snap = tx.snapshots.get(snapshot_id)
         if snap is None or snap.task_id != task.id or snap.state != "ready":
             raise SnapshotNotFound(snapshot_id)
-        tx.snapshots.update(snap.id, ("ready",), state="deleting")
-        tx.events.add(NewEvent(task.id, "snapshot_deleted", now, caller.label,
-                               {"snapshot_id": snap.id, "vm_id": snap.vm_id}))
+        deleting, event = snap.deleting(caller.label, now)
+        tx.snapshots.save(deleting, snap)
+        tx.events.add(event)
         return snap
 
     snap = in_write(deps.store, mark)
@@ -255,7 +251,14 @@ def delete(deps: Deps, caller: Caller, handle: str | None, snapshot_id: str) -> 
 def _finish_delete(deps: Deps, snap: Snapshot) -> None:
     _remove_files(deps, snap.id, _disk(deps, snap.host))
     with deps.store.write() as tx:
-        tx.snapshots.remove(snap.id, ("deleting",))
+        _remove_row(tx, snap.id, "deleting")
+
+
+def _remove_row(tx: Tx, snapshot_id: str, state: SnapshotState) -> None:
+    """The snapshot's row goes while it is still `state` (a compare-and-set)."""
+    current = tx.snapshots.get(snapshot_id)
+    if current is not None and current.state == state:
+        tx.snapshots.remove(current.removed())
 
 
 def remove_task_snapshots(deps: Deps, task_id: str, actor: str) -> int:
@@ -264,11 +267,11 @@ def remove_task_snapshots(deps: Deps, task_id: str, actor: str) -> int:
     with deps.store.write() as tx:
         gone = [s for s in tx.snapshots.of_task(task_id) if s.state != "making"]
         for snap in gone:
-            if snap.state == "ready" and tx.snapshots.update(snap.id, ("ready",),
-                                                             state="deleting"):
-                tx.events.add(NewEvent(task_id, "snapshot_deleted", now, actor,
-                                       {"snapshot_id": snap.id, "vm_id": snap.vm_id,
-                                        "reason": "task closed"}))
+            if snap.state != "ready":
+                continue
+            deleting, event = snap.deleting(actor, now, "task closed")
+            if tx.snapshots.save(deleting, snap):
+                tx.events.add(event)
     for snap in gone:
         _finish_delete(deps, snap)
     return len(gone)
@@ -318,7 +321,7 @@ def _settle_cut(deps: Deps, snap: Snapshot) -> None:
     else:
         _remove_files(deps, snap.id, disk)
         with deps.store.write() as tx:
-            tx.snapshots.remove(snap.id, ("making",))
+            _remove_row(tx, snap.id, "making")
 
 
 def dead_snapshot_files(deps: Deps) -> list[str]:
@@ -368,12 +371,11 @@ def fork(deps: Deps, caller: Caller, handle: str | None, snapshot_id: str | None
         try:
             return _fork(deps, caller, parsed, snap, name, how_many, called)
         finally:
+            deleting, event = snap.deleting(caller.label, deps.clock.now(),
+                                            "the fork started")
             with deps.store.write() as tx:
-                if tx.snapshots.update(snap.id, ("ready",), state="deleting"):
-                    tx.events.add(NewEvent(snap.task_id, "snapshot_deleted", deps.clock.now(),
-                                           caller.label, {"snapshot_id": snap.id,
-                                                          "vm_id": snap.vm_id,
-                                                          "reason": "the fork started"}))
+                if tx.snapshots.save(deleting, snap):
+                    tx.events.add(event)
             _finish_delete(deps, snap)
     assert snapshot_id is not None
     validate.snapshot_id(snapshot_id)

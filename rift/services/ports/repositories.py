@@ -37,7 +37,6 @@ from rift.domain.records import (
     PoolVm,
     PoolVmState,
     Snapshot,
-    SnapshotState,
     WebSession,
 )
 
@@ -89,7 +88,8 @@ class TaskRepository(Protocol):
 
 
 class SnapshotRepository(Protocol):
-    """Snapshots (SPEC §12). A change is a compare-and-set on the state."""
+    """Snapshots (SPEC §12). A change is a domain transition (`Snapshot.made`,
+    `deleting`, `removed`) saved with one compare-and-set on the state it left."""
 
     def add(self, snap: Snapshot) -> None: ...
     def get(self, snapshot_id: str) -> Snapshot | None: ...
@@ -100,10 +100,12 @@ class SnapshotRepository(Protocol):
         """Every asked task id is a key (with ``[]`` when it has none)."""
         ...
     def all(self) -> list[Snapshot]: ...
-    def update(self, snapshot_id: str, expected: Sequence[SnapshotState],
-               **changes: Any) -> bool: ...
-    def remove(self, snapshot_id: str, expected: Sequence[SnapshotState]) -> bool:
-        """Delete the row while its state is one of ``expected``."""
+    def save(self, snap: Snapshot, was: Snapshot) -> bool:
+        """Compare-and-set: store what ``snap`` changed from ``was`` (a transition of
+        ``was``) where the row is still in ``was.state``. True when this call won."""
+        ...
+    def remove(self, snap: Snapshot) -> bool:
+        """Delete the row while it is still in ``snap.state`` (a `Snapshot.removed`)."""
         ...
     def bytes_by_host(self) -> dict[str, tuple[int, int]]:
         """Host name -> (how many snapshots, their bytes)."""
