@@ -1,7 +1,8 @@
 """The Boxes page in Chromium against a real `rift serve`: login, a task an MCP
 client made, live changes without a reload (takeover, close, a pause, a
 snapshot, the sweep, another replica), another user's tasks absent, hostile
-names as text, the session cookie, logout, and the screenshot in the README."""
+names as text, the session cookie, logout, and the screenshot in the README and
+docs/agents.md."""
 
 from __future__ import annotations
 

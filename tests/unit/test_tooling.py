@@ -1,4 +1,4 @@
-"""The project's own tools are set up as the README says: CI checks before it
+"""The project's own tools are set up as docs/development.md says: CI checks before it
 tests, and mypy runs with pydantic's plugin."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def test_ci_runs_make_check_before_the_suite() -> None:
     assert re.search(r"^make ci$", ci, re.M), ci
     target = re.search(r"^ci: *(.*)$", (ROOT / "Makefile").read_text(), re.M)
     assert target is not None and target.group(1).split() == ["check", "test"]
-    assert "make ci" in (ROOT / "README.md").read_text()
+    assert "make ci" in (ROOT / "docs" / "development.md").read_text()
 
 
 def test_mypy_loads_the_pydantic_plugin() -> None:
