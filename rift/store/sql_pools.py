@@ -12,7 +12,7 @@ from sqlalchemy import Row, delete, func, or_, select, update
 
 from rift.domain.records import POOL_RUNNING_STATES, HostUsage, Pool, PoolVm, PoolVmState
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
-from rift.store.changes import POOL_CHANGEABLE, POOL_VM_CHANGEABLE, check_changes
+from rift.store.changes import POOL_CHANGEABLE, changed, check_changes
 from rift.store.sql_base import SqlRepository
 from rift.store.tables import POOL_COLUMNS, POOL_VM_COLUMNS, pool_vms, pools
 
@@ -92,8 +92,11 @@ class SqlPools(SqlRepository):
 
         self._insert(pool_vms, dataclasses.asdict(vm), diagnose)
 
-    def get_vm(self, vm_id: str) -> PoolVm | None:
-        row = self._conn.execute(select(*POOL_VM_COLUMNS).where(pool_vms.c.id == vm_id)).first()
+    def get_vm(self, vm_id: str, *, lock: bool = False) -> PoolVm | None:
+        query = select(*POOL_VM_COLUMNS).where(pool_vms.c.id == vm_id)
+        if lock and self._writable:
+            query = query.with_for_update()
+        row = self._conn.execute(query).first()
         return None if row is None else _vm_of(row)
 
     def vms(self, pool_id: str | None = None) -> list[PoolVm]:
@@ -113,19 +116,21 @@ class SqlPools(SqlRepository):
                  .order_by(pool_vms.c.created_at, pool_vms.c.id))
         return [_vm_of(row) for row in self._conn.execute(query)]
 
-    def update_vm(self, vm_id: str, expected_state: Sequence[PoolVmState],
-                  **changes: Any) -> bool:
-        self._writing("update_vm")
-        check_changes("pool VM", changes, POOL_VM_CHANGEABLE)
-        statement = (update(pool_vms)
-                     .where(pool_vms.c.id == vm_id, pool_vms.c.state.in_(expected_state))
-                     .values(**changes))
+    def save_vm(self, vm: PoolVm, was: PoolVm) -> bool:
+        """One conditional UPDATE: what the transition from ``was`` changed, while
+        the row is still in ``was``'s state."""
+        self._writing("save_vm")
+        changes = changed(vm, was)
+        where = (pool_vms.c.id == was.id, pool_vms.c.state == was.state)
+        if not changes:
+            return self._exists(pool_vms, *where)
+        statement = update(pool_vms).where(*where).values(**changes)
         return self._conn.execute(statement).rowcount == 1
 
-    def take(self, vm_id: str, expected_state: Sequence[PoolVmState]) -> bool:
+    def take(self, vm: PoolVm) -> bool:
         self._writing("take")
-        statement = delete(pool_vms).where(pool_vms.c.id == vm_id,
-                                           pool_vms.c.state.in_(expected_state))
+        statement = delete(pool_vms).where(pool_vms.c.id == vm.id,
+                                           pool_vms.c.state == vm.state)
         return self._conn.execute(statement).rowcount == 1
 
     def usage_by_host(self) -> dict[str, HostUsage]:

@@ -245,7 +245,7 @@ def take(tx: Tx, image: str, vcpus: int, memory_mib: int, disk_gib: int,
                 continue
             if kind == "restore" and room(load, vcpus, memory_mib) < 1:
                 continue
-            if tx.pools.take(pvm.id, (state,)):
+            if tx.pools.take(pvm.handed_out()):
                 return Taken(pvm, kind)
     return None
 
@@ -411,7 +411,7 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
             _standby(deps, vm)
         if goal == "saved":
             with deps.store.write() as tx:
-                tx.pools.update_vm(pvm.id, ("starting",), state="saving", host_key=host_key)
+                tx.pools.save_vm(pvm.saving(host_key), pvm)
             if deps.guests is not None:
                 deps.guests.close_vm(vm.id)  # the save cuts its connections
             hv.save(vm.domain_name)
@@ -419,9 +419,10 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
         _start_failed(deps, pool, pvm, str(exc), domain=True)
         return 0
     with deps.store.write() as tx:
-        settled = tx.pools.update_vm(pvm.id, ("starting", "saving"),
-                                     state="saved" if goal == "saved" else "ready",
-                                     host_key=host_key, ready_at=deps.clock.now())
+        current = tx.pools.get_vm(pvm.id, lock=True)
+        settled = (current is not None and current.state in ("starting", "saving")
+                   and tx.pools.save_vm(current.settled(host_key, deps.clock.now()),
+                                        current))
         tx.pools.update(pool.id, failures=0, retry_at=None, last_error=None)
     if not settled:  # cleared while it started
         destroy_pool_vm(deps, pvm)
@@ -505,7 +506,9 @@ def _start_failed(deps: Deps, pool: Pool, pvm: PoolVm, error: str, *, domain: bo
         destroy_pool_vm(deps, pvm)
     else:
         with deps.store.write() as tx:
-            tx.pools.take(pvm.id, ("starting", "saving"))
+            current = tx.pools.get_vm(pvm.id, lock=True)
+            if current is not None and current.state in ("starting", "saving"):
+                tx.pools.take(current.removed())
     with deps.store.write() as tx:
         _failed(tx, pool, deps.clock.now(), error)
 
@@ -516,8 +519,8 @@ def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
     between leaves a `destroying` row, which reconciliation destroys again.
     Answers 1 when this call removed it."""
     with deps.store.write() as tx:
-        if not tx.pools.update_vm(pvm.id, ("starting", "ready", "saving", "saved",
-                                           "destroying"), state="destroying"):
+        current = tx.pools.get_vm(pvm.id, lock=True)
+        if current is None or not tx.pools.save_vm(current.destroying(), current):
             return 0
         host = tx.hosts.get(pvm.host)
     if deps.guests is not None:
@@ -533,7 +536,9 @@ def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
         if deps.host_files is not None:
             deps.host_files.forget(host.uri, pvm.id)  # on a host elsewhere, its copies there
     with deps.store.write() as tx:
-        return int(tx.pools.take(pvm.id, ("destroying",)))
+        current = tx.pools.get_vm(pvm.id, lock=True)
+        return int(current is not None and current.state == "destroying"
+                   and tx.pools.take(current.removed()))
 
 
 def stale_pool_vms(deps: Deps, listed: dict[str, tuple[set[str], datetime]]) -> list[str]:

@@ -279,9 +279,11 @@ class WebRepository(Protocol):
 
 
 class PoolRepository(Protocol):
-    """Pools and their VMs. A pool VM changes state by compare-and-set
-    (`update_vm`); a hand-out is `take`: it deletes the row only where it is
-    still in the state it was seen in, so one VM goes to one caller."""
+    """Pools and their VMs. A pool VM changes by a domain transition (`PoolVm.saving`,
+    `settled`, `destroying`) saved with `save_vm`, one compare-and-set on the state it
+    left; a hand-out (`handed_out`) or a removal (`removed`) is `take`: it deletes the
+    row only where it is still in the state it was seen in, so one VM goes to one
+    caller."""
 
     def add(self, pool: Pool) -> None: ...
     def get(self, pool_id: str) -> Pool | None: ...
@@ -298,7 +300,11 @@ class PoolRepository(Protocol):
         filler holds it past ``now``. True when this call holds it."""
         ...
     def add_vm(self, vm: PoolVm) -> None: ...
-    def get_vm(self, vm_id: str) -> PoolVm | None: ...
+    def get_vm(self, vm_id: str, *, lock: bool = False) -> PoolVm | None:
+        """``lock`` in a write transaction: the row stays locked until the commit
+        (PostgreSQL: FOR UPDATE; SQLite holds the write lock), so a transition of what
+        was read is saved against the row as it is."""
+        ...
     def vms(self, pool_id: str | None = None) -> list[PoolVm]:
         """Every pool VM (of one pool), oldest first."""
         ...
@@ -309,13 +315,14 @@ class PoolRepository(Protocol):
                    states: Sequence[PoolVmState]) -> list[PoolVm]:
         """Pool VMs of that image and size in one of ``states``, oldest first."""
         ...
-    def update_vm(self, vm_id: str, expected_state: Sequence[PoolVmState],
-                  **changes: Any) -> bool:
-        """Compare-and-set on the pool VM's state. True when this call changed it."""
+    def save_vm(self, vm: PoolVm, was: PoolVm) -> bool:
+        """Compare-and-set: store what ``vm`` changed from ``was`` (a transition of
+        ``was``) where the row is still in ``was.state``. True when this call won."""
         ...
-    def take(self, vm_id: str, expected_state: Sequence[PoolVmState]) -> bool:
-        """Delete the pool VM's row where its state is one of ``expected_state``:
-        True when this call took it (a racing caller gets False)."""
+    def take(self, vm: PoolVm) -> bool:
+        """Delete the pool VM's row where it is still in ``vm.state`` (a
+        `PoolVm.handed_out` or `removed`): True when this call took it (a racing
+        caller gets False)."""
         ...
     def usage_by_host(self) -> dict[str, HostUsage]:
         """vCPUs and memory that pool VMs hold (those not saved), by host name."""
