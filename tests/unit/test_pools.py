@@ -107,6 +107,25 @@ def test_pooled_vms_hold_room_on_their_host(deps: Deps, local_hv: FakeHypervisor
     assert "rift pool clear" in err.message
 
 
+def test_a_pool_fills_no_host_under_its_disk_floor(deps: Deps, local_hv: FakeHypervisor) -> None:
+    hosts.add_host(deps, "big", "fake:///big", 4, 100_000)  # placement's first choice
+    deps.disk_room.free["big"] = 1 << 30  # as sampled: 1 GiB left, under the 4 GiB floor
+    pools.set_pool(deps, "tiny", running=1)
+    assert _fill(deps) == 1
+    assert [m.host for m in _members(deps)] == ["local"]  # left out, as placement does
+    hosts.drain_host(deps, "local")  # now only the full host has room
+    pools.set_pool(deps, "tiny", running=2)
+    assert _fill(deps) == 0 and len(_members(deps)) == 1
+    (row,) = [r.as_dict() for r in pools.pool_rows(deps)]
+    assert "host big has 1.0 GiB of disk free" in row["last_error"]
+    assert "RIFT_HOST_DISK_RESERVE_GIB" in row["last_error"]
+    deps.disk_room.free["big"] = 50 << 30  # disk freed there
+    assert _fill(deps) == 1
+    assert sorted(m.host for m in _members(deps)) == ["big", "local"]
+    (row,) = [r.as_dict() for r in pools.pool_rows(deps)]
+    assert row["last_error"] is None
+
+
 def test_a_pool_larger_than_its_hosts_is_refused_with_what_fits(deps: Deps) -> None:
     hosts.remove_host(deps, "local")
     hosts.add_host(deps, "small", "fake:///small", 4, 1024)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -31,6 +32,7 @@ from hypervisor.base import Hypervisor, HypervisorError, ImageError
 from hypervisor.placement import choose_host
 from rift.domain.errors import (
     GuestUnreachable,
+    HostDiskFull,
     HypervisorFailed,
     ImageNotFound,
     InvalidArgument,
@@ -42,6 +44,7 @@ from rift.domain.records import Pool, PoolGoal, PoolVm, PoolVmState
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import validate
 from rift.services.lifecycle.capacity import host_loads, room
+from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, NotReady, kind_on
 from rift.services.lifecycle.launch import (
     SSH_HOST,
@@ -450,8 +453,9 @@ def _reserve(deps: Deps, pool: Pool, goal: PoolGoal,
     against that host before its domain exists. None when no host has room or the
     image cannot start (the pool backs off)."""
     now = deps.clock.now()
+    low_disk = deps.disk_room.low(disk_floor_bytes(deps))
     with deps.store.write() as tx:
-        host = _pool_host(tx, pool, busy_hosts)
+        host = _pool_host(tx, pool, busy_hosts, low_disk)
         if host is None:
             return None
         kind = kind_on(deps, host.uri, pool.image)
@@ -479,15 +483,24 @@ def pooled_vm(pvm: PoolVm) -> Vm:
               ssh_port=pvm.ssh_port)
 
 
-def _pool_host(tx: Tx, pool: Pool, busy_hosts: set[str]) -> Host | None:
+def _pool_host(tx: Tx, pool: Pool, busy_hosts: set[str],
+               low_disk: Mapping[str, int]) -> Host | None:
     """Where the pool's next VM starts: its host, or the one placement would choose
-    (`choose_host`), never a host with a pool start under way."""
+    (`choose_host`), never a host with a pool start under way nor one whose disk is
+    under its floor (`low_disk`, name: free bytes, as placement leaves out; when
+    only such a host had room the pool's last error says so)."""
     starting = {m.host for m in tx.pools.vms() if m.state in ("starting", "saving")}
     hosts, loads = host_loads(tx)
     open_hosts = [load for load in loads
                   if (pool.host is None or load.name == pool.host)
                   and load.name not in busy_hosts and load.name not in starting]
-    chosen = choose_host(open_hosts, pool.vcpus, pool.memory_mib)
+    chosen = choose_host([load for load in open_hosts if load.name not in low_disk],
+                         pool.vcpus, pool.memory_mib)
+    if chosen is None:
+        short = choose_host(open_hosts, pool.vcpus, pool.memory_mib)
+        if short is not None:
+            tx.pools.update(pool.id, last_error=HostDiskFull(
+                short.name, low_disk[short.name]).message[:500])
     return hosts[chosen.name] if chosen else None
 
 
