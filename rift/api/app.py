@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rift.api.auth import rest_caller
-from rift.api.egress_proxy import EgressProxy
+from rift.proxy.server import EgressProxy
 from rift.api.errors import install_error_handlers
 from rift.api.exposures import ExposureProxy, redact
 from rift.api.gate import TokenGate, body_limit

@@ -1,4 +1,4 @@
-"""The egress proxy (rift.api.egress_proxy) on real loopback sockets: what a guest
+"""The egress proxy (rift.proxy.server) on real loopback sockets: what a guest
 with an allowlist gets through, and what it is refused (SPEC §13). Which VM a
 connection is of, and which addresses are the host's own, are given by the
 test (the real ones are a QEMU process's socket and this host's addresses: the
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rift.api import egress_proxy
-from rift.api.egress_proxy import (
+from rift.proxy import server as egress_proxy
+from rift.proxy.server import (
     EgressProxy,
     domain_holding,
     server_name,
