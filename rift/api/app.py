@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rift.api.auth import rest_caller
-from rift.proxy.server import EgressProxy
 from rift.api.errors import install_error_handlers
 from rift.api.exposures import ExposureProxy, redact
 from rift.api.gate import TokenGate, body_limit
@@ -30,6 +29,8 @@ from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.e2b import gate as e2b_gate
 from rift.e2b import routes as e2b
+from rift.proxy.guests import GuestsOnThisHost
+from rift.proxy.server import EgressProxy
 from rift.scheduler import PoolFiller, start_scheduler
 from rift.services.background.heartbeat import resume
 from rift.services.background.sweeps import sweep
@@ -104,7 +105,8 @@ def create_app(settings: Settings, deps: Deps | None = None,
                           settings.public_url)
         await anyio.to_thread.run_sync(deny.start)
         if settings.egress_proxy_port and not settings.hypervisor_uri.startswith("test:"):
-            proxy = EgressProxy(engine, settings.egress_proxy_port, denied=deny.denies)
+            proxy = EgressProxy(settings.egress_proxy_port, GuestsOnThisHost(engine),
+                                denied=deny.denies)
             await anyio.to_thread.run_sync(proxy.start)
             state.metrics.watch_egress(proxy.refusals.snapshot)
         scheduler = start_scheduler(engine, settings.sweep_interval_s, settings.stats_interval_s)

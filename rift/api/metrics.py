@@ -84,7 +84,7 @@ class EgressRefusals(Collector):
         self.proxied = proxied
 
     def collect(self) -> list[CounterMetricFamily]:
-        from rift.proxy.server import firewall_refusals
+        from rift.proxy.firewall import firewall_refusals
 
         family = CounterMetricFamily(
             "rift_egress_refused", "Egress refused, by reason: the egress proxy's "

@@ -3,7 +3,7 @@
 Kept as one string: `open`, `none`, or the allowlist's canonical JSON
 (`{"allow": [...]}`, entries lowercased, deduplicated and sorted), so the store's
 `vms.egress` column holds all three and two equal lists compare equal. Pure: no
-sockets here (the proxy that enforces an allowlist is rift.proxy.server).
+sockets here (the proxy that enforces an allowlist is rift.proxy).
 
 Entries: a name (`pypi.org`), a wildcard (`*.github.com`: every name below
 github.com, not github.com itself), or a CIDR (`10.0.0.0/8`; a bare address is

@@ -1,4 +1,4 @@
-"""The egress proxy (rift.proxy.server) on real loopback sockets: what a guest
+"""The egress proxy (rift.proxy) on real loopback sockets: what a guest
 with an allowlist gets through, and what it is refused (SPEC §13). Which VM a
 connection is of, and which addresses are the host's own, are given by the
 test (the real ones are a QEMU process's socket and this host's addresses: the
@@ -13,27 +13,23 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from rift.proxy import server as egress_proxy
-from rift.proxy.server import (
-    EgressProxy,
-    domain_holding,
-    server_name,
-    socket_inode,
-    split_host_port,
-)
 from rift.domain import egress
-from rift.domain.model import Vm
+from rift.proxy import tunnel
+from rift.proxy.guests import domain_holding, socket_inode
+from rift.proxy.heads import split_host_port
+from rift.proxy.hello import server_name
+from rift.proxy.server import EgressProxy
+from rift.services.read.egress import GuestEgress
 
 
-def _vm(allow: list[str]) -> Vm:
-    return Vm(id="vm_abcdefgh", task_id="task_abcdefgh", owner="alice", name="v", image="tiny",
-              status="running", host="local", vcpus=1, memory_mib=256, disk_gib=10,
-              created_at=datetime.now(UTC), egress=egress.canonical({"allow": allow}))
+def _guest(allow: list[str]) -> GuestEgress:
+    rules = egress.allowlist(egress.canonical({"allow": allow}))
+    assert rules is not None
+    return GuestEgress("vm_abcdefgh", rules)
 
 
 class Upstream:
@@ -71,8 +67,8 @@ def upstream() -> Iterator[Upstream]:
 
 
 def _proxy(allow: list[str] | None, local: bool = False) -> EgressProxy:
-    vm = _vm(allow) if allow is not None else None
-    proxy = EgressProxy(None, 0, vm_of=lambda _port: vm,
+    guest = _guest(allow) if allow is not None else None
+    proxy = EgressProxy(0, guest_of=lambda _client, _proxy: guest,
                         is_local=(lambda _a: True) if local else (lambda _a: False),
                         # 127.0.0.2 is what egress `open` refuses too, here
                         denied=lambda a: str(a) == "127.0.0.2")
@@ -331,7 +327,7 @@ def test_a_client_hello_split_across_segments_and_records_is_read_whole_before_i
 
 def test_a_tunnel_that_shows_no_whole_allowed_client_hello_is_refused_before_upstream(
         echo: Echo, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(egress_proxy, "HELLO_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(tunnel, "HELLO_TIMEOUT_S", 1.0)
     target = f"localhost:{echo.port}"
     message = _hello("localhost")[5:]
     evil = _hello("evil.test")[5:]

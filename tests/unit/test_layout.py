@@ -4,6 +4,7 @@ tests/unit/test_docs.py)."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +20,9 @@ FORBIDDEN = {
     "hypervisor": ("rift", "sqlalchemy", "paramiko", "fastapi", "mcp"),
     "rift/store": ("libvirt", "paramiko", "fastapi", "mcp", "rift.api", "rift.services"),
 }
+# The egress proxy is a door of its own: it asks the engine which rules a connection
+# is under, never the store, and knows no other door (nor any library: sockets only).
+PROXY_MAY_IMPORT = ("rift.proxy", "rift.services", "rift.domain")
 ONLY_IN = {
     "libvirt": ("hypervisor/libvirt.py",),
     "sqlalchemy": ("rift/store/",),
@@ -64,6 +68,14 @@ def test_packages_import_only_inward() -> None:
         for path in (ROOT / package).rglob("*.py"):
             for name in _imports(path):
                 assert not any(_matches(name, b) for b in banned), f"{path}: imports {name}"
+
+
+def test_the_egress_proxy_imports_the_engine_and_the_standard_library_only() -> None:
+    for path in (ROOT / "rift" / "proxy").rglob("*.py"):
+        for name in _imports(path):
+            assert name.split(".")[0] in sys.stdlib_module_names or any(
+                _matches(name, allowed) for allowed in PROXY_MAY_IMPORT), \
+                f"{path}: imports {name}"
 
 
 def test_each_library_is_imported_only_by_its_adapter() -> None:
