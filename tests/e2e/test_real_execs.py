@@ -7,26 +7,15 @@ login shell there). The events and the task view's `running_execs` say the same.
 
 from __future__ import annotations
 
-import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp.client.session import ClientSession
 
 from tests.support.mcp_clients import call, mcp_session, refused, run
-from tests.support.servers import (
-    Server,
-    cached_debian,
-    kill_server,
-    real_vms_missing,
-    restart_server,
-    start_real_server,
-    stop_server,
-)
-from tests.support.witnesses import our_domains
+from tests.support.real_guests import RealSettings, Rig
+from tests.support.servers import Server, real_vms_missing
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -36,21 +25,8 @@ pytestmark = [
 LIMIT_S = 300
 
 
-_PROCS: dict[Path, subprocess.Popen[str]] = {}  # data dir -> its `rift serve` now
-
-
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    cached_debian()
-    proc, srv = start_real_server(tmp_path_factory.mktemp("execs"), debian=True,
-                                  RIFT_VM_BOOT_TIMEOUT_S="120", RIFT_SWEEP_INTERVAL_S="2")
-    _PROCS[srv.data_dir] = proc
-    try:
-        yield srv
-    finally:
-        stop_server(_PROCS.pop(srv.data_dir))
-        remaining = our_domains(srv)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+REAL = RealSettings(debian=True, env={"RIFT_VM_BOOT_TIMEOUT_S": "120",
+                                      "RIFT_SWEEP_INTERVAL_S": "2"})
 
 
 async def _until_ended(s: ClientSession, handle: str, exec_id: str) -> dict[str, Any]:
@@ -121,7 +97,7 @@ def test_execs_outlive_their_calls_take_input_and_are_killed_whole(real: Server)
 
 
 def test_an_exec_lives_through_kill_9_of_rift_and_its_vm_going_ends_it_lost(
-        real: Server) -> None:
+        real: Server, rig: Rig) -> None:
     async def before() -> tuple[str, str, str]:
         async with mcp_session(real.url, real.token) as s:
             opened = await call(s, "rift_task_new", name="restart")
@@ -134,9 +110,8 @@ def test_an_exec_lives_through_kill_9_of_rift_and_its_vm_going_ends_it_lost(
             return opened["handle"], vm_id, ex["exec_id"]
 
     handle, vm_id, exec_id = run(before, LIMIT_S)
-    kill_server(_PROCS[real.data_dir])
-    proc, again = restart_server(real)
-    _PROCS[real.data_dir] = proc
+    rig.kill()
+    again = rig.restart()
 
     async def after() -> None:
         async with mcp_session(again.url, again.token) as s:

@@ -28,21 +28,14 @@ import pytest
 
 from hypervisor.image_files import image_files
 from tests.support.mcp_clients import call, mcp_session, refused, run
-from tests.support.servers import (
-    Server,
-    real_vms_missing,
-    seed_images,
-    start_real_server,
-    stop_server,
-    wait_until,
-)
+from tests.support.real_guests import RealSettings, Rig
+from tests.support.servers import Server, real_vms_missing, seed_images, wait_until
 from tests.support.witnesses import (
     assert_rows_tell_the_truth,
     define_and_start,
     foreign_domain,
     install_id,
     new_vm_id,
-    our_domains,
     remove_domain,
     rows,
     virsh_names,
@@ -69,27 +62,15 @@ def after_sweep(srv: Server) -> None:
 
 # -- servers ------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server whose guests boot (the boot wait is generous for a busy machine),
-    sweeping every 2 s: reconciliation runs while VMs are made and used."""
-    proc, srv = start_real_server(tmp_path_factory.mktemp("real"),
-                                  RIFT_VM_BOOT_TIMEOUT_S=str(BOOT_S), RIFT_SWEEP_INTERVAL_S="2")
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
-        remaining = our_domains(srv)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+# A server whose guests boot (the boot wait is generous for a busy machine), sweeping
+# every 2 s: reconciliation runs while VMs are made and used.
+REAL = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": str(BOOT_S), "RIFT_SWEEP_INTERVAL_S": "2"})
 
 
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server that waits 5 s for a guest and sweeps every 3 s, with an image
-    `broken`: tiny's kernel and initramfs, but its command line runs a shell as
-    PID 1 instead of the init that starts dropbear, so SSH never answers."""
-    tmp = tmp_path_factory.mktemp("quick")
-    images = seed_images(tmp / "data")
+def _broken_image(data_dir: Path) -> None:
+    """An image `broken`: tiny's kernel and initramfs, but its command line runs a
+    shell as PID 1 instead of the init that starts dropbear, so SSH never answers."""
+    images = seed_images(data_dir)
     tiny = image_files(images, "tiny")
     broken = images / "broken"
     broken.mkdir()
@@ -98,13 +79,18 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     (broken / "manifest.json").write_text(json.dumps({
         "name": "broken", "kernel": {"file": "vmlinux"}, "initrd": {"file": "initrd.img"},
         "cmdline_base": f"{tiny.cmdline_base} rdinit=/bin/sh"}))
-    proc, srv = start_real_server(tmp, RIFT_VM_BOOT_TIMEOUT_S="5",
-                                  RIFT_VM_CREATING_GRACE_S="6",
-                                  RIFT_SWEEP_INTERVAL_S=str(QUICK_SWEEP_S))
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
+
+
+# A server that waits 5 s for a guest and sweeps every 3 s, with the image `broken`.
+QUICK = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": "5", "RIFT_VM_CREATING_GRACE_S": "6",
+                          "RIFT_SWEEP_INTERVAL_S": str(QUICK_SWEEP_S)},
+                     prepare=_broken_image, check_left=False)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with Rig.started(tmp_path_factory.mktemp("quick"), QUICK) as rig:
+        yield rig.server
 
 
 # -- the happy path -----------------------------------------------------------------------
