@@ -20,8 +20,10 @@ from rift.domain.clock import Clock, SystemClock
 from rift.domain.errors import InvalidArgument
 from rift.domain.leases import LeaseRules
 from rift.domain.store_errors import DuplicateKey
-from rift.guest.adapter import SshGuests
+from rift.guest.adapter import ssh_guests
+from rift.guest.connections import ShellSettings
 from rift.guest.links import HostLinks, RemoteFiles, host_disk
+from rift.guest.routes import Routes
 from rift.logs import setup_logging
 from rift.services.access import accounts
 from rift.services.context import Deps, ExposureUrls, GuestRuntime, Limits
@@ -101,13 +103,14 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         images=DirectoryImages(settings.data_dir / "images"),
         lease_rules=lease_rules_of(settings),
         limits=limits_of(settings),
-        guests=SshGuests(private_dir(settings.data_dir / "keys"),
-                         serial_dir=runtime.serial_dir,
-                         egress_proxy_port=settings.egress_proxy_port or None,
-                         links=links, host_uri=host_uri,
-                         console_log_mib=settings.console_log_mib,
-                         helper_binary=lambda: exec_helper(runtime.images_dir / ".cache"
-                                                           / "helpers")),
+        guests=ssh_guests(
+            private_dir(settings.data_dir / "keys"),
+            ShellSettings(serial_dir=runtime.serial_dir,
+                          egress_proxy_port=settings.egress_proxy_port or None,
+                          console_cap_bytes=(settings.console_log_mib << 20
+                                             if settings.console_log_mib else None)),
+            routes=Routes(links, host_uri),
+            helper_binary=lambda: exec_helper(runtime.images_dir / ".cache" / "helpers")),
         runtime=runtime,
         default_image=settings.default_image,
         default_egress=settings.default_egress,
@@ -202,8 +205,7 @@ class Accelerators:
 
 
 def close_deps(deps: Deps) -> None:
-    if deps.guests is not None:
-        deps.guests.close()
+    deps.guests.lifecycle.close()
     deps.hosts.close()
     deps.store.close()
 

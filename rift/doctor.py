@@ -42,9 +42,10 @@ def _libvirt(settings: Settings) -> Check:
 def _kind(settings: Settings, image: str) -> GuestKind:
     """The kind of VMs of `image` on the `local` host, as `rift serve` would pick it."""
     from rift.bootstrap import guest_runtime
+    from rift.services.absent import no_guests
 
     return guest_kind(settings.hypervisor_uri, image, guest_runtime(settings, make_dirs=False),
-                      None)
+                      no_guests())
 
 
 def _kvm(settings: Settings) -> Check:

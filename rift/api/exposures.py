@@ -127,7 +127,7 @@ class ExposureProxy:
 
 
 def _open(deps: Deps, target: Target) -> PortChannel:
-    chan = reach(target.vm, deps.guests).open_port(target.vm, target.port, OPEN_S)
+    chan = reach(target.vm, deps.guests.files).open_port(target.vm, target.port, OPEN_S)
     chan.setblocking(False)
     return chan
 

@@ -1,5 +1,6 @@
-"""The engine's GuestShell port over `SshGuestShell`: the per-task keys live in
-`<data dir>/keys`, and guest errors become Rift refusals at this boundary."""
+"""The engine's guest ports over `SshGuestShell`, one adapter per port: the
+per-task keys live in `<data dir>/keys`, and guest errors become Rift refusals at
+this boundary."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from typing import Literal, TypeVar
 
 from rift.domain.errors import GuestUnreachable, InvalidArgument
 from rift.domain.model import Vm
+from rift.guest.connections import ShellSettings
 from rift.guest.errors import GuestError, GuestExecError, GuestFileError, GuestPortClosed
 from rift.guest.keys import forget_task, keep_boot_key, key_for_task, tidy
 from rift.guest.links import HostLinks
+from rift.guest.routes import Routes
 from rift.guest.shell import SshGuestShell
-from rift.services.ports import ExecGone, GuestExec, PortChannel, PortClosed
+from rift.services.ports import ExecGone, GuestExec, Guests, PortChannel, PortClosed
 
 T = TypeVar("T")
 log = logging.getLogger("rift")
@@ -40,54 +43,68 @@ def _refusals(vm_id: str) -> Iterator[None]:
         raise GuestUnreachable(vm_id, str(exc)) from exc
 
 
-class SshGuests:
-    def __init__(self, keys_dir: Path, shell: SshGuestShell | None = None, *,
-                 serial_dir: Path | None = None,
-                 egress_proxy_port: int | None = None,
-                 helper_binary: Callable[[], Path] | None = None,
-                 links: HostLinks | None = None,
-                 host_uri: Callable[[str], str | None] | None = None,
-                 console_log_mib: int | None = None) -> None:
-        self.keys_dir = keys_dir
-        self.links = links
-        self.shell = shell or SshGuestShell(
-            keys_dir, serial_dir=serial_dir, egress_proxy_port=egress_proxy_port,
-            helper_binary=helper_binary, links=links, host_uri=host_uri,
-            console_cap_bytes=console_log_mib << 20 if console_log_mib else None)
+def _call(vm: Vm, call: Callable[[], T]) -> T:
+    with _refusals(vm.id):
+        return call()
 
-    def _call(self, vm: Vm, call: Callable[[], T]) -> T:
-        with _refusals(vm.id):
-            return call()
+
+class SshFiles:
+    """GuestFiles over the shell's files part."""
+
+    def __init__(self, shell: SshGuestShell) -> None:
+        self.files = shell.files
+
+    def reachable(self, vm: Vm) -> None:
+        return None  # each call says whether it reached the guest
 
     def open_port(self, vm: Vm, port: int, timeout_s: float) -> PortChannel:
-        return self._call(vm, lambda: self.shell.open_port(vm, port, timeout_s))
+        return _call(vm, lambda: self.files.open_port(vm, port, timeout_s))
 
     def write_file(self, vm: Vm, path: str, data: bytes, mode: int | None) -> int:
-        return self._call(vm, lambda: self.shell.write_file(vm, path, data, mode))
+        return _call(vm, lambda: self.files.write_file(vm, path, data, mode))
 
     def read_file(self, vm: Vm, path: str, *, limit: int | None = None,
                   timeout_s: float | None = None) -> tuple[bytes, bool]:
-        return self._call(vm, lambda: self.shell.read_file(vm, path, limit=limit,
-                                                           timeout_s=timeout_s))
+        return _call(vm, lambda: self.files.read_file(vm, path, limit=limit,
+                                                      timeout_s=timeout_s))
+
+
+class SshExecs:
+    """GuestExecs over the shell's execs part."""
+
+    def __init__(self, shell: SshGuestShell) -> None:
+        self.execs = shell.execs
+
+    def reachable(self, vm: Vm) -> None:
+        return None  # each call says whether it reached the guest
 
     def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
                    timeout_s: int, cap_bytes: int, wait_ms: int,
                    max_bytes: int) -> GuestExec:
-        return self._call(vm, lambda: self.shell.exec_start(
+        return _call(vm, lambda: self.execs.exec_start(
             vm, exec_id, command, stdin, timeout_s=timeout_s, cap_bytes=cap_bytes,
             wait_ms=wait_ms, max_bytes=max_bytes))
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
                   max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
-        return self._call(vm, lambda: self.shell.exec_read(
+        return _call(vm, lambda: self.execs.exec_read(
             vm, exec_id, stdout_offset, stderr_offset, max_bytes=max_bytes, wait_ms=wait_ms,
             deadline_s=deadline_s))
 
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
-        return self._call(vm, lambda: self.shell.exec_input(vm, exec_id, data, eof=eof))
+        return _call(vm, lambda: self.execs.exec_input(vm, exec_id, data, eof=eof))
 
     def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None:
-        self._call(vm, lambda: self.shell.exec_kill(vm, exec_id, signal))
+        _call(vm, lambda: self.execs.exec_kill(vm, exec_id, signal))
+
+
+class TaskKeys:
+    """GuestKeys: the key files in `keys_dir` (rift.guest.keys), and the host keys the
+    shell pinned."""
+
+    def __init__(self, keys_dir: Path, shell: SshGuestShell) -> None:
+        self.keys_dir = keys_dir
+        self.conns = shell.conns
 
     def task_key(self, task_id: str) -> str:
         return task_key(self.keys_dir, task_id)
@@ -101,33 +118,44 @@ class SshGuests:
     def tidy_keys(self, needed: Callable[[str], bool]) -> int:
         return tidy(self.keys_dir, needed)
 
+    def host_key(self, vm_id: str) -> str | None:
+        return self.conns.host_key(vm_id)
+
+
+class SshLifecycle:
+    """GuestLifecycle over the shell's life part; `close` closes the shell and the
+    links to hosts elsewhere."""
+
+    def __init__(self, shell: SshGuestShell, links: HostLinks | None = None) -> None:
+        self.shell = shell
+        self.life = shell.life
+        self.keys_dir = shell.keys_dir
+        self.links = links
+
     def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float,
                    markers: bool = True) -> None:
-        self._call(vm, lambda: self.shell.connect_when_ready(vm, serial_log, timeout_s,
-                                                             markers=markers))
+        _call(vm, lambda: self.life.connect_when_ready(vm, serial_log, timeout_s,
+                                                       markers=markers))
 
     def standby(self, vm: Vm) -> None:
-        self._call(vm, lambda: self.shell.standby(vm))
+        _call(vm, lambda: self.life.standby(vm))
 
     def hand_over(self, vm: Vm, task_id: str, now: float) -> None:
-        self._call(vm, lambda: self.shell.hand_over(vm, task_key(self.keys_dir, task_id),
-                                                    task_id, now))
-
-    def host_key(self, vm_id: str) -> str | None:
-        return self.shell.host_key(vm_id)
+        _call(vm, lambda: self.life.hand_over(vm, task_key(self.keys_dir, task_id),
+                                              task_id, now))
 
     def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float) -> None:
-        self._call(vm, lambda: self.shell.reconnect(vm, host_key, timeout_s))
+        _call(vm, lambda: self.life.reconnect(vm, host_key, timeout_s))
 
     def drop_connections(self, vm_id: str) -> None:
-        self.shell.drop_connections(vm_id)
+        self.life.drop_connections(vm_id)
 
     def resumed(self, vm: Vm, timeout_s: float) -> None:
         def call() -> None:
-            self.shell.reconnect(vm, None, timeout_s)
-            self.shell.set_clock(vm, time.time())  # now, after the login took its time
+            self.life.reconnect(vm, None, timeout_s)
+            self.life.set_clock(vm, time.time())  # now, after the login took its time
 
-        self._call(vm, call)
+        _call(vm, call)
 
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:
@@ -135,15 +163,15 @@ class SshGuests:
             began = time.monotonic()
             if boot_key is not None:
                 keep_boot_key(self.keys_dir, vm.id, vm.id, source=boot_key)
-            self.shell.reconnect(vm, host_key, timeout_s)
+            self.life.reconnect(vm, host_key, timeout_s)
             logged_in = time.monotonic()
-            line = self.shell.refresh_identity(vm, mac)
+            line = self.life.refresh_identity(vm, mac)
             log.info("fork identity", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
                 "refresh_ms": round((time.monotonic() - logged_in) * 1000, 1)})
             return line
 
-        return self._call(vm, call)
+        return _call(vm, call)
 
     def close_vm(self, vm_id: str) -> None:
         self.shell.close_vm(vm_id)
@@ -152,3 +180,19 @@ class SshGuests:
         self.shell.close()
         if self.links is not None:
             self.links.close()
+
+
+def ssh_guests(keys_dir: Path, settings: ShellSettings | None = None, *,
+               routes: Routes | None = None,
+               helper_binary: Callable[[], Path] | None = None) -> Guests:
+    """The guest ports over one SSH guest shell whose keys are in `keys_dir`; its
+    lifecycle port's `close` closes `routes`' links too."""
+    shell = SshGuestShell(keys_dir, settings, routes=routes, helper_binary=helper_binary)
+    return guests_of(shell, routes.links if routes is not None else None)
+
+
+def guests_of(shell: SshGuestShell, links: HostLinks | None = None) -> Guests:
+    """The guest ports over `shell`."""
+    return Guests(files=SshFiles(shell), execs=SshExecs(shell),
+                  keys=TaskKeys(shell.keys_dir, shell),
+                  lifecycle=SshLifecycle(shell, links))

@@ -32,6 +32,7 @@ from hypervisor.commands import run_command
 from hypervisor.disks import vm_disks
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.manifest import sha256_file
+from rift.services.ports.hosts import Overlay
 
 log = logging.getLogger("rift.hosts")
 
@@ -388,6 +389,13 @@ class RemoteFiles:
         except (HostLinkError, OSError) as exc:
             raise HypervisorError("prepare", f"the VM's files could not be put on "
                                   f"{target.host}: {exc}") from exc
+
+    def receive(self, uri: str, spec: DomainSpec, overlay: Overlay | None) -> None:
+        """What a VM moving live here reads from its disk: `spec`'s files, and an
+        empty `overlay` (the migration fills it)."""
+        self.prepare(uri, spec)
+        if overlay is not None:
+            self.make_overlay(uri, overlay.base, overlay.path, overlay.size_bytes)
 
     def make_overlay(self, uri: str, base: str, overlay: str, size_bytes: int) -> None:
         target = ssh_target(uri)

@@ -11,7 +11,8 @@ from pathlib import Path
 from rift.domain.clock import Clock
 from rift.domain.leases import LeaseRules
 from rift.domain.model import Egress
-from rift.services.ports import GuestShell, HostFiles, HostPool, ImageCatalog, Store
+from rift.services.absent import NoHostFiles, no_guests
+from rift.services.ports import Guests, HostFiles, HostPool, ImageCatalog, Store
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ class Deps:
     lease_rules: LeaseRules = field(default_factory=LeaseRules)
     limits: Limits = field(default_factory=Limits)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("rift"))
-    guests: GuestShell | None = None
+    # the guest ports; none of them reaches a guest unless rift.bootstrap wires them
+    guests: Guests = field(default_factory=no_guests)
     observers: Observers = field(default_factory=Observers)
     cursors: Cursors = field(default_factory=Cursors)
     disk_room: DiskRoom = field(default_factory=DiskRoom)
@@ -125,7 +127,8 @@ class Deps:
     default_image: str = "debian"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_IMAGE)
     exposure_urls: ExposureUrls = field(default_factory=ExposureUrls)
     default_egress: Egress = "open"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_EGRESS)
-    host_files: HostFiles | None = None  # a domain's files onto a host elsewhere
+    # a domain's files onto a host elsewhere; without SSH to hosts, nothing is put there
+    host_files: HostFiles = field(default_factory=NoHostFiles)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from rift.services.context import Deps, ExposureUrls
 from rift.services.lifecycle import exposures, pauses, tasks, vms
 from tests.support import ws
 from tests.support.engine import ALICE, BOB, event_types, refused
-from tests.support.fake_guest import FakeShell
+from tests.support.fake_guest import FakeFiles, fake_guests
 
 GUEST_PORT = 8000
 WS_PORT = 8100
@@ -111,13 +111,13 @@ def guest_server() -> Iterator[tuple[str, int]]:
 
 
 @pytest.fixture
-def shell(guest_server: tuple[str, int]) -> FakeShell:
-    return FakeShell(ports={GUEST_PORT: guest_server})
+def shell(guest_server: tuple[str, int]) -> FakeFiles:
+    return FakeFiles(ports={GUEST_PORT: guest_server})
 
 
 @pytest.fixture
-def gdeps(deps: Deps, shell: FakeShell) -> Deps:
-    return replace(deps, guests=shell,  # type: ignore[arg-type]
+def gdeps(deps: Deps, shell: FakeFiles) -> Deps:
+    return replace(deps, guests=fake_guests(files=shell),
                    exposure_urls=ExposureUrls("http://rift.test:8080"))
 
 
@@ -293,7 +293,7 @@ def test_a_stream_from_the_guest_arrives_as_it_is_written(gdeps: Deps, served: S
 
 
 def test_unknown_ended_and_unreachable_exposures_answer_plainly(
-        gdeps: Deps, served: Served, shell: FakeShell) -> None:
+        gdeps: Deps, served: Served, shell: FakeFiles) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
     ended = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
     exposures.unexpose(gdeps, ALICE, handle, vm_id, GUEST_PORT)
@@ -358,7 +358,7 @@ def test_the_guest_never_sees_the_clients_token_cookies_or_handle(
 
 
 def test_a_websocket_to_the_guest_carries_none_of_rifts_secrets(
-        gdeps: Deps, shell: FakeShell, served: Served) -> None:
+        gdeps: Deps, shell: FakeFiles, served: Served) -> None:
     seen: list[dict[str, str]] = []
     handle, vm_id, _task_id = _vm(gdeps)
     with ws.echo_server(seen) as address:
@@ -389,7 +389,7 @@ def test_two_hundred_requests_at_once_all_answer(gdeps: Deps, served: Served) ->
 
 
 def test_a_guest_that_never_answers_or_sends_an_endless_head_costs_one_connection(
-        gdeps: Deps, served: Served, shell: FakeShell, monkeypatch: pytest.MonkeyPatch) -> None:
+        gdeps: Deps, served: Served, shell: FakeFiles, monkeypatch: pytest.MonkeyPatch) -> None:
     """A guest port that takes requests and never answers, and one that answers an
     endless header (as much as the relay reads, up to 1 GiB): the first times out
     (504), the second is cut at the relay's head limit (502), and the exposure of a
@@ -438,7 +438,7 @@ def test_a_guest_that_never_answers_or_sends_an_endless_head_costs_one_connectio
     assert sent[0] < 64 * 2**20, sent[0]  # read no further than the flow window allows
 
 
-def test_a_websocket_reaches_the_guest_port_both_ways(gdeps: Deps, shell: FakeShell,
+def test_a_websocket_reaches_the_guest_port_both_ways(gdeps: Deps, shell: FakeFiles,
                                                       served: Served) -> None:
     rift = ("127.0.0.1", served.port)
     host = f"127.0.0.1:{served.port}"

@@ -19,7 +19,7 @@ import paramiko
 import pytest
 
 from rift.domain.model import Vm
-from rift.guest import GuestError, SshGuestShell, key_for_task
+from rift.guest import GuestError, ShellSettings, SshGuestShell, key_for_task
 
 VIEW = (b"rift-exec state=ended code=0 signal=-1 timed_out=0 killed=0 stdin=closed "
         b"started=1 ended=2 out_total=2 err_total=0 out_from=0 out_len=2 err_from=0 "
@@ -113,7 +113,7 @@ def _vm(name: str, port: int) -> Vm:
 @pytest.fixture
 def shell(tmp_path: Path) -> Iterator[SshGuestShell]:
     key_for_task(tmp_path, "task_stalls")
-    made = SshGuestShell(tmp_path, file_timeout_s=1.0, connect_timeout_s=5.0)
+    made = SshGuestShell(tmp_path, ShellSettings(file_timeout_s=1.0, connect_timeout_s=5.0))
     yield made
     made.close()
 
@@ -130,7 +130,7 @@ def _fails_within(seconds: float, call: object, match: str | None = None) -> flo
 def test_an_exec_request_never_answered_ends_at_the_deadline(
         guests: dict[str, Guest], shell: SshGuestShell) -> None:
     vm = _vm("silent", guests["silent"].port)
-    took = _fails_within(4.0, lambda: shell.exec_input(vm, "exec_a", b"x", eof=True),
+    took = _fails_within(4.0, lambda: shell.execs.exec_input(vm, "exec_a", b"x", eof=True),
                          "within")
     assert took >= 1.0  # the deadline (1 s) and the watchdog's grace, not at once
 
@@ -138,21 +138,21 @@ def test_an_exec_request_never_answered_ends_at_the_deadline(
 def test_input_a_guest_never_reads_ends_at_the_deadline(
         guests: dict[str, Guest], shell: SshGuestShell) -> None:
     vm = _vm("deaf", guests["deaf"].port)
-    _fails_within(4.0, lambda: shell.exec_input(vm, "exec_a", b"x" * (8 << 20), eof=True))
+    _fails_within(4.0, lambda: shell.execs.exec_input(vm, "exec_a", b"x" * (8 << 20), eof=True))
 
 
 def test_a_flood_is_cut_at_the_answers_size(
         guests: dict[str, Guest], shell: SshGuestShell) -> None:
     vm = _vm("flood", guests["flood"].port)
-    _fails_within(2.0, lambda: shell.exec_kill(vm, "exec_a", "TERM"), "more than")
-    _fails_within(5.0, lambda: shell.exec_read(vm, "exec_a", 0, 0, max_bytes=4096, wait_ms=0),
+    _fails_within(2.0, lambda: shell.execs.exec_kill(vm, "exec_a", "TERM"), "more than")
+    _fails_within(5.0, lambda: shell.execs.exec_read(vm, "exec_a", 0, 0, max_bytes=4096, wait_ms=0),
                   "more than")
 
 
 def test_a_catastrophic_view_is_refused_at_once(
         guests: dict[str, Guest], shell: SshGuestShell) -> None:
     vm = _vm("catastrophic", guests["catastrophic"].port)
-    _fails_within(2.0, lambda: shell.exec_read(vm, "exec_a", 0, 0, max_bytes=4096, wait_ms=0),
+    _fails_within(2.0, lambda: shell.execs.exec_read(vm, "exec_a", 0, 0, max_bytes=4096, wait_ms=0),
                   "no view")
 
 
@@ -162,7 +162,7 @@ def test_stalled_guests_make_no_other_vm_wait(
 
     def stalled_call(mode: str) -> None:
         try:
-            shell.exec_input(_vm(mode, guests[mode].port), "exec_a", b"x" * (8 << 20),
+            shell.execs.exec_input(_vm(mode, guests[mode].port), "exec_a", b"x" * (8 << 20),
                              eof=True)
             outcomes.append(None)
         except BaseException as exc:
@@ -176,7 +176,8 @@ def test_stalled_guests_make_no_other_vm_wait(
     answered: list[float] = []
     while any(thread.is_alive() for thread in stalled):
         began = time.monotonic()
-        assert shell.exec_read(fine, "exec_a", 0, 0, max_bytes=4096, wait_ms=0).stdout == b"ok"
+        seen = shell.execs.exec_read(fine, "exec_a", 0, 0, max_bytes=4096, wait_ms=0)
+        assert seen.stdout == b"ok"
         answered.append(time.monotonic() - began)
     for thread in stalled:
         thread.join(10)
@@ -188,12 +189,12 @@ def test_stalled_guests_make_no_other_vm_wait(
 def test_a_guest_that_accepts_and_never_speaks_ssh_fails_at_the_connect_timeout(
         tmp_path: Path) -> None:
     key_for_task(tmp_path, "task_stalls")
-    quiet = SshGuestShell(tmp_path, connect_timeout_s=1.0, file_timeout_s=30.0)
+    quiet = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=1.0, file_timeout_s=30.0))
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)  # the kernel accepts; nothing ever answers
         vm = _vm("mute", listener.getsockname()[1])
         try:
-            _fails_within(4.0, lambda: quiet.exec_input(vm, "exec_a", b"x", eof=True))
+            _fails_within(4.0, lambda: quiet.execs.exec_input(vm, "exec_a", b"x", eof=True))
         finally:
             quiet.close()

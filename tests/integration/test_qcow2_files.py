@@ -24,7 +24,7 @@ from hypervisor.qcow2 import (
     remove_image,
 )
 from rift.domain.model import Vm
-from rift.guest.adapter import SshGuests
+from rift.guest.adapter import ssh_guests
 from rift.services.context import GuestRuntime
 from rift.services.lifecycle.guest_kinds import Qcow2Guest, VmFiles
 
@@ -118,7 +118,7 @@ def test_a_vm_overlay_on_a_qcow2_image_is_its_disk_gib_never_smaller_than_the_im
     runtime = GuestRuntime(images_dir=tmp_path / "images", serial_dir=tmp_path / "serial",
                            boot_timeout_s=5, accel=lambda uri: "qemu",
                            disks_dir=tmp_path / "disks")
-    kind = Qcow2Guest("qemu:///system", "bookworm", runtime, SshGuests(tmp_path / "keys"),
+    kind = Qcow2Guest("qemu:///system", "bookworm", runtime, ssh_guests(tmp_path / "keys"),
                       VmFiles(runtime))
     for vm_id, disk_gib, size in (("vm_aaaaaaaa", 3, 3 << 30), ("vm_bbbbbbbb", 1, 2 << 30)):
         vm = Vm(id=vm_id, task_id="task_abcdefgh", owner="alice", name="box",

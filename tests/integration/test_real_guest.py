@@ -34,7 +34,7 @@ from hypervisor.kvm import KVM, TCG, probe_accel
 from hypervisor.libvirt import LibvirtHypervisor
 from hypervisor.tiny import build_tiny
 from rift.domain.model import Vm
-from rift.guest import GuestError, GuestFileError, SshGuestShell, key_for_task
+from rift.guest import GuestError, GuestFileError, ShellSettings, SshGuestShell, key_for_task
 from rift.guest.errors import GuestExecError
 from rift.services.ports import GuestExec
 from tests.support.cache import CACHE as TEST_CACHE
@@ -106,7 +106,7 @@ def _boot(image: ImageFiles, work: Path, name: str) -> Guest:
     hv.destroy(spec.name)  # a leftover of an interrupted run
     hv.create(spec)
     try:
-        shell.connect_when_ready(vm, serial, BOOT_TIMEOUT_S)
+        shell.life.connect_when_ready(vm, serial, BOOT_TIMEOUT_S)
     except BaseException:
         hv.destroy(spec.name)
         shell.close()
@@ -132,7 +132,7 @@ def guest(image: ImageFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_a_guest_boots_from_the_tiny_image_and_runs_a_command(guest: Guest) -> None:
     assert guest.boot_s < BOOT_TIMEOUT_S
-    result = guest.shell.exec(guest.vm, "uname -a", None, 30)
+    result = guest.shell.execs.exec(guest.vm, "uname -a", None, 30)
     assert result.exit_code == 0 and not result.timed_out and not result.truncated
     assert result.stdout.startswith(b"Linux ")
     assert result.stderr == b""
@@ -140,47 +140,47 @@ def test_a_guest_boots_from_the_tiny_image_and_runs_a_command(guest: Guest) -> N
 
 def test_stdin_reaches_the_command_and_stderr_and_exit_code_come_back(guest: Guest) -> None:
     data = bytes(range(256)) * 1000
-    result = guest.shell.exec(guest.vm, "cat; echo 'to stderr' >&2; exit 3", data, 30)
+    result = guest.shell.execs.exec(guest.vm, "cat; echo 'to stderr' >&2; exit 3", data, 30)
     assert (result.exit_code, result.stdout, result.stderr) == (3, data, b"to stderr\n")
 
 
 def test_a_command_that_never_ends_is_killed_at_its_timeout(guest: Guest) -> None:
     started = time.monotonic()
-    result = guest.shell.exec(guest.vm, "echo begun; sleep 1000 | cat", None, 2)
+    result = guest.shell.execs.exec(guest.vm, "echo begun; sleep 1000 | cat", None, 2)
     assert result.timed_out and result.exit_code is None
     assert result.stdout == b"begun\n"
     assert 2 <= time.monotonic() - started < 8
-    left = guest.shell.exec(guest.vm, "ps -o args", None, 30).stdout.decode()
+    left = guest.shell.execs.exec(guest.vm, "ps -o args", None, 30).stdout.decode()
     assert "sleep 1000" not in left
 
 
 def test_big_output_is_capped_and_said_to_be_truncated(guest: Guest) -> None:
     started = time.monotonic()
-    result = guest.shell.exec(guest.vm, "head -c 3000000 /dev/zero; echo done >&2", None, 60)
+    result = guest.shell.execs.exec(guest.vm, "head -c 3000000 /dev/zero; echo done >&2", None, 60)
     assert result.truncated and not result.timed_out and result.exit_code == 0
-    assert result.stdout == b"\0" * guest.shell.output_cap
+    assert result.stdout == b"\0" * guest.shell.conns.settings.output_cap
     assert result.stderr == b"done\n"
     assert time.monotonic() - started < 30
 
 
 def test_a_ten_mib_binary_file_goes_in_and_comes_back_unchanged(guest: Guest) -> None:
     data = os.urandom(10 * 1024 * 1024)
-    assert guest.shell.write_file(guest.vm, "/root/blob.bin", data, 0o640) == len(data)
-    check = guest.shell.exec(guest.vm, "sha256sum /root/blob.bin; stat -c %a /root/blob.bin",
+    assert guest.shell.files.write_file(guest.vm, "/root/blob.bin", data, 0o640) == len(data)
+    check = guest.shell.execs.exec(guest.vm, "sha256sum /root/blob.bin; stat -c %a /root/blob.bin",
                              None, 60)
     digest, _, mode = check.stdout.decode().partition("  /root/blob.bin\n")
     assert digest == hashlib.sha256(data).hexdigest() and mode.strip() == "640"
-    back, truncated = guest.shell.read_file(guest.vm, "/root/blob.bin")
+    back, truncated = guest.shell.files.read_file(guest.vm, "/root/blob.bin")
     assert not truncated and hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
 
 
 def test_missing_paths_and_directories_are_clear_file_errors(guest: Guest) -> None:
     with pytest.raises(GuestFileError, match="no such file"):
-        guest.shell.read_file(guest.vm, "/no/such/file")
+        guest.shell.files.read_file(guest.vm, "/no/such/file")
     with pytest.raises(GuestFileError, match="is a directory"):
-        guest.shell.read_file(guest.vm, "/root")
+        guest.shell.files.read_file(guest.vm, "/root")
     with pytest.raises(GuestFileError, match="nonexistent directory"):
-        guest.shell.write_file(guest.vm, "/no/such/dir/file", b"x", None)
+        guest.shell.files.write_file(guest.vm, "/no/such/dir/file", b"x", None)
 
 
 def test_one_connection_serves_calls_from_many_threads(guest: Guest) -> None:
@@ -189,7 +189,7 @@ def test_one_connection_serves_calls_from_many_threads(guest: Guest) -> None:
 
     def call(i: int) -> None:
         try:
-            results.append(guest.shell.exec(guest.vm, f"echo {i}", None, 30).stdout)
+            results.append(guest.shell.execs.exec(guest.vm, f"echo {i}", None, 30).stdout)
         except BaseException as exc:
             errors.append(exc)
 
@@ -205,7 +205,7 @@ def test_one_connection_serves_calls_from_many_threads(guest: Guest) -> None:
 def _exec_ended(shell: SshGuestShell, vm: Vm, exec_id: str) -> GuestExec:
     deadline = time.monotonic() + 60
     while True:
-        view = shell.exec_read(vm, exec_id, 0, 0, max_bytes=1 << 20, wait_ms=2000)
+        view = shell.execs.exec_read(vm, exec_id, 0, 0, max_bytes=1 << 20, wait_ms=2000)
         if view.state != "running":
             return view
         assert time.monotonic() < deadline, view
@@ -215,14 +215,14 @@ def test_a_background_exec_outlives_its_call_and_the_shell_that_started_it(
         guest: Guest) -> None:
     """rift-exec in the guest: started with no wait, read by a long poll, and read
     to its end by a second shell (a restarted Rift), with its own connections."""
-    started = guest.shell.exec_start(guest.vm, "exec_bg000001",
+    started = guest.shell.execs.exec_start(guest.vm, "exec_bg000001",
                                      "echo first; sleep 2; echo second >&2; exit 7",
                                      None, timeout_s=60, cap_bytes=1 << 20, wait_ms=0,
                                      max_bytes=1 << 20)
     assert started.state == "running" and started.exit_code is None
     # The channel closed with its keeper running: the connection serves other calls.
-    assert guest.shell.exec(guest.vm, "echo meanwhile", None, 30).stdout == b"meanwhile\n"
-    first = guest.shell.exec_read(guest.vm, "exec_bg000001", 0, 0, max_bytes=1 << 20,
+    assert guest.shell.execs.exec(guest.vm, "echo meanwhile", None, 30).stdout == b"meanwhile\n"
+    first = guest.shell.execs.exec_read(guest.vm, "exec_bg000001", 0, 0, max_bytes=1 << 20,
                                   wait_ms=10000)
     assert first.stdout == b"first\n"
     other = SshGuestShell(guest.shell.keys_dir)
@@ -236,22 +236,22 @@ def test_a_background_exec_outlives_its_call_and_the_shell_that_started_it(
 
 def test_a_background_exec_takes_input_and_its_kill_leaves_no_process(guest: Guest) -> None:
     shell, vm = guest.shell, guest.vm
-    shell.exec_start(vm, "exec_in000001", "read line; echo got-$line", None, timeout_s=60,
+    shell.execs.exec_start(vm, "exec_in000001", "read line; echo got-$line", None, timeout_s=60,
                      cap_bytes=4096, wait_ms=0, max_bytes=4096)
-    assert shell.exec_input(vm, "exec_in000001", b"hello\n", eof=True) == 6
+    assert shell.execs.exec_input(vm, "exec_in000001", b"hello\n", eof=True) == 6
     assert _exec_ended(shell, vm, "exec_in000001").stdout == b"got-hello\n"
     with pytest.raises(GuestExecError) as ended:
-        shell.exec_input(vm, "exec_in000001", b"late", eof=False)
+        shell.execs.exec_input(vm, "exec_in000001", b"late", eof=False)
     assert ended.value.why == "ended"
-    shell.exec_start(vm, "exec_kl000001", "sh -c 'trap \"\" TERM; sleep 600' & sleep 600",
+    shell.execs.exec_start(vm, "exec_kl000001", "sh -c 'trap \"\" TERM; sleep 600' & sleep 600",
                      None, timeout_s=600, cap_bytes=4096, wait_ms=500, max_bytes=4096)
-    shell.exec_kill(vm, "exec_kl000001", "TERM")
+    shell.execs.exec_kill(vm, "exec_kl000001", "TERM")
     killed = _exec_ended(shell, vm, "exec_kl000001")
     assert killed.killed and killed.signal == 15
-    left = shell.exec(vm, "ps -o pid,args | grep 'sleep 60[0]' || true", None, 30)
+    left = shell.execs.exec(vm, "ps -o pid,args | grep 'sleep 60[0]' || true", None, 30)
     assert left.stdout == b"", left.stdout  # the TERM-ignoring child got KILL too
     with pytest.raises(GuestExecError) as unknown:
-        shell.exec_read(vm, "exec_none0001", 0, 0, max_bytes=10, wait_ms=0)
+        shell.execs.exec_read(vm, "exec_none0001", 0, 0, max_bytes=10, wait_ms=0)
     assert unknown.value.why == "unknown"
 
 
@@ -261,12 +261,12 @@ def test_a_destroyed_guest_is_gone_and_a_call_in_flight_fails_fast(
     booted = _boot(image, tmp_path, "d3stroy0")
     name = booted.domain
     try:
-        assert booted.shell.exec(booted.vm, "true", None, 30).exit_code == 0
+        assert booted.shell.execs.exec(booted.vm, "true", None, 30).exit_code == 0
         outcome: list[BaseException | object] = []
 
         def long_call() -> None:
             try:
-                outcome.append(booted.shell.exec(booted.vm, "sleep 60", None, 120))
+                outcome.append(booted.shell.execs.exec(booted.vm, "sleep 60", None, 120))
             except BaseException as exc:
                 outcome.append(exc)
 
@@ -280,7 +280,7 @@ def test_a_destroyed_guest_is_gone_and_a_call_in_flight_fails_fast(
         assert isinstance(outcome[0], GuestError)
         assert not _listed(name)
         with pytest.raises(GuestError):
-            booted.shell.exec(booted.vm, "true", None, 5)
+            booted.shell.execs.exec(booted.vm, "true", None, 5)
     finally:
         booted.hv.destroy(name)
         booted.shell.close()
@@ -292,7 +292,7 @@ def _exec_when_back(guest: Guest, timeout_s: float) -> tuple[float, bytes]:
     started = time.monotonic()
     while True:
         try:
-            result = guest.shell.exec(guest.vm, "cat /root/before-save", None, 10)
+            result = guest.shell.execs.exec(guest.vm, "cat /root/before-save", None, 10)
             return time.monotonic() - started, result.stdout
         except GuestError:
             if time.monotonic() - started > timeout_s:
@@ -307,7 +307,7 @@ def test_a_managed_saved_guest_restores_where_it_was_and_answers_ssh_again(
     name, hv = booted.domain, booted.hv
     image_file = MANAGED_SAVE_DIR / f"{name}.save"
     try:
-        wrote = booted.shell.exec(booted.vm, "echo kept > /root/before-save", None, 30)
+        wrote = booted.shell.execs.exec(booted.vm, "echo kept > /root/before-save", None, 30)
         assert wrote.exit_code == 0
         started = time.monotonic()
         hv.save(name)
@@ -370,10 +370,10 @@ def test_a_hostile_helper_costs_its_own_calls_their_deadline_and_nothing_else(
     pin their threads for good), one that floods fails at once past the view's
     size, and another VM's execs on the same shell answer meanwhile."""
     hostile = _boot(image, guest.shell.keys_dir.parent, "h0st1le0")
-    shell = SshGuestShell(guest.shell.keys_dir, file_timeout_s=5.0)
+    shell = SshGuestShell(guest.shell.keys_dir, ShellSettings(file_timeout_s=5.0))
     try:
         def fake_helper(script: str) -> None:
-            put = shell.exec(hostile.vm, f"printf %s {shlex.quote(script)} > {GUEST_PATH}.x "
+            put = shell.execs.exec(hostile.vm, f"printf %s {shlex.quote(script)} > {GUEST_PATH}.x "
                              f"&& chmod 755 {GUEST_PATH}.x && mv -f {GUEST_PATH}.x "
                              f"{GUEST_PATH}", None, 30)
             assert put.exit_code == 0, put.stderr
@@ -391,10 +391,10 @@ def test_a_hostile_helper_costs_its_own_calls_their_deadline_and_nothing_else(
                 outcome[name] = (time.monotonic() - began, exc)
 
         calls = {
-            "start": lambda: shell.exec_start(hostile.vm, "exec_stuck001", "cat", stdin,
+            "start": lambda: shell.execs.exec_start(hostile.vm, "exec_stuck001", "cat", stdin,
                                               timeout_s=60, cap_bytes=4096, wait_ms=0,
                                               max_bytes=4096),
-            "input": lambda: shell.exec_input(hostile.vm, "exec_stuck002", stdin, eof=True),
+            "input": lambda: shell.execs.exec_input(hostile.vm, "exec_stuck002", stdin, eof=True),
         }
         threads = [threading.Thread(target=stalled, args=item) for item in calls.items()]
         for thread in threads:
@@ -404,7 +404,7 @@ def test_a_hostile_helper_costs_its_own_calls_their_deadline_and_nothing_else(
         while any(thread.is_alive() for thread in threads):
             assert time.monotonic() < until, "a stalled call was never ended"
             began = time.monotonic()
-            assert shell.exec(guest.vm, "echo ok", None, 30).stdout == b"ok\n"
+            assert shell.execs.exec(guest.vm, "echo ok", None, 30).stdout == b"ok\n"
             other.append(time.monotonic() - began)
             time.sleep(0.2)
         for thread in threads:
@@ -420,16 +420,16 @@ def test_a_hostile_helper_costs_its_own_calls_their_deadline_and_nothing_else(
         fake_helper("#!/bin/sh\nexec yes\n")
         began = time.monotonic()
         with pytest.raises(GuestError, match="more than"):
-            shell.exec_read(hostile.vm, "exec_flood01", 0, 0, max_bytes=4096, wait_ms=0)
+            shell.execs.exec_read(hostile.vm, "exec_flood01", 0, 0, max_bytes=4096, wait_ms=0)
         assert time.monotonic() - began < 5
         # a view line made for backtracking patterns (it froze the whole process once)
         fake_helper("#!/bin/sh\nprintf 'rift-exec " + "a=" * 60 + "'\n")
         began = time.monotonic()
         with pytest.raises(GuestError, match="no view"):
-            shell.exec_read(hostile.vm, "exec_catas01", 0, 0, max_bytes=4096, wait_ms=0)
+            shell.execs.exec_read(hostile.vm, "exec_catas01", 0, 0, max_bytes=4096, wait_ms=0)
         assert time.monotonic() - began < 5
         # the hostile VM's own calls work again on a fresh connection
-        assert shell.exec(hostile.vm, "echo back", None, 30).stdout == b"back\n"
+        assert shell.execs.exec(hostile.vm, "echo back", None, 30).stdout == b"back\n"
         print(f"\nhostile helper: start failed after {outcome['start'][0]:.1f} s, input after "
               f"{outcome['input'][0]:.1f} s; the other VM's {len(other)} execs meanwhile "
               f"took at most {max(other) * 1000:.0f} ms")

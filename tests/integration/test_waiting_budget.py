@@ -23,7 +23,7 @@ from rift.services.access import accounts
 from rift.services.context import Deps
 from rift.services.lifecycle import tasks, vms
 from tests.support.engine import ALICE
-from tests.support.fake_guest import FakeShell
+from tests.support.fake_guest import FakeExecs, fake_guests
 from tests.support.mcp_clients import mcp_session, run
 from tests.support.servers import free_port
 
@@ -65,8 +65,8 @@ def wdeps(deps: Deps, release: threading.Event) -> Deps:
     def hold(_exec_id: str, wait_ms: int) -> None:
         release.wait(wait_ms / 1000)
 
-    shell = FakeShell(on_wait=hold)
-    return replace(deps, guests=shell)  # type: ignore[arg-type]
+    shell = FakeExecs(on_wait=hold)
+    return replace(deps, guests=fake_guests(execs=shell))
 
 
 @pytest.fixture

@@ -1,7 +1,12 @@
-"""A guest shell for the engine's unit tests (no VM, no SSH): files in a dict, and
-execs whose guest side the test plays. `echo TEXT` and `cat` end at once (cat
-echoes its stdin); any other command runs until the test ends it (`finish`),
-feeds it output (`write`) or the guest forgets it (`forget`, a reboot)."""
+"""Fake guest ports for the engine's unit tests (no VM, no SSH), one beside each
+real adapter of rift.guest.adapter: `FakeFiles` (files in a dict, guest ports
+played by the test's servers), `FakeExecs` (execs whose guest side the test
+plays), `FakeKeys` and `FakeLifecycle` (nothing to do, calls noted);
+`fake_guests` bundles them.
+
+`echo TEXT` and `cat` end at once (cat echoes its stdin); any other command runs
+until the test ends it (`finish`), feeds it output (`write`) or the guest forgets
+it (`forget`, a reboot)."""
 
 from __future__ import annotations
 
@@ -9,10 +14,11 @@ import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from rift.domain.model import Vm
-from rift.services.ports import ExecGone, GuestExec, PortClosed
+from rift.services.ports import ExecGone, GuestExec, Guests, PortClosed
 
 _ECHO = re.compile(r"echo (.*)")
 
@@ -31,16 +37,16 @@ class FakeExec:
 
 
 @dataclass
-class FakeShell:
+class FakeFiles:
+    """GuestFiles: files in a dict; a guest port is a server of the test's."""
+
     files: dict[str, bytes] = field(default_factory=dict)
-    execs: dict[str, FakeExec] = field(default_factory=dict)
-    cap: int = 1 << 20  # the ring: the newest bytes of each stream kept
-    waits: list[int] = field(default_factory=list)  # the wait_ms of every start and read
-    # The guest's side while Rift waits (exec id, wait_ms): what happens meanwhile.
-    on_wait: Callable[[str, int], None] | None = None
     # guest port -> the address of the test's server that plays it (open_port)
     ports: dict[int, tuple[str, int]] = field(default_factory=dict)
     opened: list[tuple[str, int]] = field(default_factory=list)
+
+    def reachable(self, vm: Vm) -> None:
+        return None
 
     def open_port(self, vm: Vm, port: int, timeout_s: float) -> SocketChannel:
         """A guest port is a server of the test's on this machine (`ports`)."""
@@ -62,22 +68,86 @@ class FakeShell:
         data = self.files[path]
         return (data, False) if limit is None else (data[:limit], len(data) > limit)
 
-    # what teardown and the sweep ask of any guest shell
 
-    def drop_connections(self, vm_id: str) -> None:
-        pass  # a pause: nothing here is connected
+@dataclass
+class FakeKeys:
+    """GuestKeys: no key files; what was forgotten is noted."""
 
-    def resumed(self, vm: Vm, timeout_s: float) -> None:
-        pass
+    forgotten: list[str] = field(default_factory=list)
 
-    def close_vm(self, vm_id: str) -> None:
-        pass
+    def task_key(self, task_id: str) -> str:
+        return f"ssh-ed25519 AAAAfake{task_id} rift"
+
+    def task_key_file(self, task_id: str) -> Path:
+        return Path("/nonexistent/keys") / task_id
 
     def forget_task(self, task_id: str) -> None:
-        pass
+        self.forgotten.append(task_id)
 
-    def tidy_keys(self, needed: object) -> int:
+    def tidy_keys(self, needed: Callable[[str], bool]) -> int:
         return 0
+
+    def host_key(self, vm_id: str) -> str | None:
+        return None
+
+
+@dataclass
+class FakeLifecycle:
+    """GuestLifecycle: nothing is connected; the calls are noted (name, VM id)."""
+
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float,
+                   markers: bool = True) -> None:
+        self.calls.append(("wait_ready", vm.id))
+
+    def standby(self, vm: Vm) -> None:
+        self.calls.append(("standby", vm.id))
+
+    def hand_over(self, vm: Vm, task_id: str, now: float) -> None:
+        self.calls.append(("hand_over", vm.id))
+
+    def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float) -> None:
+        self.calls.append(("reconnect", vm.id))
+
+    def drop_connections(self, vm_id: str) -> None:
+        self.calls.append(("drop_connections", vm_id))  # a pause: nothing here is connected
+
+    def resumed(self, vm: Vm, timeout_s: float) -> None:
+        self.calls.append(("resumed", vm.id))
+
+    def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
+               boot_key: Path | None = None) -> str:
+        self.calls.append(("forked", vm.id))
+        return host_key or ""
+
+    def close_vm(self, vm_id: str) -> None:
+        self.calls.append(("close_vm", vm_id))
+
+    def close(self) -> None:
+        return None
+
+
+def fake_guests(files: FakeFiles | None = None, execs: FakeExecs | None = None, *,
+                keys: FakeKeys | None = None,
+                lifecycle: FakeLifecycle | None = None) -> Guests:
+    """The guest ports of a unit test: the fakes given, new ones for the rest."""
+    return Guests(files=files or FakeFiles(), execs=execs or FakeExecs(),
+                  keys=keys or FakeKeys(), lifecycle=lifecycle or FakeLifecycle())
+
+
+@dataclass
+class FakeExecs:
+    """GuestExecs: execs whose guest side the test plays."""
+
+    execs: dict[str, FakeExec] = field(default_factory=dict)
+    cap: int = 1 << 20  # the ring: the newest bytes of each stream kept
+    waits: list[int] = field(default_factory=list)  # the wait_ms of every start and read
+    # The guest's side while Rift waits (exec id, wait_ms): what happens meanwhile.
+    on_wait: Callable[[str, int], None] | None = None
+
+    def reachable(self, vm: Vm) -> None:
+        return None
 
     # execs, the test's side
 
@@ -94,7 +164,7 @@ class FakeShell:
     def forget(self, exec_id: str) -> None:
         del self.execs[exec_id]
 
-    # execs, Rift's side (the GuestShell port)
+    # execs, Rift's side (the GuestExecs port)
 
     def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
                    timeout_s: int, cap_bytes: int, wait_ms: int, max_bytes: int) -> GuestExec:

@@ -11,11 +11,11 @@ from rift.domain.clock import FakeClock
 from rift.services.context import Deps
 from rift.services.lifecycle import execs, leases, tasks, vms
 from tests.support.engine import ALICE, BOB, event_types, refused
-from tests.support.fake_guest import FakeShell
+from tests.support.fake_guest import fake_guests
 
 
 def _engine(make_deps: Callable[..., Deps], **limits: int) -> Deps:
-    return replace(make_deps(**limits), guests=FakeShell())  # type: ignore[arg-type]
+    return replace(make_deps(**limits), guests=fake_guests())
 
 
 def _vm(deps: Deps, caller: object = ALICE) -> tuple[str, str, str]:

@@ -24,7 +24,7 @@ from hypervisor.image_files import image_files
 from hypervisor.kernel_boot import guest_cmdline
 from rift.catalog import BUILTIN
 from rift.domain.model import Vm
-from rift.guest.adapter import SshGuests
+from rift.guest.adapter import ssh_guests
 from rift.services.context import Deps, GuestRuntime
 from rift.services.lifecycle import tasks, vms
 from rift.services.lifecycle.guest_kinds import KernelGuest, VmFiles
@@ -87,7 +87,7 @@ def _kind(tmp_path: Path) -> tuple[KernelGuest, GuestRuntime]:
     runtime = GuestRuntime(images_dir=tmp_path / "images", serial_dir=tmp_path / "serial",
                            boot_timeout_s=5, accel=lambda uri: "qemu",
                            disks_dir=tmp_path / "disks")
-    kind = KernelGuest("qemu:///system", "debian", runtime, SshGuests(tmp_path / "keys"),
+    kind = KernelGuest("qemu:///system", "debian", runtime, ssh_guests(tmp_path / "keys"),
                        VmFiles(runtime))
     return kind, runtime
 

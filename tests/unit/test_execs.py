@@ -20,17 +20,17 @@ from rift.services.lifecycle import execs, leases, tasks, vms
 from rift.services.lifecycle.tools import _task_out
 from rift.services.ports.watch import STEP_S, Watch, newest_line
 from tests.support.engine import ALICE, BOB, event_types, refused
-from tests.support.fake_guest import FakeShell
+from tests.support.fake_guest import FakeExecs, fake_guests
 
 
 @pytest.fixture
-def shell() -> FakeShell:
-    return FakeShell()
+def shell() -> FakeExecs:
+    return FakeExecs()
 
 
 @pytest.fixture
-def gdeps(deps: Deps, shell: FakeShell) -> Deps:
-    return replace(deps, guests=shell)  # type: ignore[arg-type]
+def gdeps(deps: Deps, shell: FakeExecs) -> Deps:
+    return replace(deps, guests=fake_guests(execs=shell))
 
 
 def _vm(deps: Deps) -> tuple[str, str, str]:
@@ -59,7 +59,7 @@ def test_an_exec_that_ends_within_its_wait_answers_its_end_and_is_recorded_once(
                              "exit_code": 0}
 
 
-def test_a_running_exec_is_read_on_from_its_offsets(gdeps: Deps, shell: FakeShell) -> None:
+def test_a_running_exec_is_read_on_from_its_offsets(gdeps: Deps, shell: FakeExecs) -> None:
     handle, vm_id, task_id = _vm(gdeps)
     out = execs.start(gdeps, ALICE, handle, vm_id, "make", wait_s=0)
     assert out.status == "running" and out.exit_code is None and shell.waits == [0]
@@ -81,7 +81,7 @@ def test_a_running_exec_is_read_on_from_its_offsets(gdeps: Deps, shell: FakeShel
 
 
 def test_a_read_from_before_the_ring_starts_at_the_oldest_byte_kept(
-        gdeps: Deps, shell: FakeShell) -> None:
+        gdeps: Deps, shell: FakeExecs) -> None:
     shell.cap = 10
     handle, vm_id, _ = _vm(gdeps)
     out = execs.start(gdeps, ALICE, handle, vm_id, "yes", wait_s=0)
@@ -92,7 +92,7 @@ def test_a_read_from_before_the_ring_starts_at_the_oldest_byte_kept(
 
 
 def test_input_reaches_stdin_until_eof_and_an_ended_exec_takes_none(
-        gdeps: Deps, shell: FakeShell) -> None:
+        gdeps: Deps, shell: FakeExecs) -> None:
     handle, vm_id, _ = _vm(gdeps)
     out = execs.start(gdeps, ALICE, handle, vm_id, "python3", wait_s=0)
     assert execs.send_input(gdeps, ALICE, handle, out.exec_id, "print(1)\n").bytes == 9
@@ -110,7 +110,7 @@ def test_input_reaches_stdin_until_eof_and_an_ended_exec_takes_none(
 
 
 def test_a_kill_ends_the_exec_killed_and_a_repeat_changes_nothing(
-        gdeps: Deps, shell: FakeShell) -> None:
+        gdeps: Deps, shell: FakeExecs) -> None:
     handle, vm_id, task_id = _vm(gdeps)
     out = execs.start(gdeps, ALICE, handle, vm_id, "sleep 100", wait_s=0)
     killed = execs.kill(gdeps, ALICE, handle, out.exec_id)
@@ -122,7 +122,7 @@ def test_a_kill_ends_the_exec_killed_and_a_repeat_changes_nothing(
     assert err.details["field"] == "signal"
 
 
-def test_a_timeout_in_the_guest_ends_the_exec_timed_out(gdeps: Deps, shell: FakeShell) -> None:
+def test_a_timeout_in_the_guest_ends_the_exec_timed_out(gdeps: Deps, shell: FakeExecs) -> None:
     handle, vm_id, _ = _vm(gdeps)
     out = execs.start(gdeps, ALICE, handle, vm_id, "sleep 100", timeout_s=1, wait_s=0)
     shell.finish(out.exec_id, None, 15, timed_out=True)
@@ -172,7 +172,7 @@ def test_an_exec_of_a_destroyed_vm_ends_lost(gdeps: Deps) -> None:
 
 
 def test_the_sweep_records_ends_and_execs_the_guest_forgot(
-        gdeps: Deps, shell: FakeShell, clock: FakeClock) -> None:
+        gdeps: Deps, shell: FakeExecs, clock: FakeClock) -> None:
     handle, vm_id, task_id = _vm(gdeps)
     ended = execs.start(gdeps, ALICE, handle, vm_id, "build", wait_s=0)
     forgotten = execs.start(gdeps, ALICE, handle, vm_id, "serve", wait_s=0)
@@ -198,7 +198,7 @@ def test_an_unreachable_guest_records_no_exec(deps: Deps) -> None:
 
 
 def test_a_call_waiting_on_its_guest_keeps_the_lease_active(
-        gdeps: Deps, clock: FakeClock, shell: FakeShell) -> None:
+        gdeps: Deps, clock: FakeClock, shell: FakeExecs) -> None:
     """While a long poll waits, the task's activity clock moves at its step."""
     gdeps = replace(gdeps, lease_rules=replace(gdeps.lease_rules, activity_step_s=1))
     handle, vm_id, task_id = _vm(gdeps)
@@ -211,7 +211,7 @@ def test_a_call_waiting_on_its_guest_keeps_the_lease_active(
         for _ in range(4):  # four steps of the clock pass while the call waits
             clock.advance(timedelta(seconds=1).total_seconds())
             time.sleep(0.6)
-        return FakeShell._view(shell, out.exec_id, 0, 0, 100)
+        return FakeExecs._view(shell, out.exec_id, 0, 0, 100)
 
     shell.exec_read = slow_read  # type: ignore[method-assign]
     execs.get(gdeps, ALICE, handle, out.exec_id, wait_s=10)
@@ -220,7 +220,7 @@ def test_a_call_waiting_on_its_guest_keeps_the_lease_active(
 
 
 def test_a_watched_exec_waits_in_steps_noting_its_newest_line(
-        gdeps: Deps, shell: FakeShell) -> None:
+        gdeps: Deps, shell: FakeExecs) -> None:
     """A door watching a call hears of the exec and of its newest output line at
     each step (at most STEP_S), and gets the view from the start at the end."""
     handle, vm_id, _ = _vm(gdeps)
@@ -243,7 +243,7 @@ def test_a_watched_exec_waits_in_steps_noting_its_newest_line(
     assert watch.status().endswith("s: compiling b.c")
 
 
-def test_a_stopped_watch_ends_the_wait_within_a_step(gdeps: Deps, shell: FakeShell) -> None:
+def test_a_stopped_watch_ends_the_wait_within_a_step(gdeps: Deps, shell: FakeExecs) -> None:
     handle, vm_id, _ = _vm(gdeps)
     watch = Watch()
     shell.on_wait = lambda exec_id, wait_ms: watch.stop()

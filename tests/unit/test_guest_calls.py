@@ -9,7 +9,7 @@ from hypervisor.fake import FakeHypervisor
 from rift.services.context import Deps
 from rift.services.lifecycle import execs, files, tasks, vms
 from tests.support.engine import ALICE, refused
-from tests.support.fake_guest import FakeShell
+from tests.support.fake_guest import fake_guests
 
 
 def _vm(deps: Deps, ssh: bool = True) -> tuple[str, str]:
@@ -43,8 +43,7 @@ def test_a_vm_that_is_not_running_refuses_with_its_status(deps: Deps,
 def test_exec_and_files_go_through_the_guest_shell(make_deps) -> None:  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
-    shell = FakeShell()
-    deps = replace(make_deps(), guests=shell)
+    deps = replace(make_deps(), guests=fake_guests())
     handle, vm_id = _vm(deps)
     out = execs.start(deps, ALICE, handle, vm_id, "cat", stdin="hi")
     assert (out.status, out.exit_code, out.stdout, out.timed_out) == ("exited", 0, "hi", False)

@@ -19,7 +19,7 @@ import pytest
 from hypervisor.base import DomainSpec
 from hypervisor.domain_xml import build_domain_xml
 from rift.domain.model import Vm
-from rift.guest import GuestError, SshGuestShell
+from rift.guest import GuestError, ShellSettings, SshGuestShell
 from rift.guest.console import TAIL_BYTES, ConsoleKeeper, cut, cut_command, read_tail
 from rift.guest.ready import read_markers, serial_tail
 
@@ -132,13 +132,14 @@ def test_the_shell_keeps_its_serial_dir_under_the_cap_once_a_guest_boots(
     serial.mkdir()
     flooded = serial / "vm_other.log"
     flooded.write_bytes(b"x" * (3 * MIB))
-    shell = SshGuestShell(tmp_path / "keys", serial_dir=serial, console_cap_bytes=MIB)
+    shell = SshGuestShell(tmp_path / "keys", ShellSettings(serial_dir=serial,
+                                                        console_cap_bytes=MIB))
     vm = Vm(id="vm_a", task_id="task_a", owner="alice", name="a", image="tiny",
             status="running", host="local", vcpus=1, memory_mib=256,
             created_at=datetime.now(UTC), ssh_host="127.0.0.1", ssh_port=1)
     try:
         with pytest.raises(GuestError):
-            shell.connect_when_ready(vm, serial / "vm_a.log", 0.05)
+            shell.life.connect_when_ready(vm, serial / "vm_a.log", 0.05)
         deadline = time.monotonic() + 5
         while flooded.stat().st_size > MIB:
             assert time.monotonic() < deadline

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from rift.domain.model import Vm
-from rift.guest import GuestFileError, SshGuestShell, key_for_task
+from rift.guest import GuestFileError, ShellSettings, SshGuestShell, key_for_task
 from rift.guest.errors import GuestError
 from rift.guest.pool import ConnectionPool
-from rift.services.ports import GuestShell
 
 ADDRESS = ("127.0.0.1", 40022)
 
@@ -194,9 +193,9 @@ def _vm(port: int | None) -> Vm:
 def test_the_ssh_shell_is_a_guest_shell_and_refuses_a_vm_without_an_address(
     tmp_path: Path,
 ) -> None:
-    shell: GuestShell = SshGuestShell(tmp_path)
+    shell = SshGuestShell(tmp_path)
     with pytest.raises(GuestError, match="no SSH address"):
-        shell.exec(_vm(None), "true", None, 5)
+        shell.execs.exec(_vm(None), "true", None, 5)
 
 
 def test_a_guest_that_does_not_answer_is_a_guest_error_at_once(tmp_path: Path) -> None:
@@ -204,9 +203,9 @@ def test_a_guest_that_does_not_answer_is_a_guest_error_at_once(tmp_path: Path) -
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, never listening: connections are refused
-        shell = SshGuestShell(tmp_path, connect_timeout_s=2)
+        shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=2))
         with pytest.raises(GuestError, match="cannot connect"):
-            shell.exec(_vm(port), "true", None, 5)
+            shell.execs.exec(_vm(port), "true", None, 5)
         with pytest.raises(GuestFileError, match="absolute"):
-            shell.read_file(_vm(port), "relative/path")
+            shell.files.read_file(_vm(port), "relative/path")
     shell.close()

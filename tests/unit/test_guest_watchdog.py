@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from rift.guest.shell import _handed, shell_reason
+from rift.guest.scripts import _handed, shell_reason
 from rift.guest.watchdog import Watchdog
 
 

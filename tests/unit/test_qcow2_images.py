@@ -167,7 +167,7 @@ def test_a_guest_without_markers_that_never_lets_us_in_fails_within_the_wait(
     shell = SshGuestShell(tmp_path / "keys")
     started = time.monotonic()
     with pytest.raises(GuestError) as info:
-        shell.connect_when_ready(vm, serial, 1.5, markers=False)
+        shell.life.connect_when_ready(vm, serial, 1.5, markers=False)
     assert time.monotonic() - started < 5
     assert "no SSH login succeeded" in info.value.message
     assert "ttyS0" in info.value.message  # the serial console's tail says how far it got

@@ -28,6 +28,7 @@ from rift.services.context import Deps, GuestRuntime
 from rift.services.lifecycle import pools, tasks, vms
 from rift.services.lifecycle.guest_kinds import SnapshotGuest, guest_kind
 from tests.support.engine import ALICE, refused
+from tests.support.fake_guest import FakeKeys, fake_guests
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
 
@@ -112,7 +113,7 @@ def test_files_that_cannot_be_copied_leave_no_image(tmp_path: Path) -> None:
         snapshot_image(images, "counting")
 
 
-class _Keys:
+class _Keys(FakeKeys):
     def task_key(self, task_id: str) -> str:
         return KEY
 
@@ -127,7 +128,7 @@ def test_a_vm_of_the_image_starts_from_its_state_on_an_overlay_of_its_disk(
         tmp_path: Path, origin: str) -> None:
     runtime = _runtime(tmp_path)
     add_snapshot_image(runtime.images_dir, "counting", _source(tmp_path, origin=origin))
-    kind = guest_kind("qemu:///system", "counting", runtime, _Keys())  # type: ignore[arg-type]
+    kind = guest_kind("qemu:///system", "counting", runtime, fake_guests(keys=_Keys()))
     assert isinstance(kind, SnapshotGuest) and kind.start_kind == "fork"
     kind.check()
     vm = Vm(id="vm_abcdefgh", task_id="task_abcdefgh", owner="alice", name="x",

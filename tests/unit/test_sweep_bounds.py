@@ -15,11 +15,11 @@ from rift.services.context import Caller, Deps
 from rift.services.lifecycle import execs, tasks, vms
 from rift.services.ports import GuestExec
 from tests.support.engine import ALICE, BOB
-from tests.support.fake_guest import FakeShell
+from tests.support.fake_guest import FakeExecs, fake_guests
 
 
 @dataclass
-class StallingShell(FakeShell):
+class StallingShell(FakeExecs):
     """A fake guest where one VM's reads stall, then fail as unreachable."""
 
     stalled_vm: str | None = None
@@ -49,7 +49,7 @@ def _running_vm(deps: Deps, caller: Caller) -> tuple[str, str]:
 def test_a_guest_that_stalls_is_asked_once_and_other_vms_ends_are_recorded(
         deps: Deps) -> None:
     shell = StallingShell()
-    gdeps = replace(deps, guests=shell)  # type: ignore[arg-type]
+    gdeps = replace(deps, guests=fake_guests(execs=shell))
     hostile_handle, hostile = _running_vm(gdeps, ALICE)
     fair_handle, fair = _running_vm(gdeps, BOB)
     stalled = [execs.start(gdeps, ALICE, hostile_handle, hostile, f"job{i}", wait_s=0).exec_id
@@ -85,7 +85,7 @@ def test_each_vm_works_within_its_budget_and_vms_do_not_wait_on_each_other() -> 
 
 def test_the_exec_scan_rotates_through_every_running_exec(deps: Deps) -> None:
     shell = StallingShell()
-    gdeps = replace(deps, guests=shell)  # type: ignore[arg-type]
+    gdeps = replace(deps, guests=fake_guests(execs=shell))
     handle, vm_id = _running_vm(gdeps, ALICE)
     started = sorted(execs.start(gdeps, ALICE, handle, vm_id, f"job{i}", wait_s=0).exec_id
                      for i in range(3))

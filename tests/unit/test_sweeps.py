@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hypervisor.fake import FakeHypervisor
 from rift.domain.clock import FakeClock
-from rift.guest.adapter import SshGuests
+from rift.guest.adapter import ssh_guests
 from rift.guest.keys import keep_boot_key, key_for_task
 from rift.services.background import sweeps
 from rift.services.context import Deps
@@ -104,11 +104,10 @@ def test_the_sweep_forgets_the_key_of_a_task_closed_idle_without_a_vm(
         deps: Deps, clock: FakeClock, tmp_path: Path) -> None:
     """An idle close destroys no VM, so nothing else would delete the key; one of
     an open task, or of a closed task whose VM still lives, stays."""
-    deps = dataclasses.replace(deps, guests=SshGuests(tmp_path / "keys"))
+    deps = dataclasses.replace(deps, guests=ssh_guests(tmp_path / "keys"))
     idle, busy = tasks.new_task(deps, ALICE), tasks.new_task(deps, ALICE)
     for opened in (idle, busy):
-        assert deps.guests is not None
-        deps.guests.task_key(opened.task.id)
+        deps.guests.keys.task_key(opened.task.id)
     clock.advance(14000)
     tasks.get_task(deps, ALICE, handle=str(busy.handle))
     clock.advance(400)
@@ -123,7 +122,7 @@ def test_a_handed_out_vms_boot_key_stays_while_the_vm_lives_and_goes_after(
     pool, so the VM can be handed over again after a reboot; the sweep deletes it
     once the VM is destroyed."""
     keys = tmp_path / "keys"
-    deps = dataclasses.replace(deps, guests=SshGuests(keys))
+    deps = dataclasses.replace(deps, guests=ssh_guests(keys))
     opened = tasks.new_task(deps, ALICE)
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     key_for_task(keys, "pool_k3v9x2m7")  # no such pool: its key goes too
@@ -141,7 +140,7 @@ def test_a_pooled_vms_boot_key_stays_before_it_is_handed_out(
     id, while it starts and waits in its pool: the sweep keeps that key (it once
     deleted it mid-start, and the VM never answered a login)."""
     keys = tmp_path / "keys"
-    deps = dataclasses.replace(deps, guests=SshGuests(keys))
+    deps = dataclasses.replace(deps, guests=ssh_guests(keys))
     pool = pools.set_pool(deps, "tiny", running=1)
     key_for_task(keys, pool.id)
     image_key = tmp_path / "image-key"

@@ -14,7 +14,7 @@ from rift.services.background.usage import sample_usage
 from rift.services.context import Deps
 from rift.services.lifecycle import pauses, tasks, vms
 from tests.support.engine import ALICE
-from tests.support.fake_guest import FakeShell
+from tests.support.fake_guest import FakeFiles, fake_guests
 
 PROC_NET_DEV = "\n".join([  # as a guest's kernel writes it (columns shortened)
     "Inter-|   Receive                            |  Transmit",
@@ -66,8 +66,8 @@ def test_net_counters_add_every_interface_but_loopback() -> None:
 
 def test_running_vms_are_sampled_into_their_view_and_metrics_and_paused_ones_are_not(
         deps: Deps, local_hv: FakeHypervisor, clock: FakeClock) -> None:
-    shell = FakeShell(files={"/proc/net/dev": PROC_NET_DEV.encode()})
-    deps = replace(deps, guests=shell)  # type: ignore[arg-type]
+    shell = FakeFiles(files={"/proc/net/dev": PROC_NET_DEV.encode()})
+    deps = replace(deps, guests=fake_guests(files=shell))
     opened = tasks.new_task(deps, ALICE)
     handle = str(opened.handle)
     busy = vms.new_vm(deps, ALICE, handle, image="tiny", vcpus=2)
@@ -124,8 +124,8 @@ def test_a_host_that_says_nothing_or_refuses_leaves_its_vms_as_they_were(
 def test_a_guest_that_makes_up_a_huge_net_dev_gets_no_net_figures(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     lie = PROC_NET_DEV + "  eth9: " + "9" * 70_000 + "\n"
-    shell = FakeShell(files={"/proc/net/dev": lie.encode()})
-    deps = replace(deps, guests=shell)  # type: ignore[arg-type]
+    shell = FakeFiles(files={"/proc/net/dev": lie.encode()})
+    deps = replace(deps, guests=fake_guests(files=shell))
     opened = tasks.new_task(deps, ALICE)
     vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny")
     with deps.store.write() as tx:

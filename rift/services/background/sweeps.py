@@ -87,8 +87,6 @@ def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
     went, a key a crash left half written. A pool's key goes with its pool, a
     VM's boot key (its pool's or its snapshot image's, under its id) with the VM:
     a pooled VM of a snapshot image logs in with it before it is handed out."""
-    if deps.guests is None:
-        return
 
     def needed(task_id: str) -> bool:
         with deps.store.read() as tx:
@@ -100,7 +98,7 @@ def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
             task = tx.tasks.get(task_id)
             return task is not None and (task.is_open or tx.vms.count_live(task_id) > 0)
 
-    report.keys_forgotten = deps.guests.tidy_keys(needed)
+    report.keys_forgotten = deps.guests.keys.tidy_keys(needed)
 
 
 def sweep(deps: Deps) -> SweepReport:

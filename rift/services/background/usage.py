@@ -63,11 +63,11 @@ def sample_usage(deps: Deps, net_every_s: float) -> int:
 
 def _net(deps: Deps, vm: Vm) -> tuple[int, int] | None:
     """The guest's (received, sent) bytes; None when it cannot say now."""
-    if deps.guests is None or vm.ssh_port is None:
+    if vm.ssh_port is None:
         return None
     try:
-        data, truncated = deps.guests.read_file(vm, "/proc/net/dev", limit=NET_DEV_MAX,
-                                                timeout_s=NET_DEV_TIMEOUT_S)
+        data, truncated = deps.guests.files.read_file(vm, "/proc/net/dev", limit=NET_DEV_MAX,
+                                                      timeout_s=NET_DEV_TIMEOUT_S)
     except (RiftError, OSError):
         return None
     if truncated:

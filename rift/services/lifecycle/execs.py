@@ -37,7 +37,7 @@ from rift.services.context import Caller, Deps
 from rift.services.lifecycle import validate
 from rift.services.lifecycle.guest_kinds import reach
 from rift.services.lifecycle.leases import check_handle, check_rate, in_write, parse_handle, task_vm
-from rift.services.ports import ExecGone, GuestExec, GuestShell, Tx
+from rift.services.ports import ExecGone, GuestExec, GuestExecs, Tx
 from rift.services.ports.watch import STEP_S, Watch, newest_line
 
 MIB = 1 << 20
@@ -70,7 +70,7 @@ def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: s
         check_rate("exec starts", deps.limits.rate_exec_new_per_h, now,
                    lambda since: tx.execs.count_started_since(caller.user, since),
                    lambda since: tx.execs.oldest_started_since(caller.user, since))
-        reach(vm, deps.guests)  # guest_unreachable before anything is recorded
+        reach(vm, deps.guests.execs)  # guest_unreachable before anything is recorded
         ex = Exec(id=exec_id, task_id=task.id, vm_id=vm.id, owner=caller.user,
                   command=command, status="running", timeout_s=timeout, started_at=now)
         tx.execs.add(ex)
@@ -81,7 +81,7 @@ def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: s
     task, vm, ex = in_write(deps.store, record)
     if watch is not None:
         watch.begun(exec_id)
-    shell = reach(vm, deps.guests)
+    shell = reach(vm, deps.guests.execs)
     deadline = time.monotonic() + wait
     first = wait if watch is None else min(wait, STEP_S)
     try:
@@ -124,7 +124,7 @@ def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
         return ExecView.of(_end(deps, ex, "lost", caller.label))
     if watch is not None:
         watch.begun(ex.id)
-    shell = reach(vm, deps.guests)
+    shell = reach(vm, deps.guests.execs)
     deadline = time.monotonic() + wait
     try:
         with in_flight(deps, task.id, wait):
@@ -154,7 +154,7 @@ def send_input(deps: Deps, caller: Caller, handle: str | None, exec_id: str, dat
     if not ex.is_running or vm is None:
         raise InvalidArgument("exec_id", f"exec {exec_id} has ended ({ex.status}); its stdin "
                               "takes no more input")
-    shell = reach(vm, deps.guests)
+    shell = reach(vm, deps.guests.execs)
     try:
         written = shell.exec_input(vm, ex.id, raw, eof=eof)
     except ExecGone as exc:
@@ -177,7 +177,7 @@ def kill(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
         return ExecView.of(ex)
     if vm is None:
         return ExecView.of(_end(deps, ex, "lost", caller.label))
-    shell = reach(vm, deps.guests)
+    shell = reach(vm, deps.guests.execs)
     try:
         shell.exec_kill(vm, ex.id, chosen)  # type: ignore[arg-type]
     except ExecGone:
@@ -227,9 +227,7 @@ def record_ends(deps: Deps, limit: int = 100) -> list[str]:
                 ended.append(ex.id)
         elif vm.status == "running" and vm.change is None and vm.ssh_port is not None:
             asked.append(ex)  # else paused, pausing or resuming: its execs wait in its guest
-    if deps.guests is None:
-        return ended
-    guests, grace = deps.guests, timedelta(seconds=deps.limits.creating_grace_s)
+    guests, grace = deps.guests.execs, timedelta(seconds=deps.limits.creating_grace_s)
 
     def look(ex: Exec, left_s: float) -> str | None:
         vm = vms[ex.vm_id]
@@ -277,7 +275,7 @@ def _vm_gone(deps: Deps, vm_id: str) -> bool:
     return vm is None or not vm.keeps_execs
 
 
-def _follow_to_end(shell: GuestShell, vm: Vm, exec_id: str, seen: GuestExec,
+def _follow_to_end(shell: GuestExecs, vm: Vm, exec_id: str, seen: GuestExec,
                    deadline: float, watch: Watch) -> GuestExec:
     """Wait for the exec's end in steps, noting its newest output line before each,
     until `deadline` or a stop; answer its view with output from the start."""
@@ -355,7 +353,7 @@ def _end_in(tx: Tx, ex: Exec, changes: dict[str, Any], now: datetime, actor: str
     return ended
 
 
-def _refresh(deps: Deps, shell: GuestShell, vm: Vm, ex: Exec, actor: str) -> Exec:
+def _refresh(deps: Deps, shell: GuestExecs, vm: Vm, ex: Exec, actor: str) -> Exec:
     try:
         seen = shell.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
     except ExecGone:

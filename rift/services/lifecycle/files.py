@@ -20,11 +20,11 @@ from rift.services.lifecycle.leases import (
     parse_handle,
     task_vm,
 )
-from rift.services.ports import GuestShell, Tx
+from rift.services.ports import GuestFiles, Tx
 
 
 def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
-              vm_id: str) -> tuple[Vm, GuestShell]:
+              vm_id: str) -> tuple[Vm, GuestFiles]:
     """The running VM of the handle's task, and the shell that reaches it."""
     parsed = parse_handle(handle)
     validate.vm_id(vm_id)
@@ -36,7 +36,7 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
     vm = in_write(deps.store, work)
     # Checked after the write: the handle's check (its activity) stands either way.
     check_running(vm)
-    return vm, reach(vm, deps.guests)
+    return vm, reach(vm, deps.guests.files)
 
 
 def _path(path: str) -> str:

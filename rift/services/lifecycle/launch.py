@@ -89,8 +89,7 @@ def fail_start(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
 def create_domain(deps: Deps, uri: str, spec: DomainSpec) -> None:
     """Define and start `spec`'s domain on the host at `uri`; a host elsewhere first
     gets the files it names (HypervisorError when they cannot be put there)."""
-    if deps.host_files is not None:
-        deps.host_files.prepare(uri, spec)
+    deps.host_files.prepare(uri, spec)
     deps.hosts.hypervisor(uri).create(spec)
 
 

@@ -50,8 +50,7 @@ def pause(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView:
     if vm.status == "paused":
         return _view(deps, vm)
     hv = deps.hosts.hypervisor(_uri(deps, vm))
-    if deps.guests is not None:
-        deps.guests.drop_connections(vm.id)  # calls in flight end now, not mid-save
+    deps.guests.lifecycle.drop_connections(vm.id)  # calls in flight end now, not mid-save
     try:
         hv.save(vm.domain_name)
     except HypervisorError as exc:
@@ -72,10 +71,10 @@ def resume(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView
     except HypervisorError as exc:
         _undo(deps, vm, "paused", "resuming")
         raise HypervisorFailed(str(exc), host=vm.host) from exc
-    if deps.guests is not None and vm.ssh_port is not None:
+    if vm.ssh_port is not None:
         timeout_s = deps.runtime.boot_timeout_s if deps.runtime else 60.0
         try:
-            deps.guests.resumed(vm, timeout_s)
+            deps.guests.lifecycle.resumed(vm, timeout_s)
         except GuestUnreachable as exc:  # it runs: its calls say what fails
             deps.log.warning("resumed guest does not answer", extra={
                 "vm_id": vm.id, "error": exc.message})

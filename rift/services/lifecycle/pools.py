@@ -196,8 +196,7 @@ def clear_pool(deps: Deps, image: str) -> int:
         with deps.store.write() as tx:
             if not tx.pools.vms(pool.id):
                 tx.pools.delete(pool.id)
-        if deps.guests is not None:
-            deps.guests.forget_task(pool.id)
+        deps.guests.keys.forget_task(pool.id)
     return gone
 
 
@@ -277,12 +276,12 @@ def hand_over(deps: Deps, vm: Vm, uri: str, kind: GuestKind, taken: Taken) -> No
     if taken.kind == "restore":
         hv.restore(vm.domain_name)
         step("restore")
-        if deps.guests is not None and vm.ssh_port is not None:
+        if vm.ssh_port is not None:
             timeout_s = deps.runtime.boot_timeout_s if deps.runtime else 60.0
-            deps.guests.reconnect(pooled, taken.vm.host_key, timeout_s)
+            deps.guests.lifecycle.reconnect(pooled, taken.vm.host_key, timeout_s)
             step("reconnect")
-    if deps.guests is not None and vm.ssh_port is not None:
-        deps.guests.hand_over(pooled, vm.task_id, time.time())
+    if vm.ssh_port is not None:
+        deps.guests.lifecycle.hand_over(pooled, vm.task_id, time.time())
         step("keys")
     deps.log.info("vm handed over", extra={"vm_id": vm.id, "start": taken.kind, **steps})
     # The domain's metadata names its task for people reading virsh; reconciliation
@@ -409,14 +408,13 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
         return 0
     try:
         kind.wait_ready(vm)
-        host_key = deps.guests.host_key(vm.id) if deps.guests and pvm.ssh_port else None
-        if goal == "running" and deps.guests is not None and pvm.ssh_port is not None:
+        host_key = deps.guests.keys.host_key(vm.id) if pvm.ssh_port else None
+        if goal == "running" and pvm.ssh_port is not None:
             _standby(deps, vm)
         if goal == "saved":
             with deps.store.write() as tx:
                 tx.pools.save_vm(pvm.saving(host_key), pvm)
-            if deps.guests is not None:
-                deps.guests.close_vm(vm.id)  # the save cuts its connections
+            deps.guests.lifecycle.close_vm(vm.id)  # the save cuts its connections
             hv.save(vm.domain_name)
     except (NotReady, HypervisorError) as exc:
         _start_failed(deps, pool, pvm, str(exc), domain=True)
@@ -439,9 +437,8 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
 def _standby(deps: Deps, vm: Vm) -> None:
     """A shell waiting in the guest for its hand-over; without one the hand-over
     opens a channel of its own (slower, as correct)."""
-    assert deps.guests is not None
     try:
-        deps.guests.standby(vm)
+        deps.guests.lifecycle.standby(vm)
     except GuestUnreachable as exc:
         deps.log.warning("pool vm has no standby shell", extra={"vm_id": vm.id,
                                                                 "error": exc.message})
@@ -536,8 +533,7 @@ def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
         if current is None or not tx.pools.save_vm(current.destroying(), current):
             return 0
         host = tx.hosts.get(pvm.host)
-    if deps.guests is not None:
-        deps.guests.close_vm(pvm.id)
+    deps.guests.lifecycle.close_vm(pvm.id)
     if host is not None:
         try:
             deps.hosts.hypervisor(host.uri).destroy(f"rift-{pvm.id}")
@@ -546,8 +542,7 @@ def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
                              extra={"vm_id": pvm.id, "error": str(exc)})
             return 0
         kind_on(deps, host.uri, pvm.image).clean_up(pvm.id)
-        if deps.host_files is not None:
-            deps.host_files.forget(host.uri, pvm.id)  # on a host elsewhere, its copies there
+        deps.host_files.forget(host.uri, pvm.id)  # on a host elsewhere, its copies there
     with deps.store.write() as tx:
         current = tx.pools.get_vm(pvm.id, lock=True)
         return int(current is not None and current.state == "destroying"

@@ -146,13 +146,12 @@ def _take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snaps
     hv = deps.hosts.hypervisor(uri)
     folder = snapshot_dir(deps, snap.id)
     state = state_path(deps, snap.id)
-    host_key = deps.guests.host_key(vm.id) if deps.guests is not None else None
+    host_key = deps.guests.keys.host_key(vm.id)
     steps = Steps()
     try:
         if folder is not None:
             hv.disk.make_dir(str(folder))
-        if deps.guests is not None:
-            deps.guests.drop_connections(vm.id)
+        deps.guests.lifecycle.drop_connections(vm.id)
         hv.save_state(vm.domain_name, state)
         steps.done("save")
     except (HypervisorError, OSError) as exc:
@@ -207,11 +206,11 @@ class Steps:
 
 
 def _reconnect(deps: Deps, vm: Vm) -> None:
-    if deps.guests is None or vm.ssh_port is None:
+    if vm.ssh_port is None:
         return
     timeout_s = deps.runtime.boot_timeout_s if deps.runtime else 60.0
     try:
-        deps.guests.resumed(vm, timeout_s)
+        deps.guests.lifecycle.resumed(vm, timeout_s)
     except GuestUnreachable as exc:  # it runs: its calls say what fails
         deps.log.warning("guest does not answer after its snapshot", extra={
             "vm_id": vm.id, "error": exc.message})
@@ -476,10 +475,10 @@ def _start_fork(deps: Deps, caller: Caller, vm: Vm, snap: Snapshot, uri: str,
     except (HypervisorError, ImageError, HypervisorFailed, OSError) as exc:
         kind.clean_up(vm.id)
         return fail_start(deps, caller, vm, f"the fork could not start: {exc}")
-    if deps.guests is not None and vm.ssh_port is not None:
+    if vm.ssh_port is not None:
         timeout_s = deps.runtime.boot_timeout_s if deps.runtime else 60.0
         try:
-            deps.guests.forked(vm, snap.host_key, mac_of(vm.id), timeout_s)
+            deps.guests.lifecycle.forked(vm, snap.host_key, mac_of(vm.id), timeout_s)
         except GuestUnreachable as exc:
             with suppress(HypervisorFailed):  # else reconciliation takes the domain down
                 destroy_domain(deps, vm, uri)
@@ -496,8 +495,7 @@ def _fork_spec(deps: Deps, kind: GuestKind, vm: Vm, snap: Snapshot, uri: str,
     when that is elsewhere) with, for an image with a disk, the snapshot's disk
     copied in as its own, on the host both are on."""
     spec = replace(kind.plan(vm), install=deps.install_id)
-    if deps.host_files is not None:
-        deps.host_files.prepare(uri, spec)
+    deps.host_files.prepare(uri, spec)
     folder = snapshot_dir(deps, snap.id)
     if spec.disk is not None and folder is not None and disk.is_file(str(folder / DISK_FILE)):
         disk.copy_sparse(str(folder / DISK_FILE), spec.disk)

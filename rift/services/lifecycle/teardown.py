@@ -32,8 +32,7 @@ def host_uri(tx: Tx, host_name: str) -> str | None:
 
 def destroy_domain(deps: Deps, vm: Vm, uri: str | None) -> None:
     """Destroy and undefine the VM's domain; absent is fine. Raises HypervisorFailed."""
-    if deps.guests is not None:
-        deps.guests.close_vm(vm.id)  # calls in flight end with guest_unreachable
+    deps.guests.lifecycle.close_vm(vm.id)  # calls in flight end with guest_unreachable
     if uri is None:
         return
     try:
@@ -41,14 +40,12 @@ def destroy_domain(deps: Deps, vm: Vm, uri: str | None) -> None:
     except HypervisorError as exc:
         raise HypervisorFailed(str(exc), host=vm.host) from exc
     kind_on(deps, uri, vm.image).clean_up(vm.id)
-    if deps.host_files is not None:
-        deps.host_files.forget(uri, vm.id)  # on a host elsewhere, its copies there
+    deps.host_files.forget(uri, vm.id)  # on a host elsewhere, its copies there
 
 
 def forget_task_key(deps: Deps, task_id: str) -> None:
     """The task's SSH key pair goes once no VM of the task can use it."""
-    if deps.guests is not None:
-        deps.guests.forget_task(task_id)
+    deps.guests.keys.forget_task(task_id)
 
 
 def request_destroy(deps: Deps, vm: Vm) -> bool:

@@ -58,7 +58,7 @@ def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
     malformed, a control plane without real guests, files that cannot be copied
     (invalid_argument, saying which)."""
     validate.snapshot_id(snapshot_id)
-    if deps.runtime is None or deps.guests is None:
+    if deps.runtime is None:
         raise InvalidArgument("snapshot_id", "this control plane runs no real guests (no "
                               "guest runtime), so it keeps no images")
     with deps.store.read() as tx:
@@ -86,7 +86,7 @@ def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
         source = SnapshotSource(
             snapshot_id=snap.id, image=snap.image, origin_kind=origin_kind,
             state=folder / STATE_FILE, disk=disk if disk.is_file() else None,
-            key=deps.guests.task_key_file(snap.task_id), host_key=snap.host_key,
+            key=deps.guests.keys.task_key_file(snap.task_id), host_key=snap.host_key,
             vcpus=snap.vcpus, memory_mib=snap.memory_mib, disk_gib=snap.disk_gib)
         made = add_snapshot_image(images_dir, name, source)
     except ImageError as exc:

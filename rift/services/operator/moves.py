@@ -110,8 +110,7 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
     kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
     started = deps.clock.now()
     source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml)
-    if deps.guests is not None:
-        deps.guests.drop_connections(vm.id)  # they went through the old host
+    deps.guests.lifecycle.drop_connections(vm.id)  # they went through the old host
     now = deps.clock.now()
     with deps.store.write() as tx:
         tx.vms.update(vm.id, ("running",), host=dest, ssh_port=port)

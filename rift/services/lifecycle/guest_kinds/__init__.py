@@ -44,7 +44,7 @@ from rift.services.lifecycle.guest_kinds.base import (
 )
 from rift.services.lifecycle.guest_kinds.real import KernelGuest, Qcow2Guest, SnapshotGuest
 from rift.services.lifecycle.guest_kinds.test_driver import NoGuests, TestDriverGuest
-from rift.services.ports import GuestShell
+from rift.services.ports import Guests
 
 TEST_DRIVERS = ("test", "fake")
 
@@ -62,7 +62,7 @@ def is_test_host(uri: str) -> bool:
 
 
 def guest_kind(uri: str, image: str, runtime: GuestRuntime | None,
-               guests: GuestShell | None) -> GuestKind:
+               guests: Guests) -> GuestKind:
     """The kind of VMs of `image` on the host at `uri`."""
     files = VmFiles(runtime)
     if is_test_host(uri):

@@ -5,17 +5,20 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from hypervisor.base import DomainSpec
 from hypervisor.disks import remove_vm_disks, vm_disks, vm_ids_with_disks
 from rift.domain.errors import GuestUnreachable
 from rift.domain.model import StartKind, Vm
+from rift.services.absent import NO_RUNTIME, NO_SHELL
 from rift.services.context import Deps, GuestRuntime
-from rift.services.ports import GuestShell, HostFiles
+from rift.services.ports import GuestExecs, GuestFiles, HostFiles
 
-NO_SHELL = "this control plane has no guest access configured"
-NO_RUNTIME = "this control plane runs no real guests (no guest runtime)"
+__all__ = ["NO_RUNTIME", "NO_SHELL", "GuestKind", "NotReady", "Verdict", "VmFiles", "mac_of",
+           "reach", "serial_log", "vm_files"]
+
+P = TypeVar("P", GuestFiles, GuestExecs)
 
 # How `rift doctor` learns which accelerator a host's guests get, and why.
 Verdict = Callable[[str], tuple[str, str]]
@@ -55,7 +58,7 @@ class GuestKind(Protocol):
         """Remove the VM's own files (serial log, overlay, seed); absent is fine."""
         ...
 
-    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+    def receive(self, vm: Vm, host_files: HostFiles) -> None:
         """Put on this kind's host what `vm`, moving here live, reads from its host's
         disk (the migration brings its memory and its disk's blocks); HypervisorError
         (op "migrate") when such VMs do not move."""
@@ -70,16 +73,16 @@ class GuestKind(Protocol):
         ...
 
 
-def reach(vm: Vm, guests: GuestShell | None) -> GuestShell:
-    """The shell that reaches a running VM's guest, at the SSH address its kind gave
-    it when it was made (`GuestKind.ssh_port`); GuestUnreachable when it has none
-    (the test driver's VMs) or this control plane has no shell."""
+def reach(vm: Vm, port: P) -> P:
+    """The guest port `port` (its files, its execs) for a running VM whose guest has
+    the SSH address its kind gave it when it was made (`GuestKind.ssh_port`);
+    GuestUnreachable when it has none (the test driver's VMs), or when the port
+    reaches no guest at all (rift.services.absent: no guest access)."""
     if vm.ssh_port is None:
         raise GuestUnreachable(vm.id, f"host {vm.host} runs no guest behind its domains "
                                "(libvirt's test driver)")
-    if guests is None:
-        raise GuestUnreachable(vm.id, NO_SHELL)
-    return guests
+    port.reachable(vm)
+    return port
 
 
 def mac_of(vm_id: str) -> str:

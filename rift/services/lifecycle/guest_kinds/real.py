@@ -20,18 +20,17 @@ from hypervisor.qcow2 import (
     qcow2_image,
 )
 from hypervisor.snapshot_image import snapshot_image
-from rift.domain.errors import GuestUnreachable, HypervisorFailed
+from rift.domain.errors import GuestUnreachable
 from rift.domain.model import DEFAULT_DISK_GIB, StartKind, Vm
 from rift.services.context import GuestRuntime
 from rift.services.lifecycle.guest_kinds.base import (
-    NO_RUNTIME,
     NotReady,
     Verdict,
     VmFiles,
     mac_of,
     serial_log,
 )
-from rift.services.ports import GuestShell, HostFiles
+from rift.services.ports import Guests, HostFiles, Overlay
 
 __all__ = ["DEFAULT_DISK_GIB", "GIB", "KernelGuest", "Qcow2Guest", "SnapshotGuest"]
 
@@ -45,7 +44,7 @@ class _RealGuest:
     markers = True  # the guest's init prints a ready marker on the serial console
 
     def __init__(self, uri: str, image: str, runtime: GuestRuntime,
-                 guests: GuestShell | None, files: VmFiles) -> None:
+                 guests: Guests, files: VmFiles) -> None:
         self.uri = uri
         self.image = image
         self.runtime = runtime
@@ -55,19 +54,14 @@ class _RealGuest:
     def ssh_port(self, free_port: Callable[[], int]) -> int | None:
         return free_port()
 
-    def _guests(self, vm: Vm) -> GuestShell:
-        if self.guests is None:
-            raise HypervisorFailed(NO_RUNTIME, host=vm.host)
-        return self.guests
-
     def _serial_log(self, vm: Vm) -> Path:
         return serial_log(self.runtime, vm.id)
 
     def wait_ready(self, vm: Vm) -> None:
         timeout_s = self.runtime.boot_timeout_s
         try:
-            self._guests(vm).wait_ready(vm, self._serial_log(vm), timeout_s,
-                                        markers=self.markers)
+            self.guests.lifecycle.wait_ready(vm, self._serial_log(vm), timeout_s,
+                                             markers=self.markers)
         except GuestUnreachable as exc:
             raise NotReady(f"the guest did not answer SSH within {timeout_s:.0f}s: "
                            f"{exc.message}") from exc
@@ -75,7 +69,7 @@ class _RealGuest:
     def clean_up(self, vm_id: str) -> None:
         self.files.remove(vm_id)
 
-    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+    def receive(self, vm: Vm, host_files: HostFiles) -> None:
         raise HypervisorError("migrate", f"VMs of {self.label} images do not move yet")
 
     def accelerator(self, verdict: Verdict) -> str:
@@ -120,17 +114,17 @@ class KernelGuest(_RealGuest):
         image_files(self.runtime.images_dir, self.image)
 
     def plan(self, vm: Vm) -> DomainSpec:
-        guests = self._guests(vm)
+        keys = self.guests.keys
         assert vm.ssh_port is not None
         image = image_files(self.runtime.images_dir, self.image)
         return guest_spec(
             image, name=vm.domain_name,
             task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus, memory_mib=vm.memory_mib,
             domain_type=self.runtime.accel(self.uri),
-            public_key_line=guests.task_key(vm.task_id), ssh_port=vm.ssh_port,
+            public_key_line=keys.task_key(vm.task_id), ssh_port=vm.ssh_port,
             serial_log=self._serial_log(vm), disk=self._overlay(image, vm))
 
-    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+    def receive(self, vm: Vm, host_files: HostFiles) -> None:
         """The image's kernel, initrd and base disk here, the folder of the VM's serial
         log, and an empty overlay of its size (the migration fills it)."""
         try:
@@ -146,16 +140,13 @@ class KernelGuest(_RealGuest):
                 except ImageError as exc:
                     raise HypervisorError("migrate", str(exc)) from exc
             return
-        if host_files is None:
-            raise HypervisorError("migrate", f"{self.uri} is elsewhere and Rift has no SSH "
-                                  "to hosts")
-        host_files.prepare(self.uri, DomainSpec(
+        host_files.receive(self.uri, DomainSpec(
             name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus,
             memory_mib=vm.memory_mib, image=vm.image, domain_type="qemu",
             kernel=str(image.kernel), initrd=str(image.initrd),
-            serial_log=str(self._serial_log(vm))))
-        if image.disk is not None:
-            host_files.make_overlay(self.uri, str(image.disk), str(disks.overlay), size)
+            serial_log=str(self._serial_log(vm))),
+            None if image.disk is None else Overlay(base=str(image.disk),
+                                                    path=str(disks.overlay), size_bytes=size))
 
     def _overlay(self, image: ImageFiles, vm: Vm) -> Path | None:
         """The VM's overlay of the image's base disk, made here; None without one."""
@@ -178,11 +169,11 @@ class Qcow2Guest(_RealGuest):
         qcow2_image(self.runtime.images_dir, self.image)
 
     def plan(self, vm: Vm) -> DomainSpec:
-        guests = self._guests(vm)
+        keys = self.guests.keys
         assert vm.ssh_port is not None
         image = qcow2_image(self.runtime.images_dir, self.image)
         disks = prepare_vm_disks(image, self.runtime.vm_disks_dir, vm_id=vm.id,
-                                 public_key_line=guests.task_key(vm.task_id),
+                                 public_key_line=keys.task_key(vm.task_id),
                                  size_bytes=vm.disk_gib * GIB)
         return qcow2_guest_spec(
             image, disks, name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id,
@@ -213,11 +204,11 @@ class SnapshotGuest(_RealGuest):
         snapshot_image(self.runtime.images_dir, self.image)
 
     def plan(self, vm: Vm) -> DomainSpec:
-        guests = self._guests(vm)
+        keys = self.guests.keys
         assert vm.ssh_port is not None
         image = snapshot_image(self.runtime.images_dir, self.image)
         # The key the VM is handed over to (its task's, its pool's), made on first use.
-        key_line = guests.task_key(vm.task_id)
+        key_line = keys.task_key(vm.task_id)
         disk = seed = None
         if image.disk is not None:
             if image.origin_kind == KIND_QCOW2:
@@ -238,8 +229,8 @@ class SnapshotGuest(_RealGuest):
         image = snapshot_image(self.runtime.images_dir, self.image)
         timeout_s = self.runtime.boot_timeout_s
         try:
-            self._guests(vm).forked(vm, image.host_key, mac_of(vm.id), timeout_s,
-                                    boot_key=image.key)
+            self.guests.lifecycle.forked(vm, image.host_key, mac_of(vm.id), timeout_s,
+                                         boot_key=image.key)
         except GuestUnreachable as exc:
             raise NotReady(f"the guest did not answer SSH within {timeout_s:.0f}s of its "
                            f"restore: {exc.message}") from exc

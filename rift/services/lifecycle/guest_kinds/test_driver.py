@@ -39,7 +39,7 @@ class TestDriverGuest:
         # It makes no files; any a VM id names (a host whose URI changed) go anyway.
         self.files.remove(vm_id)
 
-    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+    def receive(self, vm: Vm, host_files: HostFiles) -> None:
         return None  # no guest, no files: the domain alone moves
 
     def accelerator(self, verdict: Verdict) -> str:
@@ -70,7 +70,7 @@ class NoGuests:
     def clean_up(self, vm_id: str) -> None:
         return None
 
-    def receive(self, vm: Vm, host_files: HostFiles | None) -> None:
+    def receive(self, vm: Vm, host_files: HostFiles) -> None:
         raise HypervisorError("migrate", NO_RUNTIME)
 
     def accelerator(self, verdict: Verdict) -> str:

@@ -1,0 +1,122 @@
+"""A guest's commands over SSH: one run to its end on its channel (`exec`), and
+background execs kept by rift-exec in the guest (hypervisor/rift_exec.c), whose
+views are read up to a limit (SPEC §15)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from rift.domain.model import Vm
+from rift.guest.errors import GuestError, GuestExecError
+from rift.guest.exec_view import (
+    EXEC_ENDED,
+    NO_SUCH_EXEC,
+    STDIN_CLOSED,
+    ViewError,
+    input_command,
+    kill_command,
+    parse_view,
+    read_command,
+    start_command,
+    view_size,
+)
+from rift.guest.runner import Runner
+from rift.services.ports import GuestExec
+
+HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
+_SMALL_ANSWER = 4096  # the most a helper's `input` or `kill` prints
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A command run to its end on one channel (`ShellExecs.exec`)."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    truncated: bool
+    duration_ms: int
+
+
+class ShellExecs:
+    """Commands in the guest: to their end, or detached under rift-exec."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult:
+        started = time.monotonic()
+        collected = self.runner.run(vm, self.runner.environment(vm) + command, stdin,
+                                    float(timeout_s), self.runner.conns.settings.output_cap)
+        return ExecResult(
+            exit_code=collected.exit_code,
+            stdout=collected.stdout,
+            stderr=collected.stderr,
+            timed_out=collected.timed_out,
+            truncated=collected.truncated,
+            duration_ms=round((time.monotonic() - started) * 1000),
+        )
+
+    # background execs (rift-exec in the guest: hypervisor/rift_exec.c)
+
+    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
+                   timeout_s: int, cap_bytes: int, wait_ms: int, max_bytes: int) -> GuestExec:
+        """Start `command` detached in the guest as exec `exec_id` and answer its view
+        once it ended or `wait_ms` passed (it runs on after). `stdin`, when given,
+        is its whole stdin; else its stdin stays open for `exec_input`."""
+        line = start_command(exec_id, self.runner.environment(vm) + command,
+                             timeout_s=timeout_s, cap_bytes=cap_bytes, wait_ms=wait_ms,
+                             max_bytes=max_bytes, with_stdin=stdin is not None)
+        status, data = self.runner.helper(vm, line, stdin, wait_ms / 1000 + HELPER_SLACK_S,
+                                          view=True, limit=view_size(max_bytes))
+        return self._view(vm, exec_id, status, data, max_bytes)
+
+    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
+                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
+        """The exec's view with output from the offsets, once there is some past
+        them, it ended, or `wait_ms` passed; GuestError past `deadline_s` (default:
+        the wait and the helper's slack)."""
+        line = read_command(exec_id, stdout_offset, stderr_offset, max_bytes, wait_ms)
+        if deadline_s is None:
+            deadline_s = wait_ms / 1000 + HELPER_SLACK_S
+        status, data = self.runner.helper(vm, line, None, deadline_s,
+                                          view=True, limit=view_size(max_bytes))
+        return self._view(vm, exec_id, status, data, max_bytes)
+
+    def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
+        """Write `data` to the exec's stdin (then close it, with `eof`); answers the
+        bytes written. GuestExecError when it ended or its stdin is closed."""
+        status, out = self.runner.helper(vm, input_command(exec_id, eof=eof), data,
+                                         self.runner.conns.settings.file_timeout_s,
+                                         view=False, limit=_SMALL_ANSWER)
+        if status in (NO_SUCH_EXEC, EXEC_ENDED):
+            raise GuestExecError(exec_id, "ended", vm_id=vm.id)
+        if status == STDIN_CLOSED:
+            raise GuestExecError(exec_id, "stdin_closed", vm_id=vm.id)
+        if status != 0:
+            raise GuestError(f"rift-exec input failed (exit {status}): {out[-200:]!r}",
+                             vm_id=vm.id)
+        return len(data)
+
+    def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None:
+        """Signal the exec's process group (TERM: KILL follows 5 s later in the guest).
+        An exec that ended already is left as it is."""
+        status, out = self.runner.helper(vm, kill_command(exec_id, signal), None,
+                                         HELPER_SLACK_S, view=False, limit=_SMALL_ANSWER)
+        if status not in (0, NO_SUCH_EXEC):
+            raise GuestError(f"rift-exec kill failed (exit {status}): {out[-200:]!r}",
+                             vm_id=vm.id)
+
+    def _view(self, vm: Vm, exec_id: str, status: int | None, data: bytes,
+              max_bytes: int) -> GuestExec:
+        if status == NO_SUCH_EXEC:
+            raise GuestExecError(exec_id, "unknown", vm_id=vm.id)
+        try:
+            return parse_view(data, max_bytes)
+        except ViewError as exc:
+            raise GuestError(f"rift-exec answered no view (exit {status}): {exc}",
+                             vm_id=vm.id) from exc
+

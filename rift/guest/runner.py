@@ -1,0 +1,145 @@
+"""Running commands in a guest on a pooled connection, each bounded by its deadline
+(the watchdog closes a connection paramiko waits on past it), and rift-exec's
+commands (hypervisor/rift_exec.c), whose answers are read up to a limit: what a
+guest answers is hostile (SPEC §15)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hypervisor.base import ImageError
+from hypervisor.exec_helper import GUEST_PATH
+from rift.domain.egress import proxied, proxy_environment
+from rift.domain.model import Vm
+from rift.guest.connections import FAILURES, GRACE_S, Connections
+from rift.guest.errors import GuestError
+from rift.guest.exec_view import NO_SUCH_EXEC
+from rift.guest.run import Collected, kill_line, send_within
+from rift.guest.steps import address, left, read_capped
+from rift.guest.watchdog import Guard
+
+log = logging.getLogger("rift.guest.shell")
+
+KILL_WAIT_S = 5.0
+NOT_FOUND = 127  # the shell's exit status for a command it cannot find
+
+
+class Runner:
+    """Commands and rift-exec calls on the VM's pooled connections. `helper_binary`
+    is rift-exec for guests without it (hypervisor.exec_helper; compiled on first
+    use)."""
+
+    def __init__(self, conns: Connections,
+                 helper_binary: Callable[[], Path] | None = None) -> None:
+        self.conns = conns
+        self.helper_binary = helper_binary
+        port = conns.settings.egress_proxy_port
+        self.egress_environment = (
+            proxy_environment(f"http://10.0.2.2:{port}") if port else "")
+
+    def environment(self, vm: Vm) -> str:
+        """What a command of `vm`'s is prefixed with: the egress proxy's address when
+        its egress is an allowlist."""
+        return self.egress_environment if proxied(vm.egress) else ""
+
+    def run(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: float,
+             out_cap: int) -> Collected:
+        """Run `command` in the guest on a pooled connection; past `timeout_s`, kill it.
+        Output is kept up to the caps (the rest is read and dropped); a step paramiko
+        waits on past the deadline and the kill's wait gets the connection closed."""
+        where = address(vm)
+        self.conns.remember(vm)
+        guard: Guard | None = None
+        try:
+            with self.conns.pool.lease(vm.id, where, timeout_s) as transport:
+                deadline = time.monotonic() + timeout_s
+                with self.conns.watchdog.guard(deadline + KILL_WAIT_S + GRACE_S,
+                                               transport.close) as guard:
+                    collected = self.conns.session(transport, command, stdin, deadline, out_cap)
+                    if collected.timed_out and collected.pid is not None:
+                        # The timed-out channel is closed by now; the kill runs after it on
+                        # the same connection (never two channels at once: rift.guest.pool).
+                        killed = self.conns.session(transport, kill_line(collected.pid),
+                                                    None, time.monotonic() + KILL_WAIT_S,
+                                                    4096)
+                        if killed.timed_out:
+                            log.warning("could not kill a timed-out command in %s", vm.id)
+        except FAILURES as exc:
+            if guard is not None and guard.fired:
+                raise GuestError(f"the guest did not answer within {timeout_s:.0f}s; its "
+                                 "connection was closed", vm_id=vm.id) from exc
+            raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
+        return collected
+
+    def helper(self, vm: Vm, line: str, stdin: bytes | None, timeout_s: float, *,
+               view: bool, limit: int) -> tuple[int | None, bytes]:
+        """Run one rift-exec command on a pooled connection: (its exit status, what
+        it printed, at most `limit` bytes). Each ends soon: `start` and `read` once
+        their wait is over (an exec's keeper is a process of its own)."""
+        status, data = self._helper_once(vm, line, stdin, timeout_s, view=view, limit=limit)
+        if status == NOT_FOUND and self.helper_binary is not None:
+            # A guest Rift did not build (a qcow2 image) has no rift-exec: give it one.
+            self.upload_helper(vm)
+            status, data = self._helper_once(vm, line, stdin, timeout_s, view=view,
+                                             limit=limit)
+        return status, data
+
+    def upload_helper(self, vm: Vm) -> None:
+        assert self.helper_binary is not None
+        try:
+            binary = self.helper_binary().read_bytes()
+        except (ImageError, OSError) as exc:
+            raise GuestError(f"the guest has no rift-exec and none is at hand: {exc}",
+                             vm_id=vm.id) from exc
+        folder = GUEST_PATH.rsplit("/", 1)[0]
+        aside = f"{GUEST_PATH}.new.$$"  # calls racing to put it there each write their own
+        script = (f"mkdir -p {folder} && cat > {aside} && chmod 755 {aside} "
+                  f"&& mv -f {aside} {GUEST_PATH}")
+        collected = self.run(vm, script, binary, self.conns.settings.file_timeout_s, 4096)
+        if collected.exit_code != 0:
+            raise GuestError("could not put rift-exec into the guest: " + collected.stderr
+                             .decode("utf-8", "replace").strip()[-200:], vm_id=vm.id)
+        log.info("rift-exec put into guest %s", vm.id)
+
+    def _helper_once(self, vm: Vm, line: str, stdin: bytes | None, timeout_s: float, *,
+                     view: bool, limit: int) -> tuple[int | None, bytes]:
+        """What the guest answers is hostile (SPEC §15): read until `limit` bytes
+        (more is GuestError), every step by the deadline, the connection closed by
+        the watchdog when paramiko waits past it."""
+        where = address(vm)
+        self.conns.remember(vm)
+        deadline = time.monotonic() + timeout_s
+        guard: Guard | None = None
+        try:
+            with self.conns.pool.lease(vm.id, where, timeout_s) as transport, \
+                    self.conns.watchdog.guard(deadline + GRACE_S, transport.close) as guard:
+                chan = transport.open_session(
+                    timeout=left(deadline, self.conns.settings.connect_timeout_s))
+                try:
+                    chan.exec_command(line)
+                    if stdin:
+                        send_within(chan, stdin, deadline)
+                    chan.shutdown_write()
+                    data = read_capped(chan, deadline, limit, vm.id)
+                    if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
+                        raise GuestError("rift-exec did not end", vm_id=vm.id)
+                    status = chan.recv_exit_status()
+                    err = chan.recv_stderr(4096) if chan.recv_stderr_ready() else b""
+                finally:
+                    chan.close()
+        except TimeoutError as exc:
+            raise GuestError(f"rift-exec did not answer within {timeout_s:.0f}s: {exc}",
+                             vm_id=vm.id) from exc
+        except FAILURES as exc:
+            if guard is not None and guard.fired:
+                raise GuestError(f"rift-exec did not answer within {timeout_s:.0f}s; its "
+                                 "connection was closed", vm_id=vm.id) from exc
+            raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
+        if view and status not in (0, NO_SUCH_EXEC, NOT_FOUND):
+            raise GuestError(f"rift-exec failed (exit {status})"
+                             f"{': ' + repr(err[-200:]) if err else ''}", vm_id=vm.id)
+        return status, data
+
