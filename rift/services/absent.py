@@ -133,3 +133,26 @@ class NoHostFiles:
 
     def forget(self, uri: str, vm_id: str) -> None:
         return None
+
+
+class NoRuntime:
+    """No real guests: no images are kept (refused, naming the field), no snapshot
+    or image has files here, no VM disk is sampled; a guest's login after a restore
+    would wait the default boot wait."""
+
+    boot_timeout_s = 60.0
+
+    def images(self, field: str) -> Path:
+        raise InvalidArgument(field, NO_IMAGES)
+
+    def image_folder(self, image: str) -> Path | None:
+        return None
+
+    def snapshot_folder(self, snapshot_id: str) -> Path | None:
+        return None
+
+    def kept_folders(self) -> list[Path]:
+        return []
+
+    def disk_folders(self) -> list[Path]:
+        return []

@@ -7,11 +7,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from rift.domain.clock import Clock
 from rift.domain.leases import LeaseRules
 from rift.domain.model import Egress
-from rift.services.absent import NoHostFiles, no_guests
+from rift.services.absent import NoHostFiles, NoRuntime, no_guests
 from rift.services.ports import Guests, HostFiles, HostPool, ImageCatalog, Store
 
 
@@ -71,6 +72,32 @@ class DiskRoom:
         return {name: free for name, free in self.free.items() if free < floor_bytes}
 
 
+class Runtime(Protocol):
+    """What the engine asks of the guest runtime: how long a boot may take, and the
+    folders of images, snapshots and VMs' disks. Without real guests (libvirt's test
+    driver, unit tests) rift.services.absent.NoRuntime answers: no images are kept,
+    no snapshot has files, no disk is sampled."""
+
+    @property
+    def boot_timeout_s(self) -> float: ...
+    def images(self, field: str) -> Path:
+        """The images folder; InvalidArgument (naming `field`) without real guests."""
+        ...
+    def image_folder(self, image: str) -> Path | None:
+        """The folder of `image`'s files; None without real guests."""
+        ...
+    def snapshot_folder(self, snapshot_id: str) -> Path | None:
+        """Where the snapshot's files are; None without real guests."""
+        ...
+    def kept_folders(self) -> list[Path]:
+        """The snapshots folder and the images folder (where forks' copies of saved
+        states may be left); none without real guests."""
+        ...
+    def disk_folders(self) -> list[Path]:
+        """Where VMs' disks are (a host's free disk is sampled there); none without."""
+        ...
+
+
 @dataclass(frozen=True)
 class GuestRuntime:
     """What real guests need: where images, serial logs and the per-VM disks of
@@ -92,6 +119,21 @@ class GuestRuntime:
     def snapshots_dir(self) -> Path:
         """Where each snapshot keeps its saved memory and its copy of a VM's disk."""
         return self.images_dir.parent / "snapshots"
+
+    def images(self, field: str) -> Path:
+        return self.images_dir
+
+    def image_folder(self, image: str) -> Path | None:
+        return self.images_dir / image
+
+    def snapshot_folder(self, snapshot_id: str) -> Path | None:
+        return self.snapshots_dir / snapshot_id
+
+    def kept_folders(self) -> list[Path]:
+        return [self.snapshots_dir, self.images_dir]
+
+    def disk_folders(self) -> list[Path]:
+        return [self.vm_disks_dir]
 
 
 @dataclass(frozen=True)
@@ -122,7 +164,8 @@ class Deps:
     observers: Observers = field(default_factory=Observers)
     cursors: Cursors = field(default_factory=Cursors)
     disk_room: DiskRoom = field(default_factory=DiskRoom)
-    runtime: GuestRuntime | None = None
+    # real guests' folders and boot wait; none unless rift.bootstrap wires them
+    runtime: Runtime = field(default_factory=NoRuntime)
     install_id: str | None = None  # marks this control plane's domains on shared hosts
     default_image: str = "debian"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_IMAGE)
     exposure_urls: ExposureUrls = field(default_factory=ExposureUrls)

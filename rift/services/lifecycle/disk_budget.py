@@ -56,10 +56,10 @@ def check_host_disk(deps: Deps, host: str) -> None:
 
 
 def sample_host_disk(deps: Deps, host: str, disk: HostDisk) -> None:
-    """Note how much disk `host` has free where its VMs' disks are."""
-    if deps.runtime is None:
-        return  # no VM disks (libvirt's test driver)
-    try:
-        deps.disk_room.free[host] = disk.free(str(deps.runtime.vm_disks_dir))
-    except OSError as exc:
-        deps.log.info("host disk not sampled", extra={"host": host, "error": str(exc)})
+    """Note how much disk `host` has free where its VMs' disks are (nowhere
+    without real guests: libvirt's test driver)."""
+    for folder in deps.runtime.disk_folders():
+        try:
+            deps.disk_room.free[host] = disk.free(str(folder))
+        except OSError as exc:
+            deps.log.info("host disk not sampled", extra={"host": host, "error": str(exc)})

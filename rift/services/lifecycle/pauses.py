@@ -72,7 +72,7 @@ def resume(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView
         _undo(deps, vm, "paused", "resuming")
         raise HypervisorFailed(str(exc), host=vm.host) from exc
     if vm.ssh_port is not None:
-        timeout_s = deps.runtime.boot_timeout_s if deps.runtime else 60.0
+        timeout_s = deps.runtime.boot_timeout_s
         try:
             deps.guests.lifecycle.resumed(vm, timeout_s)
         except GuestUnreachable as exc:  # it runs: its calls say what fails

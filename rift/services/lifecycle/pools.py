@@ -92,9 +92,9 @@ class PoolRow:
 
 def image_build(deps: Deps, image: str) -> str:
     """A digest of the image's files (names, sizes, times): a rebuild changes it."""
-    if deps.runtime is None:
+    folder = deps.runtime.image_folder(image)
+    if folder is None:  # no real guests: no image files
         return "no-runtime"
-    folder = deps.runtime.images_dir / image
     digest = hashlib.sha256(image.encode())
     with suppress(FileNotFoundError):
         for path in sorted(folder.iterdir()):
@@ -277,7 +277,7 @@ def hand_over(deps: Deps, vm: Vm, uri: str, kind: GuestKind, taken: Taken) -> No
         hv.restore(vm.domain_name)
         step("restore")
         if vm.ssh_port is not None:
-            timeout_s = deps.runtime.boot_timeout_s if deps.runtime else 60.0
+            timeout_s = deps.runtime.boot_timeout_s
             deps.guests.lifecycle.reconnect(pooled, taken.vm.host_key, timeout_s)
             step("reconnect")
     if vm.ssh_port is not None:

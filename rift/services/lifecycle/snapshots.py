@@ -66,7 +66,7 @@ MAX_FORKS = 1024  # of one call; the task's room (RIFT_MAX_VMS_PER_TASK) decides
 
 def snapshot_dir(deps: Deps, snapshot_id: str) -> Path | None:
     """Where the snapshot's files are; None without a guest runtime (engine tests)."""
-    return deps.runtime.snapshots_dir / snapshot_id if deps.runtime is not None else None
+    return deps.runtime.snapshot_folder(snapshot_id)
 
 
 def state_path(deps: Deps, snapshot_id: str) -> str:
@@ -208,7 +208,7 @@ class Steps:
 def _reconnect(deps: Deps, vm: Vm) -> None:
     if vm.ssh_port is None:
         return
-    timeout_s = deps.runtime.boot_timeout_s if deps.runtime else 60.0
+    timeout_s = deps.runtime.boot_timeout_s
     try:
         deps.guests.lifecycle.resumed(vm, timeout_s)
     except GuestUnreachable as exc:  # it runs: its calls say what fails
@@ -328,10 +328,11 @@ def dead_snapshot_files(deps: Deps) -> list[str]:
     the row, or a row purged), and forks' copies of a saved state (in a snapshot's
     folder or a snapshot image's) that a crash left behind, older than the grace
     a start has: they go. Answers the snapshot ids and file names removed."""
-    if deps.runtime is None:
+    kept = deps.runtime.kept_folders()  # (snapshots, images); none without real guests
+    if not kept:
         return []
     gone: list[str] = []
-    snapshots_dir = deps.runtime.snapshots_dir
+    snapshots_dir = kept[0]
     found = [p.name for p in snapshots_dir.iterdir() if p.is_dir()] if snapshots_dir.is_dir() \
         else []
     with deps.store.read() as tx:
@@ -340,7 +341,7 @@ def dead_snapshot_files(deps: Deps) -> list[str]:
         _remove_files(deps, name, LOCAL_DISK)
         gone.append(name)
     cutoff = time.time() - deps.limits.creating_grace_s  # files: the wall clock
-    for folder in (snapshots_dir, deps.runtime.images_dir):
+    for folder in kept:
         for copy in folder.glob(f"*/{FORK_PREFIX}*"):
             with suppress(OSError):
                 if copy.stat().st_mtime < cutoff:
@@ -476,7 +477,7 @@ def _start_fork(deps: Deps, caller: Caller, vm: Vm, snap: Snapshot, uri: str,
         kind.clean_up(vm.id)
         return fail_start(deps, caller, vm, f"the fork could not start: {exc}")
     if vm.ssh_port is not None:
-        timeout_s = deps.runtime.boot_timeout_s if deps.runtime else 60.0
+        timeout_s = deps.runtime.boot_timeout_s
         try:
             deps.guests.lifecycle.forked(vm, snap.host_key, mac_of(vm.id), timeout_s)
         except GuestUnreachable as exc:

@@ -24,10 +24,7 @@ from rift.services.lifecycle.snapshots import DISK_FILE, STATE_FILE, snapshot_di
 
 
 def _images_dir(deps: Deps) -> Path:
-    if deps.runtime is None:
-        raise InvalidArgument("image", "this control plane runs no real guests (no guest "
-                              "runtime), so it keeps no images")
-    return deps.runtime.images_dir
+    return deps.runtime.images("image")
 
 
 def live_vms_of_image(deps: Deps, name: str) -> list[str]:
@@ -58,9 +55,7 @@ def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
     malformed, a control plane without real guests, files that cannot be copied
     (invalid_argument, saying which)."""
     validate.snapshot_id(snapshot_id)
-    if deps.runtime is None:
-        raise InvalidArgument("snapshot_id", "this control plane runs no real guests (no "
-                              "guest runtime), so it keeps no images")
+    images_dir = deps.runtime.images("snapshot_id")
     with deps.store.read() as tx:
         snap = tx.snapshots.get(snapshot_id)
         source_vm = tx.vms.get(snap.vm_id) if snap is not None else None
@@ -77,7 +72,6 @@ def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
         # Its network is in the saved state, and an image's VMs are `open` (SPEC §13).
         raise InvalidArgument("snapshot_id", f"{snapshot_id} is of a VM whose egress is not "
                               "open; an image is made from a snapshot of an `open` VM")
-    images_dir = deps.runtime.images_dir
     origin_kind = image_kind(images_dir, snap.image) or KIND_KERNEL
     try:
         if origin_kind == KIND_SNAPSHOT:  # a snapshot of a VM of a snapshot image

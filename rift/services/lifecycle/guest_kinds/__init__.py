@@ -31,7 +31,7 @@ from __future__ import annotations
 from hypervisor.base import ImageError
 from hypervisor.qcow2 import KIND_QCOW2, image_kind
 from hypervisor.snapshot_image import KIND_SNAPSHOT
-from rift.services.context import Deps, GuestRuntime
+from rift.services.context import Deps, Runtime
 from rift.services.lifecycle.guest_kinds.base import (
     GuestKind,
     NotReady,
@@ -39,6 +39,7 @@ from rift.services.lifecycle.guest_kinds.base import (
     VmFiles,
     mac_of,
     reach,
+    real_runtime,
     serial_log,
     vm_files,
 )
@@ -61,20 +62,20 @@ def is_test_host(uri: str) -> bool:
     return driver in TEST_DRIVERS
 
 
-def guest_kind(uri: str, image: str, runtime: GuestRuntime | None,
-               guests: Guests) -> GuestKind:
+def guest_kind(uri: str, image: str, runtime: Runtime, guests: Guests) -> GuestKind:
     """The kind of VMs of `image` on the host at `uri`."""
-    files = VmFiles(runtime)
+    real = real_runtime(runtime)
+    files = VmFiles(real)
     if is_test_host(uri):
         return TestDriverGuest(files)
-    if runtime is None:
+    if real is None:
         return NoGuests()
-    kind = image_kind(runtime.images_dir, image)
+    kind = image_kind(real.images_dir, image)
     if kind == KIND_QCOW2:
-        return Qcow2Guest(uri, image, runtime, guests, files)
+        return Qcow2Guest(uri, image, real, guests, files)
     if kind == KIND_SNAPSHOT:
-        return SnapshotGuest(uri, image, runtime, guests, files)
-    return KernelGuest(uri, image, runtime, guests, files)
+        return SnapshotGuest(uri, image, real, guests, files)
+    return KernelGuest(uri, image, real, guests, files)
 
 
 def kind_on(deps: Deps, uri: str, image: str) -> GuestKind:

@@ -12,11 +12,11 @@ from hypervisor.disks import remove_vm_disks, vm_disks, vm_ids_with_disks
 from rift.domain.errors import GuestUnreachable
 from rift.domain.model import StartKind, Vm
 from rift.services.absent import NO_RUNTIME, NO_SHELL
-from rift.services.context import Deps, GuestRuntime
+from rift.services.context import Deps, GuestRuntime, Runtime
 from rift.services.ports import GuestExecs, GuestFiles, HostFiles
 
 __all__ = ["NO_RUNTIME", "NO_SHELL", "GuestKind", "NotReady", "Verdict", "VmFiles", "mac_of",
-           "reach", "serial_log", "vm_files"]
+           "reach", "real_runtime", "serial_log", "vm_files"]
 
 P = TypeVar("P", GuestFiles, GuestExecs)
 
@@ -124,5 +124,11 @@ class VmFiles:
         return set() if self.runtime is None else vm_ids_with_disks(self.runtime.vm_disks_dir)
 
 
+def real_runtime(runtime: Runtime) -> GuestRuntime | None:
+    """The runtime of real guests; None on a control plane without
+    (rift.services.absent.NoRuntime): where a kind of guest is chosen, once."""
+    return runtime if isinstance(runtime, GuestRuntime) else None
+
+
 def vm_files(deps: Deps) -> VmFiles:
-    return VmFiles(deps.runtime)
+    return VmFiles(real_runtime(deps.runtime))
