@@ -40,7 +40,7 @@ def test_the_database_host_is_the_one_of_a_network_url_only() -> None:
 
 def test_the_script_flushes_and_fills_every_set_merged_with_the_fixed_entries() -> None:
     script = nft_script(parse_networks("10.0.0.0/8,10.1.2.3,169.254.77.0/24,2001:db8::/32"),
-                        parse_networks("10.214.11.2,10.214.12.2"))
+                        parse_networks("10.214.11.2,10.214.12.2"), parse_networks("10.214.12.2"))
     lines = script.splitlines()
     assert lines[:4] == [f"flush set inet rift_guests {name}"
                          for name in ("deny_v4", "deny_v6", "fleet_v4", "fleet_v6")]
@@ -50,7 +50,14 @@ def test_the_script_flushes_and_fills_every_set_merged_with_the_fixed_entries() 
     assert lines[5] == ("add element inet rift_guests deny_v6 { 2001:db8::/32, "
                         "fd00:ec2::254/128, fe80::/10 }")
     assert lines[6] == "add element inet rift_guests fleet_v4 { 10.214.11.2/32, 10.214.12.2/32 }"
-    assert len(lines) == 7  # no fleet_v6 element: an empty set stays empty
+    # the peer sets (the other hypervisors' migration ports, which QEMU may reach),
+    # made first where an older table has none
+    assert lines[7:] == [
+        "add set inet rift_guests peers_v4 { type ipv4_addr; flags interval; }",
+        "flush set inet rift_guests peers_v4",
+        "add element inet rift_guests peers_v4 { 10.214.12.2/32 }",
+        "add set inet rift_guests peers_v6 { type ipv6_addr; flags interval; }",
+        "flush set inet rift_guests peers_v6"]  # no fleet_v6, peers_v6 element: stays empty
 
 
 @pytest.mark.skipif(shutil.which("nft") is None, reason="no nft here")

@@ -14,7 +14,9 @@ user: the ansible role lets its `rift` user run `nft -f -` and nothing else;
 a host where neither works keeps the file's fixed entries, and a warning says
 so). The egress proxy refuses the same addresses to allowlisted guests
 (`denied`). The same script fills the table's fleet sets: who may reach the
-host's live migration ports (every host's address and this machine's).
+host's live migration ports (every host's address and this machine's), and its
+peer sets: the other hypervisors, whose migration ports the host's QEMU streams
+a guest with a disk to (over migration TLS) though the deny sets name them.
 """
 
 from __future__ import annotations
@@ -115,15 +117,24 @@ def collapsed(networks: Iterable[Network]) -> tuple[list[ipaddress.IPv4Network],
     return list(ipaddress.collapse_addresses(v4)), list(ipaddress.collapse_addresses(v6))
 
 
-def nft_script(networks: Iterable[Network], fleet: Iterable[Network] = ()) -> str:
+def nft_script(networks: Iterable[Network], fleet: Iterable[Network] = (),
+               peers: Iterable[Network] = ()) -> str:
     """What `nft -f -` takes to make the table's deny sets exactly `networks` (and the
-    fixed entries), and its fleet sets (who may reach the migration ports) exactly
-    `fleet`, in one transaction: never a moment with a set empty."""
+    fixed entries), its fleet sets (who may reach the migration ports) exactly
+    `fleet` and its peer sets (whose migration ports its QEMU may reach) exactly
+    `peers`, in one transaction: never a moment with a set empty. The peer sets are
+    made first where the table, loaded from an older file, has none."""
     v4, v6 = collapsed([*(ipaddress.ip_network(n) for n in FIXED), *networks])
     f4, f6 = collapsed(fleet)
+    p4, p6 = collapsed(peers)
     lines = [f"flush set {TABLE} {name}"
              for name in ("deny_v4", "deny_v6", "fleet_v4", "fleet_v6")]
     for name, nets in (("deny_v4", v4), ("deny_v6", v6), ("fleet_v4", f4), ("fleet_v6", f6)):
+        if nets:
+            lines.append(f"add element {TABLE} {name} {{ {', '.join(map(str, nets))} }}")
+    for name, family, nets in (("peers_v4", "ipv4_addr", p4), ("peers_v6", "ipv6_addr", p6)):
+        lines += [f"add set {TABLE} {name} {{ type {family}; flags interval; }}",
+                  f"flush set {TABLE} {name}"]
         if nets:
             lines.append(f"add element {TABLE} {name} {{ {', '.join(map(str, nets))} }}")
     return "\n".join(lines) + "\n"
@@ -146,7 +157,11 @@ class EgressDeny:
 
     def fleet(self, hosts: Iterable[Host]) -> list[Network]:
         """Rift's own machines: every host elsewhere and this one (the control plane)."""
-        addresses = list(own_addresses())
+        return [*(ipaddress.ip_network(a) for a in own_addresses()), *self.peers(hosts)]
+
+    def peers(self, hosts: Iterable[Host]) -> list[Network]:
+        """The hosts elsewhere (where a VM may move to), not the control plane."""
+        addresses: list[Address] = []
         for host in hosts:
             target = ssh_target(host.uri)
             if target is not None:
@@ -167,20 +182,21 @@ class EgressDeny:
         per host, what happened (`applied`, `kept`, `skipped: …` or the failure)."""
         with self.deps.store.read() as tx:
             hosts = tx.hosts.all()
-        fleet = self.fleet(hosts)
+        fleet, peers = self.fleet(hosts), self.peers(hosts)
         common = self.common(hosts, fleet)
         self._common = [ipaddress.ip_network(n) for n in FIXED] + common
         done = {}
         for host in hosts:
             try:
-                done[host.name] = self._refresh_host(host, common, fleet)
+                done[host.name] = self._refresh_host(host, common, fleet, peers)
             except (OSError, HostLinkError, subprocess.SubprocessError) as exc:
                 done[host.name] = f"failed: {exc}"
                 log.warning("the egress deny set could not be put on a host",
                             extra={"host": host.name, "error": str(exc)})
         return done
 
-    def _refresh_host(self, host: Host, common: list[Network], fleet: list[Network]) -> str:
+    def _refresh_host(self, host: Host, common: list[Network], fleet: list[Network],
+                      peers: list[Network]) -> str:
         if host.uri.startswith("test:"):
             return "skipped: not a real host"
         target = ssh_target(host.uri)
@@ -194,7 +210,7 @@ class EgressDeny:
             return "skipped: a remote URI without SSH"
         elif os.geteuid() != 0:
             return "skipped: not root (scripts/libvirt.sh's table keeps its fixed entries)"
-        script = nft_script(networks, fleet)
+        script = nft_script(networks, fleet, peers)
         key = tuple(sorted(script.splitlines()))
         before = self._applied.get(host.name)
         if before is not None and before[0] == key and time.monotonic() - before[1] < REAPPLY_S:
