@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -40,14 +40,12 @@ from tests.support.guest_packages import (
     make_wheel,
 )
 from tests.support.mcp_clients import call, run
+from tests.support.real_guests import RealSettings
 from tests.support.servers import (
     Server,
-    cached_debian,
     real_vms_missing,
-    start_real_server,
-    stop_server,
 )
-from tests.support.witnesses import assert_rows_tell_the_truth, our_domains, remove_domain
+from tests.support.witnesses import assert_rows_tell_the_truth
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -61,19 +59,8 @@ LIMIT_S = 2 * BOOT_S + 5 * CHORE_S
 DISK_GIB = 12  # not the default 10: the root grows to what the VM asked for
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    cached_debian()  # built (or skipped) before the server starts
-    proc, srv = start_real_server(tmp_path_factory.mktemp("debian"), debian=True,
-                                  RIFT_VM_BOOT_TIMEOUT_S=str(BOOT_S), RIFT_SWEEP_INTERVAL_S="5")
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
-        remaining = our_domains(srv)
-        for domain in remaining.values():  # a failed test leaves no guest on the host
-            remove_domain(domain.name)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+REAL = RealSettings(debian=True, env={"RIFT_VM_BOOT_TIMEOUT_S": str(BOOT_S),
+                                      "RIFT_SWEEP_INTERVAL_S": "5"})
 
 
 @asynccontextmanager

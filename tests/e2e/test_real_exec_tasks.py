@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,8 @@ import pytest
 from tests.support.js_clients import call_tool
 from tests.support.mcp_clients import MODERN, mcp_session, refused, run
 from tests.support.raw_mcp import LEGACY, RawMcp
-from tests.support.servers import (
-    Server,
-    real_vms_missing,
-    start_real_server,
-    stop_server,
-    wait_until,
-)
-from tests.support.witnesses import our_domains
+from tests.support.real_guests import Guest, RealSettings, Rig
+from tests.support.servers import Server, real_vms_missing, wait_until
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -38,31 +31,14 @@ pytestmark = [
 QUIET_S = 6  # RIFT_LEASE_QUIET_S here: a lease without calls goes quiet this soon
 
 
-_PIDS: dict[Path, int] = {}  # data dir -> its `rift serve`'s pid
+REAL = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": "120", "RIFT_SWEEP_INTERVAL_S": "2",
+                         "RIFT_LEASE_QUIET_S": str(QUIET_S), "RIFT_ACTIVITY_STEP_S": "2"})
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_real_server(tmp_path_factory.mktemp("exec-tasks"),
-                                  RIFT_VM_BOOT_TIMEOUT_S="120", RIFT_SWEEP_INTERVAL_S="2",
-                                  RIFT_LEASE_QUIET_S=str(QUIET_S), RIFT_ACTIVITY_STEP_S="2")
-    _PIDS[srv.data_dir] = proc.pid
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
-        remaining = our_domains(srv)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
-
-
-@pytest.fixture(scope="module")
-def vm(real: Server) -> Iterator[tuple[str, str]]:
-    """One task with one running `tiny` VM: (handle, vm_id)."""
-    m = RawMcp(real.url, real.token)
-    handle = tool(m, "rift_task_new", {})["handle"]
-    vm_id = tool(m, "rift_vm_new", {"handle": handle, "image": "tiny"}, timeout_s=180)["vm"]["id"]
-    yield handle, vm_id
-    tool(m, "rift_task_close", {"handle": handle})
+@pytest.fixture
+def vm(tiny: Guest) -> tuple[str, str]:
+    """A task with a running `tiny` VM, (handle, vm_id): the module's warm one."""
+    return tiny.handle, tiny.vm_id
 
 
 def tool(m: RawMcp, name: str, arguments: dict[str, Any], timeout_s: float = 120,
@@ -419,12 +395,12 @@ def _rss_mib(pid: int) -> float:
 
 
 def test_a_command_that_prints_a_gib_keeps_guest_and_rift_within_their_memory(
-        real: Server, vm: tuple[str, str]) -> None:
+        real: Server, rig: Rig, vm: tuple[str, str]) -> None:
     """The guest keeps the newest RIFT_EXEC_OUTPUT_MIB (16) of each stream; a
     `tiny` guest has 256 MiB, so a ring that did not hold would kill it."""
     handle, vm_id = vm
     m = RawMcp(real.url, real.token, declare_tasks=False)
-    pid = _PIDS[real.data_dir]
+    pid = rig.pid
     rift_before = _rss_mib(pid)
     free = "grep MemAvailable /proc/meminfo | tr -s ' ' | cut -d' ' -f2"
     guest_before = int(tool(m, "rift_vm_exec", {"handle": handle, "vm_id": vm_id,
