@@ -22,7 +22,7 @@ from rift.guest.exec_view import (
     start_command,
     view_size,
 )
-from rift.guest.runner import Runner
+from rift.guest.runner import HelperCall, Runner
 from rift.services.ports import GuestExec
 
 HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
@@ -70,8 +70,9 @@ class ShellExecs:
         line = start_command(exec_id, self.runner.environment(vm) + command,
                              timeout_s=timeout_s, cap_bytes=cap_bytes, wait_ms=wait_ms,
                              max_bytes=max_bytes, with_stdin=stdin is not None)
-        status, data = self.runner.helper(vm, line, stdin, wait_ms / 1000 + HELPER_SLACK_S,
-                                          view=True, limit=view_size(max_bytes))
+        status, data = self.runner.helper(vm, HelperCall(
+            line=line, stdin=stdin, timeout_s=wait_ms / 1000 + HELPER_SLACK_S, view=True,
+            limit=view_size(max_bytes)))
         return self._view(vm, exec_id, status, data, max_bytes)
 
     def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
@@ -82,16 +83,17 @@ class ShellExecs:
         line = read_command(exec_id, stdout_offset, stderr_offset, max_bytes, wait_ms)
         if deadline_s is None:
             deadline_s = wait_ms / 1000 + HELPER_SLACK_S
-        status, data = self.runner.helper(vm, line, None, deadline_s,
-                                          view=True, limit=view_size(max_bytes))
+        status, data = self.runner.helper(vm, HelperCall(
+            line=line, timeout_s=deadline_s, view=True, limit=view_size(max_bytes)))
         return self._view(vm, exec_id, status, data, max_bytes)
 
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
         """Write `data` to the exec's stdin (then close it, with `eof`); answers the
         bytes written. GuestExecError when it ended or its stdin is closed."""
-        status, out = self.runner.helper(vm, input_command(exec_id, eof=eof), data,
-                                         self.runner.conns.settings.file_timeout_s,
-                                         view=False, limit=_SMALL_ANSWER)
+        status, out = self.runner.helper(vm, HelperCall(
+            line=input_command(exec_id, eof=eof), stdin=data,
+            timeout_s=self.runner.conns.settings.file_timeout_s, view=False,
+            limit=_SMALL_ANSWER))
         if status in (NO_SUCH_EXEC, EXEC_ENDED):
             raise GuestExecError(exec_id, "ended", vm_id=vm.id)
         if status == STDIN_CLOSED:
@@ -104,8 +106,9 @@ class ShellExecs:
     def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None:
         """Signal the exec's process group (TERM: KILL follows 5 s later in the guest).
         An exec that ended already is left as it is."""
-        status, out = self.runner.helper(vm, kill_command(exec_id, signal), None,
-                                         HELPER_SLACK_S, view=False, limit=_SMALL_ANSWER)
+        status, out = self.runner.helper(vm, HelperCall(
+            line=kill_command(exec_id, signal), timeout_s=HELPER_SLACK_S, view=False,
+            limit=_SMALL_ANSWER))
         if status not in (0, NO_SUCH_EXEC):
             raise GuestError(f"rift-exec kill failed (exit {status}): {out[-200:]!r}",
                              vm_id=vm.id)

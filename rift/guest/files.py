@@ -6,6 +6,7 @@ listens on is GuestPortClosed."""
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 
 import paramiko
 
@@ -17,6 +18,17 @@ from rift.guest.steps import absolute, address
 
 _IS_DIRECTORY = 21
 _NO_SUCH_FILE = 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Transfer:
+    """One file operation: its script, its stdin, the most bytes it may answer (the
+    file cap unless smaller) and its deadline (the file timeout unless given)."""
+
+    script: str
+    data: bytes | None = None
+    cap: int | None = None
+    timeout_s: float | None = None
 
 
 class ShellFiles:
@@ -34,7 +46,7 @@ class ShellFiles:
                   f"exit {_IS_DIRECTORY}; fi; cat > \"$p\" || exit 1")
         if mode is not None:
             script += f"; chmod {mode & 0o7777:o} \"$p\""
-        self._file_op(vm, path, script, data)
+        self._file_op(vm, path, _Transfer(script=script, data=data))
         return len(data)
 
     def read_file(self, vm: Vm, path: str, *, limit: int | None = None,
@@ -47,15 +59,14 @@ class ShellFiles:
                   f"exit {_IS_DIRECTORY}; fi; if [ ! -e \"$p\" ]; then "
                   f"echo 'no such file' >&2; exit {_NO_SUCH_FILE}; fi; "
                   f"exec head -c {cap + 1} \"$p\"")
-        data = self._file_op(vm, path, script, None, cap=cap, timeout_s=timeout_s)
+        data = self._file_op(vm, path, _Transfer(script=script, cap=cap, timeout_s=timeout_s))
         return data[:cap], len(data) > cap
 
-    def _file_op(self, vm: Vm, path: str, script: str, data: bytes | None, *,
-                 cap: int | None = None, timeout_s: float | None = None) -> bytes:
+    def _file_op(self, vm: Vm, path: str, op: _Transfer) -> bytes:
         settings = self.conns.settings
-        timeout_s = settings.file_timeout_s if timeout_s is None else timeout_s
-        collected = self.runner.run(vm, script, data, timeout_s,
-                                    (settings.file_cap if cap is None else cap) + 1)
+        timeout_s = settings.file_timeout_s if op.timeout_s is None else op.timeout_s
+        collected = self.runner.run(vm, op.script, op.data, timeout_s,
+                                    (settings.file_cap if op.cap is None else op.cap) + 1)
         if collected.timed_out:
             raise GuestError(f"{path}: the transfer took longer than {timeout_s:.0f}s",
                              vm_id=vm.id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from hypervisor.base import ImageError
@@ -25,6 +26,19 @@ log = logging.getLogger("rift.guest.shell")
 
 KILL_WAIT_S = 5.0
 NOT_FOUND = 127  # the shell's exit status for a command it cannot find
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelperCall:
+    """One rift-exec command: its line, its stdin, its deadline, whether it answers
+    a view (any exit status but 0 and `no such exec` is then an error), and the most
+    bytes it may print."""
+
+    line: str
+    stdin: bytes | None = None
+    timeout_s: float
+    view: bool
+    limit: int
 
 
 class Runner:
@@ -74,17 +88,15 @@ class Runner:
             raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
         return collected
 
-    def helper(self, vm: Vm, line: str, stdin: bytes | None, timeout_s: float, *,
-               view: bool, limit: int) -> tuple[int | None, bytes]:
+    def helper(self, vm: Vm, call: HelperCall) -> tuple[int | None, bytes]:
         """Run one rift-exec command on a pooled connection: (its exit status, what
-        it printed, at most `limit` bytes). Each ends soon: `start` and `read` once
-        their wait is over (an exec's keeper is a process of its own)."""
-        status, data = self._helper_once(vm, line, stdin, timeout_s, view=view, limit=limit)
+        it printed, at most `call.limit` bytes). Each ends soon: `start` and `read`
+        once their wait is over (an exec's keeper is a process of its own)."""
+        status, data = self._helper_once(vm, call)
         if status == NOT_FOUND and self.helper_binary is not None:
             # A guest Rift did not build (a qcow2 image) has no rift-exec: give it one.
             self.upload_helper(vm)
-            status, data = self._helper_once(vm, line, stdin, timeout_s, view=view,
-                                             limit=limit)
+            status, data = self._helper_once(vm, call)
         return status, data
 
     def upload_helper(self, vm: Vm) -> None:
@@ -104,11 +116,11 @@ class Runner:
                              .decode("utf-8", "replace").strip()[-200:], vm_id=vm.id)
         log.info("rift-exec put into guest %s", vm.id)
 
-    def _helper_once(self, vm: Vm, line: str, stdin: bytes | None, timeout_s: float, *,
-                     view: bool, limit: int) -> tuple[int | None, bytes]:
+    def _helper_once(self, vm: Vm, call: HelperCall) -> tuple[int | None, bytes]:
         """What the guest answers is hostile (SPEC §15): read until `limit` bytes
         (more is GuestError), every step by the deadline, the connection closed by
         the watchdog when paramiko waits past it."""
+        line, stdin, timeout_s, limit = call.line, call.stdin, call.timeout_s, call.limit
         where = address(vm)
         self.conns.remember(vm)
         deadline = time.monotonic() + timeout_s
@@ -138,7 +150,7 @@ class Runner:
                 raise GuestError(f"rift-exec did not answer within {timeout_s:.0f}s; its "
                                  "connection was closed", vm_id=vm.id) from exc
             raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
-        if view and status not in (0, NO_SUCH_EXEC, NOT_FOUND):
+        if call.view and status not in (0, NO_SUCH_EXEC, NOT_FOUND):
             raise GuestError(f"rift-exec failed (exit {status})"
                              f"{': ' + repr(err[-200:]) if err else ''}", vm_id=vm.id)
         return status, data
