@@ -15,7 +15,11 @@
 # namespace of its own: its own /run (so its own libvirt sockets and pid files),
 # /tmp, /var/lib/libvirt, /var/log/libvirt, /var/cache/libvirt and /etc/libvirt
 # (a copy of this machine's, but with QEMU as the unprivileged user rift-qemu),
-# and so its own libvirtd, virtlogd and sshd, and its own firewall table
+# and /etc/pki/qemu (its own certificates for libvirt's migration TLS: a server
+# and a client certificate for 10.214.N.2, signed by a CA all these hosts share,
+# made once in $RIFT_HOSTS_CA_DIR, default /var/lib/rift-hosts/ca; this
+# machine's /etc/pki/qemu stays an empty folder to mount them on), and so its own
+# libvirtd, virtlogd and sshd, and its own firewall table
 # (hypervisor/guest_isolation.nft, per network namespace).
 # Hosts reach one another (10.214.0.0/16, forwarded by this machine on their
 # veth ends only), as live migration needs.
@@ -36,6 +40,7 @@ fi
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${RIFT_HOSTS_DIR:-/var/lib/rift-hosts}
+CA_DIR=${RIFT_HOSTS_CA_DIR:-/var/lib/rift-hosts/ca}
 WAIT_S=${RIFT_HOSTS_WAIT_S:-30}
 
 usage() { echo "usage: $0 up|down|stop|start|uri|net N (N: 1-200)" >&2; exit 2; }
@@ -92,8 +97,49 @@ net() {
   sysctl -qw "net.ipv4.conf.$outer.forwarding=1"
 }
 
+# The hosts' CA for migration TLS, made once (kept between runs; under a lock, as
+# hosts come up side by side).
+ca() {
+  mkdir -p "$CA_DIR" && chmod 700 "$CA_DIR"
+  (
+    flock 9
+    if [ ! -f "$CA_DIR/ca-cert.pem" ]; then
+      openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=Rift hosts CA" \
+        -keyout "$CA_DIR/ca-key.pem" -out "$CA_DIR/ca-cert.pem.new" \
+        -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+      mv "$CA_DIR/ca-cert.pem.new" "$CA_DIR/ca-cert.pem"
+    fi
+  ) 9>"$CA_DIR/lock"
+}
+
+# Host N's certificates for migration TLS, where libvirt looks for them
+# (default_tls_x509_cert_dir): `server` for the QEMU that takes a migration,
+# `client` for the one that sends it, both for its address, signed by the CA.
+# QEMU (rift-qemu) reads the keys: root:rift-qemu 0640.
+certs() {
+  local pki=$1 role usage
+  ca
+  rm -rf "$pki" && mkdir -p "$pki"
+  cp "$CA_DIR/ca-cert.pem" "$pki/ca-cert.pem"
+  for role in server client; do
+    usage=$([ "$role" = server ] && echo serverAuth || echo clientAuth)
+    openssl req -new -newkey rsa:2048 -nodes -subj "/CN=hv$n" -keyout "$pki/$role-key.pem" \
+      -out "$pki/$role.csr" 2>/dev/null
+    openssl x509 -req -in "$pki/$role.csr" -CA "$CA_DIR/ca-cert.pem" \
+      -CAkey "$CA_DIR/ca-key.pem" -set_serial "0x$(openssl rand -hex 8)" -days 825 \
+      -out "$pki/$role-cert.pem" -extfile <(printf '%s\n' \
+        "basicConstraints=critical,CA:FALSE" \
+        "keyUsage=critical,digitalSignature,keyEncipherment" \
+        "extendedKeyUsage=$usage" "subjectAltName=IP:$there,DNS:hv$n") 2>/dev/null
+    rm "$pki/$role.csr"
+  done
+  chown -R root:rift-qemu "$pki"
+  chmod 0750 "$pki" && chmod 0644 "$pki"/*-cert.pem && chmod 0640 "$pki"/*-key.pem
+}
+
 up() {
-  for tool in libvirtd virtlogd /usr/sbin/sshd tini unshare nft ssh-keygen; do
+  for tool in libvirtd virtlogd /usr/sbin/sshd tini unshare nft ssh-keygen openssl; do
     command -v "$tool" >/dev/null || { say "needs $tool (scripts/libvirt.sh, openssh-server)"; exit 1; }
   done
   down
@@ -119,6 +165,13 @@ up() {
   sed -i -e 's/^user = .*/user = "rift-qemu"/' -e 's/^group = .*/group = "rift-guests"/' \
     -e '/^remember_owner = /d' "$state/etc-libvirt/qemu.conf"
   echo "remember_owner = 0" >> "$state/etc-libvirt/qemu.conf"
+  # migration TLS with its own certificates, the peer's checked both ways
+  sed -i -e '/^\(default\|migrate\)_tls_x509_\(verify\|cert_dir\) = /d' \
+    "$state/etc-libvirt/qemu.conf"
+  printf '%s\n' 'default_tls_x509_cert_dir = "/etc/pki/qemu"' 'default_tls_x509_verify = 1' \
+    'migrate_tls_x509_verify = 1' >> "$state/etc-libvirt/qemu.conf"
+  certs "$state/pki-qemu"
+  mkdir -p /etc/pki/qemu  # the mount point: empty on this machine
   grep -q '^user = "rift-qemu"$' "$state/etc-libvirt/qemu.conf" \
     || { say "its qemu.conf names no QEMU user (run scripts/libvirt.sh first)"; exit 1; }
   # its own copy: a checkout under /tmp is hidden inside the host (its /tmp is its own)
@@ -151,6 +204,7 @@ for d in /var/lib/libvirt /var/log/libvirt /var/cache/libvirt; do
   mount -t tmpfs -o mode=755 tmpfs "\$d"
 done
 mount --bind "$state/etc-libvirt" /etc/libvirt
+mount --bind "$state/pki-qemu" /etc/pki/qemu
 mkdir -p /run/libvirt /run/sshd /var/lib/libvirt/qemu /var/cache/libvirt/qemu
 nft -f "$state/guest_isolation.nft"
 virtlogd -d

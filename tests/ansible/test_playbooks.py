@@ -330,6 +330,7 @@ def write_inventory(fleet: dict[str, Path], work: Path) -> tuple[Path, Path]:
     extra.write_text(json.dumps({
         "rift_service_manager": "tini",
         "rift_stage_dir": str(work / "stage"),
+        "rift_pki_dir": str(work / "pki"),
         "control_plane_source_dir": str(snapshot_checkout(work / "checkout")),
         "control_plane_pip_args": ["--no-index", "--find-links", "/var/cache/rift-wheels"],
         # No TCP at all: the Unix socket is enough.
@@ -488,7 +489,8 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
     # QEMU as its own user (SPEC §15), not the rift user that holds libvirt and SSH rights
     assert ('# rift: begin\nuser = "rift-qemu"\nremember_owner = 0\ngroup = "rift-guests"\n'
             'security_driver = "none"\ncgroup_controllers = [ ]\nstdio_handler = "file"\n'
-            'namespaces = [ ]\n# rift: end\n') in qemu_conf
+            'default_tls_x509_cert_dir = "/etc/pki/qemu"\ndefault_tls_x509_verify = 1\n'
+            'migrate_tls_x509_verify = 1\nnamespaces = [ ]\n# rift: end\n') in qemu_conf
     assert not re.search(r'^(user|group|security_driver)\s*=(?! "(rift-qemu|none|rift-guests)")',
                          qemu_conf, re.M)
     # the guests' isolation, as scripts/libvirt.sh loads it here (loaded when started)
@@ -506,6 +508,26 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
     assert not (hv1 / "nonexistent").exists()
     assert "rift-guests" in in_chroot(hv1, "id", "-nG", "rift").split()
     assert "/usr/sbin/nft -f -" in (hv1 / "etc/sudoers.d/rift-nft").read_text()
+    # migration TLS: each hypervisor's own certificates for its address, of one CA
+    # made on the controller, the keys QEMU's user reads and no one else
+    ca = (tmp_path / "pki/ca-cert.pem").read_bytes()
+    for name in ("hv1", "hv2"):
+        pki = fleet[name] / "etc/pki/qemu"
+        assert (pki / "ca-cert.pem").read_bytes() == ca
+        for role in ("server", "client"):
+            checked = subprocess.run(
+                ["openssl", "verify", "-CAfile", str(pki / "ca-cert.pem"), "-purpose",
+                 f"ssl{role}", str(pki / f"{role}-cert.pem")], capture_output=True, text=True,
+                check=False)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+            shown = run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in",
+                         str(pki / f"{role}-cert.pem")]).stdout
+            assert f"IP Address:{address(name)}" in shown, shown
+            key = pki / f"{role}-key.pem"
+            assert key.stat().st_mode & 0o777 == 0o640
+            assert key.stat().st_gid == int(in_chroot(fleet[name], "id", "-g", "rift-qemu"))
+    assert (hv1 / "etc/pki/qemu/server-key.pem").read_bytes() != (
+        hv2 / "etc/pki/qemu/server-key.pem").read_bytes()
 
     # SSH: the control plane's key on the hypervisor, its host key on the control plane
     public_key = (cp1 / "var/lib/rift/.ssh/id_ed25519.pub").read_text().split()[:2]
