@@ -18,8 +18,10 @@ the body is read, and how large a body each route may have.
   `FORM_BODY`.
 - `OffLoopRoute`: REST's routes parse a JSON body over `JSON_BODY` in a worker
   thread (40 MiB of escaped JSON is about 0.1 s of parsing: not on the event
-  loop, where every other call would wait for it). `/mcp`'s body is parsed by the
-  SDK's transport, on the loop (pydantic-core, about 0.1 s for the worst 40 MiB).
+  loop, where every other call would wait for it; but the parser holds the GIL,
+  so a body of millions of small values still stops the loop while it is
+  parsed). `/mcp`'s body over 64 KiB is parsed in a process of its own and
+  refused past 100,000 JSON values (rift.api.mcp.parsing).
 """
 
 from __future__ import annotations
