@@ -19,7 +19,15 @@ from rift.guest.keys import forget_task, keep_boot_key, key_for_task, tidy
 from rift.guest.links import HostLinks
 from rift.guest.routes import Routes
 from rift.guest.shell import SshGuestShell
-from rift.services.ports import ExecGone, GuestExec, Guests, PortChannel, PortClosed
+from rift.services.ports import (
+    ExecGone,
+    ExecRead,
+    ExecStart,
+    GuestExec,
+    Guests,
+    PortChannel,
+    PortClosed,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("rift")
@@ -78,18 +86,11 @@ class SshExecs:
     def reachable(self, vm: Vm) -> None:
         return None  # each call says whether it reached the guest
 
-    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
-                   timeout_s: int, cap_bytes: int, wait_ms: int,
-                   max_bytes: int) -> GuestExec:
-        return _call(vm, lambda: self.execs.exec_start(
-            vm, exec_id, command, stdin, timeout_s=timeout_s, cap_bytes=cap_bytes,
-            wait_ms=wait_ms, max_bytes=max_bytes))
+    def exec_start(self, vm: Vm, start: ExecStart) -> GuestExec:
+        return _call(vm, lambda: self.execs.exec_start(vm, start))
 
-    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
-        return _call(vm, lambda: self.execs.exec_read(
-            vm, exec_id, stdout_offset, stderr_offset, max_bytes=max_bytes, wait_ms=wait_ms,
-            deadline_s=deadline_s))
+    def exec_read(self, vm: Vm, read: ExecRead) -> GuestExec:
+        return _call(vm, lambda: self.execs.exec_read(vm, read))
 
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
         return _call(vm, lambda: self.execs.exec_input(vm, exec_id, data, eof=eof))

@@ -23,7 +23,7 @@ from rift.guest.exec_view import (
     view_size,
 )
 from rift.guest.runner import HelperCall, Runner
-from rift.services.ports import GuestExec
+from rift.services.ports import ExecRead, ExecStart, GuestExec
 
 HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
 _SMALL_ANSWER = 4096  # the most a helper's `input` or `kill` prints
@@ -62,30 +62,31 @@ class ShellExecs:
 
     # background execs (rift-exec in the guest: hypervisor/rift_exec.c)
 
-    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
-                   timeout_s: int, cap_bytes: int, wait_ms: int, max_bytes: int) -> GuestExec:
-        """Start `command` detached in the guest as exec `exec_id` and answer its view
-        once it ended or `wait_ms` passed (it runs on after). `stdin`, when given,
-        is its whole stdin; else its stdin stays open for `exec_input`."""
-        line = start_command(exec_id, self.runner.environment(vm) + command,
-                             timeout_s=timeout_s, cap_bytes=cap_bytes, wait_ms=wait_ms,
-                             max_bytes=max_bytes, with_stdin=stdin is not None)
+    def exec_start(self, vm: Vm, start: ExecStart) -> GuestExec:
+        """Start `start.command` detached in the guest as exec `start.exec_id` and
+        answer its view once it ended or `wait_ms` passed (it runs on after).
+        `stdin`, when given, is its whole stdin; else its stdin stays open for
+        `exec_input`."""
+        line = start_command(start.exec_id, self.runner.environment(vm) + start.command,
+                             timeout_s=start.timeout_s, cap_bytes=start.cap_bytes,
+                             wait_ms=start.wait_ms, max_bytes=start.max_bytes,
+                             with_stdin=start.stdin is not None)
         status, data = self.runner.helper(vm, HelperCall(
-            line=line, stdin=stdin, timeout_s=wait_ms / 1000 + HELPER_SLACK_S, view=True,
-            limit=view_size(max_bytes)))
-        return self._view(vm, exec_id, status, data, max_bytes)
+            line=line, stdin=start.stdin, timeout_s=start.wait_ms / 1000 + HELPER_SLACK_S,
+            view=True, limit=view_size(start.max_bytes)))
+        return self._view(vm, start.exec_id, status, data, start.max_bytes)
 
-    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
+    def exec_read(self, vm: Vm, read: ExecRead) -> GuestExec:
         """The exec's view with output from the offsets, once there is some past
         them, it ended, or `wait_ms` passed; GuestError past `deadline_s` (default:
         the wait and the helper's slack)."""
-        line = read_command(exec_id, stdout_offset, stderr_offset, max_bytes, wait_ms)
-        if deadline_s is None:
-            deadline_s = wait_ms / 1000 + HELPER_SLACK_S
+        line = read_command(read.exec_id, read.stdout_offset, read.stderr_offset,
+                            read.max_bytes, read.wait_ms)
+        deadline_s = (read.wait_ms / 1000 + HELPER_SLACK_S if read.deadline_s is None
+                      else read.deadline_s)
         status, data = self.runner.helper(vm, HelperCall(
-            line=line, timeout_s=deadline_s, view=True, limit=view_size(max_bytes)))
-        return self._view(vm, exec_id, status, data, max_bytes)
+            line=line, timeout_s=deadline_s, view=True, limit=view_size(read.max_bytes)))
+        return self._view(vm, read.exec_id, status, data, read.max_bytes)
 
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:
         """Write `data` to the exec's stdin (then close it, with `eof`); answers the

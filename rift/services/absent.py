@@ -13,7 +13,7 @@ from typing import Literal
 from hypervisor.base import DomainSpec, HypervisorError
 from rift.domain.errors import GuestUnreachable, HypervisorFailed, InvalidArgument
 from rift.domain.model import Vm
-from rift.services.ports.guest import GuestExec, Guests, PortChannel
+from rift.services.ports.guest import ExecRead, ExecStart, GuestExec, Guests, PortChannel
 from rift.services.ports.hosts import Overlay
 
 NO_SHELL = "this control plane has no guest access configured"
@@ -45,13 +45,10 @@ class NoGuestExecs:
     def reachable(self, vm: Vm) -> None:
         raise GuestUnreachable(vm.id, NO_SHELL)
 
-    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
-                   timeout_s: int, cap_bytes: int, wait_ms: int,
-                   max_bytes: int) -> GuestExec:
+    def exec_start(self, vm: Vm, start: ExecStart) -> GuestExec:
         raise GuestUnreachable(vm.id, NO_SHELL)
 
-    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
+    def exec_read(self, vm: Vm, read: ExecRead) -> GuestExec:
         raise GuestUnreachable(vm.id, NO_SHELL)
 
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int:

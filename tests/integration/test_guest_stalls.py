@@ -20,7 +20,9 @@ import pytest
 
 from rift.domain.model import Vm
 from rift.guest import GuestError, ShellSettings, SshGuestShell, key_for_task
+from rift.services.ports import ExecRead
 
+READ_A = ExecRead(exec_id="exec_a", max_bytes=4096)
 VIEW = (b"rift-exec state=ended code=0 signal=-1 timed_out=0 killed=0 stdin=closed "
         b"started=1 ended=2 out_total=2 err_total=0 out_from=0 out_len=2 err_from=0 "
         b"err_len=0\nok")
@@ -145,14 +147,14 @@ def test_a_flood_is_cut_at_the_answers_size(
         guests: dict[str, Guest], shell: SshGuestShell) -> None:
     vm = _vm("flood", guests["flood"].port)
     _fails_within(2.0, lambda: shell.execs.exec_kill(vm, "exec_a", "TERM"), "more than")
-    _fails_within(5.0, lambda: shell.execs.exec_read(vm, "exec_a", 0, 0, max_bytes=4096, wait_ms=0),
+    _fails_within(5.0, lambda: shell.execs.exec_read(vm, READ_A),
                   "more than")
 
 
 def test_a_catastrophic_view_is_refused_at_once(
         guests: dict[str, Guest], shell: SshGuestShell) -> None:
     vm = _vm("catastrophic", guests["catastrophic"].port)
-    _fails_within(2.0, lambda: shell.execs.exec_read(vm, "exec_a", 0, 0, max_bytes=4096, wait_ms=0),
+    _fails_within(2.0, lambda: shell.execs.exec_read(vm, READ_A),
                   "no view")
 
 
@@ -176,7 +178,7 @@ def test_stalled_guests_make_no_other_vm_wait(
     answered: list[float] = []
     while any(thread.is_alive() for thread in stalled):
         began = time.monotonic()
-        seen = shell.execs.exec_read(fine, "exec_a", 0, 0, max_bytes=4096, wait_ms=0)
+        seen = shell.execs.exec_read(fine, READ_A)
         assert seen.stdout == b"ok"
         answered.append(time.monotonic() - began)
     for thread in stalled:

@@ -36,7 +36,7 @@ from hypervisor.tiny import build_tiny
 from rift.domain.model import Vm
 from rift.guest import GuestError, GuestFileError, ShellSettings, SshGuestShell, key_for_task
 from rift.guest.errors import GuestExecError
-from rift.services.ports import GuestExec
+from rift.services.ports import ExecRead, ExecStart, GuestExec
 from tests.support.cache import CACHE as TEST_CACHE
 
 URI = "qemu:///system"
@@ -205,7 +205,8 @@ def test_one_connection_serves_calls_from_many_threads(guest: Guest) -> None:
 def _exec_ended(shell: SshGuestShell, vm: Vm, exec_id: str) -> GuestExec:
     deadline = time.monotonic() + 60
     while True:
-        view = shell.execs.exec_read(vm, exec_id, 0, 0, max_bytes=1 << 20, wait_ms=2000)
+        view = shell.execs.exec_read(vm, ExecRead(exec_id=exec_id, max_bytes=1 << 20,
+                                                   wait_ms=2000))
         if view.state != "running":
             return view
         assert time.monotonic() < deadline, view
@@ -215,15 +216,14 @@ def test_a_background_exec_outlives_its_call_and_the_shell_that_started_it(
         guest: Guest) -> None:
     """rift-exec in the guest: started with no wait, read by a long poll, and read
     to its end by a second shell (a restarted Rift), with its own connections."""
-    started = guest.shell.execs.exec_start(guest.vm, "exec_bg000001",
-                                     "echo first; sleep 2; echo second >&2; exit 7",
-                                     None, timeout_s=60, cap_bytes=1 << 20, wait_ms=0,
-                                     max_bytes=1 << 20)
+    started = guest.shell.execs.exec_start(guest.vm, ExecStart(
+        exec_id="exec_bg000001", command="echo first; sleep 2; echo second >&2; exit 7",
+        timeout_s=60, cap_bytes=1 << 20, wait_ms=0, max_bytes=1 << 20))
     assert started.state == "running" and started.exit_code is None
     # The channel closed with its keeper running: the connection serves other calls.
     assert guest.shell.execs.exec(guest.vm, "echo meanwhile", None, 30).stdout == b"meanwhile\n"
-    first = guest.shell.execs.exec_read(guest.vm, "exec_bg000001", 0, 0, max_bytes=1 << 20,
-                                  wait_ms=10000)
+    first = guest.shell.execs.exec_read(guest.vm, ExecRead(
+        exec_id="exec_bg000001", max_bytes=1 << 20, wait_ms=10000))
     assert first.stdout == b"first\n"
     other = SshGuestShell(guest.shell.keys_dir)
     try:
@@ -236,22 +236,24 @@ def test_a_background_exec_outlives_its_call_and_the_shell_that_started_it(
 
 def test_a_background_exec_takes_input_and_its_kill_leaves_no_process(guest: Guest) -> None:
     shell, vm = guest.shell, guest.vm
-    shell.execs.exec_start(vm, "exec_in000001", "read line; echo got-$line", None, timeout_s=60,
-                     cap_bytes=4096, wait_ms=0, max_bytes=4096)
+    shell.execs.exec_start(vm, ExecStart(exec_id="exec_in000001",
+                                         command="read line; echo got-$line", timeout_s=60,
+                                         cap_bytes=4096, wait_ms=0, max_bytes=4096))
     assert shell.execs.exec_input(vm, "exec_in000001", b"hello\n", eof=True) == 6
     assert _exec_ended(shell, vm, "exec_in000001").stdout == b"got-hello\n"
     with pytest.raises(GuestExecError) as ended:
         shell.execs.exec_input(vm, "exec_in000001", b"late", eof=False)
     assert ended.value.why == "ended"
-    shell.execs.exec_start(vm, "exec_kl000001", "sh -c 'trap \"\" TERM; sleep 600' & sleep 600",
-                     None, timeout_s=600, cap_bytes=4096, wait_ms=500, max_bytes=4096)
+    shell.execs.exec_start(vm, ExecStart(
+        exec_id="exec_kl000001", command="sh -c 'trap \"\" TERM; sleep 600' & sleep 600",
+        timeout_s=600, cap_bytes=4096, wait_ms=500, max_bytes=4096))
     shell.execs.exec_kill(vm, "exec_kl000001", "TERM")
     killed = _exec_ended(shell, vm, "exec_kl000001")
     assert killed.killed and killed.signal == 15
     left = shell.execs.exec(vm, "ps -o pid,args | grep 'sleep 60[0]' || true", None, 30)
     assert left.stdout == b"", left.stdout  # the TERM-ignoring child got KILL too
     with pytest.raises(GuestExecError) as unknown:
-        shell.execs.exec_read(vm, "exec_none0001", 0, 0, max_bytes=10, wait_ms=0)
+        shell.execs.exec_read(vm, ExecRead(exec_id="exec_none0001", max_bytes=10))
     assert unknown.value.why == "unknown"
 
 
@@ -391,9 +393,9 @@ def test_a_hostile_helper_costs_its_own_calls_their_deadline_and_nothing_else(
                 outcome[name] = (time.monotonic() - began, exc)
 
         calls = {
-            "start": lambda: shell.execs.exec_start(hostile.vm, "exec_stuck001", "cat", stdin,
-                                              timeout_s=60, cap_bytes=4096, wait_ms=0,
-                                              max_bytes=4096),
+            "start": lambda: shell.execs.exec_start(hostile.vm, ExecStart(
+                exec_id="exec_stuck001", command="cat", stdin=stdin, timeout_s=60,
+                cap_bytes=4096, wait_ms=0, max_bytes=4096)),
             "input": lambda: shell.execs.exec_input(hostile.vm, "exec_stuck002", stdin, eof=True),
         }
         threads = [threading.Thread(target=stalled, args=item) for item in calls.items()]
@@ -420,13 +422,13 @@ def test_a_hostile_helper_costs_its_own_calls_their_deadline_and_nothing_else(
         fake_helper("#!/bin/sh\nexec yes\n")
         began = time.monotonic()
         with pytest.raises(GuestError, match="more than"):
-            shell.execs.exec_read(hostile.vm, "exec_flood01", 0, 0, max_bytes=4096, wait_ms=0)
+            shell.execs.exec_read(hostile.vm, ExecRead(exec_id="exec_flood01", max_bytes=4096))
         assert time.monotonic() - began < 5
         # a view line made for backtracking patterns (it froze the whole process once)
         fake_helper("#!/bin/sh\nprintf 'rift-exec " + "a=" * 60 + "'\n")
         began = time.monotonic()
         with pytest.raises(GuestError, match="no view"):
-            shell.execs.exec_read(hostile.vm, "exec_catas01", 0, 0, max_bytes=4096, wait_ms=0)
+            shell.execs.exec_read(hostile.vm, ExecRead(exec_id="exec_catas01", max_bytes=4096))
         assert time.monotonic() - began < 5
         # the hostile VM's own calls work again on a fresh connection
         assert shell.execs.exec(hostile.vm, "echo back", None, 30).stdout == b"back\n"

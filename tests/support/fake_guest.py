@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from rift.domain.model import Vm
-from rift.services.ports import ExecGone, GuestExec, Guests, PortClosed
+from rift.services.ports import ExecGone, ExecRead, ExecStart, GuestExec, Guests, PortClosed
 
 _ECHO = re.compile(r"echo (.*)")
 
@@ -166,8 +166,8 @@ class FakeExecs:
 
     # execs, Rift's side (the GuestExecs port)
 
-    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
-                   timeout_s: int, cap_bytes: int, wait_ms: int, max_bytes: int) -> GuestExec:
+    def exec_start(self, vm: Vm, start: ExecStart) -> GuestExec:
+        exec_id, command, stdin, wait_ms = start.exec_id, start.command, start.stdin, start.wait_ms
         self.waits.append(wait_ms)
         ex = self.execs[exec_id] = FakeExec()
         echo = _ECHO.fullmatch(command)
@@ -181,15 +181,14 @@ class FakeExecs:
             ex.stdin += stdin
             ex.stdin_open = False
         self._meanwhile(exec_id, wait_ms)
-        return self._view(exec_id, 0, 0, max_bytes)
+        return self._view(exec_id, 0, 0, start.max_bytes)
 
-    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
-        self.waits.append(wait_ms)
-        if exec_id not in self.execs:
+    def exec_read(self, vm: Vm, read: ExecRead) -> GuestExec:
+        self.waits.append(read.wait_ms)
+        if read.exec_id not in self.execs:
             raise ExecGone("unknown")
-        self._meanwhile(exec_id, wait_ms)
-        return self._view(exec_id, stdout_offset, stderr_offset, max_bytes)
+        self._meanwhile(read.exec_id, read.wait_ms)
+        return self._view(read.exec_id, read.stdout_offset, read.stderr_offset, read.max_bytes)
 
     def _meanwhile(self, exec_id: str, wait_ms: int) -> None:
         if wait_ms > 0 and self.on_wait is not None and self.execs[exec_id].state == "running":

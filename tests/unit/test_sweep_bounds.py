@@ -13,7 +13,7 @@ from rift.domain.model import Vm
 from rift.services.background.bounded import per_vm
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import execs, tasks, vms
-from rift.services.ports import GuestExec
+from rift.services.ports import ExecRead, GuestExec
 from tests.support.engine import ALICE, BOB
 from tests.support.fake_guest import FakeExecs, fake_guests
 
@@ -27,15 +27,13 @@ class StallingShell(FakeExecs):
     asked: list[str] = field(default_factory=list)
     deadlines: list[float | None] = field(default_factory=list)
 
-    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
-        self.asked.append(exec_id)
-        self.deadlines.append(deadline_s)
+    def exec_read(self, vm: Vm, read: ExecRead) -> GuestExec:
+        self.asked.append(read.exec_id)
+        self.deadlines.append(read.deadline_s)
         if vm.id == self.stalled_vm:
             time.sleep(self.stall_s)
             raise GuestUnreachable(vm.id, "timed out")
-        return super().exec_read(vm, exec_id, stdout_offset, stderr_offset,
-                                 max_bytes=max_bytes, wait_ms=wait_ms)
+        return super().exec_read(vm, read)
 
 
 def _running_vm(deps: Deps, caller: Caller) -> tuple[str, str]:

@@ -37,7 +37,7 @@ from rift.services.context import Caller, Deps
 from rift.services.lifecycle import validate
 from rift.services.lifecycle.guest_kinds import reach
 from rift.services.lifecycle.leases import check_handle, check_rate, in_write, parse_handle, task_vm
-from rift.services.ports import ExecGone, GuestExec, GuestExecs, Tx
+from rift.services.ports import ExecGone, ExecRead, ExecStart, GuestExec, GuestExecs, Tx
 from rift.services.ports.watch import STEP_S, Watch, newest_line
 
 MIB = 1 << 20
@@ -86,10 +86,11 @@ def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: s
     first = wait if watch is None else min(wait, STEP_S)
     try:
         with in_flight(deps, task.id, wait):
-            seen = shell.exec_start(vm, exec_id, command,
-                                    stdin.encode() if stdin is not None else None,
-                                    timeout_s=timeout, cap_bytes=deps.limits.exec_output_mib * MIB,
-                                    wait_ms=int(first * 1000), max_bytes=ANSWER_BYTES)
+            seen = shell.exec_start(vm, ExecStart(
+                exec_id=exec_id, command=command,
+                stdin=stdin.encode() if stdin is not None else None, timeout_s=timeout,
+                cap_bytes=deps.limits.exec_output_mib * MIB, wait_ms=int(first * 1000),
+                max_bytes=ANSWER_BYTES))
     except (GuestUnreachable, ExecGone) as exc:
         lost = _end(deps, ex, "lost", caller.label)
         if _vm_gone(deps, vm.id):  # destroyed while the call waited: the exec is lost
@@ -131,8 +132,9 @@ def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
             left: float = wait
             while True:
                 step = left if watch is None else min(left, STEP_S)
-                seen = shell.exec_read(vm, ex.id, out_from, err_from, max_bytes=ANSWER_BYTES,
-                                       wait_ms=max(0, int(step * 1000)))
+                seen = shell.exec_read(vm, ExecRead(
+                    exec_id=ex.id, stdout_offset=out_from, stderr_offset=err_from,
+                    max_bytes=ANSWER_BYTES, wait_ms=max(0, int(step * 1000))))
                 news = (seen.state != "running" or seen.stdout_total > out_from
                         or seen.stderr_total > err_from)
                 left = deadline - time.monotonic()
@@ -233,8 +235,8 @@ def record_ends(deps: Deps, limit: int = 100) -> list[str]:
         vm = vms[ex.vm_id]
         assert vm is not None
         try:
-            seen = guests.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0,
-                                    deadline_s=min(SWEEP_CALL_S, left_s))
+            seen = guests.exec_read(vm, ExecRead(exec_id=ex.id, max_bytes=0,
+                                                 deadline_s=min(SWEEP_CALL_S, left_s)))
         except ExecGone:
             # The row is written before the guest starts the command: a young exec the
             # guest does not know yet may be starting (its call ends it itself if the
@@ -281,16 +283,18 @@ def _follow_to_end(shell: GuestExecs, vm: Vm, exec_id: str, seen: GuestExec,
     until `deadline` or a stop; answer its view with output from the start."""
     tail = 4096
     while seen.state == "running" and not watch.stopped:
-        seen = shell.exec_read(vm, exec_id, max(0, seen.stdout_total - tail),
-                               max(0, seen.stderr_total - tail), max_bytes=tail, wait_ms=0)
+        seen = shell.exec_read(vm, ExecRead(
+            exec_id=exec_id, stdout_offset=max(0, seen.stdout_total - tail),
+            stderr_offset=max(0, seen.stderr_total - tail), max_bytes=tail))
         watch.note(newest_line(seen.stdout) or newest_line(seen.stderr))
         left = deadline - time.monotonic()
         if left <= 0 or seen.state != "running":
             break
         # Offsets past any output: the guest answers at the end, or when the step is up.
-        seen = shell.exec_read(vm, exec_id, MAX_OFFSET, MAX_OFFSET, max_bytes=0,
-                               wait_ms=int(min(left, STEP_S) * 1000))
-    return shell.exec_read(vm, exec_id, 0, 0, max_bytes=ANSWER_BYTES, wait_ms=0)
+        seen = shell.exec_read(vm, ExecRead(
+            exec_id=exec_id, stdout_offset=MAX_OFFSET, stderr_offset=MAX_OFFSET, max_bytes=0,
+            wait_ms=int(min(left, STEP_S) * 1000)))
+    return shell.exec_read(vm, ExecRead(exec_id=exec_id, max_bytes=ANSWER_BYTES))
 
 
 def _answer(deps: Deps, ex: Exec, seen: GuestExec, out_from: int, err_from: int,
@@ -355,7 +359,7 @@ def _end_in(tx: Tx, ex: Exec, changes: dict[str, Any], now: datetime, actor: str
 
 def _refresh(deps: Deps, shell: GuestExecs, vm: Vm, ex: Exec, actor: str) -> Exec:
     try:
-        seen = shell.exec_read(vm, ex.id, 0, 0, max_bytes=0, wait_ms=0)
+        seen = shell.exec_read(vm, ExecRead(exec_id=ex.id, max_bytes=0))
     except ExecGone:
         return _end(deps, ex, "lost", actor)
     return _record(deps, ex, seen, actor)

@@ -19,6 +19,8 @@ from typing import Protocol
 
 from rift.services.ports.guest import (
     ExecGone,
+    ExecRead,
+    ExecStart,
     GuestExec,
     GuestExecs,
     GuestFiles,
@@ -46,6 +48,8 @@ from rift.services.ports.repositories import (
 
 __all__ = [
     "ExecGone",
+    "ExecRead",
+    "ExecStart",
     "GuestExec",
     "GuestExecs",
     "GuestFiles",

@@ -40,6 +40,36 @@ class GuestExec:
     stderr: bytes
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExecStart:
+    """Start `command` detached as exec `exec_id`, killed past `timeout_s`, its
+    output kept up to `cap_bytes` a stream; its view at its end or after `wait_ms`,
+    with at most `max_bytes` of each stream. Without `stdin` its stdin stays open
+    (exec_input)."""
+
+    exec_id: str
+    command: str
+    stdin: bytes | None = None
+    timeout_s: int
+    cap_bytes: int
+    wait_ms: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecRead:
+    """Exec `exec_id`'s view with output from the offsets (at most `max_bytes` a
+    stream), once there is some past them, it ended, or `wait_ms` passed; within
+    `deadline_s` (default: the wait and the helper's slack)."""
+
+    exec_id: str
+    stdout_offset: int = 0
+    stderr_offset: int = 0
+    max_bytes: int
+    wait_ms: int = 0
+    deadline_s: float | None = None
+
+
 class ExecGone(Exception):
     """The guest answered, but the exec cannot do what was asked: `why` is
     `unknown` (the guest has no such exec: it rebooted), `ended` or `stdin_closed`."""
@@ -97,17 +127,8 @@ class GuestExecs(Protocol):
         """`guest_unreachable` at once when no call of this port can reach `vm`'s
         guest (this control plane has no guest access), before anything is recorded."""
         ...
-    def exec_start(self, vm: Vm, exec_id: str, command: str, stdin: bytes | None, *,
-                   timeout_s: int, cap_bytes: int, wait_ms: int,
-                   max_bytes: int) -> GuestExec:
-        """Start `command` detached as exec `exec_id`; its view at its end or after
-        `wait_ms`. Without `stdin` its stdin stays open (exec_input)."""
-        ...
-    def exec_read(self, vm: Vm, exec_id: str, stdout_offset: int, stderr_offset: int, *,
-                  max_bytes: int, wait_ms: int, deadline_s: float | None = None) -> GuestExec:
-        """The exec's view from the offsets, within `deadline_s` (default: the wait and
-        the helper's slack)."""
-        ...
+    def exec_start(self, vm: Vm, start: ExecStart) -> GuestExec: ...
+    def exec_read(self, vm: Vm, read: ExecRead) -> GuestExec: ...
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int: ...
     def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None: ...
 
