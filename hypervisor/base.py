@@ -28,6 +28,37 @@ def elsewhere(uri: str) -> bool:
     return urlsplit(uri).scheme.endswith("+ssh")
 
 
+CPU_PERIOD_US = 100_000  # the CFS period of every quota Rift sets (libvirt's default)
+
+
+@dataclass(frozen=True)
+class CpuLimits:
+    """What a guest's QEMU may take of its host's CPUs (libvirt's `<cputune>`, applied
+    through the host's cpu cgroup): `weight`, its share against other guests when
+    the CPUs are busy (cgroup v1 `cpu.shares`, 1024 being a process at nice 0; 0:
+    libvirt's default), and `quota`, the fraction of one core each vCPU thread may
+    use per period (under TCG the guest's code runs on those threads; 0: no cap).
+    QEMU's other threads (its main loop, I/O, a restore's loading) may use one
+    core in all when a quota is set."""
+
+    weight: int = 0
+    quota: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.weight <= 262144:
+            raise ValueError(f"a CPU weight is 0-262144, not {self.weight}")
+        if not 0 <= self.quota <= 1:
+            raise ValueError(f"a CPU quota is a fraction of one core, 0-1, not {self.quota}")
+
+    @property
+    def quota_us(self) -> int:
+        """Each vCPU's quota per CPU_PERIOD_US, in µs (0: none); libvirt takes 1000 or more."""
+        return max(1000, round(self.quota * CPU_PERIOD_US)) if self.quota else 0
+
+    def __bool__(self) -> bool:
+        return bool(self.weight or self.quota)
+
+
 @dataclass(frozen=True)
 class DomainSpec:
     """Everything needed to define and start one domain."""
@@ -62,6 +93,9 @@ class DomainSpec:
     # hypervisor that starts the domain; None: the host did not say (root is never
     # assumed: see domain_xml._process_label).
     qemu_uid: int | None = None
+    # Its QEMU's CPU limits (`<cputune>`); filled by the hypervisor that starts the
+    # domain from its host's settings. None or empty: none.
+    cpu: CpuLimits | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import re
 import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape
 
-from hypervisor.base import PROXIED_GROUP, DomainSpec
+from hypervisor.base import CPU_PERIOD_US, PROXIED_GROUP, DomainSpec
 
 RIFT_XMLNS = "https://rift.dev/xmlns/domain/1"
 QEMU_XMLNS = "http://libvirt.org/schemas/domain/qemu/1.0"
@@ -58,6 +58,8 @@ def build_domain_xml(spec: DomainSpec) -> str:
     ET.SubElement(metadata, "rift:vm", mark)
     ET.SubElement(root, "memory", unit="KiB").text = str(spec.memory_mib * 1024)
     ET.SubElement(root, "vcpu").text = str(spec.vcpus)
+    if guest:
+        _cputune(root, spec)
     os_el = ET.SubElement(root, "os")
     if not guest:
         ET.SubElement(os_el, "type").text = "hvm"
@@ -126,6 +128,23 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
             "virtio-net-pci,netdev=n0,addr=0x10",
         ):
             ET.SubElement(commandline, "qemu:arg", value=value)
+
+
+def _cputune(root: ET.Element, spec: DomainSpec) -> None:
+    """The guest's CPU limits (`spec.cpu`): its weight as `<shares>`; a quota of each
+    vCPU thread per period (`<period>`, `<quota>`), and one core for QEMU's other
+    threads (`<emulator_period>`, `<emulator_quota>`). Nothing without limits."""
+    cpu = spec.cpu
+    if not cpu:
+        return
+    tune = ET.SubElement(root, "cputune")
+    if cpu.weight:
+        ET.SubElement(tune, "shares").text = str(max(2, cpu.weight))  # cgroup v1's least
+    if cpu.quota_us:
+        ET.SubElement(tune, "period").text = str(CPU_PERIOD_US)
+        ET.SubElement(tune, "quota").text = str(cpu.quota_us)
+        ET.SubElement(tune, "emulator_period").text = str(CPU_PERIOD_US)
+        ET.SubElement(tune, "emulator_quota").text = str(CPU_PERIOD_US)
 
 
 def _process_label(root: ET.Element, spec: DomainSpec) -> None:

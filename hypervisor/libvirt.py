@@ -19,7 +19,14 @@ from typing import Any
 
 import libvirt
 
-from hypervisor.base import DomainRecord, DomainSpec, DomainStats, HostInfo, HypervisorError
+from hypervisor.base import (
+    CpuLimits,
+    DomainRecord,
+    DomainSpec,
+    DomainStats,
+    HostInfo,
+    HypervisorError,
+)
 from hypervisor.domain_xml import (
     RIFT_XMLNS,
     build_domain_xml,
@@ -70,6 +77,14 @@ def _ignore_error(_ctx: object, _err: object) -> None:
     return None
 
 
+def _no_cpu_cgroup(err: HypervisorError) -> bool:
+    """Whether libvirt refused a domain's `<cputune>` for want of a cpu cgroup
+    ("cgroup cpu is required for scheduler tuning", "CPU tuning is not available
+    on this host")."""
+    return err.code == libvirt.VIR_ERR_CONFIG_UNSUPPORTED and (
+        "cgroup" in str(err) or "tuning" in str(err))
+
+
 @contextmanager
 def _translated(op: str) -> Iterator[None]:
     """Turn libvirtError into HypervisorError carrying libvirt's own words."""
@@ -88,7 +103,9 @@ class LibvirtHypervisor:
     that call raises, the next one reconnects). libvirt connections are
     themselves thread-safe, so calls run outside our lock.
     With validate=True every define is checked against libvirt's schema
-    (about 5 ms each).
+    (about 5 ms each). `cpu`: the CPU limits of every guest it starts (`<cputune>`);
+    a host whose libvirt has no cpu cgroup to apply them with refuses them, and
+    then its guests start without them (said once in the log).
     """
 
     def __init__(
@@ -98,9 +115,11 @@ class LibvirtHypervisor:
         validate: bool = False,
         opener: Callable[[str], Any] | None = None,
         disk: HostDisk = LOCAL_DISK,
+        cpu: CpuLimits | None = None,
     ) -> None:
         self.uri = uri
         self.disk = disk  # the files of the machine this libvirt runs on
+        self.cpu = cpu or None  # None once the host has refused them
         self._validate = validate
         self._opener: Callable[[str], Any] = opener or libvirt.open
         self._lock = threading.Lock()
@@ -141,6 +160,20 @@ class LibvirtHypervisor:
             return
         if spec.proxied and spec.qemu_uid is None:
             spec = replace(spec, qemu_uid=self.qemu_uid())
+        if spec.cpu is None and spec.domain_type != "test" and self.cpu is not None:
+            try:
+                self._create(replace(spec, cpu=self.cpu))
+                return
+            except HypervisorError as err:
+                if not _no_cpu_cgroup(err):
+                    raise
+            log.warning("%s cannot limit its guests' CPU (libvirt has no cpu cgroup "
+                        "there; qemu.conf's cgroup_controllers): they start without "
+                        "limits", self.uri)
+            self.cpu = None
+        self._create(spec)
+
+    def _create(self, spec: DomainSpec) -> None:
         xml = build_domain_xml(spec)
         conn = self._connection()
         flags = libvirt.VIR_DOMAIN_DEFINE_VALIDATE if self._validate else 0

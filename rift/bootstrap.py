@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hypervisor import Hypervisor, open_hypervisor
-from hypervisor.base import QEMU_USER
+from hypervisor.base import QEMU_USER, CpuLimits
 from hypervisor.exec_helper import exec_helper
 from rift.catalog import DirectoryImages
 from rift.config import Settings
@@ -81,8 +81,9 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         upgrade(url)
     seal_data_dir(settings.data_dir)
     links = HostLinks()
+    cpu = CpuLimits(settings.vm_cpu_weight, settings.vm_cpu_quota)
     pool = host_pool or CachedHostPool(
-        lambda uri: open_hypervisor(uri, disk=host_disk(links, uri)))
+        lambda uri: open_hypervisor(uri, disk=host_disk(links, uri), cpu=cpu))
     store = SqlStore(url)
     with store.read() as tx:
         install_id = tx.meta.get("install_id")

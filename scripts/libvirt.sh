@@ -84,11 +84,15 @@ fi
 # knows its sockets by it; libvirt's DAC driver gives each VM's disks, kernel and
 # seed to that user while it runs, without remembering owners in xattrs: an
 # allowlisted guest's QEMU, group rift-proxied, shares images' kernels with the
-# others, which that bookkeeping refuses), with no MAC security driver and no cgroups
-# (else QEMU leaves the container's cgroup). Our block sits at the end of the
-# file; any other uncommented setting of the same keys is commented out first.
+# others, which that bookkeeping refuses), with no MAC security driver, and of the
+# cgroup controllers only cpu and cpuacct: each guest's QEMU gets a cpu cgroup of
+# its own under /machine, where the domain's <cputune> (RIFT_VM_CPU_WEIGHT,
+# RIFT_VM_CPU_QUOTA) applies, and libvirt reads its CPU time there; the others
+# (memory above all) would take QEMU out of the container's own cgroups. Our block
+# sits at the end of the file; any other uncommented setting of the same keys is
+# commented out first.
 conf_changed=0
-want_block=$'# rift: begin\nuser = "rift-qemu"\ngroup = "rift-guests"\nremember_owner = 0\nsecurity_driver = "none"\ncgroup_controllers = [ ]\n# rift: end'
+want_block=$'# rift: begin\nuser = "rift-qemu"\ngroup = "rift-guests"\nremember_owner = 0\nsecurity_driver = "none"\ncgroup_controllers = [ \"cpu\", \"cpuacct\" ]\n# rift: end'
 mkdir -p "$(dirname "$QEMU_CONF")"
 touch "$QEMU_CONF"
 current_block=$(sed -n '/^# rift: begin$/,/^# rift: end$/p' "$QEMU_CONF")

@@ -488,7 +488,8 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
     qemu_conf = (hv1 / "etc/libvirt/qemu.conf").read_text()
     # QEMU as its own user (SPEC §15), not the rift user that holds libvirt and SSH rights
     assert ('# rift: begin\nuser = "rift-qemu"\nremember_owner = 0\ngroup = "rift-guests"\n'
-            'security_driver = "none"\ncgroup_controllers = [ ]\nstdio_handler = "file"\n'
+            'security_driver = "none"\ncgroup_controllers = [ "cpu", "cpuacct" ]\n'
+            'stdio_handler = "file"\n'
             'default_tls_x509_cert_dir = "/etc/pki/qemu"\ndefault_tls_x509_verify = 1\n'
             'migrate_tls_x509_verify = 1\nnamespaces = [ ]\n# rift: end\n') in qemu_conf
     assert not re.search(r'^(user|group|security_driver)\s*=(?! "(rift-qemu|none|rift-guests)")',

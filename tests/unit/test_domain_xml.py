@@ -274,6 +274,86 @@ def test_kvm_guests_pass_the_host_cpu_through() -> None:
     assert cpu is not None and cpu.get("mode") == "host-passthrough"
 
 
+def test_a_guest_gets_its_cpu_weight_a_quota_per_vcpu_and_one_core_for_its_other_threads(
+) -> None:
+    from hypervisor.base import CpuLimits
+
+    root = parse(build_domain_xml(dataclasses.replace(GUEST, cpu=CpuLimits(512, 0.5))))
+    tune = root.find("cputune")
+    assert tune is not None
+    assert [(child.tag, child.text) for child in tune] == [
+        ("shares", "512"), ("period", "100000"), ("quota", "50000"),
+        ("emulator_period", "100000"), ("emulator_quota", "100000")]
+    # libvirt's schema wants cputune after vcpu and before os.
+    tags = [child.tag for child in root]
+    assert tags.index("vcpu") < tags.index("cputune") < tags.index("os")
+
+
+@pytest.mark.parametrize(("limits", "want"), [
+    ((512, 0.0), [("shares", "512")]),
+    ((0, 0.25), [("period", "100000"), ("quota", "25000"), ("emulator_period", "100000"),
+                 ("emulator_quota", "100000")]),
+    ((1, 0.001), [("shares", "2"), ("period", "100000"), ("quota", "1000"),
+                  ("emulator_period", "100000"), ("emulator_quota", "100000")]),
+])
+def test_each_cpu_limit_is_written_alone_and_within_what_libvirt_takes(
+        limits: tuple[int, float], want: list[tuple[str, str]]) -> None:
+    from hypervisor.base import CpuLimits
+
+    root = parse(build_domain_xml(dataclasses.replace(GUEST, cpu=CpuLimits(*limits))))
+    tune = root.find("cputune")
+    assert tune is not None and [(child.tag, child.text) for child in tune] == want
+
+
+def test_no_limits_or_the_test_driver_write_no_cputune() -> None:
+    from hypervisor.base import CpuLimits
+
+    for spec in (GUEST, dataclasses.replace(GUEST, cpu=CpuLimits()),
+                 dataclasses.replace(SPEC, cpu=CpuLimits(512, 0.5))):
+        assert parse(build_domain_xml(spec)).find("cputune") is None
+    for weight, quota in ((-1, 0.5), (262145, 0.5), (512, 1.5), (512, -0.1)):
+        with pytest.raises(ValueError, match="CPU"):
+            CpuLimits(weight, quota)
+
+
+def test_a_host_without_a_cpu_cgroup_starts_guests_without_limits() -> None:
+    import libvirt
+
+    from hypervisor.base import CpuLimits
+    from hypervisor.libvirt import LibvirtHypervisor
+
+    class Refused(libvirt.libvirtError):
+        def get_error_code(self) -> int:
+            return int(libvirt.VIR_ERR_CONFIG_UNSUPPORTED)
+
+        def get_error_message(self) -> str:
+            return "unsupported configuration: cgroup cpu is required for scheduler tuning"
+
+    class Domain:
+        def create(self) -> int:
+            return 0
+
+    class Conn:
+        def __init__(self) -> None:
+            self.defined: list[str] = []
+
+        def isAlive(self) -> int:
+            return 1
+
+        def defineXMLFlags(self, xml: str, _flags: int) -> Domain:
+            if "<cputune>" in xml:
+                raise Refused("refused")
+            self.defined.append(xml)
+            return Domain()
+
+    conn = Conn()
+    hv = LibvirtHypervisor("qemu:///system", opener=lambda _u: conn, cpu=CpuLimits(512, 0.5))
+    hv.create(GUEST)
+    hv.create(dataclasses.replace(GUEST, name="rift-vm_second1"))
+    assert len(conn.defined) == 2 and hv.cpu is None  # asked once, then never again
+    assert all("<cputune>" not in xml for xml in conn.defined)
+
+
 # placement
 
 
