@@ -33,14 +33,12 @@ from tests.support.guest_packages import (
     make_wheel,
 )
 from tests.support.mcp_clients import call, mcp_session, refused, run
+from tests.support.real_guests import RealSettings
 from tests.support.servers import (
     Server,
     free_port,
     real_vms_missing,
-    start_real_server,
-    stop_server,
 )
-from tests.support.witnesses import our_domains
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -231,24 +229,20 @@ def _refused() -> int:
     return int(found[0]["packets"])
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def _isolation_loaded(data_dir: Path) -> None:
     isolation = subprocess.run(["nft", "list", "table", "inet", "rift_guests"],
                                capture_output=True, text=True, check=False)
     assert isolation.returncode == 0, (
         "the guests' isolation is not loaded (scripts/libvirt.sh loads it): "
         + isolation.stderr.strip())
-    proc, srv = start_real_server(tmp_path_factory.mktemp("egress"), debian=True,
-                                  RIFT_EGRESS_DENY=DENIED_CIDR,
-                                  RIFT_VM_BOOT_TIMEOUT_S="90",
-                                  # what VMs use, sampled often enough to be seen here
-                                  RIFT_STATS_INTERVAL_S="2", RIFT_SWEEP_INTERVAL_S="5")
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
-        remaining = our_domains(srv)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+
+
+REAL = RealSettings(debian=True, env={"RIFT_EGRESS_DENY": DENIED_CIDR,
+                                      "RIFT_VM_BOOT_TIMEOUT_S": "90",
+                                      # what VMs use, sampled often enough to be seen here
+                                      "RIFT_STATS_INTERVAL_S": "2",
+                                      "RIFT_SWEEP_INTERVAL_S": "5"},
+                    prepare=_isolation_loaded)
 
 
 def test_an_open_guest_reaches_beyond_its_host_a_none_guest_nothing_and_neither_the_host(
