@@ -27,13 +27,15 @@ test: setup
 ## ci: what CI runs on a fresh clone (.ci/run): make check, then make test
 ci: check test
 
-## soak: the reliability campaign's long form (not in CI): 10,000 fuzz cases per door,
-## 50+ kill -9 trials, a minute of 32 agents; prints the table and keeps it as JSON
+## soak: the long forms (not in CI): the reliability campaign's (10,000 fuzz cases per door,
+## 50+ kill -9 trials, a minute of 32 agents; prints the table and keeps it as JSON), then
+## the real-guest tests marked `soak` at their long size (tests/support/soak.py)
 soak: setup
 	@scripts/libvirt.sh
 	@mkdir -p $(RIFT_DATA_DIR)
 	RIFT_SOAK=1 RIFT_RELIABILITY_REPORT=$(RIFT_DATA_DIR)/reliability-soak.json \
 	  scripts/test.sh tests/reliability --timeout=3600
+	RIFT_SOAK=1 scripts/test.sh tests -m soak --timeout=3600
 
 ## check: ruff and mypy
 check: setup

@@ -28,16 +28,10 @@ import pytest
 
 from tests.support.hostile import GuestRoot, Probe, Window, one_call, rss_mib
 from tests.support.mcp_clients import call, mcp_session, run
-from tests.support.servers import (
-    Server,
-    real_vms_missing,
-    restart_server,
-    seed_images,
-    start_real_server,
-    stop_server,
-    wait_until,
-)
-from tests.support.witnesses import our_domains, remove_domain, rows
+from tests.support.real_guests import RealSettings, Rig
+from tests.support.servers import Server, real_vms_missing, seed_images, wait_until
+from tests.support.soak import long_form
+from tests.support.witnesses import rows
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -61,13 +55,17 @@ FLOOD_BYTES = 3 << 20
 
 @dataclass
 class Scene:
+    rig: Rig
     server: Server
-    proc: subprocess.Popen[str]
     mallory: str  # tokens
     alice: str
     handles: dict[str, str] = field(default_factory=dict)  # user -> task handle
     vms: dict[str, dict[str, Any]] = field(default_factory=dict)  # user -> VM view
     probe: Probe | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[str]:
+        return self.rig.proc
 
     def root(self) -> GuestRoot:
         task_id = self.handles["mallory_task"]
@@ -83,13 +81,15 @@ async def _task_and_vm(url: str, token: str, name: str) -> tuple[str, str, dict[
         return opened["handle"], opened["task"]["id"], vm
 
 
+REAL = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": str(DEBIAN_BOOT_S),
+                         "RIFT_SWEEP_INTERVAL_S": str(SWEEP_S),
+                         "RIFT_CONSOLE_LOG_MIB": str(CONSOLE_LOG_MIB)})
+
+
 @pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
-    proc, srv = start_real_server(tmp_path_factory.mktemp("hostile"),
-                                  RIFT_VM_BOOT_TIMEOUT_S=str(DEBIAN_BOOT_S),
-                                  RIFT_SWEEP_INTERVAL_S=str(SWEEP_S),
-                                  RIFT_CONSOLE_LOG_MIB=str(CONSOLE_LOG_MIB))
-    made = Scene(srv, proc, srv.new_token("mallory", "hostile"), srv.new_token("alice", "probe"))
+def scene(rig: Rig) -> Iterator[Scene]:
+    srv = rig.server
+    made = Scene(rig, srv, srv.new_token("mallory", "hostile"), srv.new_token("alice", "probe"))
     try:
         for user, token in (("mallory", made.mallory), ("alice", made.alice)):
             handle, task_id, vm = run(functools.partial(_task_and_vm, srv.url, token, user),
@@ -110,26 +110,17 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
 
 def _tidy(made: Scene) -> None:
     """Close both tasks on a fresh `rift serve` (the module's may be frozen or
-    stopped by now), and check that no domain is left (removing any that is)."""
-    stop_server(made.proc)
-    try:
-        proc, again = restart_server(made.server)
-        try:
-            async def close() -> None:
-                for user in ("mallory", "alice"):
-                    if user in made.handles:
-                        token = made.mallory if user == "mallory" else made.alice
-                        async with mcp_session(again.url, token) as s:
-                            await call(s, "rift_task_close", handle=made.handles[user])
+    stopped by now); the rig then checks that no domain is left (removing any that is)."""
+    again = made.rig.restart()
 
-            run(close, 120)
-        finally:
-            stop_server(proc)
-    finally:
-        remaining = our_domains(made.server)
-        for record in remaining.values():
-            remove_domain(record.name)
-    assert not remaining, f"domains left behind: {sorted(remaining)}"
+    async def close() -> None:
+        for user in ("mallory", "alice"):
+            if user in made.handles:
+                token = made.mallory if user == "mallory" else made.alice
+                async with mcp_session(again.url, token) as s:
+                    await call(s, "rift_task_close", handle=made.handles[user])
+
+    run(close, 120)
 
 
 # -- mallory's calls and the probe's verdict ---------------------------------------------
@@ -275,12 +266,14 @@ def test_a_guest_that_fills_its_disk_gets_an_answer_and_slows_no_one(scene: Scen
     _assert_mallory_mended(scene)
 
 
+@long_form("test_a_guest_that_fills_its_disk_gets_an_answer_and_slows_no_one, on tiny")
 def test_a_debian_guest_that_fills_its_disk_still_answers_and_its_overlay_stays_bounded(
         scene: Scene) -> None:
     """A `debian` VM of mallory's writes zeros until its root file system is full:
     her exec answers (its helper keeps its files in /run, a tmpfs), alice is
     unharmed, the overlay on the host grows no further than the disk's size, and
-    destroying the VM removes it."""
+    destroying the VM removes it. The long form (about 85 s: a `debian` boot and
+    400 MiB written under TCG) of the `tiny` case above."""
     assert scene.probe is not None
     seed_images(scene.server.data_dir, debian=True)  # skips where it cannot be built
     code, _, made = _mallory(scene, "rift_vm_new", limit_s=DEBIAN_BOOT_S + 60,
