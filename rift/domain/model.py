@@ -1,4 +1,44 @@
-"""The nouns of SPEC §1 as plain values. The store reads and writes these."""
+"""The nouns of SPEC §1 as plain values. The store reads and writes these.
+
+A task and a VM change only by their methods (transitions): each answers the
+object as it is after the change and the event that records it (None for a change
+no event shows), and refuses a state it does not start from (a task with
+`TaskClosed`/`TaskReleased`, a VM with `IllegalTransition`). The store saves the
+answer in one transaction with its event, by one compare-and-set: a task on its
+lease generation (``tx.tasks.save(new, expected_gen=old.lease_gen)``), a VM on the
+status and change it was read in (``tx.vms.save(new, was=old)``: ``UPDATE vms ...
+WHERE id = ? AND status = ? AND change IS ?``).
+
+Why no version column for VMs (and no migration): every transition below reads
+and moves the status or the change, so (status, change) is the version; the
+columns no transition reads (`stats`, the usage sampler's, with its own
+conditional write `tx.vms.record_stats`; `error`'s notes) would only make a
+version column move under changes that need not conflict. A transition allowed
+from several states whose row may have moved since it was read (a destroy, a
+note) is made on the row read locked in the same transaction
+(``tx.vms.get(id, lock=True)``), so it is saved against the row as it is.
+
+A VM (SPEC §1, §3, §11, §12; `change` is a pause, resume or snapshot under way,
+recorded before libvirt is asked)::
+
+    from (status, change)         method                      to                     event
+    (none)                        -                           creating               vm_creating
+    creating                      running((kind, ms), ...)    running                vm_running
+    creating|running|paused, any  failed(error, ...)          failed                 vm_failed
+    any but destroyed             destroy_requested(now)      (same, destroy asked)  -
+    any but destroyed             destroyed(...)              destroyed              vm_destroyed
+    running, none                 changing("pausing", now)    running, pausing       -
+    running, none                 changing("snapshotting", ..) running, snapshotting -
+    paused, none                  changing("resuming", now)   paused, resuming       -
+    running, pausing              paused(...)                 paused, none           vm_paused
+    paused, resuming|none         resumed(...)                running, none          vm_resumed
+    any, pausing|resuming|snap..  change_ended()              (same status), none    -
+    running, any                  moved((host, port), ...)    running on host        vm_moved
+    creating|running|paused, any  noted(error | None)         (same, error noted)    -
+
+(`paused` from none: its domain was started outside Rift. `change_ended`: a change
+libvirt refused or a crash cut short, rolled back; or a snapshot's save done.)
+"""
 
 from __future__ import annotations
 
@@ -8,7 +48,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from rift.domain.clock import iso
-from rift.domain.errors import TaskClosed, TaskReleased
+from rift.domain.errors import IllegalTransition, TaskClosed, TaskReleased
 
 TaskStatus = Literal["open", "closed"]
 CloseReason = Literal["closed", "idle", "operator"]
@@ -198,6 +238,88 @@ class Vm:
     def keeps_execs(self) -> bool:
         """Its guest still holds its execs: running, or paused with them saved."""
         return self.status in ("running", "paused") and self.destroy_requested_at is None
+
+    # Its transitions: the table in this module's docstring. `by` is the actor of
+    # the event, `details` more of the event's details.
+
+    def running(self, start: tuple[StartKind, int], by: str, now: datetime,
+                details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
+        """It answers: `start` is how it came to run and in how many milliseconds."""
+        self._from("running", ("creating",))
+        kind, start_ms = start
+        new = replace(self, status="running", ready_at=now, start_kind=kind, start_ms=start_ms)
+        return new, self._event("vm_running", by, now, {
+            "start_kind": kind, "start_ms": start_ms, **(details or {})})
+
+    def failed(self, error: str, by: str, now: datetime) -> tuple[Vm, NewEvent]:
+        """It did not come to run, or its domain was lost (a change under way stays
+        recorded: reconciliation reads it)."""
+        self._from("failed", LIVE_VM_STATUSES)
+        return (replace(self, status="failed", error=error),
+                self._event("vm_failed", by, now, {"error": error}))
+
+    def destroy_requested(self, now: datetime) -> Vm:
+        """Its destroy is asked for, before libvirt is (the first time is kept)."""
+        self._from("destroy requested", DESTROYABLE_VM_STATUSES)
+        if self.destroy_requested_at is not None:
+            return self
+        return replace(self, destroy_requested_at=now)
+
+    def destroyed(self, by: str, now: datetime,
+                  details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
+        """Its domain is gone."""
+        self._from("destroyed", DESTROYABLE_VM_STATUSES)
+        return (replace(self, status="destroyed", destroyed_at=now),
+                self._event("vm_destroyed", by, now, {"host": self.host, **(details or {})}))
+
+    def changing(self, change: VmChange, now: datetime) -> Vm:
+        """A pause, resume or snapshot begins: recorded before libvirt is asked."""
+        source: VmStatus = "paused" if change == "resuming" else "running"
+        self._from(change, (source,), changes=(None,))
+        return replace(self, change=change, change_at=now)
+
+    def paused(self, by: str, now: datetime,
+               details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
+        """Its pause is done: its memory is saved, its domain stopped."""
+        self._from("paused", ("running",), changes=("pausing",))
+        return (replace(self, status="paused", change=None, change_at=None),
+                self._event("vm_paused", by, now, dict(details or {})))
+
+    def resumed(self, by: str, now: datetime,
+                details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
+        """It runs again: its resume is done, or its domain was started outside Rift."""
+        self._from("resumed", ("paused",), changes=("resuming", None))
+        return (replace(self, status="running", change=None, change_at=None),
+                self._event("vm_resumed", by, now, dict(details or {})))
+
+    def change_ended(self) -> Vm:
+        """The change under way ends with no new status: rolled back, or a snapshot saved."""
+        self._from("change ended", (*LIVE_VM_STATUSES,),
+                   changes=("pausing", "resuming", "snapshotting"))
+        return replace(self, change=None, change_at=None)
+
+    def moved(self, to: tuple[str, int], by: str, now: datetime,
+              details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
+        """Live-migrated: `to` is its new host and the SSH port it is reached on there."""
+        self._from("moved", ("running",))
+        host, ssh_port = to
+        return replace(self, host=host, ssh_port=ssh_port), self._event("vm_moved", by, now, {
+            "from": self.host, "to": host, "ssh_port": ssh_port, **(details or {})})
+
+    def noted(self, error: str | None) -> Vm:
+        """Its `error` says why it may not answer (its host is silent), or no longer."""
+        self._from("noted", LIVE_VM_STATUSES)
+        return replace(self, error=error)
+
+    def _from(self, transition: str, statuses: tuple[VmStatus, ...],
+              changes: tuple[VmChange | None, ...] | None = None) -> None:
+        if self.status not in statuses or (changes is not None and self.change not in changes):
+            state = self.status if self.change is None else f"{self.status} ({self.change})"
+            raise IllegalTransition("VM", self.id, state, transition)
+
+    def _event(self, kind: str, by: str, now: datetime,
+               details: dict[str, Any]) -> NewEvent:
+        return NewEvent(self.task_id, kind, now, by, {"vm_id": self.id, **details})
 
 
 @dataclass(frozen=True)

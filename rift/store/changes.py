@@ -9,10 +9,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-VM_CHANGEABLE = frozenset({
-    "name", "status", "host", "ready_at", "destroyed_at", "error", "ssh_host", "ssh_port",
-    "destroy_requested_at", "start_kind", "start_ms", "change", "change_at", "stats",
-})
 HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachable_since",
                              "last_error"})
 POOL_CHANGEABLE = frozenset({"running", "saved", "failures", "retry_at", "last_error",

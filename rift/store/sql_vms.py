@@ -1,4 +1,5 @@
-"""VMs in SQL (``tx.vms``): inserts, lists, the compare-and-set on status, host usage."""
+"""VMs in SQL (``tx.vms``): inserts, lists, the compare-and-set that saves a
+transition (on the status and change it left), the usage sampler's write, host usage."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Row, Select, bindparam, func, or_, select, update
 
-from rift.domain.model import HOLDING_VM_STATUSES, LIVE_VM_STATUSES, Vm, VmChange, VmStatus
+from rift.domain.model import HOLDING_VM_STATUSES, LIVE_VM_STATUSES, Vm
 from rift.domain.records import HostUsage
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
-from rift.store.changes import VM_CHANGEABLE, check_changes, check_limit
+from rift.store.changes import changed, check_limit
 from rift.store.sql_base import SqlRepository
 from rift.store.tables import VM_COLUMNS, tasks, vms
 
@@ -27,6 +28,9 @@ def select_vms() -> Select[Any]:
 
 # Built once with bind parameters: every VM call and every task view reads these.
 GET_VM = select_vms().where(vms.c.id == bindparam("vm_id"))
+GET_VM_FOR_UPDATE = GET_VM.with_for_update()
+RECORD_STATS = (update(vms).where(vms.c.id == bindparam("vm_id"), vms.c.status == "running")
+                .values(stats=bindparam("stats", type_=vms.c.stats.type)))
 VMS_OF_TASK = select_vms().where(vms.c.task_id == bindparam("task_id")).order_by(vms.c.seq)
 
 
@@ -48,8 +52,9 @@ class SqlVms(SqlRepository):
 
         self._insert(vms, dataclasses.asdict(vm), diagnose)
 
-    def get(self, vm_id: str) -> Vm | None:
-        row = self._conn.execute(GET_VM, {"vm_id": vm_id}).first()
+    def get(self, vm_id: str, *, lock: bool = False) -> Vm | None:
+        statement = GET_VM_FOR_UPDATE if lock and self._writable else GET_VM
+        row = self._conn.execute(statement, {"vm_id": vm_id}).first()
         return None if row is None else vm_of(row)
 
     def find_by_key(self, owner: str, key: str) -> Vm | None:
@@ -94,26 +99,21 @@ class SqlVms(SqlRepository):
         oldest: datetime | None = self._conn.scalar(query)
         return oldest
 
-    def update(self, vm_id: str, expected_status: Sequence[VmStatus], **changes: Any) -> bool:
-        """One conditional UPDATE: only while the VM's status is one of
-        ``expected_status``. True when this call changed the row."""
-        self._writing("update")
-        check_changes("vm", changes, VM_CHANGEABLE)
-        where = (vms.c.id == vm_id, vms.c.status.in_(list(expected_status)))
+    def save(self, vm: Vm, was: Vm) -> bool:
+        """One conditional UPDATE: what the transition from ``was`` changed, while the
+        row is still at ``was``'s status and change. True when this call won."""
+        self._writing("save")
+        changes = changed(vm, was)
+        where = (vms.c.id == was.id, vms.c.status == was.status,
+                 vms.c.change.is_(None) if was.change is None else vms.c.change == was.change)
         if not changes:
             return self._exists(vms, *where)
         statement = update(vms).where(*where).values(**changes)
         return self._conn.execute(statement).rowcount == 1
 
-    def update_changing(self, vm_id: str, status: VmStatus, change: VmChange | None, /,
-                        **changes: Any) -> bool:
-        self._writing("update")
-        check_changes("vm", changes, VM_CHANGEABLE)
-        statement = (update(vms).where(vms.c.id == vm_id, vms.c.status == status,
-                                       vms.c.change.is_(None) if change is None
-                                       else vms.c.change == change)
-                     .values(**changes))
-        return self._conn.execute(statement).rowcount == 1
+    def record_stats(self, vm_id: str, stats: str) -> bool:
+        self._writing("record_stats")
+        return self._conn.execute(RECORD_STATS, {"vm_id": vm_id, "stats": stats}).rowcount == 1
 
     def live_of_closed_tasks(self, limit: int) -> list[Vm]:
         """VMs still creating or running in tasks that have closed: what a

@@ -114,7 +114,7 @@ def record_usage(server: Server, vm_id: str, samples: list[tuple[float, int, int
                 text = usage.advance(text, usage.Sample(
                     at=at, cpu_time_ns=cpu_ns, memory_rss_kib=rss,
                     disk_allocation_bytes=None, net=(1000, 2000)), vm.vcpus)
-            tx.vms.update(vm_id, ("running",), stats=text)
+            tx.vms.record_stats(vm_id, text)
             tx.meta.swap(usage.MARK_KEY, tx.meta.get(usage.MARK_KEY), str(samples[-1][0]))
     finally:
         store.close()

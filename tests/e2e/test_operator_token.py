@@ -26,7 +26,7 @@ def _record_usage(server: Server, vm_id: str) -> None:
             stats = usage.advance(vm.stats, usage.Sample(
                 at=time.time(), cpu_time_ns=10**9, memory_rss_kib=65536,
                 disk_allocation_bytes=None), vm.vcpus)
-            assert tx.vms.update(vm_id, ("running",), stats=stats)
+            assert tx.vms.record_stats(vm_id, stats)
     finally:
         store.close()
 

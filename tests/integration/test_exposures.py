@@ -31,6 +31,7 @@ from rift.services.lifecycle import exposures, pauses, tasks, vms
 from tests.support import ws
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeFiles, fake_guests
+from tests.support.vm_rows import give_ssh_address
 
 GUEST_PORT = 8000
 WS_PORT = 8100
@@ -125,7 +126,7 @@ def _vm(deps: Deps) -> tuple[str, str, str]:
     opened = tasks.new_task(deps, ALICE)
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     with deps.store.write() as tx:
-        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+        give_ssh_address(tx, vm.id)
     return str(opened.handle), vm.id, opened.task.id
 
 

@@ -62,7 +62,7 @@ def _running_vm_with_stats(deps: Deps) -> tuple[str, str]:
                                              memory_rss_kib=65536,
                                              disk_allocation_bytes=2**20), 1)
     with deps.store.write() as tx:
-        assert tx.vms.update(vm.id, ("running",), stats=stats)
+        assert tx.vms.record_stats(vm.id, stats)
     return vm.id, opened.task.id
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.exc import StatementError
 
 from rift.domain.ids import new_exec_id, new_task_id, new_token_id, new_vm_id
 from rift.domain.model import ApiToken, Exec, Host, NewEvent, Task, User, Vm
-from rift.domain.records import HostUsage
+from rift.domain.records import HostUsage, Pool, PoolVm, Snapshot
 from rift.domain.store_errors import DuplicateKey, MissingReference, ReadOnlyTransaction
 from rift.services.ports import Store
 from rift.store.migrate import current_revision, head_revision, upgrade
@@ -461,23 +461,97 @@ def test_a_vm_of_no_task_is_a_missing_reference(store: Store) -> None:
     assert (raised.value.table, raised.value.field) == ("vms", "task_id")
 
 
-def test_update_vm_is_a_compare_and_set_on_status(store: Store) -> None:
+def test_saving_a_vm_transition_is_a_compare_and_set_on_its_status(store: Store) -> None:
     task = a_task()
     vm = a_vm(task)
     insert(store, task, vm)
     with store.write() as tx:
-        assert tx.vms.update(vm.id, ["creating"], status="running", ready_at=at(2)) is True
-        assert tx.vms.update(vm.id, ["creating"], status="failed", error="late") is False
-        assert tx.vms.update(vm.id, ["creating", "running"], status="destroyed",
-                             destroyed_at=at(9)) is True
-        assert tx.vms.update("vm_nothere", ["creating"], status="failed") is False
-        with pytest.raises(ValueError, match="cannot be changed"):
-            tx.vms.update(vm.id, ["destroyed"], vcpus=4)
+        started, _ = vm.running(("boot", 900), "mcp:a", at(2))
+        assert tx.vms.save(started, vm) is True
+        late, _ = vm.failed("late", "mcp:a", at(3))
+        assert tx.vms.save(late, vm) is False  # the row left `creating`
+        destroyed, _ = started.destroyed("mcp:a", at(9))
+        assert tx.vms.save(destroyed, started) is True
+        ghost = dataclasses.replace(vm, id="vm_nothere")
+        assert tx.vms.save(ghost.failed("gone", "mcp:a", at(1))[0], ghost) is False
+        with pytest.raises(ValueError, match="keeps its id"):
+            tx.vms.save(dataclasses.replace(vm, id=new_vm_id()), vm)
     with store.read() as tx:
         assert tx.vms.get(vm.id) == dataclasses.replace(
-            vm, status="destroyed", ready_at=at(2), destroyed_at=at(9)
-        )
+            vm, status="destroyed", ready_at=at(2), destroyed_at=at(9), start_kind="boot",
+            start_ms=900)
         assert tx.vms.count_live(task.id) == 0
+
+
+def test_a_vm_change_is_saved_only_from_the_change_it_was_read_with(store: Store) -> None:
+    task = a_task()
+    vm = a_vm(task, status="running", ready_at=at(1))
+    insert(store, task, vm)
+    with store.write() as tx:
+        pausing = vm.changing("pausing", at(2))
+        assert tx.vms.save(pausing, vm) is True
+        assert tx.vms.save(vm.changing("snapshotting", at(3)), vm) is False
+        paused, _ = pausing.paused("mcp:a", at(4))
+        assert tx.vms.save(paused, pausing) is True
+        assert tx.vms.save(pausing.change_ended(), pausing) is False  # it is paused now
+        assert tx.vms.save(paused, paused) is True  # no change: the row is still so
+    with store.read() as tx:
+        assert tx.vms.get(vm.id) == paused
+        assert paused.change is None and paused.change_at is None
+
+
+def test_usage_figures_are_recorded_only_while_a_vm_runs(store: Store) -> None:
+    task = a_task()
+    running = a_vm(task, status="running", ready_at=at(1))
+    failed = a_vm(task, status="failed", error="lost")
+    insert(store, task, running, failed)
+    with store.write() as tx:
+        assert tx.vms.record_stats(running.id, '{"cpu": 1}') is True
+        assert tx.vms.record_stats(failed.id, '{"cpu": 1}') is False
+    with store.read() as tx:
+        got = tx.vms.get(running.id)
+        assert got == dataclasses.replace(running, stats='{"cpu": 1}')
+        assert tx.vms.get(failed.id) == failed
+
+
+def test_a_snapshot_transition_is_a_compare_and_set_on_its_state(store: Store) -> None:
+    task = a_task()
+    vm = a_vm(task, status="running")
+    snap = Snapshot(id="snap_abcdefgh", task_id=task.id, vm_id=vm.id, owner=task.owner,
+                    name="s", host="local", image="tiny", vcpus=1, memory_mib=256,
+                    disk_gib=10, state="making", created_at=T0)
+    insert(store, task, vm)
+    with store.write() as tx:
+        tx.snapshots.add(snap)
+        made, _ = snap.made(4096, "ssh-ed25519 AAAA", "mcp:a", at(1))
+        assert tx.snapshots.save(made, snap) is True
+        assert tx.snapshots.save(made, snap) is False  # the row left `making`
+        assert tx.snapshots.remove(snap) is False
+        deleting, _ = made.deleting("mcp:a", at(2))
+        assert tx.snapshots.save(deleting, made) is True
+        assert tx.snapshots.get(snap.id) == deleting
+        assert tx.snapshots.remove(made) is False
+        assert tx.snapshots.remove(deleting.removed()) is True
+        assert tx.snapshots.get(snap.id) is None
+
+
+def test_a_pool_vm_transition_is_a_compare_and_set_on_its_state(store: Store) -> None:
+    pool = Pool(id="pool_abcdefgh", image="tiny", host=None, vcpus=1, memory_mib=256,
+                running=1, saved=0, created_at=T0)
+    pvm = PoolVm(id=new_vm_id(), pool_id=pool.id, goal="running", state="starting",
+                 host="local", image="tiny", vcpus=1, memory_mib=256, key_id=pool.id,
+                 mark="m", created_at=T0, ssh_port=40022)
+    with store.write() as tx:
+        tx.pools.add(pool)
+        tx.pools.add_vm(pvm)
+        ready = pvm.settled("ssh-ed25519 AAAA", at(1))
+        assert tx.pools.save_vm(ready, pvm) is True
+        assert tx.pools.save_vm(pvm.destroying(), pvm) is False  # the row left `starting`
+        assert tx.pools.take(pvm) is False
+        assert tx.pools.get_vm(pvm.id, lock=True) == ready
+        assert tx.pools.take(ready.handed_out()) is True
+        assert tx.pools.take(ready.handed_out()) is False  # one caller takes it
+        assert tx.pools.get_vm(pvm.id) is None
 
 
 def test_a_destroy_request_round_trips_and_is_set_only_on_a_destroyable_status(
@@ -491,9 +565,11 @@ def test_a_destroy_request_round_trips_and_is_set_only_on_a_destroyable_status(
         assert tx.vms.get(asked_before.id) == asked_before
     asked = datetime(2026, 1, 1, 14, 0, 0, 123_456, tzinfo=timezone(timedelta(hours=2)))
     with store.write() as tx:
-        assert tx.vms.update(vm.id, ["creating", "running", "failed"],
-                             destroy_requested_at=asked) is True
-        assert tx.vms.update(vm.id, ["destroyed"], destroy_requested_at=at(5)) is False
+        current = tx.vms.get(vm.id, lock=True)
+        assert current == vm
+        assert tx.vms.save(vm.destroy_requested(asked), vm) is True
+        gone = dataclasses.replace(vm, status="destroyed")
+        assert tx.vms.save(dataclasses.replace(gone, destroy_requested_at=at(5)), gone) is False
     with store.read() as tx:
         got = tx.vms.get(vm.id)
         assert got == dataclasses.replace(vm, destroy_requested_at=asked)
@@ -514,10 +590,8 @@ def test_a_vms_disk_size_and_start_round_trip_and_the_start_is_set_when_it_runs(
         assert got == vm and got is not None
         assert (got.disk_gib, got.start_kind, got.start_ms) == (1024, None, None)
     with store.write() as tx:
-        assert tx.vms.update(vm.id, ["creating"], status="running", ready_at=at(2),
-                             start_kind="pool", start_ms=2250) is True
-        with pytest.raises(ValueError, match="cannot be changed"):
-            tx.vms.update(vm.id, ["running"], disk_gib=20)
+        started, _ = vm.running(("pool", 2250), "mcp:a", at(2))
+        assert tx.vms.save(started, vm) is True
     with store.read() as tx:
         assert tx.vms.get(vm.id) == dataclasses.replace(
             vm, status="running", ready_at=at(2), start_kind="pool", start_ms=2250)
@@ -965,7 +1039,7 @@ def test_migration_0009_adds_vm_changes_and_its_downgrade_keeps_paused_vms_live(
     try:
         with store.write() as tx:
             assert tx.vms.get(vm.id) == vm and vm.change is None
-            assert tx.vms.update(vm.id, ("running",), status="paused")
+            assert tx.vms.save(dataclasses.replace(vm, status="paused"), vm)
     finally:
         store.close()
     command.downgrade(alembic_config(empty_sql_url), "0008")

@@ -26,6 +26,7 @@ from tests.support.engine import ALICE
 from tests.support.fake_guest import FakeExecs, fake_guests
 from tests.support.mcp_clients import mcp_session, run
 from tests.support.servers import free_port
+from tests.support.vm_rows import give_ssh_address
 
 BUDGET = 32
 
@@ -89,7 +90,7 @@ def _user(deps: Deps, name: str) -> tuple[str, str, str]:
     opened = tasks.new_task(deps, caller)
     vm = vms.new_vm(deps, caller, str(opened.handle))
     with deps.store.write() as tx:
-        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+        give_ssh_address(tx, vm.id)
     return token, str(opened.handle), vm.id
 
 

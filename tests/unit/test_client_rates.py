@@ -12,6 +12,7 @@ from rift.services.context import Deps
 from rift.services.lifecycle import execs, leases, tasks, vms
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import fake_guests
+from tests.support.vm_rows import give_ssh_address
 
 
 def _engine(make_deps: Callable[..., Deps], **limits: int) -> Deps:
@@ -22,7 +23,7 @@ def _vm(deps: Deps, caller: object = ALICE) -> tuple[str, str, str]:
     opened = tasks.new_task(deps, caller)  # type: ignore[arg-type]
     vm = vms.new_vm(deps, caller, str(opened.handle))  # type: ignore[arg-type]
     with deps.store.write() as tx:
-        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+        give_ssh_address(tx, vm.id)
     return str(opened.handle), vm.id, opened.task.id
 
 

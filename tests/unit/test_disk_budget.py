@@ -26,7 +26,7 @@ def _measured(deps: Deps, vm_id: str, disk_bytes: int) -> None:
     """As the usage sample would write it: the overlay's allocation on its host."""
     stats = json.dumps({"now": {"disk_used_bytes": disk_bytes}})
     with deps.store.write() as tx:
-        assert tx.vms.update(vm_id, ("running",), stats=stats)
+        assert tx.vms.record_stats(vm_id, stats)
 
 
 def test_a_user_at_the_budget_gets_quota_exceeded_and_others_do_not(deps: Deps) -> None:

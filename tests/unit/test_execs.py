@@ -21,6 +21,7 @@ from rift.services.lifecycle.tools import _task_out
 from rift.services.ports.watch import STEP_S, Watch, newest_line
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeExecs, fake_guests
+from tests.support.vm_rows import give_ssh_address
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def _vm(deps: Deps) -> tuple[str, str, str]:
     opened = tasks.new_task(deps, ALICE)
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     with deps.store.write() as tx:
-        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+        give_ssh_address(tx, vm.id)
     return str(opened.handle), vm.id, opened.task.id
 
 

@@ -10,6 +10,7 @@ from rift.services.context import Deps
 from rift.services.lifecycle import execs, files, tasks, vms
 from tests.support.engine import ALICE, refused
 from tests.support.fake_guest import fake_guests
+from tests.support.vm_rows import give_ssh_address
 
 
 def _vm(deps: Deps, ssh: bool = True) -> tuple[str, str]:
@@ -17,7 +18,7 @@ def _vm(deps: Deps, ssh: bool = True) -> tuple[str, str]:
     vm = vms.new_vm(deps, ALICE, str(opened.handle))
     if ssh:
         with deps.store.write() as tx:
-            tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+            give_ssh_address(tx, vm.id)
     return str(opened.handle), vm.id
 
 

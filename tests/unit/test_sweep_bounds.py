@@ -16,6 +16,7 @@ from rift.services.lifecycle import execs, tasks, vms
 from rift.services.ports import ExecRead, GuestExec
 from tests.support.engine import ALICE, BOB
 from tests.support.fake_guest import FakeExecs, fake_guests
+from tests.support.vm_rows import give_ssh_address
 
 
 @dataclass
@@ -40,7 +41,7 @@ def _running_vm(deps: Deps, caller: Caller) -> tuple[str, str]:
     opened = tasks.new_task(deps, caller)
     vm = vms.new_vm(deps, caller, str(opened.handle))
     with deps.store.write() as tx:
-        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+        give_ssh_address(tx, vm.id)
     return str(opened.handle), vm.id
 
 

@@ -15,6 +15,7 @@ from rift.services.context import Deps
 from rift.services.lifecycle import pauses, tasks, vms
 from tests.support.engine import ALICE
 from tests.support.fake_guest import FakeFiles, fake_guests
+from tests.support.vm_rows import give_ssh_address
 
 PROC_NET_DEV = "\n".join([  # as a guest's kernel writes it (columns shortened)
     "Inter-|   Receive                            |  Transmit",
@@ -74,7 +75,7 @@ def test_running_vms_are_sampled_into_their_view_and_metrics_and_paused_ones_are
     parked = vms.new_vm(deps, ALICE, handle, image="tiny")
     assert busy.stats is None  # nothing sampled yet
     with deps.store.write() as tx:  # a guest behind it (fake hosts have none)
-        tx.vms.update(busy.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+        give_ssh_address(tx, busy.id)
     pauses.pause(deps, ALICE, handle, parked.id)
     local_hv.usage[f"rift-{busy.id}"] = DomainStats(cpu_time_ns=10**9, memory_rss_kib=262144,
                                                     disk_allocation_bytes=1 << 20)
@@ -129,7 +130,7 @@ def test_a_guest_that_makes_up_a_huge_net_dev_gets_no_net_figures(
     opened = tasks.new_task(deps, ALICE)
     vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny")
     with deps.store.write() as tx:
-        tx.vms.update(vm.id, ("running",), ssh_host="127.0.0.1", ssh_port=2222)
+        give_ssh_address(tx, vm.id)
     local_hv.usage[f"rift-{vm.id}"] = DomainStats(cpu_time_ns=10**9, memory_rss_kib=1024,
                                                   disk_allocation_bytes=1 << 20)
     assert sample_usage(deps, net_every_s=60) == 1

@@ -12,6 +12,7 @@ from rift.services.background import reconcile
 from rift.services.context import Deps
 from rift.services.lifecycle import execs, pauses, tasks, vms
 from tests.support.engine import ALICE, BOB, event_types, refused, snapshot
+from tests.support.vm_rows import leave_cut_change
 
 
 def _running(deps: Deps, **size: int) -> tuple[str, str, str]:
@@ -135,8 +136,7 @@ def test_a_second_pause_waits_for_the_first_and_one_event_is_written(
 def _cut(deps: Deps, vm_id: str, status: str, change: str, clock: FakeClock) -> None:
     """What a crash between the row's change and its end leaves."""
     with deps.store.write() as tx:
-        assert tx.vms.update(vm_id, ("running", "paused"), status=status, change=change,
-                             change_at=clock.now())
+        leave_cut_change(tx, vm_id, status, change, clock.now())
 
 
 def test_a_pause_cut_after_libvirt_saved_is_finished_by_reconciliation(

@@ -26,13 +26,14 @@ from datetime import datetime, timedelta
 from hypervisor.base import DomainRecord, Hypervisor, HypervisorError
 from hypervisor.kvm import PROBE_STALE_S, probe_started_at
 from rift.domain.errors import HypervisorFailed
-from rift.domain.model import NewEvent, Vm, VmStatus
+from rift.domain.model import Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
 from rift.services.lifecycle.execs import end_vm_work
 from rift.services.lifecycle.guest_kinds import vm_files
 from rift.services.lifecycle.pauses import settle_change
 from rift.services.lifecycle.pools import stale_pool_vms
 from rift.services.lifecycle.teardown import destroy_domain, destroy_vm
+from rift.services.ports import Tx
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
 # still `creating` after it is a create whose process died.
@@ -84,11 +85,12 @@ def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
         current = tx.vms.get(vm.id)
         if current is None or current.destroy_requested_at is not None:
             return False
-        won = tx.vms.update_changing(vm.id, expected, vm.change, status="failed",
-                                     error=error)
+        if (current.status, current.change) != (expected, vm.change):
+            return False
+        failed, event = current.failed(error, SWEEP, now)
+        won = tx.vms.save(failed, current)
         if won:
-            tx.events.add(NewEvent(vm.task_id, "vm_failed", now, SWEEP,
-                                   {"vm_id": vm.id, "error": error}))
+            tx.events.add(event)
             end_vm_work(tx, vm, now, SWEEP)
     return won
 
@@ -190,10 +192,13 @@ def _check_paused(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
     elif domain is not None and domain.active:
         now = deps.clock.now()
         with deps.store.write() as tx:
-            if tx.vms.update_changing(vm.id, "paused", None, status="running"):
-                tx.events.add(NewEvent(vm.task_id, "vm_resumed", now, SWEEP, {
-                    "vm_id": vm.id, "reason": "its domain was started outside Rift"}))
-                report.changes_settled.append(vm.id)
+            current = tx.vms.get(vm.id)
+            if current is not None and (current.status, current.change) == ("paused", None):
+                resumed, event = current.resumed(SWEEP, now, {
+                    "reason": "its domain was started outside Rift"})
+                if tx.vms.save(resumed, current):
+                    tx.events.add(event)
+                    report.changes_settled.append(vm.id)
     elif domain is None or not domain.saved:
         _lost_saved_state(deps, vm, domain, uri, report)
 
@@ -266,7 +271,15 @@ def mark_unreachable(deps: Deps, host: str, error: str) -> None:
         tx.hosts.update(host, unreachable_since=now, last_error=error)
         for vm in tx.vms.live_on_host(host):
             if vm.error is None:
-                tx.vms.update(vm.id, (vm.status,), error=note)
+                _note(tx, vm, note)
+
+
+def _note(tx: Tx, vm: Vm, error: str | None) -> None:
+    """The VM's `error` says why it may not answer, or no longer (where its status is
+    still as listed: the row is read locked, so the note is saved against it)."""
+    current = tx.vms.get(vm.id, lock=True)
+    if current is not None and current.status == vm.status:
+        tx.vms.save(current.noted(error), current)
 
 
 def lose_vms_of_lost_host(deps: Deps, host: str) -> list[str]:
@@ -300,7 +313,7 @@ def mark_reachable(deps: Deps, host: str) -> None:
         tx.hosts.update(host, unreachable_since=None, last_error=None)
         for vm in tx.vms.live_on_host(host):
             if vm.error is not None and vm.error.startswith(_unreachable_note(host)):
-                tx.vms.update(vm.id, (vm.status,), error=None)
+                _note(tx, vm, None)
     deps.log.info("host answers again", extra={"host": host})
 
 

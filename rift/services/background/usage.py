@@ -52,7 +52,7 @@ def sample_usage(deps: Deps, net_every_s: float) -> int:
                 at=now, cpu_time_ns=got.cpu_time_ns, memory_rss_kib=got.memory_rss_kib,
                 disk_allocation_bytes=got.disk_allocation_bytes, net=net), vm.vcpus)
             with deps.store.write() as tx:
-                if tx.vms.update(vm.id, ("running",), stats=text):
+                if tx.vms.record_stats(vm.id, text):
                     sampled += 1
     if sampled:  # the Boxes pages draw the new figures
         with deps.store.write() as tx:

@@ -13,7 +13,7 @@ from datetime import datetime
 from hypervisor.base import DomainSpec, HypervisorError, ImageError, elsewhere
 from rift.domain import egress as egress_rules
 from rift.domain.errors import HypervisorFailed, ImageNotFound, InvalidArgument
-from rift.domain.model import NewEvent, StartKind, Task, Vm
+from rift.domain.model import StartKind, Task, Vm
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.guest_kinds import GuestKind, NotReady, kind_on, usable
 from rift.services.lifecycle.teardown import destroy_domain, destroy_vm
@@ -80,9 +80,11 @@ def fail_start(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
     """A start that did not come to run: the row turns `failed` with its event."""
     now = deps.clock.now()
     with deps.store.write() as tx:
-        if tx.vms.update(vm.id, ("creating",), status="failed", error=error):
-            tx.events.add(NewEvent(vm.task_id, "vm_failed", now, caller.label,
-                                   {"vm_id": vm.id, "error": error}))
+        current = tx.vms.get(vm.id)
+        if current is not None and current.status == "creating":
+            failed, event = current.failed(error, caller.label, now)
+            if tx.vms.save(failed, current):
+                tx.events.add(event)
         return tx.vms.get(vm.id) or vm
 
 
@@ -129,15 +131,18 @@ def running(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: StartKind,
     now = deps.clock.now()
     start_s = max(0.0, (now - called).total_seconds())
     start_ms = round(start_s * 1000)
-    details = {"vm_id": vm.id, "start_kind": kind, "start_ms": start_ms, **(details or {})}
+    details = {**(details or {})}
     if boot_s_since is not None:
         details["boot_s"] = (now - boot_s_since).total_seconds()
     task: Task | None = None
+    won = False
     with deps.store.write() as tx:
-        won = tx.vms.update(vm.id, ("creating",), status="running", ready_at=now,
-                            start_kind=kind, start_ms=start_ms)
+        current = tx.vms.get(vm.id)
+        if current is not None and current.status == "creating":
+            started, event = current.running((kind, start_ms), caller.label, now, details)
+            won = tx.vms.save(started, current)
         if won:
-            tx.events.add(NewEvent(vm.task_id, "vm_running", now, caller.label, details))
+            tx.events.add(event)
             task = tx.tasks.get(vm.task_id)
     if not won or (task is not None and not task.is_open):
         # The task closed (or the VM was destroyed) while it was starting: take the

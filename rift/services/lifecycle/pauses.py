@@ -14,7 +14,6 @@ a change that a crash cut short (`settle_change`), by what the host shows.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Literal
 
 from hypervisor.base import DomainRecord, HypervisorError
@@ -26,7 +25,7 @@ from rift.domain.errors import (
     VmNotFound,
     VmNotRunning,
 )
-from rift.domain.model import NewEvent, Vm, VmChange, VmStatus
+from rift.domain.model import Vm, VmChange, VmStatus
 from rift.services.context import SWEEP, Caller, Deps
 from rift.services.lifecycle import validate
 from rift.services.lifecycle.capacity import host_loads, room
@@ -113,9 +112,10 @@ def _claim(deps: Deps, caller: Caller, handle: str | None, vm_id: str, want: Wan
         else:
             check_disk_budget(deps, tx, task.owner)
             check_host_disk(deps, vm.host)
-        if not tx.vms.update_changing(vm.id, source, None, change=change, change_at=now):
+        changing = vm.changing(change, now)
+        if not tx.vms.save(changing, vm):
             return tx.vms.get(vm.id) or vm, False
-        return replace(vm, change=change, change_at=now), True
+        return changing, True
 
     while True:
         vm, began = in_write(deps.store, begin)
@@ -149,20 +149,24 @@ def _uri(deps: Deps, vm: Vm) -> str:
 def _undo(deps: Deps, vm: Vm, status: VmStatus, change: VmChange) -> None:
     """libvirt refused the change: the VM is as it was, with no change under way."""
     with deps.store.write() as tx:
-        tx.vms.update_changing(vm.id, status, change, change=None, change_at=None)
+        current = tx.vms.get(vm.id)
+        if current is not None and (current.status, current.change) == (status, change):
+            tx.vms.save(current.change_ended(), current)
 
 
 def _settle(deps: Deps, vm: Vm, want: Want, actor: str,
             details: dict[str, object] | None = None) -> Vm:
     """The change toward `want` is done: the row turns `want`, with its event (a
     compare-and-set: of a call and the sweep settling one change, one wins)."""
-    source, change, event = _ROUTES[want]
+    source, change, _event = _ROUTES[want]
     now = deps.clock.now()
     with deps.store.write() as tx:
-        if tx.vms.update_changing(vm.id, source, change, status=want, change=None,
-                                  change_at=None):
-            tx.events.add(NewEvent(vm.task_id, event, now, actor,
-                                   {"vm_id": vm.id, **(details or {})}))
+        current = tx.vms.get(vm.id)
+        if current is not None and (current.status, current.change) == (source, change):
+            done = current.paused if want == "paused" else current.resumed
+            settled, event = done(actor, now, details)
+            if tx.vms.save(settled, current):
+                tx.events.add(event)
         current = tx.vms.get(vm.id)
     return current or vm
 
@@ -184,6 +188,5 @@ def settle_change(deps: Deps, vm: Vm, domain: DomainRecord | None) -> str | None
     if vm.change == change and vm.status == source:
         _settle(deps, vm, reached, SWEEP, {"reason": "finishing a change a crash cut short"})
         return f"{change} finished"
-    with deps.store.write() as tx:
-        tx.vms.update_changing(vm.id, vm.status, vm.change, change=None, change_at=None)
+    _undo(deps, vm, vm.status, vm.change)
     return f"{vm.change} rolled back"

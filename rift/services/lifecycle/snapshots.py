@@ -125,10 +125,12 @@ def _begin(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
                         vcpus=vm.vcpus, memory_mib=vm.memory_mib, disk_gib=vm.disk_gib,
                         state="making", created_at=now)
         tx.snapshots.add(snap)
-        if not tx.vms.update_changing(vm.id, "running", None, change="snapshotting",
-                                      change_at=now):
+        if vm.status != "running" or vm.change is not None:
             raise VmNotRunning(vm.id, vm.status, doing="changing")
-        return snap, replace(vm, change="snapshotting", change_at=now), host.uri
+        changing = vm.changing("snapshotting", now)
+        if not tx.vms.save(changing, vm):
+            raise VmNotRunning(vm.id, vm.status, doing="changing")
+        return snap, changing, host.uri
 
     return in_write(deps.store, begin)
 
@@ -185,7 +187,7 @@ def _take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snaps
     made, event = snap.made(size, host_key, caller.label, deps.clock.now())
     with deps.store.write() as tx:
         tx.snapshots.save(made, snap)
-        tx.vms.update_changing(vm.id, "running", "snapshotting", change=None, change_at=None)
+        _end_snapshotting(tx, vm.id)
         tx.events.add(event)
     deps.log.info("snapshot made", extra={"snapshot_id": snap.id, "vm_id": vm.id,
                                           "bytes": made.bytes, **steps.ms})
@@ -221,7 +223,14 @@ def _abandon(deps: Deps, snap: Snapshot, vm: Vm, disk: HostDisk) -> None:
     _remove_files(deps, snap.id, disk)
     with deps.store.write() as tx:
         _remove_row(tx, snap.id, "making")
-        tx.vms.update_changing(vm.id, "running", "snapshotting", change=None, change_at=None)
+        _end_snapshotting(tx, vm.id)
+
+
+def _end_snapshotting(tx: Tx, vm_id: str) -> None:
+    """The VM runs on with no change under way (where it is still snapshotting)."""
+    vm = tx.vms.get(vm_id)
+    if vm is not None and (vm.status, vm.change) == ("running", "snapshotting"):
+        tx.vms.save(vm.change_ended(), vm)
 
 
 # -- delete -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed
-from rift.domain.model import DESTROYABLE_VM_STATUSES, CloseReason, NewEvent, Task, Vm
+from rift.domain.model import DESTROYABLE_VM_STATUSES, CloseReason, Task, Vm
 from rift.services.context import Deps
 from rift.services.lifecycle.execs import end_vm_work
 from rift.services.lifecycle.guest_kinds import kind_on
@@ -54,12 +54,12 @@ def request_destroy(deps: Deps, vm: Vm) -> bool:
     finished as a destroy by reconciliation. False when the row is no longer
     destroyable (another caller destroyed it meanwhile)."""
     with deps.store.write() as tx:
-        current = tx.vms.get(vm.id)
+        current = tx.vms.get(vm.id, lock=True)
         if current is None or current.status not in _DESTROYABLE:
             return False
         if current.destroy_requested_at is not None:
             return True  # asked before (a cut destroy, a refusal): keep the first time
-        return tx.vms.update(vm.id, _DESTROYABLE, destroy_requested_at=deps.clock.now())
+        return tx.vms.save(current.destroy_requested(deps.clock.now()), current)
 
 
 def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = None) -> Vm:
@@ -78,10 +78,12 @@ def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = 
     destroy_domain(deps, vm, uri)
     now = deps.clock.now()
     with deps.store.write() as tx:
-        if tx.vms.update(vm.id, _DESTROYABLE, status="destroyed", destroyed_at=now):
-            tx.events.add(NewEvent(vm.task_id, "vm_destroyed", now, actor,
-                                   {"vm_id": vm.id, "host": vm.host, **(details or {})}))
-            end_vm_work(tx, vm, now, actor)
+        current = tx.vms.get(vm.id, lock=True)
+        if current is not None and current.status in _DESTROYABLE:
+            destroyed, event = current.destroyed(actor, now, details)
+            if tx.vms.save(destroyed, current):
+                tx.events.add(event)
+                end_vm_work(tx, vm, now, actor)
         current = tx.vms.get(vm.id)
     return current or vm
 

@@ -26,7 +26,7 @@ from hypervisor.domain_xml import domain_xml_with_ssh_port
 from hypervisor.placement import HostLoad, choose_host, largest_free
 from rift.domain import egress as egress_rules
 from rift.domain.errors import InvalidArgument, NoCapacity
-from rift.domain.model import NewEvent, Vm
+from rift.domain.model import Vm
 from rift.services.context import OPERATOR, Deps
 from rift.services.lifecycle.capacity import host_loads
 from rift.services.lifecycle.guest_kinds import kind_on
@@ -113,10 +113,12 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
     deps.guests.lifecycle.drop_connections(vm.id)  # they went through the old host
     now = deps.clock.now()
     with deps.store.write() as tx:
-        tx.vms.update(vm.id, ("running",), host=dest, ssh_port=port)
-        tx.events.add(NewEvent(vm.task_id, "vm_moved", now, OPERATOR, {
-            "vm_id": vm.id, "from": vm.host, "to": dest, "ssh_port": port,
-            "ms": round((now - started).total_seconds() * 1000)}))
+        current = tx.vms.get(vm.id, lock=True)
+        if current is not None and current.status == "running":
+            there, event = current.moved((dest, port), OPERATOR, now, {
+                "ms": round((now - started).total_seconds() * 1000)})
+            tx.vms.save(there, current)
+            tx.events.add(event)
         moved = tx.vms.get(vm.id)
     assert moved is not None
     deps.log.info("VM moved", extra={"vm_id": vm.id, "from": vm.host, "to": dest})

@@ -25,8 +25,6 @@ from rift.domain.model import (
     Task,
     User,
     Vm,
-    VmChange,
-    VmStatus,
 )
 from rift.domain.records import (
     ChangeMark,
@@ -161,10 +159,16 @@ class ExecRepository(Protocol):
 
 
 class VmRepository(Protocol):
-    """VMs. A change is a compare-and-set on the VM's status (`update`)."""
+    """VMs. A change is a domain transition (`Vm.running`, `failed`, `destroyed`,
+    `changing`, `paused`, ...) saved with `save`: one compare-and-set on the status
+    and change it left."""
 
     def add(self, vm: Vm) -> None: ...
-    def get(self, vm_id: str) -> Vm | None: ...
+    def get(self, vm_id: str, *, lock: bool = False) -> Vm | None:
+        """``lock`` in a write transaction: the row stays locked until the commit
+        (PostgreSQL: FOR UPDATE; SQLite holds the write lock), so a transition of what
+        was read is saved against the row as it is."""
+        ...
     def find_by_key(self, owner: str, key: str) -> Vm | None: ...
     def of_task(self, task_id: str) -> list[Vm]:
         """In creation order."""
@@ -176,14 +180,14 @@ class VmRepository(Protocol):
     def count_by_status(self, status: str) -> int: ...
     def count_created_since(self, owner: str, since: datetime) -> int: ...
     def oldest_created_since(self, owner: str, since: datetime) -> datetime | None: ...
-    def update(self, vm_id: str, expected_status: Sequence[VmStatus], **changes: Any) -> bool:
-        """Compare-and-set: apply ``changes`` only while the VM's status is one of
-        ``expected_status``. True when this call changed the row."""
+    def save(self, vm: Vm, was: Vm) -> bool:
+        """Compare-and-set: store what ``vm`` changed from ``was`` (a transition of
+        ``was``) where the row is still at ``was.status`` with ``was.change`` (None:
+        with none). True when this call won."""
         ...
-    def update_changing(self, vm_id: str, status: VmStatus, change: VmChange | None, /,
-                        **changes: Any) -> bool:
-        """Compare-and-set: apply ``changes`` only while the VM is ``status`` with
-        ``change`` under way (None: with none). True when this call changed the row."""
+    def record_stats(self, vm_id: str, stats: str) -> bool:
+        """The usage sampler's figures (rift.domain.usage's JSON), where the VM still
+        runs. Not a transition: no event, and no status or change moves."""
         ...
     def live_of_closed_tasks(self, limit: int) -> list[Vm]:
         """Live VMs in tasks that have closed: what a close cut short left behind."""
