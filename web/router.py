@@ -18,8 +18,6 @@ from fastapi import APIRouter, FastAPI, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.exceptions import HTTPException
 
-from rift.api.state import AppState
-from rift.api.waiting import HeldStream
 from rift.domain.errors import TooManyWaiting
 from rift.services.access import sessions
 from rift.services.read import boxes
@@ -34,6 +32,7 @@ from web.security import (
     set_cookie,
     wants_html,
 )
+from web.state import HeldStream, Page, PageState, page_of
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {"boxes.css": "text/css; charset=utf-8",
@@ -43,9 +42,8 @@ FormText = Annotated[str, Form()]
 router = APIRouter(include_in_schema=False)
 
 
-def _state(request: Request) -> AppState:
-    state: AppState = request.app.state.rift
-    return state
+def _state(request: Request) -> PageState:
+    return page_of(request).state
 
 
 def _signed_in(request: Request) -> tuple[str, str] | None:
@@ -95,7 +93,7 @@ def login_form(request: Request) -> Response:
 @router.post("/login")
 async def login(request: Request, user: FormText = "", password: FormText = "",
                 csrf: FormText = "") -> Response:
-    """Sign-ins run on threads of their own (`AppState.login_threads`): a burst of
+    """Sign-ins run on threads of their own (`PageState.login_threads`): a burst of
     them queues there, never taking the threads other calls are served from."""
     state = _state(request)
     if not same_origin(request) or not sessions.same_token(csrf,
@@ -157,8 +155,9 @@ def live_stream(request: Request, v: str | None = None) -> Response:
                         headers={"Retry-After": "5"})
     events = live.stream(request, state.deps, user, session_id, since,
                          state.settings.live_poll_s, fragment)
-    return HeldStream(events, give, media_type="text/event-stream",
-                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return page_of(request).held_stream(
+        events, give, media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 @router.get("/docs")
@@ -181,9 +180,11 @@ def static(name: str) -> Response:
                     headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, state: PageState, held_stream: HeldStream) -> None:
     """Add the page's routes, and an HTML 404 page for browsers (the REST API
-    and other clients keep the JSON answer of `rift.api.errors`)."""
+    and other clients keep the JSON answer of `rift.api.errors`). The app hands
+    over its state and how it answers a stream that holds a waiting place."""
+    app.state.boxes_page = Page(state, held_stream)
     app.include_router(router)
     json_handler = app.exception_handlers[HTTPException]
 

@@ -8,9 +8,10 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
 
-from rift.api.state import AppState
+from rift.services.access import sessions
+from web.state import page_of
 
-SESSION_COOKIE = "rift_session"
+SESSION_COOKIE = sessions.SESSION_COOKIE  # the engine's sessions name it (the gate reads it)
 LOGIN_COOKIE = "rift_login_form"
 LOGIN_FORM_TTL_S = 3600
 
@@ -49,10 +50,10 @@ def content_security_policy(request: Request) -> str:
 def _public_origin(request: Request) -> str:
     """`RIFT_PUBLIC_URL`'s origin: what a browser sees behind a proxy that does not
     pass the original `Host` on."""
-    state: AppState = request.app.state.rift
-    if not state.settings.public_url:
+    public_url = page_of(request).state.settings.public_url
+    if not public_url:
         return ""
-    parts = urlsplit(state.settings.public_url)
+    parts = urlsplit(public_url)
     return f"{parts.scheme.lower()}://{parts.netloc.rpartition('@')[2].lower()}"
 
 
@@ -66,8 +67,7 @@ def html(request: Request, content: str, status_code: int = 200,
 def secure(request: Request) -> bool:
     """Served over HTTPS (uvicorn takes X-Forwarded-Proto from trusted proxies), or
     published at an https `RIFT_PUBLIC_URL` (a TLS proxy in front that does not say so)."""
-    state: AppState = request.app.state.rift
-    public_url = state.settings.public_url or ""
+    public_url = page_of(request).state.settings.public_url or ""
     return request.url.scheme == "https" or public_url.lower().startswith("https://")
 
 

@@ -25,6 +25,7 @@ from rift.api.metrics import Metrics, door_of
 from rift.api.rebinding import RebindingGuard, allowed_hosts, security_settings
 from rift.api.rest import router
 from rift.api.state import AppState
+from rift.api.waiting import HeldStream
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.e2b import gate as e2b_gate
@@ -134,7 +135,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
     install_error_handlers(app)
     app.include_router(router)
     e2b.mount(app, state)  # the E2B door at /e2b (SPEC §16)
-    install_web(app)  # the Boxes page: /, /login, /logout, /live, /static
+    install_web(app, state, HeldStream)  # the Boxes page: /, /login, /logout, /live, /static
     mcp_lifespan = mount_mcp(app, state, security)
 
     @app.get("/healthz", include_in_schema=False)

@@ -41,7 +41,6 @@ from rift.api.state import AppState
 from rift.domain.errors import RiftError, Unauthorized
 from rift.domain.secrets import Token
 from rift.services.access import accounts, sessions
-from web.security import SESSION_COOKIE
 
 JSON_BODY = 64 * 1024
 FORM_BODY = 8 * 1024
@@ -165,7 +164,7 @@ class TokenGate:
             return None
 
     async def _session(self, scope: Scope) -> bool:
-        session_id = _cookie(scope, SESSION_COOKIE)
+        session_id = _cookie(scope, sessions.SESSION_COOKIE)
         if not session_id:
             return False
         user = await anyio.to_thread.run_sync(sessions.session_user, self.state.deps,

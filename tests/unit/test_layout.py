@@ -78,6 +78,18 @@ def test_the_egress_proxy_imports_the_engine_and_the_standard_library_only() -> 
                 f"{path}: imports {name}"
 
 
+def test_web_imports_nothing_of_rift_api_and_only_the_app_installs_the_page() -> None:
+    # One way: rift/api/app.py installs the page (web.router.install, handing it its
+    # state); web types what it needs of the app itself (web/state.py).
+    for path in (ROOT / "web").rglob("*.py"):
+        for name in _imports(path):
+            assert not _matches(name, "rift.api"), f"{path}: imports {name}"
+    for path in (ROOT / "rift").rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        for name in _imports(path):
+            assert not _matches(name, "web") or rel == "rift/api/app.py", f"{rel} imports {name}"
+
+
 def test_each_library_is_imported_only_by_its_adapter() -> None:
     for path in _sources():
         rel = path.relative_to(ROOT).as_posix()

@@ -33,6 +33,9 @@ from rift.services.access import accounts
 from rift.services.context import Deps
 from rift.services.ports import Tx
 
+# The cookie a signed-in person's session id lives in: the Boxes page sets it; the
+# doors' gate reads it too (a logout form posted without a live session goes to the login).
+SESSION_COOKIE = "rift_session"
 MAX_NAME = 64
 MAX_PASSWORD = 1024
 _ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
