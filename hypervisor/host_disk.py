@@ -2,7 +2,7 @@
 state (virDomainSave) and reads a fork's copy of it, and where a VM's disk and a
 snapshot's copy of it are. For a host on this machine they are this machine's
 files (`LocalDisk`); for a host elsewhere, the same paths on that machine, reached
-over its SSH (rift.guest.links.SshDisk).
+over its SSH (rift.guest.host_files.SshDisk).
 
 Every method raises OSError when the host does not do what it is asked.
 """

@@ -22,7 +22,8 @@ from rift.domain.leases import LeaseRules
 from rift.domain.store_errors import DuplicateKey
 from rift.guest.adapter import ssh_guests
 from rift.guest.connections import ShellSettings
-from rift.guest.links import HostLinks, RemoteFiles, host_disk
+from rift.guest.host_files import RemoteFiles, host_disk
+from rift.guest.links import HostLinks
 from rift.guest.routes import Routes
 from rift.logs import setup_logging
 from rift.services.access import accounts

@@ -27,7 +27,7 @@ class Overlay:
 
 class HostFiles(Protocol):
     """Puts a domain's files on its host before it starts there, when that host is
-    elsewhere (rift.guest.links.RemoteFiles); HypervisorError(op="prepare") else.
+    elsewhere (rift.guest.host_files.RemoteFiles); HypervisorError(op="prepare") else.
     Without SSH to hosts (rift.services.absent.NoHostFiles) nothing is put there,
     and a VM cannot move to a host elsewhere."""
 
