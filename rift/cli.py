@@ -131,13 +131,16 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.contract.base import command
+    from rift.contract.tools import TaskListIn
     from rift.services.lifecycle import tasks
 
     deps = _deps(settings)
     rows: list[dict[str, Any]] = []
     after = None
     while True:
-        page = tasks.list_tasks(deps, None, "all" if args.all else "open", 100, after)
+        page = tasks.list_tasks(deps, None, command(
+            TaskListIn, status="all" if args.all else "open", limit=100, after=after))
         rows += [t.model_dump(mode="json") for t in page.tasks]
         after = page.next_after
         if after is None:
@@ -150,14 +153,17 @@ def cmd_tasks(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_task(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.contract.base import command
+    from rift.contract.operator import TaskIdIn
     from rift.services.lifecycle import tasks
 
     deps = _deps(settings)
     if args.action == "close":
-        result = tasks.close_as_operator(deps, args.id, operator_label())
+        result = tasks.close_as_operator(deps, command(TaskIdIn, task_id=args.id,
+                                                       by=operator_label()))
         print(f"closed {args.id}; destroyed {len(result.destroyed)} VMs")
         return 0
-    view = tasks.operator_view(deps, args.id)
+    view = tasks.operator_view(deps, command(TaskIdIn, task_id=args.id))
     print(json.dumps(view.model_dump(mode="json"), indent=2))
     return 0
 
@@ -249,9 +255,12 @@ def _image_add(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     started = time.monotonic()
     if args.snapshot is not None:
+        from rift.contract.base import command
+        from rift.contract.operator import ImageFromSnapshotIn
         from rift.services.operator.images import add_image_from_snapshot
 
-        folder = add_image_from_snapshot(_deps(settings), args.name, args.snapshot)
+        folder = add_image_from_snapshot(_deps(settings), command(
+            ImageFromSnapshotIn, name=args.name, snapshot_id=args.snapshot))
         what = f"from snapshot {args.snapshot}"
     else:
         try:
@@ -275,12 +284,15 @@ POOL_COLUMNS = ("image", "host", "vcpus", "memory_mib", "running", "saved", "las
 
 
 def cmd_pool(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.contract.base import command
+    from rift.contract.operator import PoolSetIn
     from rift.services.lifecycle import pools
 
     deps = _deps(settings)
     if args.action == "set":
-        pool = pools.set_pool(deps, args.image, running=args.running, saved=args.saved,
-                              vcpus=args.vcpus, memory_mib=args.memory_mib, host=args.host)
+        pool = pools.set_pool(deps, command(
+            PoolSetIn, image=args.image, running=args.running, saved=args.saved,
+            vcpus=args.vcpus, memory_mib=args.memory_mib, host=args.host))
         print(f"pool {pool.image} ({pool.vcpus} vCPU, {pool.memory_mib} MiB, "
               f"{pool.host or 'any host'}): {pool.running} running, {pool.saved} saved; "
               "rift serve fills it in the background")

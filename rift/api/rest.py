@@ -1,9 +1,9 @@
-"""REST `/api/v1` (SPEC §5): the same engine calls as the MCP tools, with the
-same contracts (rift/contract/tools.py).
+"""REST `/api/v1` (SPEC §5): the same use cases as the MCP tools, with the same
+contracts (rift/contract/tools.py).
 
 A route's body or query is the tool's input model less what travels in the path
-and the `Rift-Handle` header; the route puts those back and makes the tool's own
-call, and answers its output model. Routes are plain `def`: FastAPI runs them in
+and the `Rift-Handle` header; the route puts those back, calls the tool's use case
+with the input model, and answers its output model. Routes are plain `def`: FastAPI runs them in
 worker threads, so the blocking engine (SQLite, libvirt, SSH) never runs on the
 event loop. The routes that wait (an exec's end, a long poll, a VM's boot, an
 exec's stream) are `async def` instead and run the call on the waiting calls'
@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 
 from rift.api.auth import rest_caller
 from rift.api.gate import OffLoopRoute
@@ -34,14 +35,26 @@ from rift.contract.base import (
     Takeover,
     TaskId,
     VmId,
+    command,
 )
 from rift.contract.base import Path as GuestPathText
+from rift.contract.tools import ToolContract
 from rift.contract.views import ExecView
 from rift.domain.errors import InvalidArgument, RiftError
 from rift.domain.secrets import Handle
-from rift.services.context import Caller
-from rift.services.lifecycle import execs
-from rift.services.lifecycle.tools import CALLS
+from rift.services.context import Caller, Deps
+from rift.services.lifecycle import (
+    execs,
+    exposures,
+    files,
+    leases,
+    pauses,
+    snapshots,
+    tasks,
+    vms,
+)
+
+UseCase = Callable[[Deps, Caller, Any], BaseModel]
 
 CallerDep = Annotated[Caller, Depends(rest_caller)]
 # Path, query and header parameters take their types from the contract, like bodies.
@@ -59,17 +72,17 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/api/v1", responses=REFUSALS, route_class=OffLoopRoute)
 
 
-def run(request: Request, tool: str, caller: Caller, args: Input | None = None,
-        **fields: Any) -> Any:
-    """The tool's own engine call, with its input model made of `args` (a body or
-    query that already passed the model) and `fields` from the path and headers
-    (`None` ones left out), counted in the metrics by tool name and outcome."""
+def run(request: Request, caller: Caller, contract: ToolContract, call: UseCase,
+        args: Input | None = None, **fields: Any) -> Any:
+    """The tool's use case, with its input model made of `args` (a body or query that
+    already passed the model) and `fields` from the path and headers (`None` ones
+    left out), counted in the metrics by tool name and outcome."""
     state: AppState = request.app.state.rift
-    contract = c.CONTRACTS[tool]
+    tool = contract.name
     given = {**(args.given() if args is not None else {}),
              **{k: v for k, v in fields.items() if v is not None}}
     try:
-        out = CALLS[tool](state.deps, caller, contract.input.model_validate(given))
+        out = call(state.deps, caller, contract.input.model_validate(given))
     except RiftError as exc:
         state.metrics.record("rest", tool, exc.code)
         raise
@@ -80,13 +93,14 @@ def run(request: Request, tool: str, caller: Caller, args: Input | None = None,
     return out
 
 
-async def waited(request: Request, tool: str, caller: Caller, waits: bool,
+async def waited(request: Request, caller: Caller, contract: ToolContract, call: UseCase,
                  args: Input | None = None, **fields: Any) -> Any:
     """`run` on the waiting calls' threads; holding one of the caller's places
-    while it runs when `waits` (a call that may take long)."""
+    while it runs unless it asks for no wait (`wait_s` 0)."""
     state: AppState = request.app.state.rift
+    waits = getattr(args, "wait_s", None) != 0
     return await state.waiting.run(caller.user if waits else None,
-                                   partial(run, request, tool, caller, args, **fields))
+                                   partial(run, request, caller, contract, call, args, **fields))
 
 
 def _same_task(task_id: str, handle: str | None) -> None:
@@ -98,13 +112,13 @@ def _same_task(task_id: str, handle: str | None) -> None:
 @router.get("/tasks", response_model=c.TaskListOut, summary="your tasks, newest first")
 def list_tasks(request: Request, caller: CallerDep,
                query: Annotated[c.TaskListIn, Query()]) -> Any:
-    return run(request, "rift_task_list", caller, query)
+    return run(request, caller, c.TASK_LIST, tasks.list_tasks, query)
 
 
 @router.post("/tasks", response_model=c.TaskNewOut, status_code=201,
              summary="open a task; the caller holds it")
 def new_task(request: Request, caller: CallerDep, body: c.TaskNewIn | None = None) -> Any:
-    return run(request, "rift_task_new", caller, body)
+    return run(request, caller, c.TASK_NEW, tasks.new, body)
 
 
 @router.get("/tasks/{task_id}", response_model=c.TaskOut,
@@ -113,15 +127,15 @@ def get_task(request: Request, caller: CallerDep, task_id: TaskIdPath,
              handle: HandleHeader = None) -> Any:
     _same_task(task_id, handle)
     if handle is not None:
-        return run(request, "rift_task_get", caller, handle=handle)
-    return run(request, "rift_task_get", caller, task_id=task_id)
+        return run(request, caller, c.TASK_GET, tasks.get, handle=handle)
+    return run(request, caller, c.TASK_GET, tasks.get, task_id=task_id)
 
 
 @router.post("/tasks/{task_id}/attach", response_model=c.TaskAttachOut,
              summary="take up a task: a new handle; the previous one stops working")
 def attach(request: Request, caller: CallerDep, task_id: TaskIdPath,
            body: c.TakeoverBody | None = None) -> Any:
-    return run(request, "rift_task_attach", caller, body, task_id=task_id)
+    return run(request, caller, c.TASK_ATTACH, leases.attach, body, task_id=task_id)
 
 
 @router.post("/tasks/{task_id}/release", response_model=c.TaskOut,
@@ -129,7 +143,7 @@ def attach(request: Request, caller: CallerDep, task_id: TaskIdPath,
 def release(request: Request, caller: CallerDep, task_id: TaskIdPath,
             handle: HandleHeader = None) -> Any:
     _same_task(task_id, handle)
-    return run(request, "rift_task_release", caller, handle=handle)
+    return run(request, caller, c.TASK_RELEASE, leases.release, handle=handle)
 
 
 @router.post("/tasks/{task_id}/close", response_model=c.TaskCloseOut,
@@ -138,15 +152,15 @@ def close(request: Request, caller: CallerDep, task_id: TaskIdPath, handle: Hand
           body: c.TakeoverBody | None = None) -> Any:
     _same_task(task_id, handle)
     if handle is not None:
-        return run(request, "rift_task_close", caller, handle=handle)
-    return run(request, "rift_task_close", caller, body, task_id=task_id)
+        return run(request, caller, c.TASK_CLOSE, tasks.close, handle=handle)
+    return run(request, caller, c.TASK_CLOSE, tasks.close, body, task_id=task_id)
 
 
 @router.get("/tasks/{task_id}/events", response_model=c.TaskEventsOut,
             summary="a task's event log, oldest first")
 def events(request: Request, caller: CallerDep, task_id: TaskIdPath,
            query: Annotated[c.EventsQuery, Query()]) -> Any:
-    return run(request, "rift_task_events", caller, query, task_id=task_id)
+    return run(request, caller, c.TASK_EVENTS, tasks.events, query, task_id=task_id)
 
 
 @router.post("/tasks/{task_id}/vms", response_model=c.VmOut, status_code=201,
@@ -154,46 +168,46 @@ def events(request: Request, caller: CallerDep, task_id: TaskIdPath,
 async def new_vm(request: Request, caller: CallerDep, task_id: TaskIdPath,
                  handle: HandleHeader = None, body: c.VmNewBody | None = None) -> Any:
     _same_task(task_id, handle)
-    return await waited(request, "rift_vm_new", caller, True, body, handle=handle)
+    return await waited(request, caller, c.VM_NEW, vms.new, body, handle=handle)
 
 
 @router.get("/vms/{vm_id}", response_model=c.VmOut, summary="a VM")
 def get_vm(request: Request, caller: CallerDep, vm_id: VmIdPath) -> Any:
-    return run(request, "rift_vm_get", caller, vm_id=vm_id)
+    return run(request, caller, c.VM_GET, vms.get, vm_id=vm_id)
 
 
 @router.delete("/vms/{vm_id}", response_model=c.VmOut,
                summary="destroy a VM (by handle, or by id with attach's rules)")
 def destroy_vm(request: Request, caller: CallerDep, vm_id: VmIdPath, handle: HandleHeader = None,
                takeover: Annotated[Takeover, Query()] = False) -> Any:
-    return run(request, "rift_vm_destroy", caller, vm_id=vm_id, handle=handle,
+    return run(request, caller, c.VM_DESTROY, vms.destroy, vm_id=vm_id, handle=handle,
                takeover=takeover)
 
 
 @router.post("/vms/{vm_id}/pause", response_model=c.VmOut, summary="pause a VM")
 def pause_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
              handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_pause", caller, handle=handle, vm_id=vm_id)
+    return run(request, caller, c.VM_PAUSE, pauses.pause, handle=handle, vm_id=vm_id)
 
 
 @router.post("/vms/{vm_id}/resume", response_model=c.VmOut, summary="resume a paused VM")
 def resume_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
               handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_resume", caller, handle=handle, vm_id=vm_id)
+    return run(request, caller, c.VM_RESUME, pauses.resume, handle=handle, vm_id=vm_id)
 
 
 @router.post("/vms/{vm_id}/snapshots", response_model=c.SnapshotOut, status_code=201,
              summary="snapshot a VM (its memory and disk as of now)")
 def snapshot_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
                 body: c.SnapshotBody | None = None, handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_snapshot", caller, body, handle=handle, vm_id=vm_id)
+    return run(request, caller, c.VM_SNAPSHOT, snapshots.make, body, handle=handle, vm_id=vm_id)
 
 
 @router.delete("/snapshots/{snapshot_id}", response_model=c.SnapshotOut,
                summary="delete a snapshot")
 def delete_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotIdPath,
                     handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_snapshot_delete", caller, handle=handle,
+    return run(request, caller, c.VM_SNAPSHOT_DELETE, snapshots.delete, handle=handle,
                snapshot_id=snapshot_id)
 
 
@@ -201,7 +215,7 @@ def delete_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotId
              summary="new VMs from a snapshot")
 async def fork_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotIdPath,
                         body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
-    return await waited(request, "rift_vm_fork", caller, True, body, handle=handle,
+    return await waited(request, caller, c.VM_FORK, snapshots.fork, body, handle=handle,
                         snapshot_id=snapshot_id)
 
 
@@ -209,28 +223,30 @@ async def fork_snapshot(request: Request, caller: CallerDep, snapshot_id: Snapsh
              summary="new VMs from a running VM (snapshotted first)")
 async def fork_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
                   body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
-    return await waited(request, "rift_vm_fork", caller, True, body, handle=handle, vm_id=vm_id)
+    return await waited(request, caller, c.VM_FORK, snapshots.fork, body, handle=handle,
+                        vm_id=vm_id)
 
 
 @router.post("/vms/{vm_id}/exposures", response_model=c.ExposureOut, status_code=201,
              summary="expose a guest port at a URL of its own (shown only in this answer)")
 def expose_port(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.PortBody,
                 handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_expose", caller, body, handle=handle, vm_id=vm_id)
+    return run(request, caller, c.VM_EXPOSE, exposures.expose, body, handle=handle, vm_id=vm_id)
 
 
 @router.delete("/vms/{vm_id}/exposures/{port}", response_model=c.VmOut,
                summary="end a guest port's exposure")
 def unexpose_port(request: Request, caller: CallerDep, vm_id: VmIdPath,
                   port: Annotated[c.GuestPort, Path()], handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_unexpose", caller, handle=handle, vm_id=vm_id, port=port)
+    return run(request, caller, c.VM_UNEXPOSE, exposures.unexpose, handle=handle, vm_id=vm_id,
+               port=port)
 
 
 @router.post("/vms/{vm_id}/exec", response_model=ExecView,
              summary="run a command in the VM; answers at its end or after wait_s")
 async def exec_command(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.ExecBody,
                        handle: HandleHeader = None) -> Any:
-    return await waited(request, "rift_vm_exec", caller, body.wait_s != 0, body, handle=handle,
+    return await waited(request, caller, c.VM_EXEC, execs.start, body, handle=handle,
                         vm_id=vm_id)
 
 
@@ -238,14 +254,14 @@ async def exec_command(request: Request, caller: CallerDep, vm_id: VmIdPath, bod
             summary="the VM's execs (running ones, or all)")
 def list_execs(request: Request, caller: CallerDep, vm_id: VmIdPath,
                query: Annotated[c.ExecListQuery, Query()], handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_exec_list", caller, query, handle=handle, vm_id=vm_id)
+    return run(request, caller, c.VM_EXEC_LIST, execs.list_execs, query, handle=handle, vm_id=vm_id)
 
 
 @router.get("/execs/{exec_id}", response_model=ExecView,
             summary="an exec and its output from the offsets (waiting up to wait_s)")
 async def get_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
                    query: Annotated[c.ExecGetQuery, Query()], handle: HandleHeader = None) -> Any:
-    return await waited(request, "rift_vm_exec_get", caller, query.wait_s > 0, query,
+    return await waited(request, caller, c.VM_EXEC_GET, execs.get, query,
                         handle=handle, exec_id=exec_id)
 
 
@@ -265,14 +281,15 @@ async def stream_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
     try:
         # The first read is an ordinary call: a refusal is an ordinary answer, before any event.
         first: ExecView = await state.waiting.run(None, partial(
-            run, request, "rift_vm_exec_get", caller, handle=handle, exec_id=exec_id,
+            run, request, caller, c.VM_EXEC_GET, execs.get, handle=handle, exec_id=exec_id,
             stdout_offset=offsets[0], stderr_offset=offsets[1]))
     except BaseException:
         give()
         raise
     deps = state.deps
-    events = exec_events(first, lambda out, err: execs.get(deps, caller, handle, exec_id, out,
-                                                           err, STREAM_WAIT_S))
+    events = exec_events(first, lambda out, err: execs.get(deps, caller, command(
+        c.VmExecGetIn, handle=handle, exec_id=exec_id, stdout_offset=out, stderr_offset=err,
+        wait_s=STREAM_WAIT_S)))
     return HeldStream(state.waiting.iterate(events), give, media_type="text/event-stream",
                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -324,21 +341,22 @@ def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> str:
              summary="write to an exec's stdin (eof closes it)")
 def exec_input(request: Request, caller: CallerDep, exec_id: ExecIdPath,
                body: c.ExecInputBody, handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_exec_input", caller, body, handle=handle, exec_id=exec_id)
+    return run(request, caller, c.VM_EXEC_INPUT, execs.send_input, body, handle=handle,
+               exec_id=exec_id)
 
 
 @router.post("/execs/{exec_id}/kill", response_model=ExecView,
              summary="signal an exec's process group (TERM, then KILL 5 s later)")
 def kill_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
               body: c.ExecKillBody | None = None, handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_exec_kill", caller, body, handle=handle, exec_id=exec_id)
+    return run(request, caller, c.VM_EXEC_KILL, execs.kill, body, handle=handle, exec_id=exec_id)
 
 
 @router.put("/vms/{vm_id}/files", response_model=c.FileWrittenOut,
             summary="write a file in the VM")
 def write_file(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.FileBody,
                path: GuestPath, handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_write_file", caller, body, handle=handle, vm_id=vm_id,
+    return run(request, caller, c.VM_WRITE_FILE, files.write, body, handle=handle, vm_id=vm_id,
                path=path)
 
 
@@ -347,5 +365,5 @@ def write_file(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.Fil
 def read_file(request: Request, caller: CallerDep, vm_id: VmIdPath, path: GuestPath,
               encoding: Annotated[c.Encoding, Query()] = "utf-8",
               handle: HandleHeader = None) -> Any:
-    return run(request, "rift_vm_read_file", caller, handle=handle, vm_id=vm_id, path=path,
+    return run(request, caller, c.VM_READ_FILE, files.read, handle=handle, vm_id=vm_id, path=path,
                encoding=encoding)

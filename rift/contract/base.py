@@ -13,6 +13,8 @@ FastAPI's usual coercion of query strings and bodies.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from collections.abc import Mapping
 from typing import Annotated, Any, TypeVar
@@ -41,6 +43,8 @@ MAX_CONTENT_BASE64 = math.ceil(MAX_CONTENT / 3) * 4  # 16 MiB of data, base64-en
 MAX_PATH = 4096
 MAX_EVENT_ID = 2**62
 MAX_DISK_GIB = 1024  # a VM's overlay is sparse: this bounds what it may grow to
+MAX_VCPUS = 64
+MIN_MEMORY_MIB, MAX_MEMORY_MIB = 64, 65536
 _FIELD_SHOWN = 64  # how much of an unknown field's name a refusal repeats
 
 
@@ -81,6 +85,19 @@ def _snapshot_id(value: str) -> str:
     return value
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise PydanticCustomError("nul", "must not contain NUL characters")
+    return value
+
+
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise PydanticCustomError("path", "must be absolute (start with /)")
+    return value
+
+
+NoNul = AfterValidator(_no_nul)
 TASK_ID_PATTERN = "^task_[a-z2-7]{8}$"
 VM_ID_PATTERN = "^vm_[a-z2-7]{8}$"
 TaskId = Annotated[str, AfterValidator(_task_id), Field(
@@ -99,16 +116,37 @@ HandleText = Annotated[str, Field(description=(
     "The task's handle `task_<id>.<secret>`, from rift_task_new or rift_task_attach. It is "
     "the lease: share it only with your own sub-agents."))]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_TEXT,
-                            description="A short name people will read.")]
+                            description="A short name people will read."), NoNul]
 Key = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, description=(
     "A key of your choosing: repeating the call with the same key and input answers the "
-    "first call's result instead of making another."))]
+    "first call's result instead of making another.")), NoNul]
 Takeover = Annotated[bool, Field(description=(
     "Take the task from a holder that is still active. Tell the user first: the other "
     "holder's handle stops working."))]
 Limit = Annotated[int, Field(ge=1, le=100, description="At most this many."), Whole]
 Path = Annotated[str, Field(min_length=1, max_length=MAX_PATH,
-                            description="An absolute path in the guest.")]
+                            description="An absolute path in the guest."), NoNul,
+                 AfterValidator(_absolute)]
+Vcpus = Annotated[int, Field(ge=1, le=MAX_VCPUS, description="Virtual CPUs."), Whole]
+MemoryMib = Annotated[int, Field(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB, description=(
+    "Memory in MiB (default 256; 512 for debian).")), Whole]
+
+
+def decoded(field: str, text: str, encoding: str) -> bytes:
+    """The bytes `text` carries in `encoding` (utf-8 or base64), at most 16 MiB once
+    decoded (the input's own bound is on its text)."""
+    if len(text) > MAX_CONTENT * (4 / 3 if encoding == "base64" else 1) + 4:
+        raise InvalidArgument(field, "at most 16 MiB")
+    if encoding == "utf-8":
+        data = text.encode("utf-8")
+    else:
+        try:
+            data = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidArgument(field, f"not valid base64: {exc}") from exc
+    if len(data) > MAX_CONTENT:
+        raise InvalidArgument(field, "at most 16 MiB")
+    return data
 
 
 def _published(schema: dict[str, Any]) -> None:
@@ -249,6 +287,12 @@ def parse(model: type[In], arguments: Mapping[str, Any] | None, tool: str = "") 
         return model.model_validate(dict(arguments or {}), strict=True)
     except ValidationError as exc:
         raise refusal_of(exc.errors(), model.model_fields, tool) from None
+
+
+def command(model: type[In], **fields: Any) -> In:
+    """A door's own command (the CLI, the E2B door, the scheduler): `fields` as given,
+    `None` ones left out, checked as a call's arguments are."""
+    return parse(model, {k: v for k, v in fields.items() if v is not None})
 
 
 def inline(schema: dict[str, Any], definitions: dict[str, Any] | None = None,

@@ -29,12 +29,15 @@ from rift.contract.base import (
     Input,
     Key,
     Limit,
+    MemoryMib,
     Name,
+    NoNul,
     Output,
     Path,
     SnapshotId,
     Takeover,
     TaskId,
+    Vcpus,
     VmId,
     Whole,
     inline,
@@ -110,10 +113,9 @@ class EgressAllow(Input):
 class VmNewBody(Input):
     name: Name | None = None
     image: Annotated[str, Field(min_length=1, max_length=200, description=(
-        "The guest image (default: the operator's RIFT_DEFAULT_IMAGE)."))] | None = None
-    vcpus: Annotated[int, Field(ge=1, le=64, description="Virtual CPUs."), Whole] = 1
-    memory_mib: Annotated[int, Field(ge=64, le=65536, description=(
-        "Memory in MiB (default 256; 512 for debian).")), Whole] | None = None
+        "The guest image (default: the operator's RIFT_DEFAULT_IMAGE).")), NoNul] | None = None
+    vcpus: Vcpus = 1
+    memory_mib: MemoryMib | None = None
     disk_gib: Annotated[int, Field(ge=1, le=MAX_DISK_GIB, description=(
         "Size of the VM's own copy-on-write disk in GiB (sparse; never smaller than the "
         "image's base disk; images without a disk, such as tiny, ignore it)."
@@ -191,7 +193,7 @@ class VmPortIn(PortBody):
 
 class ExecBody(Input):
     command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND,
-                                  description="The shell command (at most 64 KiB).")]
+                                  description="The shell command (at most 64 KiB)."), NoNul]
     stdin: Annotated[str, Field(max_length=MAX_CONTENT,
                                 description="Standard input (at most 16 MiB).")] | None = None
     timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_S, description=(
@@ -406,141 +408,190 @@ _HELD = ("handle_required", "handle_invalid", "task_not_found", "task_closed", "
 _GUEST = (*_HELD, "vm_not_found", "vm_not_running", "guest_unreachable", "invalid_argument")
 _EXEC = (*_HELD, "exec_not_found", "guest_unreachable")
 
-CONTRACTS: dict[str, ToolContract] = {c.name: c for c in (
-    ToolContract(
-        "rift_task_new", "Open a task",
-        "Open a new task (the unit you claim VMs for) and hold it: answers the task and its "
-        "handle, which every later call on the task needs.",
-        ("invalid_argument", "idempotency_conflict", "quota_exceeded", "rate_limited",
-         "task_closed"), TaskNewIn, TaskNewOut, idempotent=True),
-    ToolContract(
-        "rift_task_attach", "Attach to a task",
-        "Take up an existing task of yours: mints a new handle (the previous one stops "
-        "working at once). Free when the task is released or its lease quiet; else it "
-        "needs takeover.",
-        ("invalid_argument", "task_not_found", "task_closed", "task_held"),
-        TaskAttachIn, TaskAttachOut, destructive=True),
-    ToolContract(
-        "rift_task_release", "Release a task",
-        "Let go of a task: it stays open, its VMs keep running, no one holds it; "
-        "rift_task_attach takes it up again.",
-        _HELD, TaskReleaseIn, TaskOut, idempotent=True),
-    ToolContract(
-        "rift_task_close", "Close a task",
-        "Close a task and destroy every VM in it. With its handle; or with task_id (for "
-        "tasks an earlier conversation left behind), under rift_task_attach's rules.",
-        (*_HELD[1:], "task_held", "invalid_argument"), TaskCloseIn, TaskCloseOut,
-        destructive=True, idempotent=True, slow=True),
-    ToolContract(
-        "rift_task_list", "List your tasks",
-        "List your own tasks, newest first, with their holders, countdowns and VMs.",
-        ("invalid_argument",), TaskListIn, TaskListOut, read_only=True, idempotent=True),
-    ToolContract(
-        "rift_task_get", "Read a task",
-        "Read one task of yours by task_id, or by handle (which also counts as activity "
-        "on it and keeps it from closing itself).",
-        ("invalid_argument", "handle_invalid", "task_not_found", "task_closed",
-         "task_released", "lease_stale"), TaskGetIn, TaskOut, read_only=True, idempotent=True),
-    ToolContract(
-        "rift_task_events", "Read a task's events",
-        "Read a task's event log (opened, attached, taken_over, vm_running, …) in order.",
-        ("invalid_argument", "task_not_found"), TaskEventsIn, TaskEventsOut, read_only=True,
-        idempotent=True),
-    ToolContract(
-        "rift_vm_new", "Make a VM",
-        "Make a VM in the handle's task; answers once it is running and its guest answers, "
-        "or failed.",
-        (*_HELD, "invalid_argument", "image_not_found", "quota_exceeded", "rate_limited",
-         "no_capacity", "idempotency_conflict"), VmNewIn, VmOut, idempotent=True, slow=True),
-    ToolContract(
-        "rift_vm_get", "Read a VM", "Read one VM of your tasks.",
-        ("invalid_argument", "vm_not_found"), VmGetIn, VmOut, read_only=True, idempotent=True),
-    ToolContract(
-        "rift_vm_destroy", "Destroy a VM",
-        "Destroy one VM: with its task's handle, or without one under rift_task_attach's "
-        "rules (for VMs an earlier conversation left behind).",
-        (*_HELD[1:], "task_held", "vm_not_found", "invalid_argument", "hypervisor_error"),
-        VmDestroyIn, VmOut, destructive=True, idempotent=True, slow=True),
-    ToolContract(
-        "rift_vm_pause", "Pause a VM",
-        "Park a running VM of the handle's task: its memory is saved to disk and it stops, "
-        "holding no vCPUs or memory until rift_vm_resume brings it back with its processes, "
-        "execs and files as they were. Pausing a paused VM answers it as it is.",
-        (*_HELD, "vm_not_found", "vm_not_running", "invalid_argument", "hypervisor_error"),
-        VmHeldIn, VmOut, idempotent=True, slow=True),
-    ToolContract(
-        "rift_vm_resume", "Resume a VM",
-        "Bring a paused VM of the handle's task back where it was (on its own host, which "
-        "needs room for it). Resuming a running VM answers it as it is.",
-        (*_HELD, "vm_not_found", "vm_not_running", "no_capacity", "invalid_argument",
-         "hypervisor_error"), VmHeldIn, VmOut, idempotent=True, slow=True),
-    ToolContract(
-        "rift_vm_snapshot", "Snapshot a VM",
-        "Keep a running VM's memory and disk as of now, for rift_vm_fork: the VM runs on "
-        "after a pause of about a restore. The snapshot belongs to the task (at most "
-        "RIFT_MAX_SNAPSHOTS_PER_TASK) and goes when it closes.",
-        (*_HELD, "vm_not_found", "vm_not_running", "quota_exceeded", "invalid_argument",
-         "hypervisor_error"), VmSnapshotIn, SnapshotOut, slow=True),
-    ToolContract(
-        "rift_vm_snapshot_delete", "Delete a snapshot",
-        "Delete a snapshot of the handle's task and its files.",
-        (*_HELD, "snapshot_not_found", "invalid_argument"), VmSnapshotDeleteIn, SnapshotOut,
-        destructive=True),
-    ToolContract(
-        "rift_vm_fork", "Fork a VM",
-        "Start count new VMs in the handle's task from a snapshot (snapshot_id) or from a "
-        "running VM (vm_id: snapshotted first, that snapshot deleted after), each with the "
-        "processes and files it had and an identity of its own (host key, MAC, clock, "
-        "entropy, disk). All or none: over the quota or the host's room, none is made.",
-        (*_HELD, "snapshot_not_found", "vm_not_found", "vm_not_running", "quota_exceeded",
-         "no_capacity", "invalid_argument", "hypervisor_error"), VmForkIn, VmsOut, slow=True),
-    ToolContract(
-        "rift_vm_expose", "Expose a port of a VM",
-        "Make a TCP port of a running VM of the handle's task reachable over HTTP and "
-        "WebSocket at a URL of its own, proxied by Rift; the URL's secret is its only key, "
-        "shown only in this answer. Exposing the port again mints a new URL and ends the "
-        "old one; rift_vm_unexpose, destroying the VM or closing the task ends it.",
-        (*_HELD, "vm_not_found", "vm_not_running", "invalid_argument"), VmPortIn, ExposureOut,
-        destructive=True),
-    ToolContract(
-        "rift_vm_unexpose", "End a port's exposure",
-        "End the exposure of a port of a VM of the handle's task: its URL answers 404 from "
-        "now on. A port not exposed changes nothing.",
-        (*_HELD, "vm_not_found", "invalid_argument"), VmPortIn, VmOut, destructive=True,
-        idempotent=True),
-    ToolContract(
-        "rift_vm_exec", "Run a command in a VM",
-        "Run a shell command in a running VM of the handle's task. It runs detached in the "
-        "guest (it outlives this call): the answer, its exec view, comes at its end or after "
-        "wait_s with status running; then rift_vm_exec_get reads on from stdout_offset.",
-        _GUEST, VmExecIn, ExecView, slow=True),
-    ToolContract(
-        "rift_vm_exec_get", "Read an exec",
-        "Read an exec of the handle's task: its status and its output from the offsets, "
-        "waiting up to wait_s for more output or its end.",
-        (*_EXEC, "invalid_argument"), VmExecGetIn, ExecView, read_only=True,
-        idempotent=True, slow=True),
-    ToolContract(
-        "rift_vm_exec_input", "Write to an exec's stdin",
-        "Write to the stdin of a running exec of the handle's task; eof closes it.",
-        (*_EXEC, "invalid_argument"), VmExecInputIn, ExecInputOut, slow=True),
-    ToolContract(
-        "rift_vm_exec_kill", "Kill an exec",
-        "Signal a running exec's whole process group: TERM, then KILL 5 s later (or KILL at "
-        "once). A repeat changes nothing.",
-        (*_EXEC, "invalid_argument"), VmExecKillIn, ExecView, destructive=True,
-        idempotent=True, slow=True),
-    ToolContract(
-        "rift_vm_exec_list", "List execs",
-        "List the execs of the handle's task (of one VM): running ones, or all.",
-        (*_HELD, "vm_not_found", "invalid_argument"), VmExecListIn, ExecListOut,
-        read_only=True, idempotent=True),
-    ToolContract(
-        "rift_vm_write_file", "Write a file in a VM",
-        "Write a file in a running VM of the handle's task (at most 16 MiB once decoded).",
-        _GUEST, VmWriteFileIn, FileWrittenOut, idempotent=True, slow=True),
-    ToolContract(
-        "rift_vm_read_file", "Read a file in a VM",
-        "Read a file in a running VM of the handle's task.",
-        _GUEST, VmReadFileIn, FileReadOut, read_only=True, idempotent=True, slow=True),
-)}
+TASK_NEW = ToolContract(
+    "rift_task_new", "Open a task",
+    "Open a new task (the unit you claim VMs for) and hold it: answers the task and its "
+    "handle, which every later call on the task needs.",
+    ("invalid_argument", "idempotency_conflict", "quota_exceeded", "rate_limited",
+     "task_closed"), TaskNewIn, TaskNewOut, idempotent=True)
+
+TASK_ATTACH = ToolContract(
+    "rift_task_attach", "Attach to a task",
+    "Take up an existing task of yours: mints a new handle (the previous one stops "
+    "working at once). Free when the task is released or its lease quiet; else it "
+    "needs takeover.",
+    ("invalid_argument", "task_not_found", "task_closed", "task_held"),
+    TaskAttachIn, TaskAttachOut, destructive=True)
+
+TASK_RELEASE = ToolContract(
+    "rift_task_release", "Release a task",
+    "Let go of a task: it stays open, its VMs keep running, no one holds it; "
+    "rift_task_attach takes it up again.",
+    _HELD, TaskReleaseIn, TaskOut, idempotent=True)
+
+TASK_CLOSE = ToolContract(
+    "rift_task_close", "Close a task",
+    "Close a task and destroy every VM in it. With its handle; or with task_id (for "
+    "tasks an earlier conversation left behind), under rift_task_attach's rules.",
+    (*_HELD[1:], "task_held", "invalid_argument"), TaskCloseIn, TaskCloseOut,
+    destructive=True, idempotent=True, slow=True)
+
+TASK_LIST = ToolContract(
+    "rift_task_list", "List your tasks",
+    "List your own tasks, newest first, with their holders, countdowns and VMs.",
+    ("invalid_argument",), TaskListIn, TaskListOut, read_only=True, idempotent=True)
+
+TASK_GET = ToolContract(
+    "rift_task_get", "Read a task",
+    "Read one task of yours by task_id, or by handle (which also counts as activity "
+    "on it and keeps it from closing itself).",
+    ("invalid_argument", "handle_invalid", "task_not_found", "task_closed",
+     "task_released", "lease_stale"), TaskGetIn, TaskOut, read_only=True, idempotent=True)
+
+TASK_EVENTS = ToolContract(
+    "rift_task_events", "Read a task's events",
+    "Read a task's event log (opened, attached, taken_over, vm_running, …) in order.",
+    ("invalid_argument", "task_not_found"), TaskEventsIn, TaskEventsOut, read_only=True,
+    idempotent=True)
+
+VM_NEW = ToolContract(
+    "rift_vm_new", "Make a VM",
+    "Make a VM in the handle's task; answers once it is running and its guest answers, "
+    "or failed.",
+    (*_HELD, "invalid_argument", "image_not_found", "quota_exceeded", "rate_limited",
+     "no_capacity", "idempotency_conflict"), VmNewIn, VmOut, idempotent=True, slow=True)
+
+VM_GET = ToolContract(
+    "rift_vm_get", "Read a VM", "Read one VM of your tasks.",
+    ("invalid_argument", "vm_not_found"), VmGetIn, VmOut, read_only=True, idempotent=True)
+
+VM_DESTROY = ToolContract(
+    "rift_vm_destroy", "Destroy a VM",
+    "Destroy one VM: with its task's handle, or without one under rift_task_attach's "
+    "rules (for VMs an earlier conversation left behind).",
+    (*_HELD[1:], "task_held", "vm_not_found", "invalid_argument", "hypervisor_error"),
+    VmDestroyIn, VmOut, destructive=True, idempotent=True, slow=True)
+
+VM_PAUSE = ToolContract(
+    "rift_vm_pause", "Pause a VM",
+    "Park a running VM of the handle's task: its memory is saved to disk and it stops, "
+    "holding no vCPUs or memory until rift_vm_resume brings it back with its processes, "
+    "execs and files as they were. Pausing a paused VM answers it as it is.",
+    (*_HELD, "vm_not_found", "vm_not_running", "invalid_argument", "hypervisor_error"),
+    VmHeldIn, VmOut, idempotent=True, slow=True)
+
+VM_RESUME = ToolContract(
+    "rift_vm_resume", "Resume a VM",
+    "Bring a paused VM of the handle's task back where it was (on its own host, which "
+    "needs room for it). Resuming a running VM answers it as it is.",
+    (*_HELD, "vm_not_found", "vm_not_running", "no_capacity", "invalid_argument",
+     "hypervisor_error"), VmHeldIn, VmOut, idempotent=True, slow=True)
+
+VM_SNAPSHOT = ToolContract(
+    "rift_vm_snapshot", "Snapshot a VM",
+    "Keep a running VM's memory and disk as of now, for rift_vm_fork: the VM runs on "
+    "after a pause of about a restore. The snapshot belongs to the task (at most "
+    "RIFT_MAX_SNAPSHOTS_PER_TASK) and goes when it closes.",
+    (*_HELD, "vm_not_found", "vm_not_running", "quota_exceeded", "invalid_argument",
+     "hypervisor_error"), VmSnapshotIn, SnapshotOut, slow=True)
+
+VM_SNAPSHOT_DELETE = ToolContract(
+    "rift_vm_snapshot_delete", "Delete a snapshot",
+    "Delete a snapshot of the handle's task and its files.",
+    (*_HELD, "snapshot_not_found", "invalid_argument"), VmSnapshotDeleteIn, SnapshotOut,
+    destructive=True)
+
+VM_FORK = ToolContract(
+    "rift_vm_fork", "Fork a VM",
+    "Start count new VMs in the handle's task from a snapshot (snapshot_id) or from a "
+    "running VM (vm_id: snapshotted first, that snapshot deleted after), each with the "
+    "processes and files it had and an identity of its own (host key, MAC, clock, "
+    "entropy, disk). All or none: over the quota or the host's room, none is made.",
+    (*_HELD, "snapshot_not_found", "vm_not_found", "vm_not_running", "quota_exceeded",
+     "no_capacity", "invalid_argument", "hypervisor_error"), VmForkIn, VmsOut, slow=True)
+
+VM_EXPOSE = ToolContract(
+    "rift_vm_expose", "Expose a port of a VM",
+    "Make a TCP port of a running VM of the handle's task reachable over HTTP and "
+    "WebSocket at a URL of its own, proxied by Rift; the URL's secret is its only key, "
+    "shown only in this answer. Exposing the port again mints a new URL and ends the "
+    "old one; rift_vm_unexpose, destroying the VM or closing the task ends it.",
+    (*_HELD, "vm_not_found", "vm_not_running", "invalid_argument"), VmPortIn, ExposureOut,
+    destructive=True)
+
+VM_UNEXPOSE = ToolContract(
+    "rift_vm_unexpose", "End a port's exposure",
+    "End the exposure of a port of a VM of the handle's task: its URL answers 404 from "
+    "now on. A port not exposed changes nothing.",
+    (*_HELD, "vm_not_found", "invalid_argument"), VmPortIn, VmOut, destructive=True,
+    idempotent=True)
+
+VM_EXEC = ToolContract(
+    "rift_vm_exec", "Run a command in a VM",
+    "Run a shell command in a running VM of the handle's task. It runs detached in the "
+    "guest (it outlives this call): the answer, its exec view, comes at its end or after "
+    "wait_s with status running; then rift_vm_exec_get reads on from stdout_offset.",
+    _GUEST, VmExecIn, ExecView, slow=True)
+
+VM_EXEC_GET = ToolContract(
+    "rift_vm_exec_get", "Read an exec",
+    "Read an exec of the handle's task: its status and its output from the offsets, "
+    "waiting up to wait_s for more output or its end.",
+    (*_EXEC, "invalid_argument"), VmExecGetIn, ExecView, read_only=True,
+    idempotent=True, slow=True)
+
+VM_EXEC_INPUT = ToolContract(
+    "rift_vm_exec_input", "Write to an exec's stdin",
+    "Write to the stdin of a running exec of the handle's task; eof closes it.",
+    (*_EXEC, "invalid_argument"), VmExecInputIn, ExecInputOut, slow=True)
+
+VM_EXEC_KILL = ToolContract(
+    "rift_vm_exec_kill", "Kill an exec",
+    "Signal a running exec's whole process group: TERM, then KILL 5 s later (or KILL at "
+    "once). A repeat changes nothing.",
+    (*_EXEC, "invalid_argument"), VmExecKillIn, ExecView, destructive=True,
+    idempotent=True, slow=True)
+
+VM_EXEC_LIST = ToolContract(
+    "rift_vm_exec_list", "List execs",
+    "List the execs of the handle's task (of one VM): running ones, or all.",
+    (*_HELD, "vm_not_found", "invalid_argument"), VmExecListIn, ExecListOut,
+    read_only=True, idempotent=True)
+
+VM_WRITE_FILE = ToolContract(
+    "rift_vm_write_file", "Write a file in a VM",
+    "Write a file in a running VM of the handle's task (at most 16 MiB once decoded).",
+    _GUEST, VmWriteFileIn, FileWrittenOut, idempotent=True, slow=True)
+
+VM_READ_FILE = ToolContract(
+    "rift_vm_read_file", "Read a file in a VM",
+    "Read a file in a running VM of the handle's task.",
+    _GUEST, VmReadFileIn, FileReadOut, read_only=True, idempotent=True, slow=True)
+
+# Every tool, in the order `tools/list` shows them.
+CONTRACTS: tuple[ToolContract, ...] = (
+    TASK_NEW,
+    TASK_ATTACH,
+    TASK_RELEASE,
+    TASK_CLOSE,
+    TASK_LIST,
+    TASK_GET,
+    TASK_EVENTS,
+    VM_NEW,
+    VM_GET,
+    VM_DESTROY,
+    VM_PAUSE,
+    VM_RESUME,
+    VM_SNAPSHOT,
+    VM_SNAPSHOT_DELETE,
+    VM_FORK,
+    VM_EXPOSE,
+    VM_UNEXPOSE,
+    VM_EXEC,
+    VM_EXEC_GET,
+    VM_EXEC_INPUT,
+    VM_EXEC_KILL,
+    VM_EXEC_LIST,
+    VM_WRITE_FILE,
+    VM_READ_FILE,
+)

@@ -24,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rift.api.state import AppState
+from rift.contract import tools as c
+from rift.contract.base import MAX_CONTENT, command
 from rift.domain.errors import (
     HandleRequired,
     InvalidArgument,
@@ -144,8 +146,9 @@ class Envd(EnvdPart):
             if not path:
                 raise InvalidArgument("path", "the file to read")
             read = await self.state.waiting.run(
-                None, files.read_file, self.deps, call.caller, call.handle, call.vm_id,
-                absolute(path, user_of(request)), "base64")
+                None, files.read, self.deps, call.caller, command(
+                    c.VmReadFileIn, handle=call.handle, vm_id=call.vm_id,
+                    path=absolute(path, user_of(request)), encoding="base64"))
         except RiftError as err:
             return files_refusal(err)
         if read.truncated:
@@ -194,28 +197,29 @@ class Envd(EnvdPart):
     def _write(self, call: Call, path: str, data: bytes) -> None:
         """Write one file; its folder is made first when it is not there (E2B makes the
         directories a path needs)."""
-        content = base64.b64encode(data).decode("ascii")
+        if len(data) > MAX_CONTENT:
+            raise InvalidArgument("content", "at most 16 MiB")
+        write = command(c.VmWriteFileIn, handle=call.handle, vm_id=call.vm_id, path=path,
+                        content=base64.b64encode(data).decode("ascii"), encoding="base64")
         try:
-            files.write_file(self.deps, call.caller, call.handle, call.vm_id, path, content,
-                              "base64")
+            files.write(self.deps, call.caller, write)
         except InvalidArgument as err:
             if err.details.get("field") != "path":
                 raise
             folder = posixpath.dirname(path)
-            made = execs.start(self.deps, call.caller, call.handle, call.vm_id,
-                               f"mkdir -p -- {shlex.quote(folder)}",
-                               None, 30, 30)
+            made = execs.start(self.deps, call.caller, command(
+                c.VmExecIn, handle=call.handle, vm_id=call.vm_id,
+                command=f"mkdir -p -- {shlex.quote(folder)}", timeout_s=30, wait_s=30))
             if made.exit_code != 0:
                 raise InvalidArgument("path", f"{folder}: could not be made: "
                                       f"{made.stderr.strip()[:200]}") from err
-            files.write_file(self.deps, call.caller, call.handle, call.vm_id, path, content,
-                              "base64")
+            files.write(self.deps, call.caller, write)
 
     async def health(self, request: Request) -> Response:
         try:
             call = await self.state.waiting.run(None, call_of, self.deps, request)
-            vm = await self.state.waiting.run(None, vms.get_vm, self.deps, call.caller,
-                                              call.vm_id)
+            vm = (await self.state.waiting.run(None, vms.get, self.deps, call.caller,
+                                               c.VmGetIn(vm_id=call.vm_id))).vm
         except RiftError as err:
             return files_refusal(err)
         if vm.status != "running" or vm.task_id != parse_handle(call.handle).task_id:

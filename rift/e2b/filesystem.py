@@ -20,6 +20,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.e2b.connect import ConnectFault
 from rift.e2b.envd import Call, absolute, user_of
 from rift.e2b.processes import Processes
@@ -68,10 +70,12 @@ class Filesystem:
 
     def _run(self, call: Call, script: str) -> list[dict[str, Any]]:
         deps = self.processes.deps
-        view = execs.start(deps, call.caller, call.handle, call.vm_id, script, "", SCRIPT_S,
-                           SCRIPT_S)
+        view = execs.start(deps, call.caller, command(
+            c.VmExecIn, handle=call.handle, vm_id=call.vm_id, command=script, stdin="",
+            timeout_s=SCRIPT_S, wait_s=SCRIPT_S))
         if view.status == "running":
-            execs.kill(deps, call.caller, call.handle, view.exec_id, "KILL")
+            execs.kill(deps, call.caller, command(c.VmExecKillIn, handle=call.handle,
+                                                  exec_id=view.exec_id, signal="KILL"))
             raise ConnectFault("deadline_exceeded", f"the file operation took over {SCRIPT_S} s")
         if view.exit_code in _FAULTS:
             code, why = _FAULTS[view.exit_code]

@@ -20,6 +20,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from rift.contract import tools as c
 from rift.contract.views import VmView
 from rift.domain.errors import RiftError, VmNotRunning
 from rift.e2b.sandboxes import LIVE, Extras, Registry, answer, live_vm, timeout_of
@@ -34,13 +35,13 @@ def held_handle(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     extras = registry.get(sandbox)
     if extras is not None and extras.handle is not None:
         try:
-            task = tasks.get_task(deps, caller, handle=extras.handle)
+            task = tasks.get(deps, caller, c.TaskGetIn(handle=extras.handle)).task
         except RiftError:
             task = None  # the lease moved on (or the task ended): take it over below
         if task is not None and task.holder == caller.label:
             return extras.handle
-    won = leases.attach(deps, caller, vm.task_id, takeover=True)
-    handle = str(won.handle)
+    won = leases.attach(deps, caller, c.TaskAttachIn(task_id=vm.task_id, takeover=True))
+    handle = won.handle
     now = deps.clock.now()
     registry.hold(sandbox, handle, Extras(vm.image, now, now + timedelta(seconds=300),
                                          owner=caller.user))
@@ -56,7 +57,7 @@ def connect(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     handle = held_handle(deps, registry, caller, sandbox, vm)
     resumed = LIVE[vm.status] == "paused"
     if resumed:
-        pauses.resume(deps, caller, handle, vm.id)
+        pauses.resume(deps, caller, c.VmHeldIn(handle=handle, vm_id=vm.id))
     if timeout is not None:
         end = deps.clock.now() + timedelta(seconds=timeout_of(timeout))
         extras = registry.get(sandbox)
@@ -73,5 +74,5 @@ def pause(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     if LIVE[vm.status] == "paused":  # 409, as E2B answers (the SDK's `False`)
         raise VmNotRunning(vm.id, vm.status)
     handle = held_handle(deps, registry, caller, sandbox, vm)
-    pauses.pause(deps, caller, handle, vm.id)
+    pauses.pause(deps, caller, c.VmHeldIn(handle=handle, vm_id=vm.id))
 

@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rift.api.waiting import HeldStream
-from rift.contract.base import MAX_EXEC_S
+from rift.contract import tools as c
+from rift.contract.base import MAX_EXEC_S, command
 from rift.contract.views import ExecView
 from rift.domain.errors import RiftError
 from rift.e2b import shapes
@@ -102,16 +103,16 @@ class Processes(EnvdPart):
                           headers=STREAM_HEADERS)
 
     def _started(self, call: Call, message: dict[str, Any], request: Request) -> ExecView:
-        command = self._command(message, call)
+        line = self._command(message, call)
         limit = timeout_s(request.headers.get("connect-timeout-ms"), MAX_EXEC_S, MAX_EXEC_S)
         stdin = None if message.get("stdin") is True else ""
-        return execs.start(self.deps, call.caller, call.handle, call.vm_id, command, stdin,
-                           limit, FIRST_WAIT_S)
+        return execs.start(self.deps, call.caller, command(
+            c.VmExecIn, handle=call.handle, vm_id=call.vm_id, command=line, stdin=stdin,
+            timeout_s=limit, wait_s=FIRST_WAIT_S))
 
     def _found(self, call: Call, message: dict[str, Any], _request: Request) -> ExecView:
         found = self._running(call, _pid(message))
-        return execs.get(self.deps, call.caller, call.handle, found.exec_id,
-                         found.stdout_bytes, found.stderr_bytes, 0)
+        return execs.get(self.deps, call.caller, _reading(call, found.exec_id, found, 0))
 
     def _command(self, message: dict[str, Any], call: Call) -> str:
         process = message.get("process")
@@ -150,8 +151,9 @@ class Processes(EnvdPart):
             if not said:
                 yield envelope({"event": {"keepalive": {}}})
             try:
-                view = execs.get(self.deps, call.caller, call.handle, view.exec_id,
-                                 view.stdout_offset, view.stderr_offset, STREAM_WAIT_S)
+                view = execs.get(self.deps, call.caller, _reading(
+                    call, view.exec_id, (view.stdout_offset, view.stderr_offset),
+                    STREAM_WAIT_S))
             except RiftError as err:
                 yield end_stream(fault_of(err))
                 return
@@ -184,14 +186,14 @@ class Processes(EnvdPart):
         return JSONResponse(answer)
 
     def _running(self, call: Call, pid: int) -> ExecView:
-        running = execs.list_execs(self.deps, call.caller, call.handle, call.vm_id, "running")
+        running = execs.list_execs(self.deps, call.caller, _listing(call))
         for view in running.execs:
             if shapes.pid(view.exec_id) == pid:
                 return view
         raise ConnectFault("not_found", f"process with pid {pid} not found")
 
     def _list(self, call: Call, _message: dict[str, Any]) -> dict[str, Any]:
-        running = execs.list_execs(self.deps, call.caller, call.handle, call.vm_id, "running")
+        running = execs.list_execs(self.deps, call.caller, _listing(call))
         return {"processes": [
             {"pid": shapes.pid(v.exec_id), "tag": v.exec_id,
              "config": {"cmd": "/bin/sh", "args": ["-c", v.command], "envs": {}}}
@@ -200,7 +202,8 @@ class Processes(EnvdPart):
     def _signal(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         found = self._running(call, _pid(message))
         chosen = "TERM" if message.get("signal") in ("SIGNAL_SIGTERM", 15) else "KILL"
-        execs.kill(self.deps, call.caller, call.handle, found.exec_id, chosen)
+        execs.kill(self.deps, call.caller, command(c.VmExecKillIn, handle=call.handle,
+                                                   exec_id=found.exec_id, signal=chosen))
         return {}
 
     def _input(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
@@ -214,13 +217,15 @@ class Processes(EnvdPart):
             base64.b64decode(data, validate=True)
         except binascii.Error as exc:
             raise ConnectFault("invalid_argument", "input.stdin: not base64") from exc
-        execs.send_input(self.deps, call.caller, call.handle, found.exec_id, data, "base64")
+        execs.send_input(self.deps, call.caller, command(
+            c.VmExecInputIn, handle=call.handle, exec_id=found.exec_id, data=data,
+            encoding="base64"))
         return {}
 
     def _close(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         found = self._running(call, _pid(message))
-        execs.send_input(self.deps, call.caller, call.handle, found.exec_id, "", "utf-8",
-                         eof=True)
+        execs.send_input(self.deps, call.caller, command(
+            c.VmExecInputIn, handle=call.handle, exec_id=found.exec_id, eof=True))
         return {}
 
     async def unimplemented(self, request: Request) -> Response:
@@ -236,3 +241,17 @@ class Processes(EnvdPart):
 def _not_served(request: Request) -> ConnectFault:
     return ConnectFault("unimplemented", f"{request.url.path.rpartition('/e2b')[2]} is not "
                         "served by Rift's E2B door yet (README: Connect E2B code)")
+
+
+def _listing(call: Call) -> c.VmExecListIn:
+    """The sandbox's running execs."""
+    return command(c.VmExecListIn, handle=call.handle, vm_id=call.vm_id, status="running")
+
+
+def _reading(call: Call, exec_id: str, offsets: ExecView | tuple[int, int],
+             wait_s: int) -> c.VmExecGetIn:
+    """A read of an exec's output from the offsets (an exec's totals so far, or a pair)."""
+    out, err = ((offsets.stdout_bytes, offsets.stderr_bytes)
+                if isinstance(offsets, ExecView) else offsets)
+    return command(c.VmExecGetIn, handle=call.handle, exec_id=exec_id, stdout_offset=out,
+                   stderr_offset=err, wait_s=wait_s)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.contract.views import TaskView, VmView
 from rift.domain.errors import (
     HypervisorFailed,
@@ -128,15 +130,17 @@ def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
     internet = body.get("allow_internet_access")
     egress = "none" if internet is False else None
     image = None if template == "base" else template
-    opened = tasks.new_task(deps, caller, name=TASK_PREFIX + template)
-    handle = str(opened.handle)
+    opened = tasks.new(deps, caller, command(c.TaskNewIn, name=TASK_PREFIX + template))
+    handle = opened.handle
+    close = command(c.TaskCloseIn, handle=handle)
     try:
-        vm = vms.new_vm(deps, caller, handle, name="sandbox", image=image, egress=egress)
+        vm = vms.new(deps, caller, command(c.VmNewIn, handle=handle, name="sandbox",
+                                           image=image, egress=egress)).vm
     except BaseException:
-        tasks.close_task(deps, caller, handle=handle)
+        tasks.close(deps, caller, close)
         raise
     if vm.status not in ("running", "paused"):
-        tasks.close_task(deps, caller, handle=handle)
+        tasks.close(deps, caller, close)
         raise HypervisorFailed(f"the sandbox's VM did not start: {vm.error or vm.status}",
                                vm.host)
     sandbox = shapes.sandbox_id(vm.id)
@@ -159,7 +163,7 @@ def live_vm(deps: Deps, caller: Caller, sandbox: str) -> VmView:
     vm_id = shapes.vm_id(sandbox)
     if vm_id is None:
         raise VmNotFound(sandbox)
-    vm = vms.get_vm(deps, caller, vm_id)
+    vm = vms.get(deps, caller, c.VmGetIn(vm_id=vm_id)).vm
     if vm.status not in LIVE:
         raise VmNotFound(vm_id)
     return vm
@@ -204,7 +208,8 @@ def listing(deps: Deps, registry: Registry, caller: Caller, query: dict[str, str
     after = query.get("nextToken") or None
     found: list[dict[str, Any]] = []
     while True:
-        page = tasks.list_tasks(deps, caller, "open", 50, after)
+        page = tasks.list_tasks(deps, caller, command(c.TaskListIn, status="open", limit=50,
+                                                      after=after))
         for task in page.tasks:
             for listed in _sandboxes_of(task, registry):
                 extras_meta = listed["metadata"]
@@ -231,12 +236,12 @@ def kill(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> None:
     it over if another holder has it; a VM in a task not of this door is destroyed
     alone."""
     vm = live_vm(deps, caller, sandbox)
-    task = tasks.get_task(deps, caller, task_id=vm.task_id)
+    task = tasks.get(deps, caller, c.TaskGetIn(task_id=vm.task_id)).task
     if task.name.startswith(TASK_PREFIX):
         with contextlib.suppress(TaskClosed):  # closed meanwhile: nothing left to kill
-            tasks.close_task(deps, caller, task_id=task.id, takeover=True)
+            tasks.close(deps, caller, c.TaskCloseIn(task_id=task.id, takeover=True))
     else:
-        vms.destroy(deps, caller, vm.id, takeover=True)
+        vms.destroy(deps, caller, c.VmDestroyIn(vm_id=vm.id, takeover=True))
     registry.drop(sandbox)
 
 

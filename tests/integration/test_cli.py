@@ -18,6 +18,8 @@ from hypervisor import write_test_host_xml
 from rift.bootstrap import build_deps, close_deps
 from rift.cli import main
 from rift.config import Settings
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.services.access import accounts
 from rift.services.lifecycle import tasks, vms
 
@@ -79,8 +81,8 @@ def test_the_operator_lists_shows_and_closes_tasks(env: Settings,
     try:
         accounts.add_user(deps, "bob")
         _, caller = accounts.authenticate(deps, accounts.new_token(deps, "bob", "ci").token.value)
-        opened = tasks.new_task(deps, caller, name="nightly")
-        vm = vms.new_vm(deps, caller, str(opened.handle))
+        opened = tasks.new(deps, caller, command(c.TaskNewIn, name="nightly"))
+        vm = vms.new(deps, caller, command(c.VmNewIn, handle=str(opened.handle))).vm
     finally:
         close_deps(deps)
     task_id = opened.task.id

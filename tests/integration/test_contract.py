@@ -18,7 +18,7 @@ from rift.api.mcp.server import build_server
 from rift.api.state import AppState
 from rift.config import Settings
 from rift.contract.base import inline
-from rift.contract.tools import CONTRACTS, Refusal
+from rift.contract.tools import CONTRACTS, Refusal, ToolContract
 from rift.services.context import Deps
 
 # Each tool's REST operation, and where its input's fields travel there.
@@ -115,10 +115,10 @@ def _carried(tool: str, operation: dict[str, Any], fields: dict[str, Any]) -> se
     return carried
 
 
-@pytest.mark.parametrize("tool", sorted(CONTRACTS))
+@pytest.mark.parametrize("contract", CONTRACTS, ids=lambda contract: contract.name)
 def test_the_mcp_and_openapi_schemas_of_a_tool_come_from_its_models(
-        tool: str, openapi: dict[str, Any], listed: dict[str, types.Tool]) -> None:
-    contract = CONTRACTS[tool]
+        contract: ToolContract, openapi: dict[str, Any], listed: dict[str, types.Tool]) -> None:
+    tool = contract.name
     method, path = ROUTES[tool]
     operation = openapi["paths"][path][method]
     published = listed[tool]

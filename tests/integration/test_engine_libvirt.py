@@ -13,6 +13,8 @@ import pytest
 from hypervisor import parse_rift_metadata, write_test_host_xml
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.errors import RiftError
 from rift.services.background import sweeps
 from rift.services.context import Deps
@@ -47,15 +49,15 @@ def test_the_local_host_takes_its_size_from_libvirt(engine: Deps) -> None:
 
 
 def test_a_vm_is_a_libvirt_domain_carrying_rift_metadata(engine: Deps, host_uri: str) -> None:
-    opened = tasks.new_task(engine, ALICE)
-    vm = vms.new_vm(engine, ALICE, str(opened.handle), memory_mib=512)
+    opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
+    vm = vms.new(engine, ALICE, command(c.VmNewIn, handle=str(opened.handle), memory_mib=512)).vm
     assert vm.status == "running" and vm.ssh is None
     assert _domains(engine, host_uri) == {f"rift-{vm.id}": (opened.task.id, vm.id)}
     hv = engine.hosts.hypervisor(host_uri)
     conn = hv._connection()  # type: ignore[attr-defined]
     xml = conn.lookupByName(f"rift-{vm.id}").XMLDesc()
     assert parse_rift_metadata(xml) == (opened.task.id, vm.id)
-    closed = tasks.close_task(engine, ALICE, handle=str(opened.handle))
+    closed = tasks.close(engine, ALICE, command(c.TaskCloseIn, handle=str(opened.handle)))
     assert closed.destroyed == [vm.id]
     assert _domains(engine, host_uri) == {}
     with pytest.raises(libvirt.libvirtError):
@@ -64,15 +66,15 @@ def test_a_vm_is_a_libvirt_domain_carrying_rift_metadata(engine: Deps, host_uri:
 
 def test_a_vm_naming_no_image_is_debian_and_runs_at_once_showing_its_start(
         engine: Deps) -> None:
-    opened = tasks.new_task(engine, ALICE)
-    vm = vms.new_vm(engine, ALICE, str(opened.handle), disk_gib=20)
+    opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
+    vm = vms.new(engine, ALICE, command(c.VmNewIn, handle=str(opened.handle), disk_gib=20)).vm
     assert (vm.status, vm.image, vm.memory_mib, vm.disk_gib, vm.ssh) == \
         ("running", "debian", 512, 20, None)
     assert vm.start is not None and vm.start.kind == "boot"
     assert 0 <= vm.start.ms < 30_000  # the test driver answers at once
-    shown = vms.get_vm(engine, ALICE, vm.id)
+    shown = vms.get(engine, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm
     assert (shown.start, shown.disk_gib) == (vm.start, 20)
-    events = tasks.task_events(engine, ALICE, opened.task.id).events
+    events = tasks.events(engine, ALICE, command(c.TaskEventsIn, task_id=opened.task.id)).events
     running = next(e for e in events if e.type == "vm_running")
     assert running.details["start_kind"] == "boot"
 
@@ -83,9 +85,9 @@ def test_rift_default_image_names_the_image_of_a_vm_that_names_none(
         deps = build_deps(Settings(data_dir=data_dir, hypervisor_uri=host_uri,
                                    default_image=image))
         try:
-            opened = tasks.new_task(deps, ALICE)
+            opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
             try:
-                got = vms.new_vm(deps, ALICE, str(opened.handle)).image
+                got = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm.image
             except RiftError as exc:
                 got = exc.code
             assert got == answer
@@ -94,11 +96,11 @@ def test_rift_default_image_names_the_image_of_a_vm_that_names_none(
 
 
 def test_the_test_hosts_memory_is_accounted_by_placement(engine: Deps) -> None:
-    opened = tasks.new_task(engine, ALICE)
+    opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
     for _ in range(4):
-        vms.new_vm(engine, ALICE, str(opened.handle), memory_mib=1024)
+        vms.new(engine, ALICE, command(c.VmNewIn, handle=str(opened.handle), memory_mib=1024))
     with pytest.raises(RiftError) as info:
-        vms.new_vm(engine, ALICE, str(opened.handle), memory_mib=64)
+        vms.new(engine, ALICE, command(c.VmNewIn, handle=str(opened.handle), memory_mib=64))
     assert info.value.code == "no_capacity"
 
 
@@ -108,8 +110,8 @@ def test_an_idle_task_is_closed_by_the_sweep_and_its_domains_destroyed(
                         activity_step_s=1)
     deps = build_deps(settings)
     try:
-        opened = tasks.new_task(deps, ALICE)
-        vms.new_vm(deps, ALICE, str(opened.handle))
+        opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+        vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle)))
         with deps.store.write() as tx:  # make it quiet without sleeping
             task = tx.tasks.get(opened.task.id)
             assert task is not None
@@ -125,11 +127,11 @@ def test_an_idle_task_is_closed_by_the_sweep_and_its_domains_destroyed(
 
 def test_twenty_threads_attaching_one_released_task_give_exactly_one_winner(
         engine: Deps) -> None:
-    opened = tasks.new_task(engine, ALICE)
+    opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
     task_id = opened.task.id
     handle = str(opened.handle)
     for round_ in range(50):
-        leases.release(engine, ALICE, handle)
+        leases.release(engine, ALICE, command(c.TaskReleaseIn, handle=handle))
         barrier = threading.Barrier(20)
         won: list[str] = []
         refusals: list[str] = []
@@ -139,7 +141,7 @@ def test_twenty_threads_attaching_one_released_task_give_exactly_one_winner(
                    won: list[str] = won, refusals: list[str] = refusals) -> None:
             barrier.wait(timeout=30)
             try:
-                got = leases.attach(engine, ALICE_2, task_id)
+                got = leases.attach(engine, ALICE_2, command(c.TaskAttachIn, task_id=task_id))
                 with lock:
                     won.append(str(got.handle))
             except RiftError as exc:
@@ -157,7 +159,8 @@ def test_twenty_threads_attaching_one_released_task_give_exactly_one_winner(
     types: list[str] = []
     after = 0
     while True:
-        page = tasks.task_events(engine, ALICE, task_id, after_id=after, limit=100)
+        page = tasks.events(engine, ALICE, command(c.TaskEventsIn, task_id=task_id, after_id=after,
+                   limit=100))
         types += [e.type for e in page.events]
         after = page.next_after
         if not page.has_more:
@@ -205,9 +208,10 @@ def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
     large = write_test_host_xml(str(tmp_path / "large.xml"), 4, 6144)
     hosts.add_host(engine, "small", small, vcpus=2, memory_mib=1024)
     hosts.add_host(engine, "large", large, vcpus=4, memory_mib=6144)
-    opened = tasks.new_task(engine, ALICE)
+    opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
-    placed = [vms.new_vm(engine, ALICE, handle, memory_mib=1024).host for _ in range(6)]
+    placed = [vms.new(engine, ALICE, command(c.VmNewIn, handle=handle,
+                  memory_mib=1024)).vm.host for _ in range(6)]
     # Free memory before each pick (large, local, small): 6144/4096/1024 → large;
     # 5120/4096 → large; 4096/4096 tie → large (by name); 3072/4096 → local;
     # 3072/3072 tie → large; 2048/3072 → local. small never has the most.
@@ -215,10 +219,10 @@ def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
     on_large = {d.name for d in engine.hosts.hypervisor(large).list_domains()}
     assert len(on_large) == placed.count("large")
     hosts.drain_host(engine, "large")
-    after_drain = vms.new_vm(engine, ALICE, handle, memory_mib=512).host
+    after_drain = vms.new(engine, ALICE, command(c.VmNewIn, handle=handle, memory_mib=512)).vm.host
     assert after_drain != "large"
     with pytest.raises(RiftError) as info:
-        vms.new_vm(engine, ALICE, handle, memory_mib=4096)
+        vms.new(engine, ALICE, command(c.VmNewIn, handle=handle, memory_mib=4096))
     assert info.value.code == "no_capacity"
     assert info.value.details["largest_free"]["memory_mib"] < 4096
     listed = {h["name"]: h for h in hosts.list_hosts(engine)}
@@ -231,25 +235,28 @@ def test_a_paused_vm_is_a_managed_save_on_the_test_driver_and_resumes_at_once(
     from rift.services.background import reconcile
     from rift.services.lifecycle import pauses
 
-    opened = tasks.new_task(engine, ALICE)
+    opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
-    vm = vms.new_vm(engine, ALICE, handle, memory_mib=3000)
-    assert pauses.pause(engine, ALICE, handle, vm.id).status == "paused"
+    vm = vms.new(engine, ALICE, command(c.VmNewIn, handle=handle, memory_mib=3000)).vm
+    assert pauses.pause(engine, ALICE, command(c.VmHeldIn, handle=handle,
+               vm_id=vm.id)).vm.status == "paused"
     conn = engine.hosts.hypervisor(host_uri)._connection()  # type: ignore[attr-defined]
     dom = conn.lookupByName(f"rift-{vm.id}")
     assert not dom.isActive() and dom.hasManagedSaveImage(0)
     # Its memory is free for another VM meanwhile, and reconciliation leaves it be.
-    other = vms.new_vm(engine, ALICE, handle, memory_mib=3000)  # no room for both
+    other = vms.new(engine, ALICE, command(c.VmNewIn, handle=handle,
+                memory_mib=3000)).vm  # no room for both
     assert other.status == "running"
     assert not reconcile.reconcile(engine)
     with pytest.raises(RiftError) as full:
-        pauses.resume(engine, ALICE, handle, vm.id)
+        pauses.resume(engine, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm.id))
     assert full.value.code == "no_capacity"
-    vms.destroy(engine, ALICE, other.id, handle)
-    assert pauses.resume(engine, ALICE, handle, vm.id).status == "running"
+    vms.destroy(engine, ALICE, command(c.VmDestroyIn, vm_id=other.id, handle=handle))
+    assert pauses.resume(engine, ALICE, command(c.VmHeldIn, handle=handle,
+               vm_id=vm.id)).vm.status == "running"
     assert dom.isActive() and not dom.hasManagedSaveImage(0)
-    pauses.pause(engine, ALICE, handle, vm.id)
-    closed = tasks.close_task(engine, ALICE, handle=handle)
+    pauses.pause(engine, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm.id))
+    closed = tasks.close(engine, ALICE, command(c.TaskCloseIn, handle=handle))
     assert vm.id in closed.destroyed and _domains(engine, host_uri) == {}
 
 
@@ -257,16 +264,18 @@ def test_a_snapshot_is_a_saved_file_on_the_test_driver_and_forks_answer_at_once(
         engine: Deps, host_uri: str, data_dir: Path) -> None:
     from rift.services.lifecycle import snapshots
 
-    opened = tasks.new_task(engine, ALICE)
+    opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
-    vm = vms.new_vm(engine, ALICE, handle, memory_mib=512)
-    snap = snapshots.make(engine, ALICE, handle, vm.id, name="base")
+    vm = vms.new(engine, ALICE, command(c.VmNewIn, handle=handle, memory_mib=512)).vm
+    snap = snapshots.make(engine, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm.id,
+               name="base")).snapshot
     state = data_dir / "snapshots" / snap.id / "state"
     assert state.is_file() and snap.bytes > 0
-    assert vms.get_vm(engine, ALICE, vm.id).status == "running"
-    forks = snapshots.fork(engine, ALICE, handle, snapshot_id=snap.id, count=2)
+    assert vms.get(engine, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm.status == "running"
+    forks = snapshots.fork(engine, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
+                count=2)).vms
     assert [f.status for f in forks] == ["running", "running"]
     assert set(_domains(engine, host_uri)) == {f"rift-{v.id}" for v in (vm, *forks)}
-    closed = tasks.close_task(engine, ALICE, handle=handle)
+    closed = tasks.close(engine, ALICE, command(c.TaskCloseIn, handle=handle))
     assert len(closed.destroyed) == 3 and closed.task.snapshots == []
     assert _domains(engine, host_uri) == {} and not state.parent.exists()

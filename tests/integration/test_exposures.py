@@ -25,6 +25,8 @@ import uvicorn
 
 from rift.api.app import create_app
 from rift.config import Settings
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.secrets import digest
 from rift.services.context import Deps, ExposureUrls
 from rift.services.lifecycle import exposures, pauses, tasks, vms
@@ -123,8 +125,8 @@ def gdeps(deps: Deps, shell: FakeFiles) -> Deps:
 
 
 def _vm(deps: Deps) -> tuple[str, str, str]:
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     with deps.store.write() as tx:
         give_ssh_address(tx, vm.id)
     return str(opened.handle), vm.id, opened.task.id
@@ -139,14 +141,16 @@ def _secret(url: str) -> str:
 def test_an_exposure_answers_its_url_once_and_the_vm_view_lists_only_its_port(
         gdeps: Deps) -> None:
     handle, vm_id, task_id = _vm(gdeps)
-    made = exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT)
+    made = exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+               port=GUEST_PORT)).exposure
     secret = _secret(made.url)
     assert made.url == f"http://rift.test:8080/x/{secret}/"
     assert len(secret) == 32 and (made.vm_id, made.port) == (vm_id, GUEST_PORT)
-    view = vms.get_vm(gdeps, ALICE, vm_id)
+    view = vms.get(gdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
     assert [(p.port, p.created_at) for p in view.exposures] == [(GUEST_PORT, made.created_at)]
     assert secret not in json.dumps(view.model_dump())
-    assert secret not in json.dumps(tasks.get_task(gdeps, ALICE, task_id=task_id).model_dump())
+    assert secret not in json.dumps(tasks.get(gdeps, ALICE, command(c.TaskGetIn,
+                                        task_id=task_id)).task.model_dump())
     with gdeps.store.read() as tx:  # only the digest is kept
         kept = tx.exposures.all()
     assert [e.digest for e in kept] == [digest(secret)] and secret not in repr(kept)
@@ -157,27 +161,33 @@ def test_an_exposure_answers_its_url_once_and_the_vm_view_lists_only_its_port(
 
 def test_exposing_again_ends_the_old_url_and_unexpose_ends_the_new_one(gdeps: Deps) -> None:
     handle, vm_id, task_id = _vm(gdeps)
-    first = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
-    second = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    first = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                        port=GUEST_PORT)).exposure.url)
+    second = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                         port=GUEST_PORT)).exposure.url)
     assert first != second
     assert exposures.resolve(gdeps, first) is None
     assert exposures.resolve(gdeps, second) is not None
-    assert len(vms.get_vm(gdeps, ALICE, vm_id).exposures) == 1
-    view = exposures.unexpose(gdeps, ALICE, handle, vm_id, GUEST_PORT)
+    assert len(vms.get(gdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm.exposures) == 1
+    view = exposures.unexpose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+               port=GUEST_PORT)).vm
     assert view.exposures == [] and exposures.resolve(gdeps, second) is None
-    again = exposures.unexpose(gdeps, ALICE, handle, vm_id, GUEST_PORT)  # changes nothing
+    again = exposures.unexpose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                port=GUEST_PORT)).vm  # changes nothing
     assert again.exposures == []
     assert event_types(gdeps, task_id).count("vm_unexposed") == 1
 
 
 def test_destroying_the_vm_or_closing_the_task_ends_its_exposures(gdeps: Deps) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
-    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
-    vms.destroy(gdeps, ALICE, vm_id, handle)
+    secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                         port=GUEST_PORT)).exposure.url)
+    vms.destroy(gdeps, ALICE, command(c.VmDestroyIn, vm_id=vm_id, handle=handle))
     assert exposures.resolve(gdeps, secret) is None
     handle, vm_id, _task_id = _vm(gdeps)
-    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
-    tasks.close_task(gdeps, ALICE, handle=handle)
+    secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                         port=GUEST_PORT)).exposure.url)
+    tasks.close(gdeps, ALICE, command(c.TaskCloseIn, handle=handle))
     assert exposures.resolve(gdeps, secret) is None
     with gdeps.store.read() as tx:
         assert tx.exposures.all() == []
@@ -185,25 +195,30 @@ def test_destroying_the_vm_or_closing_the_task_ends_its_exposures(gdeps: Deps) -
 
 def test_a_pause_keeps_the_exposure_and_its_vm_says_it_is_paused(gdeps: Deps) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
-    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
-    paused = pauses.pause(gdeps, ALICE, handle, vm_id)
+    secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                         port=GUEST_PORT)).exposure.url)
+    paused = pauses.pause(gdeps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm_id)).vm
     assert paused.status == "paused" and [p.port for p in paused.exposures] == [GUEST_PORT]
     target = exposures.resolve(gdeps, secret)
     assert target is not None and target.vm.status == "paused"
-    resumed = pauses.resume(gdeps, ALICE, handle, vm_id)
+    resumed = pauses.resume(gdeps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm_id)).vm
     assert [p.port for p in resumed.exposures] == [GUEST_PORT]
 
 
 def test_bad_exposures_are_refused_and_change_nothing(gdeps: Deps) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
     for port in (0, 65536, -1):
-        err = refused("invalid_argument", exposures.expose, gdeps, ALICE, handle, vm_id, port)
+        err = refused("invalid_argument", lambda port=port: exposures.expose(
+            gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id, port=port)))
         assert err.details["field"] == "port"
-    refused("task_not_found", exposures.expose, gdeps, BOB, handle, vm_id, GUEST_PORT)
-    other = tasks.new_task(gdeps, ALICE)
-    refused("vm_not_found", exposures.expose, gdeps, ALICE, str(other.handle), vm_id, GUEST_PORT)
-    pauses.pause(gdeps, ALICE, handle, vm_id)
-    err = refused("vm_not_running", exposures.expose, gdeps, ALICE, handle, vm_id, GUEST_PORT)
+    refused("task_not_found", lambda: exposures.expose(gdeps, BOB, command(c.VmPortIn,
+                                  handle=handle, vm_id=vm_id, port=GUEST_PORT)))
+    other = tasks.new(gdeps, ALICE, command(c.TaskNewIn))
+    refused("vm_not_found", lambda: exposures.expose(gdeps, ALICE, command(c.VmPortIn,
+                                handle=str(other.handle), vm_id=vm_id, port=GUEST_PORT)))
+    pauses.pause(gdeps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm_id))
+    err = refused("vm_not_running", lambda: exposures.expose(gdeps, ALICE, command(c.VmPortIn,
+                                        handle=handle, vm_id=vm_id, port=GUEST_PORT)))
     assert "rift_vm_resume" in err.hint
     with gdeps.store.read() as tx:
         assert tx.exposures.all() == []
@@ -246,7 +261,8 @@ def served(gdeps: Deps, tmp_path: Path) -> Iterator[Served]:
 def test_a_request_reaches_the_guest_port_with_its_path_body_and_forwarded_headers(
         gdeps: Deps, served: Served, caplog: pytest.LogCaptureFixture) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
-    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                         port=GUEST_PORT)).exposure.url)
     caplog.set_level(logging.INFO)
     with httpx.Client(base_url=served.url, timeout=30) as client:
         got = client.get(f"/x/{secret}/some/page?q=1", headers={"Cookie": "rift_session=abc"})
@@ -281,7 +297,8 @@ def test_a_request_reaches_the_guest_port_with_its_path_body_and_forwarded_heade
 
 def test_a_stream_from_the_guest_arrives_as_it_is_written(gdeps: Deps, served: Served) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
-    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                         port=GUEST_PORT)).exposure.url)
     with httpx.Client(base_url=served.url, timeout=30) as client, \
             client.stream("GET", f"/x/{secret}/stream") as events:
         assert events.headers["content-type"] == "text/event-stream"
@@ -296,9 +313,12 @@ def test_a_stream_from_the_guest_arrives_as_it_is_written(gdeps: Deps, served: S
 def test_unknown_ended_and_unreachable_exposures_answer_plainly(
         gdeps: Deps, served: Served, shell: FakeFiles) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
-    ended = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
-    exposures.unexpose(gdeps, ALICE, handle, vm_id, GUEST_PORT)
-    closed = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, 9).url)  # nothing listens
+    ended = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                        port=GUEST_PORT)).exposure.url)
+    exposures.unexpose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+        port=GUEST_PORT))
+    closed = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                         port=9)).exposure.url)  # nothing listens
     with httpx.Client(base_url=served.url, timeout=30) as client:
         unknown = client.get("/x/" + "a" * 32 + "/")
         gone = client.get(f"/x/{ended}/")
@@ -307,8 +327,9 @@ def test_unknown_ended_and_unreachable_exposures_answer_plainly(
         assert client.get("/x/short/").status_code == 404
         refused_port = client.get(f"/x/{closed}/")
         assert refused_port.status_code == 502 and "port 9" in refused_port.text
-        secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
-        pauses.pause(gdeps, ALICE, handle, vm_id)
+        secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle,
+                             vm_id=vm_id, port=GUEST_PORT)).exposure.url)
+        pauses.pause(gdeps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm_id))
         paused = client.get(f"/x/{secret}/")
         assert paused.status_code == 503 and "rift_vm_resume" in paused.text
         assert client.get("/healthz").json() == {"status": "ok"}  # the API is still the API
@@ -318,7 +339,8 @@ def test_a_preview_domain_reaches_the_exposure_by_its_host_name(gdeps: Deps,
                                                                   served: Served) -> None:
     deps = replace(gdeps, exposure_urls=ExposureUrls("http://rift.test", "preview.test"))
     handle, vm_id, _task_id = _vm(deps)
-    made = exposures.expose(deps, ALICE, handle, vm_id, GUEST_PORT)
+    made = exposures.expose(deps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+               port=GUEST_PORT)).exposure
     secret = made.url.removeprefix("https://").split(".", 1)[0]
     assert made.url == f"https://{secret}.preview.test/"
     with httpx.Client(base_url=served.url, timeout=30) as client:
@@ -339,7 +361,8 @@ def test_the_guest_never_sees_the_clients_token_cookies_or_handle(
     private = {"Authorization": "Bearer rift_" + "t" * 43, "Cookie": "rift_session=abc; sso=1",
                "Rift-Handle": handle, "X-Mine": "kept"}
     preview = replace(gdeps, exposure_urls=ExposureUrls("http://rift.test", "preview.test"))
-    made = exposures.expose(preview, ALICE, handle, vm_id, GUEST_PORT).url
+    made = exposures.expose(preview, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+               port=GUEST_PORT)).exposure.url
     secret = made.removeprefix("https://").split(".", 1)[0]  # /x/<secret>/ reaches it too
     with httpx.Client(base_url=served.url, timeout=30) as client:
         for path, host in ((f"/x/{secret}/page", None), ("/page", f"{secret}.preview.test")):
@@ -364,7 +387,8 @@ def test_a_websocket_to_the_guest_carries_none_of_rifts_secrets(
     handle, vm_id, _task_id = _vm(gdeps)
     with ws.echo_server(seen) as address:
         shell.ports[WS_PORT] = address
-        secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, WS_PORT).url)
+        secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle,
+                             vm_id=vm_id, port=WS_PORT)).exposure.url)
         extra = [("Authorization", "Bearer rift_" + "t" * 43), ("Cookie", "rift_session=abc"),
                  ("Rift-Handle", handle), ("X-Mine", "kept")]
         with ws.Client(("127.0.0.1", served.port), f"127.0.0.1:{served.port}",
@@ -380,7 +404,8 @@ def test_a_websocket_to_the_guest_carries_none_of_rifts_secrets(
 
 def test_two_hundred_requests_at_once_all_answer(gdeps: Deps, served: Served) -> None:
     handle, vm_id, _task_id = _vm(gdeps)
-    secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+    secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+                         port=GUEST_PORT)).exposure.url)
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
     with httpx.Client(base_url=served.url, timeout=60, limits=limits) as client, \
             ThreadPoolExecutor(max_workers=200) as pool:
@@ -420,7 +445,8 @@ def test_a_guest_that_never_answers_or_sends_an_endless_head_costs_one_connectio
     shell.ports[8201] = silent.getsockname()
     shell.ports[8202] = endless.getsockname()
     handle, vm_id, _task_id = _vm(gdeps)
-    urls = {port: _secret(exposures.expose(gdeps, ALICE, handle, vm_id, port).url)
+    urls = {port: _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle,
+                              vm_id=vm_id, port=port)).exposure.url)
             for port in (GUEST_PORT, 8201, 8202)}
     try:
         with httpx.Client(base_url=served.url, timeout=30) as client, \
@@ -446,7 +472,8 @@ def test_a_websocket_reaches_the_guest_port_both_ways(gdeps: Deps, shell: FakeFi
     with ws.echo_server() as address:
         shell.ports[WS_PORT] = address
         handle, vm_id, _task_id = _vm(gdeps)
-        secret = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, WS_PORT).url)
+        secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle,
+                             vm_id=vm_id, port=WS_PORT)).exposure.url)
         with ws.Client(rift, host, f"/x/{secret}/chat?room=1", ["chat"]) as client:
             assert client.open() == "chat"  # the guest's choice of subprotocol
             client.send("hello")
@@ -457,13 +484,15 @@ def test_a_websocket_reaches_the_guest_port_both_ways(gdeps: Deps, shell: FakeFi
             client.send("ping me")  # the guest pings first: Rift answers it
             assert client.receive() == "echo: ping me"
             assert client.close() == 1000
-        exposures.unexpose(gdeps, ALICE, handle, vm_id, WS_PORT)
+        exposures.unexpose(gdeps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id,
+            port=WS_PORT))
         for target in ("/x/" + "a" * 32 + "/", f"/x/{secret}/"):  # unknown, and ended
             with ws.Client(rift, host, target) as refused_ws, \
                     pytest.raises(ConnectionRefusedError) as info:
                 refused_ws.open()
             assert info.value.args[0] == 404
-        plain = _secret(exposures.expose(gdeps, ALICE, handle, vm_id, GUEST_PORT).url)
+        plain = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle,
+                            vm_id=vm_id, port=GUEST_PORT)).exposure.url)
         with ws.Client(rift, host, f"/x/{plain}/") as not_ws, \
                 pytest.raises(ConnectionRefusedError) as info:  # HTTP there, not a WebSocket
             not_ws.open()

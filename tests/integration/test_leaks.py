@@ -17,6 +17,8 @@ from starlette.testclient import TestClient
 
 from rift.api.app import create_app
 from rift.config import Settings
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain import usage
 from rift.services.access import accounts
 from rift.services.context import Deps
@@ -56,8 +58,8 @@ def _log_in(client: TestClient) -> list[str]:
 
 
 def _running_vm_with_stats(deps: Deps) -> tuple[str, str]:
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     stats = usage.advance(None, usage.Sample(at=1.7e9, cpu_time_ns=10**9,
                                              memory_rss_kib=65536,
                                              disk_allocation_bytes=2**20), 1)

@@ -9,6 +9,8 @@ from pathlib import Path
 from hypervisor import write_test_host_xml
 from rift.bootstrap import build_deps, close_deps, ensure_admin
 from rift.config import Settings
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.errors import RiftError
 from rift.logs import setup_logging
 from rift.services.access import accounts
@@ -32,16 +34,17 @@ def test_no_secret_appears_in_the_database_files_or_the_logs(tmp_path: Path) -> 
         _, caller = accounts.authenticate(deps, made.token.value)
         other = Caller("admin", "mcp:other")
         for _ in range(5):
-            opened = tasks.new_task(deps, caller, name="secret keeping")
+            opened = tasks.new(deps, caller, command(c.TaskNewIn, name="secret keeping"))
             secrets.append(opened.handle.secret)
-            vms.new_vm(deps, caller, str(opened.handle))
-            won = leases.attach(deps, other, opened.task.id, takeover=True)
+            vms.new(deps, caller, command(c.VmNewIn, handle=str(opened.handle)))
+            won = leases.attach(deps, other, command(c.TaskAttachIn, task_id=opened.task.id,
+                      takeover=True))
             secrets.append(won.handle.secret)
             try:  # a stale handle is logged as an event: with the holder, never the secret
-                tasks.get_task(deps, caller, handle=str(opened.handle))
+                tasks.get(deps, caller, command(c.TaskGetIn, handle=str(opened.handle)))
             except RiftError as exc:
                 assert exc.code == "lease_stale"
-            leases.release(deps, other, str(won.handle))
+            leases.release(deps, other, command(c.TaskReleaseIn, handle=str(won.handle)))
         logging.getLogger("rift").info("a line that names a handle by mistake",
                                        extra={"handle": str(won.handle)})
     finally:

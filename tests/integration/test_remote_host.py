@@ -20,6 +20,8 @@ from hypervisor.libvirt import LibvirtHypervisor
 from hypervisor.tiny import build_tiny
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.services.lifecycle import execs, tasks, vms
 from rift.services.operator import hosts
 from tests.support.cache import CACHE as TEST_CACHE
@@ -95,15 +97,17 @@ def test_a_vm_placed_on_a_remote_host_boots_and_answers_over_libvirts_ssh_transp
         remote = hosts.add_host(deps, "remote", remote_uri)  # size from the remote libvirt
         assert remote.vcpus >= 1 and remote.memory_mib > 0
         hosts.drain_host(deps, "local")
-        opened = tasks.new_task(deps, ALICE)
-        vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny", memory_mib=256)
+        opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+        vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle), image="tiny",
+                 memory_mib=256)).vm
         assert vm.status == "running", vm.error
         assert vm.host == "remote"
-        out = execs.start(deps, ALICE, str(opened.handle), vm.id, "uname -sr")
+        out = execs.start(deps, ALICE, command(c.VmExecIn, handle=str(opened.handle), vm_id=vm.id,
+                  command="uname -sr"))
         assert out.exit_code == 0 and out.stdout.startswith("Linux ")
         names = [d.name for d in deps.hosts.hypervisor(remote_uri).list_domains()]
         assert f"rift-{vm.id}" in names
-        closed = tasks.close_task(deps, ALICE, handle=str(opened.handle))
+        closed = tasks.close(deps, ALICE, command(c.TaskCloseIn, handle=str(opened.handle)))
         assert closed.destroyed == [vm.id]
         names = [d.name for d in LibvirtHypervisor("qemu:///system").list_domains()]
         assert f"rift-{vm.id}" not in names

@@ -19,6 +19,8 @@ import uvicorn
 
 from rift.api.app import create_app
 from rift.config import Settings
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.services.access import accounts
 from rift.services.context import Deps
 from rift.services.lifecycle import tasks, vms
@@ -87,8 +89,8 @@ def _user(deps: Deps, name: str) -> tuple[str, str, str]:
     accounts.add_user(deps, name)
     token = accounts.new_token(deps, name).token.value
     caller = replace(ALICE, user=name)
-    opened = tasks.new_task(deps, caller)
-    vm = vms.new_vm(deps, caller, str(opened.handle))
+    opened = tasks.new(deps, caller, command(c.TaskNewIn))
+    vm = vms.new(deps, caller, command(c.VmNewIn, handle=str(opened.handle))).vm
     with deps.store.write() as tx:
         give_ssh_address(tx, vm.id)
     return token, str(opened.handle), vm.id

@@ -14,11 +14,12 @@ from starlette.testclient import TestClient
 from rift.api.app import create_app
 from rift.config import Settings
 from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.domain.secrets import digest
 from rift.services.access import accounts
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import tasks, tools
+from rift.services.lifecycle import tasks, vms
 from web.security import LOGIN_COOKIE, SESSION_COOKIE
 
 PASSWORD = "correct horse battery"
@@ -168,10 +169,10 @@ def test_a_session_expires(client: TestClient, clock: FakeClock) -> None:
 
 def test_the_page_shows_only_the_users_tasks_with_hostile_names_as_text(
         client: TestClient, deps: Deps) -> None:
-    hostile = tools.task_new(deps, ADA, c.TaskNewIn(name="<script>alert(1)</script>"))
-    tools.vm_new(deps, ADA, c.VmNewIn(handle=hostile.handle,
-                                      name='"><img src=x onerror=alert(2)>'))
-    tools.task_new(deps, Caller("bob", "mcp:bob-agent"), c.TaskNewIn(name="bob's plan"))
+    hostile = tasks.new(deps, ADA, c.TaskNewIn(name="<script>alert(1)</script>"))
+    vms.new(deps, ADA, c.VmNewIn(handle=hostile.handle,
+                                 name='"><img src=x onerror=alert(2)>'))
+    tasks.new(deps, Caller("bob", "mcp:bob-agent"), c.TaskNewIn(name="bob's plan"))
     assert log_in(client) == 303
     page = client.get("/").text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -182,13 +183,13 @@ def test_the_page_shows_only_the_users_tasks_with_hostile_names_as_text(
 
 def test_the_page_lists_newest_activity_first_and_recently_closed_with_reason(
         client: TestClient, deps: Deps, clock: FakeClock) -> None:
-    first = tools.task_new(deps, ADA, c.TaskNewIn(name="first"))
+    first = tasks.new(deps, ADA, c.TaskNewIn(name="first"))
     clock.advance(120)
-    tools.task_new(deps, ADA, c.TaskNewIn(name="second"))
+    tasks.new(deps, ADA, c.TaskNewIn(name="second"))
     clock.advance(120)
-    tools.task_get(deps, ADA, c.TaskGetIn(handle=first.handle))  # a touch: first is newest again
-    gone = tools.task_new(deps, ADA, c.TaskNewIn(name="gone"))
-    tasks.close_task(deps, ADA, handle=gone.handle)
+    tasks.get(deps, ADA, c.TaskGetIn(handle=first.handle))  # a touch: first is newest again
+    gone = tasks.new(deps, ADA, c.TaskNewIn(name="gone"))
+    tasks.close(deps, ADA, command(c.TaskCloseIn, handle=gone.handle))
     assert log_in(client) == 303
     page = client.get("/").text
     live, closed = page.split('id="closed-h"')

@@ -67,6 +67,7 @@ SECTION = "Bad input"
 HEAD_TIMEOUT_S = 2.0  # the test server's RIFT_HEADER_TIMEOUT_S
 BODY_TIMEOUT_S = 3.0  # and RIFT_BODY_TIMEOUT_S
 CUT_SLACK_S = 1.5  # how late after its deadline a slow client may still be cut off
+NAMED = {tool.name: tool for tool in TOOLS}
 MCP_CASES = campaign.scale(40 * len(TOOLS), 10_000)
 EXAMPLES_PER_TOOL = math.ceil(MCP_CASES / len(TOOLS))
 REST_OPERATIONS = sorted(
@@ -460,12 +461,12 @@ class Field:
 
 
 def fields_of(tool_name: str) -> dict[str, Field]:
-    schema = TOOLS[tool_name].contract.input_schema
+    schema = NAMED[tool_name].contract.input_schema
     return {name: Field.of(prop) for name, prop in schema["properties"].items()}
 
 
 def required_of(tool_name: str) -> tuple[str, ...]:
-    return tuple(TOOLS[tool_name].contract.input_schema.get("required", ()))
+    return tuple(NAMED[tool_name].contract.input_schema.get("required", ()))
 
 
 def near(field: Field, view: View, name: str) -> st.SearchStrategy[Any]:
@@ -649,12 +650,12 @@ def live(server: Server) -> Iterator[Live]:
         yield Live(portal, session)
 
 
-@pytest.mark.parametrize("tool_name", sorted(TOOLS))
+@pytest.mark.parametrize("tool_name", sorted(NAMED))
 def test_any_tool_input_is_answered_or_refused_never_an_internal_error(
         live: Live, server: Server, tool_name: str) -> None:
     tally = Tally()
     errors_before = internal_errors(server)
-    output = inline(TOOLS[tool_name].contract.output.model_json_schema())
+    output = inline(NAMED[tool_name].contract.output.model_json_schema())
 
     def probe(data: st.DataObject, aim: bool) -> None:
         live.pool.ready()

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from rift.catalog import StaticImages
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.domain.errors import TaskHeld
 from rift.domain.leases import LeaseRules
@@ -61,24 +63,24 @@ def set_clock(clock: FakeClock, at: datetime) -> None:
 def test_takeover_needs_takeover_until_exactly_thirty_quiet_minutes(
         engine: tuple[Deps, FakeClock], store_kind: str) -> None:
     deps, clock = engine
-    opened = tasks.new_task(deps, ALICE, name="quiet")
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn, name="quiet"))
     task_id, start = opened.task.id, clock.now()
     # Calls within one activity step do not move the stored clock; one at the
     # step does: the quiet period counts from there.
     clock.advance(ACTIVITY_S - 1)
-    tasks.get_task(deps, ALICE, handle=str(opened.handle))
+    tasks.get(deps, ALICE, command(c.TaskGetIn, handle=str(opened.handle)))
     assert stored(deps, task_id).last_activity_at == start
     clock.advance(1)
-    tasks.get_task(deps, ALICE, handle=str(opened.handle))
+    tasks.get(deps, ALICE, command(c.TaskGetIn, handle=str(opened.handle)))
     touched = stored(deps, task_id).last_activity_at
     assert touched == start + timedelta(seconds=ACTIVITY_S)
     quiet_at = touched + timedelta(seconds=QUIET_S)
     set_clock(clock, quiet_at - STEP)
     with pytest.raises(TaskHeld) as held:
-        leases.attach(deps, ALICE_2, task_id)
+        leases.attach(deps, ALICE_2, command(c.TaskAttachIn, task_id=task_id))
     assert held.value.details["lease_quiet_at"].startswith(quiet_at.strftime("%Y-%m-%dT%H:%M:%S"))
     set_clock(clock, quiet_at)
-    won = leases.attach(deps, ALICE_2, task_id)
+    won = leases.attach(deps, ALICE_2, command(c.TaskAttachIn, task_id=task_id))
     assert won.previous_holder == "mcp:first"
     campaign.record("Time", f"takeover refused one µs before 30 min, free at it ({store_kind})",
                     "yes", "yes")
@@ -87,12 +89,12 @@ def test_takeover_needs_takeover_until_exactly_thirty_quiet_minutes(
 def test_a_task_closes_at_exactly_four_quiet_hours_by_the_first_sweep(
         engine: tuple[Deps, FakeClock], store_kind: str) -> None:
     deps, clock = engine
-    opened = tasks.new_task(deps, ALICE, name="idle")
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn, name="idle"))
     task_id = opened.task.id
     clock.advance(ACTIVITY_S * 3 + 0.5)
-    tasks.get_task(deps, ALICE, handle=str(opened.handle))  # a touch
+    tasks.get(deps, ALICE, command(c.TaskGetIn, handle=str(opened.handle)))  # a touch
     closes_at = stored(deps, task_id).last_activity_at + timedelta(seconds=IDLE_S)
-    view = tasks.get_task(deps, ALICE, task_id=task_id)
+    view = tasks.get(deps, ALICE, command(c.TaskGetIn, task_id=task_id)).task
     assert view.closes_at == closes_at.isoformat().replace("+00:00", "Z")
     set_clock(clock, closes_at - STEP)
     assert not sweeps.sweep(deps).closed
@@ -102,7 +104,7 @@ def test_a_task_closes_at_exactly_four_quiet_hours_by_the_first_sweep(
     closed = stored(deps, task_id)
     assert closed.close_reason == "idle" and closed.closed_at == closes_at
     assert not sweeps.sweep(deps).closed  # once
-    told = tasks.task_events(deps, ALICE, task_id).events
+    told = tasks.events(deps, ALICE, command(c.TaskEventsIn, task_id=task_id)).events
     assert [e.type for e in told].count("closed") == 1
     campaign.record("Time", f"idle close: open one µs before 4 h, closed at it ({store_kind})",
                     "yes", "yes")
@@ -117,7 +119,7 @@ def test_with_sweeps_on_a_fixed_beat_each_task_closes_at_the_first_beat_after_du
     interval = timedelta(seconds=60)
     due: dict[str, datetime] = {}
     for n in range(12):
-        opened = tasks.new_task(deps, ALICE, name=f"t{n}")
+        opened = tasks.new(deps, ALICE, command(c.TaskNewIn, name=f"t{n}"))
         due[opened.task.id] = clock.now() + timedelta(seconds=IDLE_S)
         clock.advance(rng.uniform(0, 300))
     beat = clock.now()

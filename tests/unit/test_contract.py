@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rift.contract.base import parse, refusal_of
-from rift.contract.tools import CONTRACTS, TaskListIn, VmNewIn, VmReadFileIn
+from rift.contract.tools import VM_NEW, TaskListIn, VmNewIn, VmReadFileIn
 from rift.domain.errors import InvalidArgument
 
 
@@ -32,7 +32,7 @@ def test_vm_sizes_left_out_are_the_engines_to_choose_except_the_disks() -> None:
     assert (args.image, args.memory_mib, args.vcpus, args.disk_gib) == (None, None, 1, 10)
     assert (parse(VmNewIn, {"disk_gib": 1}).disk_gib,
             parse(VmNewIn, {"disk_gib": 1024.0}).disk_gib) == (1, 1024)
-    props = CONTRACTS["rift_vm_new"].input_schema["properties"]
+    props = VM_NEW.input_schema["properties"]
     assert (props["disk_gib"]["minimum"], props["disk_gib"]["maximum"],
             props["disk_gib"]["default"]) == (1, 1024, 10)
     assert "default" not in props["memory_mib"] and "512 for debian" in \
@@ -43,7 +43,7 @@ def test_an_optional_field_is_left_out_never_null() -> None:
     assert parse(VmNewIn, {}).name is None
     error = refused(VmNewIn, {"name": None})
     assert error.details["field"] == "name" and "leave the field out" in error.message
-    assert "null" not in str(CONTRACTS["rift_vm_new"].input_schema)
+    assert "null" not in str(VM_NEW.input_schema)
 
 
 def test_refusals_name_the_field_and_say_why() -> None:

@@ -23,6 +23,8 @@ from hypervisor.domain_xml import build_domain_xml
 from hypervisor.image_files import image_files
 from hypervisor.kernel_boot import guest_cmdline
 from rift.catalog import BUILTIN
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.model import Vm
 from rift.guest.adapter import ssh_guests
 from rift.services.context import Deps, GuestRuntime
@@ -98,10 +100,10 @@ def test_debian_is_always_a_known_image() -> None:
 
 def test_a_debian_vm_on_the_test_driver_runs_at_once_with_512_mib_by_default(
         deps: Deps) -> None:
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle), image="debian")
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle), image="debian")).vm
     assert (vm.status, vm.image, vm.memory_mib, vm.ssh) == ("running", "debian", 512, None)
-    tiny = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny")
+    tiny = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle), image="tiny")).vm
     assert tiny.memory_mib == 256
 
 

@@ -57,7 +57,7 @@ def test_every_setting_is_described_and_documented_in_the_operations_page() -> N
 
 def test_every_tool_is_documented_in_the_agents_page() -> None:
     page = (DOCS / "agents.md").read_text()
-    for name in CONTRACTS:
+    for name in (contract.name for contract in CONTRACTS):
         assert f"`{name}`" in page, f"{name} is not in docs/agents.md"
 
 

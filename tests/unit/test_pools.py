@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from hypervisor.fake import FakeHypervisor
+from rift.contract import tools as c
+from rift.contract.base import command
+from rift.contract.operator import PoolSetIn
 from rift.domain.clock import FakeClock
 from rift.services.background import reconcile
 from rift.services.context import Deps, GuestRuntime
@@ -20,7 +23,7 @@ FILLER = "test-filler"
 
 
 def _handle(deps: Deps) -> str:
-    return str(tasks.new_task(deps, ALICE).handle)
+    return str(tasks.new(deps, ALICE, command(c.TaskNewIn)).handle)
 
 
 def _members(deps: Deps) -> list[pools.PoolVm]:
@@ -37,7 +40,7 @@ def _fill(deps: Deps) -> int:
 
 def test_a_running_pool_fills_and_hands_a_vm_over_under_its_own_id(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    pools.set_pool(deps, "tiny", running=2)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=2))
     assert _fill(deps) == 2
     ready = _members(deps)
     assert [m.state for m in ready] == ["ready", "ready"]
@@ -45,7 +48,7 @@ def test_a_running_pool_fills_and_hands_a_vm_over_under_its_own_id(
     # Pooled domains carry the pool key's id, never a task's.
     assert {local_hv.domains[f"rift-{m.id}"].task_id for m in ready} == {ready[0].pool_id}
     handle = _handle(deps)
-    vm = vms.new_vm(deps, ALICE, handle, image="tiny")
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="tiny")).vm
     assert vm.id == ready[0].id and vm.status == "running"
     assert vm.start is not None and vm.start.kind == "pool"
     assert local_hv.domains[f"rift-{vm.id}"].task_id == vm.task_id  # marked with its task
@@ -57,33 +60,34 @@ def test_a_running_pool_fills_and_hands_a_vm_over_under_its_own_id(
 
 def test_a_saved_pool_saves_its_vms_and_a_hand_out_restores_one(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    pools.set_pool(deps, "tiny", saved=1)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", saved=1))
     assert _fill(deps) == 1
     (saved,) = _members(deps)
     domain = local_hv.domains[f"rift-{saved.id}"]
     assert saved.state == "saved" and domain.saved and not domain.active
-    vm = vms.new_vm(deps, ALICE, _handle(deps), image="tiny")
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=_handle(deps), image="tiny")).vm
     assert vm.id == saved.id and vm.start is not None and vm.start.kind == "restore"
     assert local_hv.domains[f"rift-{vm.id}"].active
 
 
 def test_a_request_no_pool_matches_boots(deps: Deps, local_hv: FakeHypervisor) -> None:
-    pools.set_pool(deps, "tiny", running=1)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     _fill(deps)
     for other in ({"memory_mib": 512}, {"vcpus": 2}, {"disk_gib": 20}, {"image": "debian"},
                   {"egress": "none"}):  # pooled VMs are `open`
-        vm = vms.new_vm(deps, ALICE, _handle(deps), **{"image": "tiny", **other})
+        vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=_handle(deps),
+                 **{"image": "tiny", **other})).vm
         assert vm.start is not None and vm.start.kind == "boot", other
     assert len(_members(deps)) == 1  # the pool kept its VM
 
 
 def test_a_failed_restore_is_destroyed_and_the_vm_boots(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    pools.set_pool(deps, "tiny", saved=1)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", saved=1))
     _fill(deps)
     (saved,) = _members(deps)
     local_hv.domains[f"rift-{saved.id}"].saved = False  # its saved state is gone
-    vm = vms.new_vm(deps, ALICE, _handle(deps), image="tiny")
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=_handle(deps), image="tiny")).vm
     assert vm.status == "running" and vm.start is not None and vm.start.kind == "boot"
     assert local_hv.domains[f"rift-{vm.id}"].active
     assert ("destroy", f"rift-{vm.id}") in local_hv.calls
@@ -92,13 +96,13 @@ def test_a_failed_restore_is_destroyed_and_the_vm_boots(
 def test_pooled_vms_hold_room_on_their_host(deps: Deps, local_hv: FakeHypervisor) -> None:
     hosts.remove_host(deps, "local")
     hosts.add_host(deps, "small", "fake:///small", 4, 1024)
-    pools.set_pool(deps, "tiny", running=3)  # 3 x 256 MiB
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=3))  # 3 x 256 MiB
     _fill(deps)
-    err = refused("no_capacity", vms.new_vm, deps, ALICE, _handle(deps), image="tiny",
-                  memory_mib=512)
+    err = refused("no_capacity", lambda: vms.new(deps, ALICE, command(c.VmNewIn,
+                                     handle=_handle(deps), image="tiny", memory_mib=512)))
     assert err.details["largest_free"]["memory_mib"] == 256
     # A saved VM holds no memory: a saved pool beside them fits.
-    pools.set_pool(deps, "tiny", saved=2)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", saved=2))
     _fill(deps)
     assert sorted(m.state for m in _members(deps)) == ["ready"] * 3 + ["saved"] * 2
     (listed,) = hosts.list_hosts(deps)
@@ -110,11 +114,11 @@ def test_pooled_vms_hold_room_on_their_host(deps: Deps, local_hv: FakeHypervisor
 def test_a_pool_fills_no_host_under_its_disk_floor(deps: Deps, local_hv: FakeHypervisor) -> None:
     hosts.add_host(deps, "big", "fake:///big", 4, 100_000)  # placement's first choice
     deps.disk_room.free["big"] = 1 << 30  # as sampled: 1 GiB left, under the 4 GiB floor
-    pools.set_pool(deps, "tiny", running=1)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     assert _fill(deps) == 1
     assert [m.host for m in _members(deps)] == ["local"]  # left out, as placement does
     hosts.drain_host(deps, "local")  # now only the full host has room
-    pools.set_pool(deps, "tiny", running=2)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=2))
     assert _fill(deps) == 0 and len(_members(deps)) == 1
     (row,) = [r.as_dict() for r in pools.pool_rows(deps)]
     assert "host big has 1.0 GiB of disk free" in row["last_error"]
@@ -130,24 +134,29 @@ def test_a_pool_larger_than_its_hosts_is_refused_with_what_fits(deps: Deps) -> N
     hosts.remove_host(deps, "local")
     hosts.add_host(deps, "small", "fake:///small", 4, 1024)
     before = snapshot(deps)
-    err = refused("no_capacity", pools.set_pool, deps, "tiny", running=5)
+    err = refused("no_capacity", lambda: pools.set_pool(deps, command(PoolSetIn, image="tiny",
+                                     running=5)))
     assert err.details["fits"] == 4 and "room for 4" in err.message and "--running 4" in err.hint
-    err = refused("no_capacity", pools.set_pool, deps, "tiny", running=1, memory_mib=4096)
+    err = refused("no_capacity", lambda: pools.set_pool(deps, command(PoolSetIn, image="tiny",
+                                     running=1, memory_mib=4096)))
     assert err.details["fits"] == 0 and "fits on no usable host" in err.message
-    err = refused("image_not_found", pools.set_pool, deps, "windows", running=1)
+    err = refused("image_not_found", lambda: pools.set_pool(deps, command(PoolSetIn,
+                                         image="windows", running=1)))
     assert "rift image build" in err.hint
-    refused("invalid_argument", pools.set_pool, deps, "tiny", running=-1)
-    refused("invalid_argument", pools.set_pool, deps, "tiny", running=1, host="nowhere")
+    refused("invalid_argument", lambda: pools.set_pool(deps, command(PoolSetIn, image="tiny",
+                                    running=-1)))
+    refused("invalid_argument", lambda: pools.set_pool(deps, command(PoolSetIn, image="tiny",
+                                    running=1, host="nowhere")))
     assert snapshot(deps) == before and pools.pool_rows(deps) == []
     # Resizing a pool counts its own VMs as room.
-    pools.set_pool(deps, "tiny", running=4)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=4))
     _fill(deps)
-    assert pools.set_pool(deps, "tiny", running=4).running == 4
+    assert pools.set_pool(deps, command(PoolSetIn, image="tiny", running=4)).running == 4
 
 
 def test_stale_vms_are_replaced_and_extras_trimmed(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    pools.set_pool(deps, "tiny", running=2)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=2))
     _fill(deps)
     old = {m.id for m in _members(deps)}
     local_hv.version = "libvirt 99 (upgraded)"  # QEMU or libvirt changed under them
@@ -155,13 +164,13 @@ def test_stale_vms_are_replaced_and_extras_trimmed(
     new = {m.id for m in _members(deps)}
     assert len(new) == 2 and not new & old
     assert not any(f"rift-{vm_id}" in local_hv.domains for vm_id in old)
-    pools.set_pool(deps, "tiny", running=1)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     _fill(deps)
     assert len(_members(deps)) == 1 and len(local_hv.domains) == 1
 
 
 def test_failed_starts_back_off(deps: Deps, local_hv: FakeHypervisor, clock: FakeClock) -> None:
-    pools.set_pool(deps, "tiny", running=1)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     local_hv.fail_next_create("no room at the inn", times=2)
     assert pools.refill(deps, FILLER) == 0
     (row,) = pools.pool_rows(deps)
@@ -178,7 +187,7 @@ def test_failed_starts_back_off(deps: Deps, local_hv: FakeHypervisor, clock: Fak
 
 
 def test_one_replica_fills_a_pool_at_a_time(deps: Deps, clock: FakeClock) -> None:
-    pool = pools.set_pool(deps, "tiny", running=1)
+    pool = pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     now = clock.now()
     with deps.store.write() as tx:
         assert tx.pools.claim_fill(pool.id, "replica-a", now, clock.advance(60))
@@ -189,7 +198,7 @@ def test_one_replica_fills_a_pool_at_a_time(deps: Deps, clock: FakeClock) -> Non
 
 def test_reconciliation_keeps_pool_domains_and_drops_what_a_crash_left(
         deps: Deps, local_hv: FakeHypervisor, clock: FakeClock) -> None:
-    pools.set_pool(deps, "tiny", running=2)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=2))
     _fill(deps)
     first, second = _members(deps)
     local_hv.add_foreign_domain("rift-vm_zzzzzzzz", first.pool_id, "vm_zzzzzzzz")
@@ -205,7 +214,7 @@ def test_reconciliation_keeps_pool_domains_and_drops_what_a_crash_left(
 
 def test_a_start_a_crash_cut_is_removed_after_the_grace(
         deps: Deps, local_hv: FakeHypervisor, clock: FakeClock) -> None:
-    pool = pools.set_pool(deps, "tiny", running=1)
+    pool = pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     with deps.store.write() as tx:
         tx.pools.add_vm(pools.PoolVm(
             id="vm_cutcutcu", pool_id=pool.id, goal="running", state="starting", host="local",
@@ -220,14 +229,14 @@ def test_a_start_a_crash_cut_is_removed_after_the_grace(
 
 
 def test_clearing_a_pool_destroys_its_vms(deps: Deps, local_hv: FakeHypervisor) -> None:
-    pools.set_pool(deps, "tiny", running=1, saved=1)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1, saved=1))
     _fill(deps)
     assert pools.clear_pool(deps, "tiny") == 2
     assert local_hv.domains == {} and pools.pool_rows(deps) == [] and _members(deps) == []
 
 
 def test_pool_list_says_what_is_wanted_and_ready(deps: Deps) -> None:
-    pools.set_pool(deps, "tiny", running=2, saved=1)
+    pools.set_pool(deps, command(PoolSetIn, image="tiny", running=2, saved=1))
     assert pools.refill(deps, FILLER) == 1  # one start at a time per host
     (row,) = [r.as_dict() for r in pools.pool_rows(deps)]
     assert row["running"] == {"want": 2, "ready": 1} and row["saved"] == {"want": 1, "ready": 0}
@@ -241,7 +250,8 @@ def test_pool_list_says_what_is_wanted_and_ready(deps: Deps) -> None:
 
 @pytest.mark.parametrize("image", ["tiny", "debian"])
 def test_debian_pools_default_to_its_memory(deps: Deps, image: str) -> None:
-    assert pools.set_pool(deps, image, running=1).memory_mib == {"tiny": 256, "debian": 512}[image]
+    assert pools.set_pool(deps, command(PoolSetIn, image=image,
+               running=1)).memory_mib == {"tiny": 256, "debian": 512}[image]
 
 
 def test_an_images_build_digest_changes_when_it_is_rebuilt(

@@ -21,6 +21,8 @@ from hypervisor.disks import VmDisks, remove_vm_disks, seed_files, vm_disks, vm_
 from hypervisor.domain_xml import build_domain_xml, validate_spec
 from hypervisor.qcow2 import Qcow2Image, image_kind, qcow2_guest_spec, qcow2_image
 from rift.catalog import DirectoryImages
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError
 from rift.guest.shell import SshGuestShell
@@ -138,10 +140,10 @@ def test_the_sweep_removes_the_disks_of_vms_that_are_gone_and_keeps_the_live_one
                            boot_timeout_s=5, accel=lambda uri: "qemu",
                            disks_dir=tmp_path / "disks")
     deps = replace(deps, runtime=runtime)
-    opened = tasks.new_task(deps, ALICE)
-    live = vms.new_vm(deps, ALICE, str(opened.handle)).id
-    gone = vms.new_vm(deps, ALICE, str(opened.handle)).id
-    vms.destroy(deps, ALICE, gone, handle=str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    live = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm.id
+    gone = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm.id
+    vms.destroy(deps, ALICE, command(c.VmDestroyIn, vm_id=gone, handle=str(opened.handle)))
     runtime.vm_disks_dir.mkdir()
     for vm_id in (live, gone, "vm_zzzzzzzz"):  # the last has no row at all
         disks = vm_disks(runtime.vm_disks_dir, vm_id)
@@ -150,7 +152,8 @@ def test_the_sweep_removes_the_disks_of_vms_that_are_gone_and_keeps_the_live_one
     report = reconcile.reconcile(deps)
     assert sorted(report.disks_removed) == sorted([gone, "vm_zzzzzzzz"])
     assert vm_ids_with_disks(runtime.vm_disks_dir) == {live}
-    vms.destroy(deps, ALICE, live, handle=str(opened.handle))  # teardown removes them
+    vms.destroy(deps, ALICE, command(c.VmDestroyIn, vm_id=live,
+        handle=str(opened.handle)))  # teardown removes them
     assert vm_ids_with_disks(runtime.vm_disks_dir) == set()
 
 

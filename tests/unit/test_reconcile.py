@@ -9,6 +9,8 @@ import pytest
 
 from hypervisor.fake import FakeHypervisor
 from hypervisor.kvm import PROBE_STALE_S, PROBE_TASK
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.domain.model import Vm
 from rift.services.background import reconcile, sweeps
@@ -19,8 +21,8 @@ from tests.support.engine import ALICE, event_types
 
 def test_a_domain_with_rift_metadata_and_no_live_row_is_destroyed(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    opened = tasks.new_task(deps, ALICE)
-    kept = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    kept = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     local_hv.add_foreign_domain("rift-vm_zzzzzzzz", opened.task.id, "vm_zzzzzzzz")
     local_hv.add_foreign_domain("not-rifts", None, None)
     report = reconcile.reconcile(deps)
@@ -30,12 +32,12 @@ def test_a_domain_with_rift_metadata_and_no_live_row_is_destroyed(
 
 def test_a_running_row_whose_domain_vanished_becomes_failed_with_an_event(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     del local_hv.domains[f"rift-{vm.id}"]  # virsh destroy behind Rift's back
     report = reconcile.reconcile(deps)
     assert report.vanished == [vm.id]
-    got = vms.get_vm(deps, ALICE, vm.id)
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm
     assert got.status == "failed" and "gone" in got.error
     assert event_types(deps, opened.task.id)[-1] == "vm_failed"
     assert not reconcile.reconcile(deps)  # a second pass finds nothing
@@ -45,7 +47,7 @@ def test_a_create_that_died_half_way_is_failed_after_the_grace_period(
         deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
     from rift.domain.model import NewEvent, Vm
 
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     now = clock.now()
     stuck = Vm(id="vm_stuckaaa", task_id=opened.task.id, owner="alice", name="s",
                image="tiny", status="creating", host="local", vcpus=1, memory_mib=64,
@@ -58,7 +60,7 @@ def test_a_create_that_died_half_way_is_failed_after_the_grace_period(
     clock.advance(reconcile.CREATING_GRACE_S + 1)
     assert reconcile.reconcile(deps).interrupted == [stuck.id]
     assert local_hv.domains == {}
-    assert vms.get_vm(deps, ALICE, stuck.id).status == "failed"
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=stuck.id)).vm.status == "failed"
 
 
 def test_an_unreachable_host_is_reported_and_the_rest_goes_on(
@@ -98,8 +100,8 @@ def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
     from rift.services.operator import hosts
 
     hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
-    opened = tasks.new_task(deps, ALICE)
-    there = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    there = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     assert there.host == "far"
     far = deps.hosts.hypervisor("fake:///far")
     working = far.list_domains
@@ -111,13 +113,14 @@ def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
     reconcile.reconcile(deps)
     listed = {h["name"]: h for h in hosts.list_hosts(deps)}
     assert listed["far"]["state"] == "unreachable" and "refused" in listed["far"]["last_error"]
-    marked = vms.get_vm(deps, ALICE, there.id)
+    marked = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=there.id)).vm
     assert marked.status == "running" and "does not answer" in marked.error
-    assert vms.new_vm(deps, ALICE, str(opened.handle)).host == "local"  # not "far"
+    assert vms.new(deps, ALICE, command(c.VmNewIn,
+               handle=str(opened.handle))).vm.host == "local"  # not "far"
     far.list_domains = working  # type: ignore[method-assign]
     reconcile.reconcile(deps)
     assert {h["name"]: h for h in hosts.list_hosts(deps)}["far"]["state"] == "active"
-    assert vms.get_vm(deps, ALICE, there.id).error is None
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=there.id)).vm.error is None
 
 
 def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back_destroys_them(
@@ -127,12 +130,15 @@ def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back
     from rift.services.operator import hosts
 
     hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
-    running, parked = (vms.new_vm(deps, ALICE, handle), vms.new_vm(deps, ALICE, handle))
-    pauses.pause(deps, ALICE, handle, parked.id)
+    running, parked = (vms.new(deps, ALICE, command(c.VmNewIn,
+                           handle=handle)).vm, vms.new(deps, ALICE, command(c.VmNewIn,
+                                                            handle=handle)).vm)
+    pauses.pause(deps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=parked.id))
     assert {running.host, parked.host} == {"far"}
-    here = vms.new_vm(deps, ALICE, handle, vcpus=64)  # too big for "far": on "local"
+    here = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle,
+               vcpus=64)).vm  # too big for "far": on "local"
     far = deps.hosts.hypervisor("fake:///far")
     assert isinstance(far, FakeHypervisor)
     far.add_foreign_domain("rift-vm_theirsbb", "task_bbbbbbbb", "vm_theirsbb",
@@ -146,16 +152,17 @@ def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back
     reconcile.reconcile(deps)
     clock.advance(deps.limits.host_lost_s - 1)
     assert reconcile.reconcile(deps).lost == []  # not yet: unreachable, VMs still theirs
-    assert vms.get_vm(deps, ALICE, running.id).status == "running"
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=running.id)).vm.status == "running"
     with deps.store.read() as tx:
         assert tx.vms.usage_by_host()["far"].vcpus == 1
     clock.advance(2)
     report = reconcile.reconcile(deps)
     assert sorted(report.lost) == sorted([running.id, parked.id])
     for vm_id in (running.id, parked.id):
-        got = vms.get_vm(deps, ALICE, vm_id)
+        got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
         assert got.status == "failed" and got.error.startswith("host lost: far"), got
-    assert vms.get_vm(deps, ALICE, here.id).status == "running"  # other hosts untouched
+    assert vms.get(deps, ALICE, command(c.VmGetIn,
+               vm_id=here.id)).vm.status == "running"  # other hosts untouched
     assert event_types(deps, opened.task.id).count("vm_failed") == 2
     with deps.store.read() as tx:
         assert "far" not in tx.vms.usage_by_host()  # its capacity is no longer held
@@ -166,7 +173,8 @@ def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back
     assert sorted(back.orphans_destroyed) == sorted([f"rift-{running.id}", f"rift-{parked.id}"])
     assert set(far.domains) == {"rift-vm_theirsbb"}
     assert {h["name"]: h for h in hosts.list_hosts(deps)}["far"]["state"] == "active"
-    assert vms.get_vm(deps, ALICE, running.id).status == "failed"  # it stays failed
+    assert vms.get(deps, ALICE, command(c.VmGetIn,
+               vm_id=running.id)).vm.status == "failed"  # it stays failed
 
 
 class Killed(Exception):
@@ -201,20 +209,20 @@ def _cut_after_the_domain(monkeypatch: pytest.MonkeyPatch, stop: bool = False) -
 def test_a_destroy_a_crash_cut_after_libvirt_is_finished_as_a_destroy(
         deps: Deps, local_hv: FakeHypervisor, monkeypatch: pytest.MonkeyPatch,
         stop: bool) -> None:
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     task_id, handle = opened.task.id, str(opened.handle)
-    doomed = vms.new_vm(deps, ALICE, handle)
-    kept = vms.new_vm(deps, ALICE, handle)
+    doomed = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle)).vm
+    kept = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle)).vm
     _cut_after_the_domain(monkeypatch, stop)
     with pytest.raises(Killed):
-        vms.destroy(deps, ALICE, doomed.id, handle=handle)
-    at_kill = vms.get_vm(deps, ALICE, doomed.id)
+        vms.destroy(deps, ALICE, command(c.VmDestroyIn, vm_id=doomed.id, handle=handle))
+    at_kill = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=doomed.id)).vm
     assert at_kill.status == "running"  # the row was never marked
     assert set(at_kill.model_dump()) == set(kept.model_dump())  # the view is unchanged
     report = reconcile.reconcile(deps)  # the restart's pass
     assert report.destroys_finished == [doomed.id]
     assert not report.vanished and not report.stopped
-    got = vms.get_vm(deps, ALICE, doomed.id)
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=doomed.id)).vm
     assert got.status == "destroyed" and got.destroyed_at is not None
     assert got.error is None
     assert set(local_hv.domains) == {f"rift-{kept.id}"}
@@ -223,9 +231,10 @@ def test_a_destroy_a_crash_cut_after_libvirt_is_finished_as_a_destroy(
     assert "vm_failed" not in [kind for kind, _, _ in told]
     assert told[-1] == ("vm_destroyed", "sweep",
                         {"vm_id": doomed.id, "host": "local", **reconcile.FINISHED_DESTROY})
-    assert vms.get_vm(deps, ALICE, kept.id).status == "running"
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=kept.id)).vm.status == "running"
     assert not reconcile.reconcile(deps)  # a second pass finds nothing
-    assert vms.destroy(deps, ALICE, doomed.id, handle=handle).status == "destroyed"
+    assert vms.destroy(deps, ALICE, command(c.VmDestroyIn, vm_id=doomed.id,
+               handle=handle)).vm.status == "destroyed"
     assert [kind for kind, _, _ in _events(deps, task_id)].count("vm_destroyed") == 1
 
 
@@ -233,23 +242,23 @@ def test_a_destroy_libvirt_refused_is_finished_by_a_later_sweep(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     from rift.domain.errors import RiftError
 
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     local_hv.fail_destroy("internal error: busy")
     with pytest.raises(RiftError):
-        vms.destroy(deps, ALICE, vm.id, handle=str(opened.handle))
+        vms.destroy(deps, ALICE, command(c.VmDestroyIn, vm_id=vm.id, handle=str(opened.handle)))
     assert not reconcile.reconcile(deps).destroys_finished  # still refused: stays running
-    assert vms.get_vm(deps, ALICE, vm.id).status == "running"
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm.status == "running"
     local_hv.fail_destroy(None)
     assert reconcile.reconcile(deps).destroys_finished == [vm.id]
-    assert vms.get_vm(deps, ALICE, vm.id).status == "destroyed"
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm.status == "destroyed"
     assert local_hv.domains == {}
     assert event_types(deps, opened.task.id).count("vm_destroyed") == 1
 
 
 def test_a_creating_row_whose_destroy_was_cut_is_destroyed_after_the_grace(
         deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     stuck = Vm(id="vm_stuckbbb", task_id=opened.task.id, owner="alice", name="s",
                image="tiny", status="creating", host="local", vcpus=1, memory_mib=64,
                created_at=clock.now())
@@ -261,7 +270,7 @@ def test_a_creating_row_whose_destroy_was_cut_is_destroyed_after_the_grace(
     clock.advance(reconcile.CREATING_GRACE_S + 1)
     assert reconcile.reconcile(deps).destroys_finished == [stuck.id]
     assert local_hv.domains == {}
-    assert vms.get_vm(deps, ALICE, stuck.id).status == "destroyed"
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=stuck.id)).vm.status == "destroyed"
     assert event_types(deps, stuck.task_id) == ["opened", "vm_destroyed"]
 
 
@@ -269,8 +278,8 @@ def test_a_sweep_racing_a_live_destroy_makes_one_event(
         deps: Deps, local_hv: FakeHypervisor, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep runs while `rift_vm_destroy` is between libvirt and its row: one of
     the two marks the row, with one `vm_destroyed`, and no one fails it."""
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     real = teardown.destroy_domain
     swept: list[reconcile.ReconcileReport] = []
 
@@ -280,7 +289,8 @@ def test_a_sweep_racing_a_live_destroy_makes_one_event(
         swept.append(reconcile.reconcile(deps_))
 
     monkeypatch.setattr(teardown, "destroy_domain", with_a_sweep_meanwhile)
-    gone = vms.destroy(deps, ALICE, vm.id, handle=str(opened.handle))
+    gone = vms.destroy(deps, ALICE, command(c.VmDestroyIn, vm_id=vm.id,
+               handle=str(opened.handle))).vm
     assert gone.status == "destroyed"
     assert swept[0].destroys_finished == [vm.id] and not swept[0].vanished
     assert event_types(deps, opened.task.id).count("vm_destroyed") == 1
@@ -291,15 +301,15 @@ def test_a_row_whose_destroy_was_asked_after_it_was_read_is_not_failed(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     """Reconciliation read the row before the destroy asked for it, and the listing
     then missed the domain that destroy took down: the row is not blamed."""
-    opened = tasks.new_task(deps, ALICE)
-    made = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    made = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     with deps.store.read() as tx:
         read_before = tx.vms.get(made.id)
     assert read_before is not None
     assert teardown.request_destroy(deps, read_before)
     del local_hv.domains[read_before.domain_name]
     assert not reconcile._fail(deps, read_before, "running", "the domain is gone")
-    assert vms.get_vm(deps, ALICE, made.id).status == "running"
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=made.id)).vm.status == "running"
     assert reconcile.reconcile(deps).destroys_finished == [made.id]
     assert event_types(deps, opened.task.id)[-1] == "vm_destroyed"
 

@@ -23,6 +23,9 @@ from hypervisor.snapshot_image import (
     snapshot_image,
 )
 from rift.catalog import DirectoryImages
+from rift.contract import tools as c
+from rift.contract.base import command
+from rift.contract.operator import PoolSetIn
 from rift.domain.model import Vm
 from rift.services.context import Deps, GuestRuntime
 from rift.services.lifecycle import pools, tasks, vms
@@ -158,18 +161,20 @@ class _Images:
 
 def test_vms_and_pools_of_the_image_take_its_sizes_and_refuse_others(deps: Deps) -> None:
     deps = replace(deps, images=_Images())
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
-    vm = vms.new_vm(deps, ALICE, handle, image="counting")
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="counting")).vm
     assert (vm.vcpus, vm.memory_mib, vm.disk_gib) == (2, 320, 3)
-    same = vms.new_vm(deps, ALICE, handle, image="counting", vcpus=2, memory_mib=320)
+    same = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="counting", vcpus=2,
+               memory_mib=320)).vm
     assert same.memory_mib == 320
     for field, value in (("vcpus", 1), ("memory_mib", 512), ("disk_gib", 10)):
-        error = refused("invalid_argument", vms.new_vm, deps, ALICE, handle, image="counting",
-                        **{field: value})
+        error = refused("invalid_argument", lambda field=field, value=value: vms.new(
+            deps, ALICE, command(c.VmNewIn, handle=handle, image="counting", **{field: value})))
         assert error.details["field"] == field and "leave" in error.message
-    pool = pools.set_pool(deps, "counting", running=0)
+    pool = pools.set_pool(deps, command(PoolSetIn, image="counting", running=0))
     assert (pool.vcpus, pool.memory_mib) == (2, 320)
-    refused("invalid_argument", pools.set_pool, deps, "counting", running=0, memory_mib=256)
-    other = vms.new_vm(deps, ALICE, handle, image="tiny")
+    refused("invalid_argument", lambda: pools.set_pool(deps, command(PoolSetIn, image="counting",
+                                    running=0, memory_mib=256)))
+    other = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="tiny")).vm
     assert (other.vcpus, other.memory_mib) == (1, 256)

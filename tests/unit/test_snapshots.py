@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from hypervisor.fake import FakeHypervisor
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.services.background import reconcile, sweeps
 from rift.services.context import Deps, GuestRuntime
@@ -17,19 +19,21 @@ from tests.support.engine import ALICE, BOB, event_types, refused, snapshot
 
 
 def _running(deps: Deps, **size: int) -> tuple[str, str, str]:
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny", **size)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle), image="tiny",
+             **size)).vm
     return opened.task.id, str(opened.handle), vm.id
 
 
 def test_a_snapshot_keeps_the_vm_running_and_is_listed_in_its_task(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     task_id, handle, vm_id = _running(deps)
-    snap = snapshots.make(deps, ALICE, handle, vm_id, name="clean")
+    snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id,
+               name="clean")).snapshot
     assert snap.id.startswith("snap_") and (snap.vm_id, snap.name) == (vm_id, "clean")
     assert local_hv.domains[f"rift-{vm_id}"].active
-    assert vms.get_vm(deps, ALICE, vm_id).status == "running"
-    task = tasks.get_task(deps, ALICE, handle=handle)
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm.status == "running"
+    task = tasks.get(deps, ALICE, command(c.TaskGetIn, handle=handle)).task
     assert [s.id for s in task.snapshots] == [snap.id]
     assert event_types(deps, task_id)[-1] == "snapshot_made"
     with deps.store.read() as tx:
@@ -40,13 +44,15 @@ def test_a_snapshot_keeps_the_vm_running_and_is_listed_in_its_task(
 def test_forks_are_new_vms_of_the_task_that_start_as_forks_with_their_source_named(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     task_id, handle, vm_id = _running(deps)
-    snap = snapshots.make(deps, ALICE, handle, vm_id)
-    forks = snapshots.fork(deps, ALICE, handle, snapshot_id=snap.id, name="try", count=3)
+    snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
+    forks = snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
+                name="try", count=3)).vms
     assert [f.name for f in forks] == ["try-1", "try-2", "try-3"]
     assert all(f.status == "running" and f.start and f.start.kind == "fork" for f in forks)
     assert len({f.id for f in forks} | {vm_id}) == 4
     assert {f"rift-{f.id}" for f in forks} < set(local_hv.domains)
-    events = [e for e in tasks.task_events(deps, ALICE, task_id, 0, 100).events
+    events = [e for e in tasks.events(deps, ALICE, command(c.TaskEventsIn, task_id=task_id,
+                             after_id=0, limit=100)).events
               if e.type in ("vm_creating", "vm_running") and e.details["vm_id"] != vm_id]
     assert len(events) == 6
     assert all(e.details["from"] == {"snapshot_id": snap.id, "vm_id": vm_id} for e in events)
@@ -55,72 +61,90 @@ def test_forks_are_new_vms_of_the_task_that_start_as_forks_with_their_source_nam
 def test_a_fork_of_a_running_vm_snapshots_it_first_and_keeps_no_snapshot(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     task_id, handle, vm_id = _running(deps)
-    forks = snapshots.fork(deps, ALICE, handle, vm_id=vm_id)
+    forks = snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, vm_id=vm_id)).vms
     assert len(forks) == 1 and forks[0].status == "running"
-    assert tasks.get_task(deps, ALICE, handle=handle).snapshots == []
+    assert tasks.get(deps, ALICE, command(c.TaskGetIn, handle=handle)).task.snapshots == []
     kinds = event_types(deps, task_id)
     assert kinds.count("snapshot_made") == kinds.count("snapshot_deleted") == 1
 
 
 def test_a_fork_has_its_sources_egress(deps: Deps) -> None:
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
-    source = vms.new_vm(deps, ALICE, handle, image="tiny", egress="none")
-    forks = snapshots.fork(deps, ALICE, handle, vm_id=source.id, count=2)
+    source = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="tiny", egress="none")).vm
+    forks = snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, vm_id=source.id,
+                count=2)).vms
     assert [f.egress for f in forks] == ["none", "none"]
 
 
 def test_a_fork_over_the_quota_or_the_room_is_refused_and_makes_none(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     _, handle, vm_id = _running(deps, memory_mib=8192)
-    snap = snapshots.make(deps, ALICE, handle, vm_id)
+    snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
     before = snapshot(deps)
-    over = refused("quota_exceeded", snapshots.fork, deps, ALICE, handle,
-                   snapshot_id=snap.id, count=16)  # 1 + 16 > RIFT_MAX_VMS_PER_TASK
+    over = refused("quota_exceeded", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+                                         handle=handle, snapshot_id=snap.id,
+                                         count=16)))  # 1 + 16 > RIFT_MAX_VMS_PER_TASK
     assert "rift_vm_destroy" in over.hint
-    full = refused("no_capacity", snapshots.fork, deps, ALICE, handle, snapshot_id=snap.id,
-                   count=4)  # 5 x 8 GiB > the host's 32 GiB
+    full = refused("no_capacity", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+                                      handle=handle, snapshot_id=snap.id,
+                                      count=4)))  # 5 x 8 GiB > the host's 32 GiB
     assert full.details["asked"] == {"vcpus": 4, "memory_mib": 4 * 8192}
-    refused("no_capacity", snapshots.fork, deps, ALICE, handle, vm_id=vm_id, count=4)
+    refused("no_capacity", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle,
+                               vm_id=vm_id, count=4)))
     assert snapshot(deps) == before
-    assert len(snapshots.fork(deps, ALICE, handle, snapshot_id=snap.id, count=3)) == 3
+    assert len(snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
+                   count=3)).vms) == 3
 
 
 def test_the_snapshot_quota_holds_and_a_deleted_snapshot_is_gone(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     limited = replace(deps, limits=replace(deps.limits, max_snapshots_per_task=2))
     task_id, handle, vm_id = _running(limited)
-    first = snapshots.make(limited, ALICE, handle, vm_id)
-    snapshots.make(limited, ALICE, handle, vm_id)
+    first = snapshots.make(limited, ALICE, command(c.VmSnapshotIn, handle=handle,
+                vm_id=vm_id)).snapshot
+    snapshots.make(limited, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id))
     before = snapshot(limited)
-    error = refused("quota_exceeded", snapshots.make, limited, ALICE, handle, vm_id)
+    error = refused("quota_exceeded", lambda: snapshots.make(limited, ALICE, command(c.VmSnapshotIn,
+                                          handle=handle, vm_id=vm_id)))
     assert "rift_vm_snapshot_delete" in error.hint
     assert snapshot(limited) == before
-    gone = snapshots.delete(limited, ALICE, handle, first.id)
+    gone = snapshots.delete(limited, ALICE, command(c.VmSnapshotDeleteIn, handle=handle,
+               snapshot_id=first.id)).snapshot
     assert gone.id == first.id
     assert event_types(limited, task_id)[-1] == "snapshot_deleted"
-    refused("snapshot_not_found", snapshots.delete, limited, ALICE, handle, first.id)
-    refused("snapshot_not_found", snapshots.fork, limited, ALICE, handle, snapshot_id=first.id)
-    assert snapshots.make(limited, ALICE, handle, vm_id).vm_id == vm_id
+    refused("snapshot_not_found", lambda: snapshots.delete(limited, ALICE, command(
+                                      c.VmSnapshotDeleteIn, handle=handle, snapshot_id=first.id)))
+    refused("snapshot_not_found", lambda: snapshots.fork(limited, ALICE, command(c.VmForkIn,
+                                      handle=handle, snapshot_id=first.id)))
+    assert snapshots.make(limited, ALICE, command(c.VmSnapshotIn, handle=handle,
+               vm_id=vm_id)).snapshot.vm_id == vm_id
 
 
 def test_snapshots_and_forks_refuse_what_is_not_the_callers(deps: Deps) -> None:
     _, handle, vm_id = _running(deps)
-    snap = snapshots.make(deps, ALICE, handle, vm_id)
-    other = tasks.new_task(deps, BOB)
+    snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
+    other = tasks.new(deps, BOB, command(c.TaskNewIn))
     bob = str(other.handle)
-    refused("vm_not_found", snapshots.make, deps, BOB, bob, vm_id)
-    unknown = refused("snapshot_not_found", snapshots.fork, deps, BOB, bob, snapshot_id=snap.id)
-    foreign = refused("snapshot_not_found", snapshots.delete, deps, BOB, bob, snap.id)
+    refused("vm_not_found", lambda: snapshots.make(deps, BOB, command(c.VmSnapshotIn, handle=bob,
+                                vm_id=vm_id)))
+    unknown = refused("snapshot_not_found", lambda: snapshots.fork(deps, BOB, command(c.VmForkIn,
+                                                handle=bob, snapshot_id=snap.id)))
+    foreign = refused("snapshot_not_found", lambda: snapshots.delete(deps, BOB, command(
+                                                c.VmSnapshotDeleteIn, handle=bob,
+                                                snapshot_id=snap.id)))
     assert "rift_task_get" in unknown.hint and foreign.code == unknown.code
-    refused("invalid_argument", snapshots.fork, deps, ALICE, handle)  # neither
-    refused("invalid_argument", snapshots.fork, deps, ALICE, handle, snapshot_id=snap.id,
-            vm_id=vm_id)  # both
-    refused("invalid_argument", snapshots.fork, deps, ALICE, handle, snapshot_id=snap.id,
-            count=0)
-    refused("invalid_argument", snapshots.delete, deps, ALICE, handle, "snap_NOPE")
-    pauses.pause(deps, ALICE, handle, vm_id)
-    paused = refused("vm_not_running", snapshots.make, deps, ALICE, handle, vm_id)
+    refused("invalid_argument", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+                                    handle=handle)))  # neither
+    refused("invalid_argument", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+                                    handle=handle, snapshot_id=snap.id, vm_id=vm_id)))  # both
+    refused("invalid_argument", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+                                    handle=handle, snapshot_id=snap.id, count=0)))
+    refused("invalid_argument", lambda: snapshots.delete(deps, ALICE, command(c.VmSnapshotDeleteIn,
+                                    handle=handle, snapshot_id="snap_NOPE")))
+    pauses.pause(deps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm_id))
+    paused = refused("vm_not_running", lambda: snapshots.make(deps, ALICE, command(c.VmSnapshotIn,
+                                           handle=handle, vm_id=vm_id)))
     assert "rift_vm_resume" in paused.hint
 
 
@@ -129,7 +153,8 @@ def test_a_snapshot_libvirt_cannot_save_leaves_the_vm_running_and_nothing_else(
     _, handle, vm_id = _running(deps)
     before = snapshot(deps)
     local_hv.fail_next("save", "No space left on device")
-    error = refused("hypervisor_error", snapshots.make, deps, ALICE, handle, vm_id)
+    error = refused("hypervisor_error", lambda: snapshots.make(deps, ALICE, command(c.VmSnapshotIn,
+                                            handle=handle, vm_id=vm_id)))
     assert "No space left" in error.message
     assert snapshot(deps) == before
     assert local_hv.domains[f"rift-{vm_id}"].active
@@ -138,9 +163,10 @@ def test_a_snapshot_libvirt_cannot_save_leaves_the_vm_running_and_nothing_else(
 def test_a_fork_libvirt_refuses_fails_that_fork_alone(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     _, handle, vm_id = _running(deps)
-    snap = snapshots.make(deps, ALICE, handle, vm_id)
+    snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
     local_hv.fail_next("fork", "cannot restore")
-    forks = snapshots.fork(deps, ALICE, handle, snapshot_id=snap.id, count=2)
+    forks = snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
+                count=2)).vms
     assert sorted(f.status for f in forks) == ["failed", "running"]
     failed = next(f for f in forks if f.status == "failed")
     assert "cannot restore" in (failed.error or "")
@@ -150,13 +176,13 @@ def test_a_fork_libvirt_refuses_fails_that_fork_alone(
 def test_closing_the_task_deletes_its_snapshots_and_the_sweep_those_of_idle_tasks(
         deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
     task_id, handle, vm_id = _running(deps)
-    snapshots.make(deps, ALICE, handle, vm_id)
-    tasks.close_task(deps, ALICE, handle=handle)
+    snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id))
+    tasks.close(deps, ALICE, command(c.TaskCloseIn, handle=handle))
     with deps.store.read() as tx:
         assert tx.snapshots.of_task(task_id) == []
     assert event_types(deps, task_id).count("snapshot_deleted") == 1
     idle_id, idle_handle, idle_vm = _running(deps)
-    snapshots.make(deps, ALICE, idle_handle, idle_vm)
+    snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=idle_handle, vm_id=idle_vm))
     clock.advance(deps.lease_rules.task_idle_s + 1)
     report = sweeps.sweep(deps)
     assert idle_id in report.closed and report.snapshots_settled
@@ -187,12 +213,12 @@ def test_host_list_counts_paused_vms_and_snapshots_and_remove_refuses_them(
     from rift.services.operator import hosts
 
     _, handle, vm_id = _running(deps)
-    snapshots.make(deps, ALICE, handle, vm_id)
-    pauses.pause(deps, ALICE, handle, vm_id)
+    snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id))
+    pauses.pause(deps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm_id))
     (local,) = hosts.list_hosts(deps)
     assert (local["paused"], local["snapshots"], local["vms"]) == (1, 1, 0)
     assert "VMs" in refused("invalid_argument", hosts.remove_host, deps, "local").message
-    vms.destroy(deps, ALICE, vm_id, handle)
+    vms.destroy(deps, ALICE, command(c.VmDestroyIn, vm_id=vm_id, handle=handle))
     assert "snapshots" in refused("invalid_argument", hosts.remove_host, deps,
                                   "local").message
 
@@ -203,7 +229,7 @@ def test_the_sweep_removes_snapshot_folders_without_a_row_and_forks_copies_a_cra
                            boot_timeout_s=5, accel=lambda uri: "qemu")
     deps = replace(deps, runtime=runtime)
     _, handle, vm_id = _running(deps)
-    snap = snapshots.make(deps, ALICE, handle, vm_id)
+    snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
     kept = runtime.snapshots_dir / snap.id
     kept.mkdir(parents=True, exist_ok=True)
     orphan = runtime.snapshots_dir / "snap_aaaaaaaa"

@@ -8,6 +8,8 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.errors import GuestUnreachable
 from rift.domain.model import Vm
 from rift.services.background.bounded import per_vm
@@ -38,8 +40,8 @@ class StallingShell(FakeExecs):
 
 
 def _running_vm(deps: Deps, caller: Caller) -> tuple[str, str]:
-    opened = tasks.new_task(deps, caller)
-    vm = vms.new_vm(deps, caller, str(opened.handle))
+    opened = tasks.new(deps, caller, command(c.TaskNewIn))
+    vm = vms.new(deps, caller, command(c.VmNewIn, handle=str(opened.handle))).vm
     with deps.store.write() as tx:
         give_ssh_address(tx, vm.id)
     return str(opened.handle), vm.id
@@ -51,9 +53,11 @@ def test_a_guest_that_stalls_is_asked_once_and_other_vms_ends_are_recorded(
     gdeps = replace(deps, guests=fake_guests(execs=shell))
     hostile_handle, hostile = _running_vm(gdeps, ALICE)
     fair_handle, fair = _running_vm(gdeps, BOB)
-    stalled = [execs.start(gdeps, ALICE, hostile_handle, hostile, f"job{i}", wait_s=0).exec_id
+    stalled = [execs.start(gdeps, ALICE, command(c.VmExecIn, handle=hostile_handle, vm_id=hostile,
+                   command=f"job{i}", wait_s=0)).exec_id
                for i in range(3)]
-    done = execs.start(gdeps, BOB, fair_handle, fair, "build", wait_s=0).exec_id
+    done = execs.start(gdeps, BOB, command(c.VmExecIn, handle=fair_handle, vm_id=fair,
+               command="build", wait_s=0)).exec_id
     shell.finish(done, 0)
     shell.stalled_vm = hostile
     assert execs.record_ends(gdeps) == [done]
@@ -86,7 +90,8 @@ def test_the_exec_scan_rotates_through_every_running_exec(deps: Deps) -> None:
     shell = StallingShell()
     gdeps = replace(deps, guests=fake_guests(execs=shell))
     handle, vm_id = _running_vm(gdeps, ALICE)
-    started = sorted(execs.start(gdeps, ALICE, handle, vm_id, f"job{i}", wait_s=0).exec_id
+    started = sorted(execs.start(gdeps, ALICE, command(c.VmExecIn, handle=handle, vm_id=vm_id,
+                         command=f"job{i}", wait_s=0)).exec_id
                      for i in range(3))
     seen = []
     for _ in range(3):

@@ -7,6 +7,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from hypervisor.fake import FakeHypervisor
+from rift.contract import tools as c
+from rift.contract.base import command
+from rift.contract.operator import PoolSetIn
 from rift.domain.clock import FakeClock
 from rift.guest.adapter import ssh_guests
 from rift.guest.keys import keep_boot_key, key_for_task
@@ -19,14 +22,14 @@ from tests.support.engine import ALICE, event_types, refused
 
 def test_a_task_closes_itself_at_the_idle_period_not_a_second_before(
         deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
-    opened = tasks.new_task(deps, ALICE)
-    vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle)))
     clock.advance(14399)
     assert sweeps.sweep(deps).closed == []
     clock.advance(1)
     report = sweeps.sweep(deps)
     assert report.closed == [opened.task.id] and len(report.destroyed) == 1
-    view = tasks.get_task(deps, ALICE, task_id=opened.task.id)
+    view = tasks.get(deps, ALICE, command(c.TaskGetIn, task_id=opened.task.id)).task
     assert view.status == "closed" and view.close_reason == "idle"
     assert local_hv.domains == {}
     with deps.store.read() as tx:
@@ -35,9 +38,9 @@ def test_a_task_closes_itself_at_the_idle_period_not_a_second_before(
 
 
 def test_a_touch_restarts_the_idle_timer(deps: Deps, clock: FakeClock) -> None:
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     clock.advance(14000)
-    tasks.get_task(deps, ALICE, handle=str(opened.handle))
+    tasks.get(deps, ALICE, command(c.TaskGetIn, handle=str(opened.handle)))
     clock.advance(14000)
     assert sweeps.sweep(deps).closed == []
     clock.advance(400)
@@ -45,7 +48,7 @@ def test_a_touch_restarts_the_idle_timer(deps: Deps, clock: FakeClock) -> None:
 
 
 def test_a_second_sweep_changes_nothing(deps: Deps, clock: FakeClock) -> None:
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     clock.advance(14400)
     sweeps.sweep(deps)
     again = sweeps.sweep(deps)
@@ -55,8 +58,8 @@ def test_a_second_sweep_changes_nothing(deps: Deps, clock: FakeClock) -> None:
 
 def test_the_sweep_finishes_a_close_interrupted_before_its_vms_were_destroyed(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     with deps.store.write() as tx:  # the process died right after this commit
         task = tx.tasks.get(opened.task.id)
         assert task is not None
@@ -64,15 +67,15 @@ def test_the_sweep_finishes_a_close_interrupted_before_its_vms_were_destroyed(
     assert len(local_hv.domains) == 1
     assert sweeps.sweep(deps).destroyed == [vm.id]
     assert local_hv.domains == {}
-    assert vms.get_vm(deps, ALICE, vm.id).status == "destroyed"
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm.status == "destroyed"
 
 
 def test_a_refused_destroy_is_retried_by_the_next_sweep(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     local_hv.fail_destroy("cannot acquire state change lock")
-    closed = tasks.close_task(deps, ALICE, handle=str(opened.handle))
+    closed = tasks.close(deps, ALICE, command(c.TaskCloseIn, handle=str(opened.handle)))
     assert closed.destroyed == [] and closed.task.vms[0].status == "running"
     assert sweeps.sweep(deps).refused == [vm.id]
     local_hv.fail_destroy(None)
@@ -82,20 +85,22 @@ def test_a_refused_destroy_is_retried_by_the_next_sweep(
 
 def test_closed_tasks_are_readable_until_their_retention_passes(
         deps: Deps, clock: FakeClock) -> None:
-    opened = tasks.new_task(deps, ALICE)
-    tasks.close_task(deps, ALICE, handle=str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    tasks.close(deps, ALICE, command(c.TaskCloseIn, handle=str(opened.handle)))
     clock.advance(deps.limits.closed_retention_s - 1)
     sweeps.sweep(deps)
-    assert tasks.get_task(deps, ALICE, task_id=opened.task.id).status == "closed"
+    assert tasks.get(deps, ALICE, command(c.TaskGetIn,
+               task_id=opened.task.id)).task.status == "closed"
     clock.advance(2)
     assert sweeps.sweep(deps).purged == 1
-    refused("task_not_found", tasks.get_task, deps, ALICE, task_id=opened.task.id)
+    refused("task_not_found", lambda: tasks.get(deps, ALICE, command(c.TaskGetIn,
+                                  task_id=opened.task.id)))
 
 
 def test_the_sweep_closes_many_due_tasks_in_batches(make_deps, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
     deps = make_deps(max_open_tasks=1000, rate_task_new_per_h=1000)
     for _ in range(sweeps.BATCH + 5):
-        tasks.new_task(deps, ALICE, name="old")
+        tasks.new(deps, ALICE, command(c.TaskNewIn, name="old"))
     clock.advance(timedelta(hours=5).total_seconds())
     assert len(sweeps.sweep(deps).closed) == sweeps.BATCH + 5
 
@@ -105,11 +110,12 @@ def test_the_sweep_forgets_the_key_of_a_task_closed_idle_without_a_vm(
     """An idle close destroys no VM, so nothing else would delete the key; one of
     an open task, or of a closed task whose VM still lives, stays."""
     deps = dataclasses.replace(deps, guests=ssh_guests(tmp_path / "keys"))
-    idle, busy = tasks.new_task(deps, ALICE), tasks.new_task(deps, ALICE)
+    idle, busy = (tasks.new(deps, ALICE, command(c.TaskNewIn)),
+                  tasks.new(deps, ALICE, command(c.TaskNewIn)))
     for opened in (idle, busy):
         deps.guests.keys.task_key(opened.task.id)
     clock.advance(14000)
-    tasks.get_task(deps, ALICE, handle=str(busy.handle))
+    tasks.get(deps, ALICE, command(c.TaskGetIn, handle=str(busy.handle)))
     clock.advance(400)
     report = sweeps.sweep(deps)
     assert report.closed == [idle.task.id] and report.keys_forgotten == 1
@@ -123,13 +129,13 @@ def test_a_handed_out_vms_boot_key_stays_while_the_vm_lives_and_goes_after(
     once the VM is destroyed."""
     keys = tmp_path / "keys"
     deps = dataclasses.replace(deps, guests=ssh_guests(keys))
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     key_for_task(keys, "pool_k3v9x2m7")  # no such pool: its key goes too
     keep_boot_key(keys, "pool_k3v9x2m7", vm.id)
     assert sweeps.sweep(deps).keys_forgotten == 1
     assert (keys / vm.id).exists()
-    vms.destroy(deps, ALICE, vm.id, handle=str(opened.handle))
+    vms.destroy(deps, ALICE, command(c.VmDestroyIn, vm_id=vm.id, handle=str(opened.handle)))
     assert sweeps.sweep(deps).keys_forgotten == 1
     assert not (keys / vm.id).exists()
 
@@ -141,7 +147,7 @@ def test_a_pooled_vms_boot_key_stays_before_it_is_handed_out(
     deleted it mid-start, and the VM never answered a login)."""
     keys = tmp_path / "keys"
     deps = dataclasses.replace(deps, guests=ssh_guests(keys))
-    pool = pools.set_pool(deps, "tiny", running=1)
+    pool = pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     key_for_task(keys, pool.id)
     image_key = tmp_path / "image-key"
     key_for_task(tmp_path, "image-key")

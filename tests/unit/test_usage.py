@@ -8,6 +8,8 @@ from dataclasses import replace
 from hypervisor.base import DomainStats
 from hypervisor.fake import FakeHypervisor
 from rift.api.metrics import Metrics
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain import usage
 from rift.domain.clock import FakeClock
 from rift.services.background.usage import sample_usage
@@ -69,14 +71,14 @@ def test_running_vms_are_sampled_into_their_view_and_metrics_and_paused_ones_are
         deps: Deps, local_hv: FakeHypervisor, clock: FakeClock) -> None:
     shell = FakeFiles(files={"/proc/net/dev": PROC_NET_DEV.encode()})
     deps = replace(deps, guests=fake_guests(files=shell))
-    opened = tasks.new_task(deps, ALICE)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
-    busy = vms.new_vm(deps, ALICE, handle, image="tiny", vcpus=2)
-    parked = vms.new_vm(deps, ALICE, handle, image="tiny")
+    busy = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="tiny", vcpus=2)).vm
+    parked = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="tiny")).vm
     assert busy.stats is None  # nothing sampled yet
     with deps.store.write() as tx:  # a guest behind it (fake hosts have none)
         give_ssh_address(tx, busy.id)
-    pauses.pause(deps, ALICE, handle, parked.id)
+    pauses.pause(deps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=parked.id))
     local_hv.usage[f"rift-{busy.id}"] = DomainStats(cpu_time_ns=10**9, memory_rss_kib=262144,
                                                     disk_allocation_bytes=1 << 20)
     assert sample_usage(deps, net_every_s=60) == 1
@@ -86,12 +88,12 @@ def test_running_vms_are_sampled_into_their_view_and_metrics_and_paused_ones_are
                                                     disk_allocation_bytes=2 << 20)
     shell.files["/proc/net/dev"] = b"not read again within a sweep interval"
     assert sample_usage(deps, net_every_s=60) == 1
-    seen = vms.get_vm(deps, ALICE, busy.id).model_dump()["stats"]
+    seen = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=busy.id)).vm.model_dump()["stats"]
     assert seen is not None
     assert seen["cpu_pct"] == 50.0 and seen["memory_used_mib"] == 264
     assert seen["disk_used_bytes"] == 2 << 20
     assert (seen["net_rx_bytes"], seen["net_tx_bytes"]) == (123456, 65432)
-    assert vms.get_vm(deps, ALICE, parked.id).stats is None
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=parked.id)).vm.stats is None
 
     metrics = Metrics()
     metrics.watch(deps)
@@ -110,15 +112,15 @@ def test_running_vms_are_sampled_into_their_view_and_metrics_and_paused_ones_are
 
 def test_a_host_that_says_nothing_or_refuses_leaves_its_vms_as_they_were(
         deps: Deps, local_hv: FakeHypervisor) -> None:
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny")
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle), image="tiny")).vm
     assert sample_usage(deps, net_every_s=60) == 0  # the host says nothing of it yet
     local_hv.usage[f"rift-{vm.id}"] = DomainStats(cpu_time_ns=10**9)
     local_hv.fail_next("stats", "connection reset")
     assert sample_usage(deps, net_every_s=60) == 0
-    assert vms.get_vm(deps, ALICE, vm.id).stats is None
+    assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm.stats is None
     assert sample_usage(deps, net_every_s=60) == 1  # no guest shell: the network unknown
-    seen = vms.get_vm(deps, ALICE, vm.id).model_dump()["stats"]
+    seen = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm.model_dump()["stats"]
     assert seen is not None and seen["net_rx_bytes"] is None and seen["memory_used_mib"] is None
 
 
@@ -127,13 +129,13 @@ def test_a_guest_that_makes_up_a_huge_net_dev_gets_no_net_figures(
     lie = PROC_NET_DEV + "  eth9: " + "9" * 70_000 + "\n"
     shell = FakeFiles(files={"/proc/net/dev": lie.encode()})
     deps = replace(deps, guests=fake_guests(files=shell))
-    opened = tasks.new_task(deps, ALICE)
-    vm = vms.new_vm(deps, ALICE, str(opened.handle), image="tiny")
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle), image="tiny")).vm
     with deps.store.write() as tx:
         give_ssh_address(tx, vm.id)
     local_hv.usage[f"rift-{vm.id}"] = DomainStats(cpu_time_ns=10**9, memory_rss_kib=1024,
                                                   disk_allocation_bytes=1 << 20)
     assert sample_usage(deps, net_every_s=60) == 1
-    seen = vms.get_vm(deps, ALICE, vm.id).model_dump()["stats"]
+    seen = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm.model_dump()["stats"]
     assert seen["disk_used_bytes"] == 1 << 20
     assert seen["net_rx_bytes"] is None and seen["net_tx_bytes"] is None

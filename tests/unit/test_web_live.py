@@ -13,7 +13,7 @@ from rift.contract import tools as c
 from rift.domain.clock import FakeClock
 from rift.services.access import accounts, sessions
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import tools
+from rift.services.lifecycle import tasks
 from rift.services.read import boxes
 from web import live, timefmt
 
@@ -61,12 +61,12 @@ def pages(sent: list[str]) -> list[str]:
 
 
 def test_a_new_stream_sends_the_page_once_then_only_changes(deps: Deps, session_id: str) -> None:
-    tools.task_new(deps, ADA, c.TaskNewIn(name="one"))
+    tasks.new(deps, ADA, c.TaskNewIn(name="one"))
     opened: list[str] = []
 
     def open_another() -> None:
         if not opened:
-            opened.append(tools.task_new(deps, ADA, c.TaskNewIn(name="two")).task.id)
+            opened.append(tasks.new(deps, ADA, c.TaskNewIn(name="two")).task.id)
 
     sent = collect(deps, session_id, None, 20, open_another)
     assert sent[0] == "retry: 2000\n\n"
@@ -77,16 +77,16 @@ def test_a_new_stream_sends_the_page_once_then_only_changes(deps: Deps, session_
 
 def test_a_browser_showing_the_current_version_is_sent_nothing(deps: Deps,
                                                               session_id: str) -> None:
-    tools.task_new(deps, ADA, c.TaskNewIn(name="one"))
+    tasks.new(deps, ADA, c.TaskNewIn(name="one"))
     version = boxes.read_page(deps, "ada").version
     assert pages(collect(deps, session_id, version, 10)) == []
 
 
 def test_another_users_change_moves_the_mark_but_sends_nothing(deps: Deps,
                                                               session_id: str) -> None:
-    tools.task_new(deps, ADA, c.TaskNewIn(name="one"))
+    tasks.new(deps, ADA, c.TaskNewIn(name="one"))
     version = boxes.read_page(deps, "ada").version
-    tools.task_new(deps, Caller("bob", "mcp:x"), c.TaskNewIn(name="bob's"))
+    tasks.new(deps, Caller("bob", "mcp:x"), c.TaskNewIn(name="bob's"))
     assert boxes.read_page(deps, "ada").version != version  # the mark moved …
     assert pages(collect(deps, session_id, version, 10)) == []  # … the page did not
 
@@ -111,11 +111,11 @@ def test_sse_frames_every_line_of_the_data() -> None:
 
 
 def test_the_read_of_the_page_is_newest_activity_first(deps: Deps, clock: FakeClock) -> None:
-    first = tools.task_new(deps, ADA, c.TaskNewIn(name="first"))
+    first = tasks.new(deps, ADA, c.TaskNewIn(name="first"))
     clock.advance(120)
-    tools.task_new(deps, ADA, c.TaskNewIn(name="second"))
+    tasks.new(deps, ADA, c.TaskNewIn(name="second"))
     clock.advance(120)
-    tools.task_get(deps, ADA, c.TaskGetIn(handle=first.handle))
+    tasks.get(deps, ADA, c.TaskGetIn(handle=first.handle))
     assert [t.name for t in boxes.read_page(deps, "ada").open] == ["first", "second"]
 
 

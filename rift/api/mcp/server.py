@@ -43,13 +43,12 @@ from rift.api.mcp.callers import OPERATOR_SCOPE, caller_of
 from rift.api.mcp.door import ClientGone, Door
 from rift.api.mcp.refusals import Refusals, success
 from rift.api.mcp.tasks import Tasks, TaskServer, install_tasks
-from rift.api.mcp.tools import TOOLS
-from rift.api.mcp.waits import InFlight, plain_call
+from rift.api.mcp.tools import TOOLS, tool_named
+from rift.api.mcp.waits import InFlight, PlainCalls, plain_call
 from rift.api.state import AppState
 from rift.contract.base import parse
 from rift.domain.errors import Unauthorized
 from rift.services.access import accounts
-from rift.services.lifecycle.tools import WATCHED
 
 log = logging.getLogger("rift.api.mcp")
 
@@ -80,7 +79,7 @@ class RiftTokenVerifier:
 
 
 def build_server(state: AppState) -> Server[Any]:
-    listing = types.ListToolsResult(tools=[t.definition for t in TOOLS.values()])
+    listing = types.ListToolsResult(tools=[t.definition for t in TOOLS])
     in_flight = InFlight()
 
     async def list_tools(ctx: ServerRequestContext[Any, Any],
@@ -89,21 +88,21 @@ def build_server(state: AppState) -> Server[Any]:
 
     async def call_tool(ctx: ServerRequestContext[Any, Any],
                         params: types.CallToolRequestParams) -> types.CallToolResult:
-        tool = TOOLS.get(params.name)
+        tool = tool_named(params.name)
         if tool is None:  # a protocol fault, as the MCP spec has it
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name[:100]}")
         caller = caller_of(ctx)
         args = parse(tool.contract.input, params.arguments, tool.name)
-        if tool.name in WATCHED:
-            answer = await plain_call(state.deps, ctx, tool.name, caller, args, in_flight,
-                                      state.waiting)
+        if tool.waits is not None:
+            answer = await plain_call(PlainCalls(state.deps, in_flight, state.waiting), ctx,
+                                      tool, caller, args)
         else:
             answer = await anyio.to_thread.run_sync(tool.call, state.deps, caller, args)
         out = answer.model_dump(mode="json")
         return success(tool.render(out), out, ctx.protocol_version)
 
     def input_schema_of(name: str) -> dict[str, Any] | None:
-        tool = TOOLS.get(name)
+        tool = tool_named(name)
         return tool.contract.input_schema if tool else None
 
     server = TaskServer(

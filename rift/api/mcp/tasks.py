@@ -60,15 +60,14 @@ from starlette.requests import Request
 
 from rift.api.mcp.callers import caller_of
 from rift.api.mcp.refusals import INTERNAL, refusal, success
-from rift.api.mcp.tools import TOOLS
-from rift.api.mcp.waits import end_made, run_watched
+from rift.api.mcp.tools import Tool, tool_named
+from rift.api.mcp.waits import WatchedCall, end_made, run_watched
 from rift.api.metrics import Metrics
 from rift.api.waiting import Waiting
 from rift.contract.base import parse
 from rift.domain.errors import RiftError, TooManyWaiting
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import leases
-from rift.services.lifecycle.tools import WATCHED
 from rift.services.ports.watch import Watch, newest_line
 
 log = logging.getLogger("rift.api.mcp")
@@ -236,7 +235,7 @@ class Tasks(Extension):
         caller = caller_of(ctx)
         record = self.book.add(caller.user, name, None, ttl_ms)
         try:
-            args = parse(TOOLS[name].contract.input, arguments, name)
+            args = parse(_waiting(name).contract.input, arguments, name)
             give = self.waiting.take(caller.user)
         except RiftError as exc:
             self.metrics.record("mcp", name, exc.code)
@@ -263,10 +262,11 @@ class Tasks(Extension):
     def _work(self, record: TaskRecord, caller: Caller, args: BaseModel, era: str) -> None:
         result: types.CallToolResult | None
         try:
-            answer = run_watched(self.deps_of(), record.tool, caller, args, record.watch,
+            tool = _waiting(record.tool)
+            answer = run_watched(self.deps_of(), WatchedCall(tool, caller, args, record.watch),
                                  stop_after=True)
             out = answer.model_dump(mode="json")
-            result = success(TOOLS[record.tool].render(out), out, era)
+            result = success(tool.render(out), out, era)
             record.watch.note(_final_note(out))
             self.metrics.record("mcp", record.tool, "ok")
         except RiftError as exc:
@@ -284,7 +284,7 @@ class Tasks(Extension):
                                   call_next: CallNext) -> HandlerResult:
         """2026-07-28: a call of a waiting tool from a client that declared the
         extension becomes a task unless it ends within `INLINE_S`."""
-        if (ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or params.name not in WATCHED
+        if (ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or not _waits(params.name)
                 or not declared(ctx)):
             return await call_next(ctx)
         record = self._start(ctx, params.name, params.arguments, TTL_MS)
@@ -306,7 +306,7 @@ class Tasks(Extension):
                 or raw.get("task") is None):
             return await call_next(ctx)
         params = types.CallToolRequestParams.model_validate(raw)
-        if params.name not in WATCHED:
+        if not _waits(params.name):
             raise MCPError(types.METHOD_NOT_FOUND,
                            f"{params.name[:100]} does not run as a task (taskSupport forbidden)")
         asked = params.task.ttl if params.task is not None else None
@@ -371,9 +371,12 @@ class Tasks(Extension):
                            data={"error": exc.to_dict()}) from exc
         self.book.cancel(record)
         target = record.watch.target
-        if target is not None and record.tool != "rift_vm_new":  # a VM goes once it booted
-            await anyio.to_thread.run_sync(end_made, deps, caller, record.tool, record.handle,
-                                           target)
+        tool = _waiting(record.tool)
+        assert tool.waits is not None
+        if target is not None and tool.waits.task_cancel_stops_now:  # a VM: once it booted
+            await anyio.to_thread.run_sync(end_made, deps,
+                                           WatchedCall(tool, caller, None, record.watch),
+                                           record.handle, target)
         return {} if modern else record.legacy()
 
     async def result(self, ctx: ServerRequestContext[Any, Any],
@@ -519,3 +522,15 @@ def install_tasks(server: Server[Any], tasks: Tasks) -> None:
     server.middleware.append(tasks.legacy_task_call)
     server.add_request_handler("subscriptions/listen", types.SubscriptionsListenRequestParams,
                                tasks.listen)
+
+
+def _waits(name: str) -> bool:
+    """Whether the tool a call names waits (SPEC §10): only those run as tasks."""
+    tool = tool_named(name)
+    return tool is not None and tool.waits is not None
+
+
+def _waiting(name: str) -> Tool:
+    tool = tool_named(name)
+    assert tool is not None and tool.waits is not None, name
+    return tool

@@ -1,5 +1,7 @@
-"""The tools as MCP sees them: each tool's contract (rift/contract/tools.py), the
-engine call it makes (rift/services/lifecycle/tools.py), and its short text rendering."""
+"""The tools as MCP sees them: each tool's contract (rift/contract/tools.py), the use
+case it calls (the same function every door calls, taking the contract's input
+model), its short text rendering, and, for the calls that wait (SPEC §10), how a
+cancel ends what it made."""
 
 from __future__ import annotations
 
@@ -10,18 +12,47 @@ from functools import cached_property
 from typing import Any
 
 import mcp_types as types
+from pydantic import BaseModel
 
-from rift.contract.tools import CONTRACTS, ToolContract
-from rift.services.lifecycle.tools import CALLS, WATCHED, Call
+from rift.contract import tools as c
+from rift.contract.tools import ToolContract
+from rift.services.context import Caller, Deps
+from rift.services.lifecycle import (
+    execs,
+    exposures,
+    files,
+    leases,
+    pauses,
+    snapshots,
+    tasks,
+    vms,
+)
+from rift.services.ports.watch import Watch
 
 Render = Callable[[dict[str, Any]], str]
+Call = Callable[[Deps, Caller, Any], BaseModel]  # (deps, caller, input model) -> output
+WatchedCall = Callable[[Deps, Caller, Any, Watch | None], BaseModel]
+Stop = Callable[[Deps, Caller, str | None, str], None]  # (deps, caller, handle, target)
+
+
+@dataclass(frozen=True)
+class Waits:
+    """A call that waits (SPEC §10): it runs under a `Watch` and, cancelled, ends
+    what it made or watched under the call's own handle (`stop`: a lease that moved
+    on refuses it, and nothing changes)."""
+
+    call: WatchedCall
+    stop: Stop
+    plain_cancel_stops: bool  # a cancelled plain call ends it (not a dropped long poll)
+    task_cancel_stops_now: bool  # tasks/cancel ends it at once (False: once it is up)
 
 
 @dataclass(frozen=True)
 class Tool:
     contract: ToolContract
-    call: Call  # the engine call: (deps, caller, input model) -> output model
+    call: Call  # the use case: (deps, caller, input model) -> output model
     render: Render
+    waits: Waits | None = None
 
     @property
     def name(self) -> str:
@@ -38,7 +69,7 @@ class Tool:
                 destructive_hint=None if c.read_only else c.destructive,
                 idempotent_hint=c.idempotent),
             # The calls that wait may run as tasks (2025-11-25; rift/api/mcp_tasks.py).
-            execution=types.ToolExecution(task_support="optional") if c.name in WATCHED
+            execution=types.ToolExecution(task_support="optional") if self.waits
             else None,
         )
 
@@ -147,36 +178,61 @@ def _snapshot(snap: dict[str, Any]) -> str:
             f"{snap['bytes'] / (1 << 20):.0f} MiB")
 
 
+# -- how a cancelled call ends what it made -------------------------------------------
+
+def _destroy_made(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> None:
+    vms.destroy(deps, caller, c.VmDestroyIn.model_construct(handle=handle, vm_id=vm_id,
+                                                            takeover=False))
+
+
+def _kill_watched(deps: Deps, caller: Caller, handle: str | None, exec_id: str) -> None:
+    """TERM, then KILL 5 s later."""
+    execs.kill(deps, caller, c.VmExecKillIn.model_construct(handle=handle, exec_id=exec_id,
+                                                            signal="TERM"))
+
+
 # -- the table ------------------------------------------------------------------------
 
-_RENDERS: dict[str, Render] = {
-    "rift_task_new": _new,
-    "rift_task_attach": _attach,
-    "rift_task_release": _task,
-    "rift_task_close": _close,
-    "rift_task_list": _list,
-    "rift_task_get": _task,
-    "rift_task_events": _events,
-    "rift_vm_new": _vm,
-    "rift_vm_get": _vm,
-    "rift_vm_destroy": _vm,
-    "rift_vm_pause": _vm,
-    "rift_vm_resume": _vm,
-    "rift_vm_snapshot": lambda out: _snapshot(out["snapshot"]),
-    "rift_vm_snapshot_delete": lambda out: "deleted " + _snapshot(out["snapshot"]),
-    "rift_vm_fork": lambda out: "\n".join(_vm_line(vm) for vm in out["vms"]),
-    "rift_vm_expose": lambda out: (f"port {out['exposure']['port']} of "
-                                   f"{out['exposure']['vm_id']} is at {out['exposure']['url']} "
-                                   "(shown only now; anyone with it reaches the port)"),
-    "rift_vm_unexpose": _vm,
-    "rift_vm_exec": _exec,
-    "rift_vm_exec_get": _exec,
-    "rift_vm_exec_input": lambda out: f"wrote {out['bytes']} bytes to {out['exec_id']}'s stdin",
-    "rift_vm_exec_kill": _exec,
-    "rift_vm_exec_list": _exec_list,
-    "rift_vm_write_file": lambda out: f"wrote {out['bytes']} bytes to {out['path']}",
-    "rift_vm_read_file": _read,
-}
+TOOLS: tuple[Tool, ...] = (
+    Tool(c.TASK_NEW, tasks.new, _new),
+    Tool(c.TASK_ATTACH, leases.attach, _attach),
+    Tool(c.TASK_RELEASE, leases.release, _task),
+    Tool(c.TASK_CLOSE, tasks.close, _close),
+    Tool(c.TASK_LIST, tasks.list_tasks, _list),
+    Tool(c.TASK_GET, tasks.get, _task),
+    Tool(c.TASK_EVENTS, tasks.events, _events),
+    Tool(c.VM_NEW, vms.new, _vm, Waits(vms.new, _destroy_made, plain_cancel_stops=True,
+                                       task_cancel_stops_now=False)),
+    Tool(c.VM_GET, vms.get, _vm),
+    Tool(c.VM_DESTROY, vms.destroy, _vm),
+    Tool(c.VM_PAUSE, pauses.pause, _vm),
+    Tool(c.VM_RESUME, pauses.resume, _vm),
+    Tool(c.VM_SNAPSHOT, snapshots.make, lambda out: _snapshot(out["snapshot"])),
+    Tool(c.VM_SNAPSHOT_DELETE, snapshots.delete,
+         lambda out: "deleted " + _snapshot(out["snapshot"])),
+    Tool(c.VM_FORK, snapshots.fork, lambda out: "\n".join(_vm_line(vm) for vm in out["vms"])),
+    Tool(c.VM_EXPOSE, exposures.expose,
+         lambda out: (f"port {out['exposure']['port']} of {out['exposure']['vm_id']} is at "
+                      f"{out['exposure']['url']} (shown only now; anyone with it reaches the "
+                      "port)")),
+    Tool(c.VM_UNEXPOSE, exposures.unexpose, _vm),
+    Tool(c.VM_EXEC, execs.start, _exec, Waits(execs.start, _kill_watched,
+                                              plain_cancel_stops=True,
+                                              task_cancel_stops_now=True)),
+    Tool(c.VM_EXEC_GET, execs.get, _exec, Waits(execs.get, _kill_watched,
+                                                plain_cancel_stops=False,
+                                                task_cancel_stops_now=True)),
+    Tool(c.VM_EXEC_INPUT, execs.send_input,
+         lambda out: f"wrote {out['bytes']} bytes to {out['exec_id']}'s stdin"),
+    Tool(c.VM_EXEC_KILL, execs.kill, _exec),
+    Tool(c.VM_EXEC_LIST, execs.list_execs, _exec_list),
+    Tool(c.VM_WRITE_FILE, files.write, lambda out: f"wrote {out['bytes']} bytes to {out['path']}"),
+    Tool(c.VM_READ_FILE, files.read, _read),
+)
 
-TOOLS: dict[str, Tool] = {name: Tool(contract, CALLS[name], _RENDERS[name])
-                          for name, contract in CONTRACTS.items()}
+_BY_NAME = {tool.name: tool for tool in TOOLS}  # an index of the table, for calls by name
+
+
+def tool_named(name: str) -> Tool | None:
+    """The tool a call names (MCP calls a tool by its name)."""
+    return _BY_NAME.get(name)

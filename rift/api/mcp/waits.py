@@ -28,6 +28,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -39,17 +40,17 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from rift.api.mcp.callers import caller_of
+from rift.api.mcp.tools import Tool, Waits
 from rift.api.waiting import Waiting
+from rift.contract.tools import VmExecIn
 from rift.domain.errors import RiftError
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle.tools import WATCHED, stop_made
 from rift.services.ports.watch import Watch
 
 log = logging.getLogger("rift.api.mcp")
 
 PROGRESS_FIRST_S = 1.0  # a call still working after a second says so
 PROGRESS_EVERY_S = 5.0
-KILLED_ON_CANCEL = frozenset({"rift_vm_exec", "rift_vm_new"})
 
 
 Key = tuple[str, str | None, types.RequestId]  # user, Mcp-Session-Id, request id
@@ -96,53 +97,75 @@ class InFlight:
             scope.cancel()
 
 
-def run_watched(deps: Deps, tool: str, caller: Caller, args: Any, watch: Watch,
-                stop_after: bool) -> BaseModel:
+@dataclass(frozen=True)
+class WatchedCall:
+    """One call of a waiting tool: who asked, with what, under which watch."""
+
+    tool: Tool
+    caller: Caller
+    args: Any
+    watch: Watch
+
+    @property
+    def waits(self) -> Waits:
+        assert self.tool.waits is not None
+        return self.tool.waits
+
+
+def run_watched(deps: Deps, call: WatchedCall, stop_after: bool) -> BaseModel:
     """The call itself (in a worker thread); if it was stopped, end what it made."""
     try:
-        answer: BaseModel = WATCHED[tool](deps, caller, args, watch)
-        return answer
+        return call.waits.call(deps, call.caller, call.args, call.watch)
     finally:
-        if stop_after and watch.stopped and watch.target is not None:
-            end_made(deps, caller, tool, getattr(args, "handle", None), watch.target)
+        if stop_after and call.watch.stopped and call.watch.target is not None:
+            end_made(deps, call, getattr(call.args, "handle", None), call.watch.target)
 
 
-def end_made(deps: Deps, caller: Caller, tool: str, handle: str | None, target: str) -> None:
+def end_made(deps: Deps, call: WatchedCall, handle: str | None, target: str) -> None:
+    tool = call.tool.name
     try:
-        stop_made(deps, caller, tool, handle, target)
+        call.waits.stop(deps, call.caller, handle, target)
         log.info("cancelled", extra={"door": "mcp", "tool": tool, "target": target})
     except RiftError as exc:  # e.g. the lease moved on: then nothing changes
         log.info("cancel refused", extra={"door": "mcp", "tool": tool, "code": exc.code})
 
 
-def wait_total_s(tool: str, args: Any, deps: Deps) -> float | None:
+def wait_total_s(args: Any, deps: Deps) -> float | None:
     wait = getattr(args, "wait_s", None)
-    if tool == "rift_vm_exec" and wait is None:
+    if isinstance(args, VmExecIn) and wait is None:
         return float(deps.limits.exec_wait_s)
     return float(wait) if wait is not None else None
 
 
-async def plain_call(deps: Deps, ctx: ServerRequestContext[Any, Any], tool: str,
-                     caller: Caller, args: Any, in_flight: InFlight,
-                     waiting: Waiting) -> BaseModel:
+@dataclass(frozen=True)
+class PlainCalls:
+    """What a plain waiting call needs of the door: the engine, this replica's calls
+    in flight, and the waiting calls' budget."""
+
+    deps: Deps
+    in_flight: InFlight
+    waiting: Waiting
+
+
+async def plain_call(door: PlainCalls, ctx: ServerRequestContext[Any, Any], tool: Tool,
+                     caller: Caller, args: Any) -> BaseModel:
     """A waiting call answered on its own request, with progress while it waits. It
     runs on the waiting calls' threads and, unless it asks for no wait at all
     (`wait_s` 0), holds one of the caller's places (rift/api/waiting.py)."""
-    watch = Watch()
-    wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
-    total = wait_total_s(tool, args, deps)
-    place = waiting.take(caller.user) if total is None or total > 0 else None
+    call = WatchedCall(tool, caller, args, Watch())
+    total = wait_total_s(args, door.deps)
+    place = door.waiting.take(caller.user) if total is None or total > 0 else None
     try:
-        return await _watched_call(deps, ctx, tool, caller, args, in_flight, waiting, watch,
-                                   wants_progress, total)
+        return await _watched_call(door, ctx, call, total)
     finally:
         if place is not None:
             place()
 
 
-async def _watched_call(deps: Deps, ctx: ServerRequestContext[Any, Any], tool: str,
-                        caller: Caller, args: Any, in_flight: InFlight, waiting: Waiting,
-                        watch: Watch, wants_progress: bool, total: float | None) -> BaseModel:
+async def _watched_call(door: PlainCalls, ctx: ServerRequestContext[Any, Any], call: WatchedCall,
+                        total: float | None) -> BaseModel:
+    watch, in_flight = call.watch, door.in_flight
+    wants_progress = bool(ctx.meta and ctx.meta.get("progress_token") is not None)
 
     async def progress() -> None:
         await anyio.sleep(PROGRESS_FIRST_S)
@@ -159,8 +182,8 @@ async def _watched_call(deps: Deps, ctx: ServerRequestContext[Any, Any], tool: s
                 tg.start_soon(progress)
             try:
                 answer = await anyio.to_thread.run_sync(
-                    run_watched, deps, tool, caller, args, watch, tool in KILLED_ON_CANCEL,
-                    abandon_on_cancel=True, limiter=waiting.limiter)
+                    run_watched, door.deps, call, call.waits.plain_cancel_stops,
+                    abandon_on_cancel=True, limiter=door.waiting.limiter)
             except anyio.get_cancelled_exc_class():
                 # The thread ends its wait within a step, then ends what it made. In the
                 # handshake era only notifications/cancelled (this scope) stops it: the

@@ -28,11 +28,10 @@ from hypervisor.kvm import PROBE_STALE_S, probe_started_at
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
-from rift.services.lifecycle.execs import end_vm_work
 from rift.services.lifecycle.guest_kinds import vm_files
 from rift.services.lifecycle.pauses import settle_change
 from rift.services.lifecycle.pools import stale_pool_vms
-from rift.services.lifecycle.teardown import destroy_domain, destroy_vm
+from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, vm_ended
 from rift.services.ports import Tx
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
@@ -91,7 +90,7 @@ def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
         won = tx.vms.save(failed, current)
         if won:
             tx.events.add(event)
-            end_vm_work(tx, vm, now, SWEEP)
+            vm_ended(tx, vm, now, SWEEP)
     return won
 
 

@@ -21,8 +21,16 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from rift.contract.base import MAX_EXEC_S, MAX_OFFSET, MAX_WAIT_S
-from rift.contract.tools import ExecInputOut, ExecListOut
+from rift.contract.base import MAX_OFFSET, decoded
+from rift.contract.tools import (
+    ExecInputOut,
+    ExecListOut,
+    VmExecGetIn,
+    VmExecIn,
+    VmExecInputIn,
+    VmExecKillIn,
+    VmExecListIn,
+)
 from rift.contract.views import ExecView
 from rift.domain.errors import (
     ExecNotFound,
@@ -34,11 +42,12 @@ from rift.domain.ids import new_exec_id
 from rift.domain.model import Exec, ExecStatus, NewEvent, Task, Vm
 from rift.services.background.bounded import grouped, per_vm
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.guest_kinds import reach
 from rift.services.lifecycle.leases import check_handle, check_rate, in_write, parse_handle, task_vm
 from rift.services.ports import ExecGone, ExecRead, ExecStart, GuestExec, GuestExecs, Tx
 from rift.services.ports.watch import STEP_S, Watch, newest_line
+from rift.services.read import views
+from rift.services.read.views import Output
 
 MIB = 1 << 20
 ANSWER_BYTES = MIB  # the most of each stream one answer carries
@@ -46,21 +55,13 @@ ANSWER_BYTES = MIB  # the most of each stream one answer carries
 
 # -- starting ---------------------------------------------------------------------------
 
-def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: str,
-          stdin: str | None = None, timeout_s: int | None = None,
-          wait_s: int | None = None, watch: Watch | None = None) -> ExecView:
-    """Record the exec, start it in the guest, and answer its view at its end or
-    after `wait_s` (RIFT_EXEC_WAIT_S by default). A `watch` hears of the exec
-    and its newest output line while the call waits, and can stop the wait."""
-    validate.text("command", command, max_len=validate.MAX_COMMAND)
-    if stdin is not None and len(stdin) > validate.MAX_CONTENT:
-        raise InvalidArgument("stdin", "at most 16 MiB")
-    timeout = validate.integer("timeout_s", 60 if timeout_s is None else timeout_s, 1,
-                               MAX_EXEC_S)
-    wait = validate.integer("wait_s", deps.limits.exec_wait_s if wait_s is None else wait_s,
-                            0, MAX_WAIT_S)
-    parsed = parse_handle(handle)
-    validate.vm_id(vm_id)
+def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None) -> ExecView:
+    """`rift_vm_exec`: record the exec, start it in the guest, and answer its view at
+    its end or after `wait_s` (RIFT_EXEC_WAIT_S by default). A `watch` hears of the
+    exec and its newest output line while the call waits, and can stop the wait."""
+    command, stdin, timeout, vm_id = cmd.command, cmd.stdin, cmd.timeout_s, cmd.vm_id
+    wait = deps.limits.exec_wait_s if cmd.wait_s is None else cmd.wait_s
+    parsed = parse_handle(cmd.handle)
     exec_id = new_exec_id()
 
     def record(tx: Tx) -> tuple[Task, Vm, Exec]:
@@ -94,7 +95,7 @@ def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: s
     except (GuestUnreachable, ExecGone) as exc:
         lost = _end(deps, ex, "lost", caller.label)
         if _vm_gone(deps, vm.id):  # destroyed while the call waited: the exec is lost
-            return ExecView.of(lost)
+            return views.execution(lost)
         if isinstance(exc, GuestUnreachable):
             raise
         raise GuestUnreachable(vm.id, "the guest lost the exec as it started") from exc
@@ -109,20 +110,16 @@ def start(deps: Deps, caller: Caller, handle: str | None, vm_id: str, command: s
 
 # -- reading, input, kill, list ------------------------------------------------------------
 
-def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
-        stdout_offset: int = 0, stderr_offset: int = 0, wait_s: int = 0,
-        watch: Watch | None = None) -> ExecView:
-    """The exec's view with output from the offsets, waiting up to `wait_s` for
-    output past them or its end (in steps when a `watch` can stop it)."""
-    out_from = validate.integer("stdout_offset", stdout_offset, 0, MAX_OFFSET)
-    err_from = validate.integer("stderr_offset", stderr_offset, 0, MAX_OFFSET)
-    wait = validate.integer("wait_s", wait_s, 0, MAX_WAIT_S)
-    task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+def get(deps: Deps, caller: Caller, cmd: VmExecGetIn, watch: Watch | None = None) -> ExecView:
+    """`rift_vm_exec_get`: the exec's view with output from the offsets, waiting up to
+    `wait_s` for output past them or its end (in steps when a `watch` can stop it)."""
+    out_from, err_from, wait = cmd.stdout_offset, cmd.stderr_offset, cmd.wait_s
+    task, ex, vm = _held_exec(deps, caller, cmd.handle, cmd.exec_id)
     _check_offsets(ex, out_from, err_from)
     if not ex.is_running and vm is None:
-        return ExecView.of(ex, stdout_offset=out_from, stderr_offset=err_from)
+        return views.execution(ex, Output(stdout_offset=out_from, stderr_offset=err_from))
     if vm is None:
-        return ExecView.of(_end(deps, ex, "lost", caller.label))
+        return views.execution(_end(deps, ex, "lost", caller.label))
     if watch is not None:
         watch.begun(ex.id)
     shell = reach(vm, deps.guests.execs)
@@ -141,7 +138,7 @@ def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
                 if news or watch is None or watch.stopped or left <= 0:
                     break
     except ExecGone:
-        return ExecView.of(_end(deps, ex, "lost", caller.label) if ex.is_running else ex)
+        return views.execution(_end(deps, ex, "lost", caller.label) if ex.is_running else ex)
     if out_from > seen.stdout_total or err_from > seen.stderr_total:
         field = "stdout_offset" if out_from > seen.stdout_total else "stderr_offset"
         total = seen.stdout_total if field == "stdout_offset" else seen.stderr_total
@@ -149,10 +146,11 @@ def get(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
     return _answer(deps, ex, seen, out_from, err_from, caller.label)
 
 
-def send_input(deps: Deps, caller: Caller, handle: str | None, exec_id: str, data: str = "",
-               encoding: str | None = None, eof: bool = False) -> ExecInputOut:
-    raw = validate.decoded("data", data, validate.encoding(encoding))
-    _task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+def send_input(deps: Deps, caller: Caller, cmd: VmExecInputIn) -> ExecInputOut:
+    """`rift_vm_exec_input`: write to a running exec's stdin; `eof` closes it."""
+    raw = decoded("data", cmd.data, cmd.encoding)
+    exec_id, eof = cmd.exec_id, cmd.eof
+    _task, ex, vm = _held_exec(deps, caller, cmd.handle, exec_id)
     if not ex.is_running or vm is None:
         raise InvalidArgument("exec_id", f"exec {exec_id} has ended ({ex.status}); its stdin "
                               "takes no more input")
@@ -169,32 +167,26 @@ def send_input(deps: Deps, caller: Caller, handle: str | None, exec_id: str, dat
     return ExecInputOut(exec_id=ex.id, bytes=written)
 
 
-def kill(deps: Deps, caller: Caller, handle: str | None, exec_id: str,
-         signal: str | None = None) -> ExecView:
-    chosen = signal or "TERM"
-    if chosen not in ("TERM", "KILL"):
-        raise InvalidArgument("signal", "TERM or KILL")
-    _task, ex, vm = _held_exec(deps, caller, handle, exec_id)
+def kill(deps: Deps, caller: Caller, cmd: VmExecKillIn) -> ExecView:
+    """`rift_vm_exec_kill`: signal a running exec's process group (a repeat changes
+    nothing)."""
+    _task, ex, vm = _held_exec(deps, caller, cmd.handle, cmd.exec_id)
     if not ex.is_running:
-        return ExecView.of(ex)
+        return views.execution(ex)
     if vm is None:
-        return ExecView.of(_end(deps, ex, "lost", caller.label))
+        return views.execution(_end(deps, ex, "lost", caller.label))
     shell = reach(vm, deps.guests.execs)
     try:
-        shell.exec_kill(vm, ex.id, chosen)  # type: ignore[arg-type]
+        shell.exec_kill(vm, ex.id, cmd.signal)
     except ExecGone:
-        return ExecView.of(_end(deps, ex, "lost", caller.label))
-    return ExecView.of(_refresh(deps, shell, vm, ex, caller.label))
+        return views.execution(_end(deps, ex, "lost", caller.label))
+    return views.execution(_refresh(deps, shell, vm, ex, caller.label))
 
 
-def list_execs(deps: Deps, caller: Caller, handle: str | None, vm_id: str | None = None,
-               status: str | None = None) -> ExecListOut:
-    which = status or "running"
-    if which not in ("running", "all"):
-        raise InvalidArgument("status", "running or all")
-    parsed = parse_handle(handle)
-    if vm_id is not None:
-        validate.vm_id(vm_id)
+def list_execs(deps: Deps, caller: Caller, cmd: VmExecListIn) -> ExecListOut:
+    """`rift_vm_exec_list`: the handle's task's execs (of one VM): running ones, or all."""
+    which, vm_id = cmd.status, cmd.vm_id
+    parsed = parse_handle(cmd.handle)
 
     def work(tx: Tx) -> list[Exec]:
         task = check_handle(deps, tx, caller, parsed, deps.clock.now())
@@ -202,7 +194,7 @@ def list_execs(deps: Deps, caller: Caller, handle: str | None, vm_id: str | None
             task_vm(tx, task, vm_id, running=False)
         return tx.execs.of_task(task.id, vm_id, running_only=which == "running")
 
-    return ExecListOut(execs=[ExecView.of(ex) for ex in in_write(deps.store, work)])
+    return ExecListOut(execs=[views.execution(ex) for ex in in_write(deps.store, work)])
 
 
 # -- ends ---------------------------------------------------------------------------------
@@ -252,21 +244,20 @@ def record_ends(deps: Deps, limit: int = 100) -> list[str]:
     return ended + per_vm(grouped(asked, lambda ex: ex.vm_id), look)
 
 
-def end_vm_work(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
-    """In the transaction that destroys or fails `vm`: its running execs are lost
-    and its exposures end (their URLs answer 404 from the commit on)."""
+def end_for_vm(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
+    """The VM ended (rift.services.lifecycle.teardown.vm_ended): its running execs
+    are lost."""
     for ex in tx.execs.of_task(vm.task_id, vm.id, running_only=True):
         _end_in(tx, ex, {"status": "lost", "ended_at": now}, now, actor)
-    tx.exposures.remove(vm.id)
 
 
 def _out_of_sight(deps: Deps, ex: Exec, actor: str) -> ExecView:
     """A started exec its guest stopped answering about: lost if its VM went, else
     as last recorded (the guest may answer the next read)."""
     if _vm_gone(deps, ex.vm_id):
-        return ExecView.of(_end(deps, ex, "lost", actor))
+        return views.execution(_end(deps, ex, "lost", actor))
     with deps.store.read() as tx:
-        return ExecView.of(tx.execs.get(ex.id) or ex)
+        return views.execution(tx.execs.get(ex.id) or ex)
 
 
 def _vm_gone(deps: Deps, vm_id: str) -> bool:
@@ -304,10 +295,9 @@ def _answer(deps: Deps, ex: Exec, seen: GuestExec, out_from: int, err_from: int,
     duration = current.duration_ms
     if duration is None:
         duration = max(0, int((deps.clock.now() - ex.started_at).total_seconds() * 1000))
-    return ExecView.of(current, stdout=seen.stdout, stderr=seen.stderr,
-                       stdout_offset=seen.stdout_from + len(seen.stdout),
-                       stderr_offset=seen.stderr_from + len(seen.stderr),
-                       truncated=truncated, duration_ms=duration)
+    return views.execution(current, Output(
+        seen.stdout, seen.stderr, seen.stdout_from + len(seen.stdout),
+        seen.stderr_from + len(seen.stderr), truncated, duration))
 
 
 def _record(deps: Deps, ex: Exec, seen: GuestExec, actor: str) -> Exec:
@@ -382,7 +372,6 @@ def _held_exec(deps: Deps, caller: Caller, handle: str | None,
     of a paused VM is refused (`vm_not_running`, naming rift_vm_resume): it waits
     in the saved state, out of reach."""
     parsed = parse_handle(handle)
-    validate.exec_id(exec_id)
 
     def work(tx: Tx) -> tuple[Task, Exec, Vm | None]:
         task = check_handle(deps, tx, caller, parsed, deps.clock.now())

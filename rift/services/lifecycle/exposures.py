@@ -9,34 +9,24 @@ answer 503 until the VM is resumed); a fork starts with none."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
-from rift.contract.views import ExposureView, VmView
+from rift.contract.tools import ExposureOut, VmOut, VmPortIn
 from rift.domain.ids import new_exposure_id
 from rift.domain.model import NewEvent, Vm
 from rift.domain.records import Exposure
 from rift.domain.secrets import digest, is_exposure_secret, new_exposure_secret
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle, task_vm
 from rift.services.ports import Tx
+from rift.services.read import views
 
 
-def vm_view(tx: Tx, vm: Vm) -> VmView:
-    """The VM's view with its exposed ports."""
-    return VmView.of(vm, tx.exposures.of_vms([vm.id])[vm.id])
-
-
-def _port(port: int) -> int:
-    return validate.integer("port", port, 1, 65535)
-
-
-def expose(deps: Deps, caller: Caller, handle: str | None, vm_id: str,
-           port: int) -> ExposureView:
-    """Expose `port` of a running VM of the handle's task; answers the exposure
-    with its URL (the only time it is shown)."""
-    parsed = parse_handle(handle)
-    validate.vm_id(vm_id)
-    _port(port)
+def expose(deps: Deps, caller: Caller, cmd: VmPortIn) -> ExposureOut:
+    """`rift_vm_expose`: expose `port` of a running VM of the handle's task; answers
+    the exposure with its URL (the only time it is shown)."""
+    parsed = parse_handle(cmd.handle)
+    vm_id, port = cmd.vm_id, cmd.port
     secret = new_exposure_secret()
     now = deps.clock.now()
 
@@ -52,25 +42,31 @@ def expose(deps: Deps, caller: Caller, handle: str | None, vm_id: str,
         return made
 
     made = in_write(deps.store, work)
-    return ExposureView.of(made, deps.exposure_urls.url(secret))
+    return ExposureOut(exposure=views.exposure(made, deps.exposure_urls.url(secret)))
 
 
-def unexpose(deps: Deps, caller: Caller, handle: str | None, vm_id: str, port: int) -> VmView:
-    """End the exposure of `port` (a port not exposed changes nothing); answers the VM."""
-    parsed = parse_handle(handle)
-    validate.vm_id(vm_id)
-    _port(port)
+def unexpose(deps: Deps, caller: Caller, cmd: VmPortIn) -> VmOut:
+    """`rift_vm_unexpose`: end the exposure of `port` (a port not exposed changes
+    nothing); answers the VM."""
+    parsed = parse_handle(cmd.handle)
+    vm_id, port = cmd.vm_id, cmd.port
     now = deps.clock.now()
 
-    def work(tx: Tx) -> VmView:
+    def work(tx: Tx) -> VmOut:
         task = check_handle(deps, tx, caller, parsed, now)
         vm = task_vm(tx, task, vm_id, running=False)
         if tx.exposures.remove(vm.id, port):
             tx.events.add(NewEvent(task.id, "vm_unexposed", now, caller.label,
                                    {"vm_id": vm.id, "port": port}))
-        return vm_view(tx, vm)
+        return VmOut(vm=views.vm(tx, vm))
 
     return in_write(deps.store, work)
+
+
+def end_for_vm(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
+    """The VM ended (rift.services.lifecycle.teardown.vm_ended): its exposures end
+    with it, their URLs answering 404 from the commit on."""
+    tx.exposures.remove(vm.id)
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,16 @@
 """Files in a VM's guest: `rift_vm_write_file` and `rift_vm_read_file`
-(commands are rift.services.lifecycle.execs). The engine checks the handle, the VM
-and the input; the guest shell port does the SSH."""
+(commands are rift.services.lifecycle.execs). The engine checks the handle and the
+VM (the input is its contract's); the guest files port does the SSH."""
 
 from __future__ import annotations
 
 import base64
 
-from rift.contract.base import MAX_PATH
-from rift.contract.tools import FileReadOut, FileWrittenOut
+from rift.contract.base import decoded
+from rift.contract.tools import FileReadOut, FileWrittenOut, VmReadFileIn, VmWriteFileIn
 from rift.domain.errors import InvalidArgument
 from rift.domain.model import Vm
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.guest_kinds import reach
 from rift.services.lifecycle.leases import (
     check_handle,
@@ -27,7 +26,6 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
               vm_id: str) -> tuple[Vm, GuestFiles]:
     """The running VM of the handle's task, and the shell that reaches it."""
     parsed = parse_handle(handle)
-    validate.vm_id(vm_id)
 
     def work(tx: Tx) -> Vm:
         return task_vm(tx, check_handle(deps, tx, caller, parsed, deps.clock.now()), vm_id,
@@ -39,31 +37,19 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
     return vm, reach(vm, deps.guests.files)
 
 
-def _path(path: str) -> str:
-    validate.text("path", path, max_len=MAX_PATH)
-    if not path.startswith("/"):
-        raise InvalidArgument("path", "must be absolute (start with /)")
-    return path
+def write(deps: Deps, caller: Caller, cmd: VmWriteFileIn) -> FileWrittenOut:
+    """`rift_vm_write_file`: write a file in a running VM of the handle's task."""
+    data = decoded("content", cmd.content, cmd.encoding)
+    vm, shell = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    return FileWrittenOut(path=cmd.path, bytes=shell.write_file(vm, cmd.path, data, cmd.mode))
 
 
-def write_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
-               content: str, encoding: str | None = None,
-               mode: int | None = None) -> FileWrittenOut:
-    _path(path)
-    data = validate.decoded("content", content, validate.encoding(encoding))
-    if mode is not None:
-        validate.integer("mode", mode, 0, 0o7777)
-    vm, shell = _guest_vm(deps, caller, handle, vm_id)
-    return FileWrittenOut(path=path, bytes=shell.write_file(vm, path, data, mode))
-
-
-def read_file(deps: Deps, caller: Caller, handle: str | None, vm_id: str, path: str,
-              encoding: str | None = None) -> FileReadOut:
-    _path(path)
-    chosen = validate.encoding(encoding)
-    vm, shell = _guest_vm(deps, caller, handle, vm_id)
+def read(deps: Deps, caller: Caller, cmd: VmReadFileIn) -> FileReadOut:
+    """`rift_vm_read_file`: read a file in a running VM of the handle's task."""
+    path = cmd.path
+    vm, shell = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
     data, truncated = shell.read_file(vm, path)
-    if chosen == "utf-8":
+    if cmd.encoding == "utf-8":
         try:
             content = data.decode("utf-8")
         except UnicodeDecodeError as exc:

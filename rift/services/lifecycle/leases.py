@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from rift.contract.tools import TaskAttachIn, TaskAttachOut, TaskOut, TaskReleaseIn
 from rift.domain.clock import iso
 from rift.domain.errors import (
     HandleInvalid,
@@ -28,8 +29,8 @@ from rift.domain.errors import (
 from rift.domain.model import NewEvent, Task, Vm
 from rift.domain.secrets import Handle, matches
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.ports import Store, Tx
+from rift.services.read import views
 
 T = TypeVar("T")
 _CAS_ATTEMPTS = 8
@@ -168,8 +169,10 @@ def take_lease(
     return Attached(won, handle, previous)
 
 
-def attach(deps: Deps, caller: Caller, task_id: str, takeover: bool = False) -> Attached:
-    validate.task_id(task_id)
+def attach(deps: Deps, caller: Caller, cmd: TaskAttachIn) -> TaskAttachOut:
+    """`rift_task_attach`: a new handle for a task of the caller's (taken over from
+    an active holder only with `takeover`)."""
+    task_id, takeover = cmd.task_id, cmd.takeover
     for _ in range(_CAS_ATTEMPTS):
         now = deps.clock.now()
         with deps.store.write() as tx:
@@ -180,7 +183,8 @@ def attach(deps: Deps, caller: Caller, task_id: str, takeover: bool = False) -> 
         if won is not None:
             deps.log.info("task attached", extra={"task_id": task_id, "holder": caller.label,
                                                   "takeover": active})
-            return won
+            return TaskAttachOut(task=views.task_now(deps, won.task.id), handle=str(won.handle),
+                                 previous_holder=won.previous_holder)
     # Every compare-and-set lost to other callers: one of them holds it now; say who.
     with deps.store.read() as tx:
         task = owned_task(tx, caller, task_id)
@@ -189,8 +193,9 @@ def attach(deps: Deps, caller: Caller, task_id: str, takeover: bool = False) -> 
                    iso(deps.lease_rules.lease_quiet_at(task)) or "")
 
 
-def release(deps: Deps, caller: Caller, handle_text: str | None) -> Task:
-    handle = parse_handle(handle_text)
+def release(deps: Deps, caller: Caller, cmd: TaskReleaseIn) -> TaskOut:
+    """`rift_task_release`: let go of the handle's task; it stays open."""
+    handle = parse_handle(cmd.handle)
 
     def work(tx: Tx) -> Task | None:
         now = deps.clock.now()
@@ -204,5 +209,5 @@ def release(deps: Deps, caller: Caller, handle_text: str | None) -> Task:
     for _ in range(_CAS_ATTEMPTS):
         released = in_write(deps.store, work)
         if released is not None:
-            return released
+            return TaskOut(task=views.task_now(deps, released.id))
     raise TaskReleased(handle.task_id)

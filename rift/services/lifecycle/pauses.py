@@ -17,7 +17,7 @@ import time
 from typing import Literal
 
 from hypervisor.base import DomainRecord, HypervisorError
-from rift.contract.views import VmView
+from rift.contract.tools import VmHeldIn, VmOut
 from rift.domain.errors import (
     GuestUnreachable,
     HypervisorFailed,
@@ -27,12 +27,11 @@ from rift.domain.errors import (
 )
 from rift.domain.model import Vm, VmChange, VmStatus
 from rift.services.context import SWEEP, Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_disk
-from rift.services.lifecycle.exposures import vm_view
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle
 from rift.services.ports import Tx
+from rift.services.read import views
 
 WAIT_STEP_S = 0.1  # how often a call waiting on another's change looks again
 Want = Literal["paused", "running"]
@@ -43,9 +42,10 @@ _ROUTES: dict[Want, tuple[VmStatus, VmChange, str]] = {
 }
 
 
-def pause(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView:
-    """Save the VM's memory and stop its domain; a paused VM is answered as it is."""
-    vm = _claim(deps, caller, handle, vm_id, "paused")
+def pause(deps: Deps, caller: Caller, cmd: VmHeldIn) -> VmOut:
+    """`rift_vm_pause`: save the VM's memory and stop its domain; a paused VM is
+    answered as it is."""
+    vm = _claim(deps, caller, cmd, "paused")
     if vm.status == "paused":
         return _view(deps, vm)
     hv = deps.hosts.hypervisor(_uri(deps, vm))
@@ -58,10 +58,10 @@ def pause(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView:
     return _view(deps, _settle(deps, vm, "paused", caller.label))
 
 
-def resume(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView:
-    """Restore a paused VM where it was (its host must have room again), log in
-    again and set its clock; a running VM is answered as it is."""
-    vm = _claim(deps, caller, handle, vm_id, "running")
+def resume(deps: Deps, caller: Caller, cmd: VmHeldIn) -> VmOut:
+    """`rift_vm_resume`: restore a paused VM where it was (its host must have room
+    again), log in again and set its clock; a running VM is answered as it is."""
+    vm = _claim(deps, caller, cmd, "running")
     if vm.status == "running":
         return _view(deps, vm)
     hv = deps.hosts.hypervisor(_uri(deps, vm))
@@ -80,18 +80,18 @@ def resume(deps: Deps, caller: Caller, handle: str | None, vm_id: str) -> VmView
     return _view(deps, _settle(deps, vm, "running", caller.label))
 
 
-def _view(deps: Deps, vm: Vm) -> VmView:
+def _view(deps: Deps, vm: Vm) -> VmOut:
     with deps.store.read() as tx:
-        return vm_view(tx, vm)
+        return VmOut(vm=views.vm(tx, vm))
 
 
-def _claim(deps: Deps, caller: Caller, handle: str | None, vm_id: str, want: Want) -> Vm:
+def _claim(deps: Deps, caller: Caller, cmd: VmHeldIn, want: Want) -> Vm:
     """The handle's VM with the change toward `want` begun on its row by this call
     (its `change` set); or, when it is `want` already, as it is, after waiting
     for any change under way to end. Refuses a VM that is neither `want` nor its
     source (`vm_not_running`)."""
-    parsed = parse_handle(handle)
-    validate.vm_id(vm_id)
+    parsed = parse_handle(cmd.handle)
+    vm_id = cmd.vm_id
     source, change, _event = _ROUTES[want]
     deadline = time.monotonic() + deps.limits.creating_grace_s
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from hypervisor.base import Hypervisor, HypervisorError, ImageError
 from hypervisor.placement import choose_host
+from rift.contract.base import command
+from rift.contract.operator import PoolSetIn
 from rift.domain.errors import (
     GuestUnreachable,
     HostDiskFull,
@@ -42,7 +44,6 @@ from rift.domain.ids import new_pool_id, new_vm_id
 from rift.domain.model import DEFAULT_DISK_GIB, Host, StartKind, Vm, default_memory_mib
 from rift.domain.records import Pool, PoolGoal, PoolVm, PoolVmState
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, NotReady, kind_on
@@ -58,7 +59,6 @@ from rift.services.lifecycle.launch import (
 from rift.services.lifecycle.teardown import destroy_domain
 from rift.services.ports import Tx
 
-MAX_POOL = 64  # VMs of one kind a pool may keep
 BACKOFF_S = (5, 15, 60, 300)  # after the 1st, 2nd, 3rd, later failed start in a row
 DEFAULT_VCPUS = 1
 
@@ -111,21 +111,15 @@ def mark_of(deps: Deps, uri: str, image: str) -> str:
 
 # -- the operator's side ---------------------------------------------------------------------
 
-def _count(name: str, value: int) -> int:
-    return validate.integer(name, value, 0, MAX_POOL)
-
-
-def set_pool(deps: Deps, image: str, *, running: int | None = None, saved: int | None = None,
-             vcpus: int | None = None, memory_mib: int | None = None,
-             host: str | None = None) -> Pool:
-    """Create or resize the pool of that image and size (on `host`, or any).
-    Refused when the image is not built, the host is not known, its size fits no
-    host, or more running VMs than fit."""
-    vcpus, memory_mib, _ = fixed_sizes(image, deps.images.fixed_sizes(image), vcpus,
-                                       memory_mib, None)
-    vcpus = validate.integer("vcpus", DEFAULT_VCPUS if vcpus is None else vcpus, 1, 64)
-    memory_mib = validate.integer(
-        "memory_mib", default_memory_mib(image) if memory_mib is None else memory_mib, 64, 65536)
+def set_pool(deps: Deps, cmd: PoolSetIn) -> Pool:
+    """`rift pool set`: create or resize the pool of that image and size (on `host`, or
+    any). Refused when the image is not built, the host is not known, its size fits
+    no host, or more running VMs than fit."""
+    image, host = cmd.image, cmd.host
+    vcpus, memory_mib, _ = fixed_sizes(image, deps.images.fixed_sizes(image), cmd.vcpus,
+                                       cmd.memory_mib, None)
+    vcpus = DEFAULT_VCPUS if vcpus is None else vcpus
+    memory_mib = default_memory_mib(image) if memory_mib is None else memory_mib
     now = deps.clock.now()
     with deps.store.write() as tx:
         known = deps.images.names()
@@ -138,8 +132,8 @@ def set_pool(deps: Deps, image: str, *, running: int | None = None, saved: int |
         for candidate in ([hosts[host]] if host is not None else list(hosts.values())):
             check_image(deps, kind_on(deps, candidate.uri, image), image, candidate.uri)
         pool = tx.pools.find(image, host, vcpus, memory_mib)
-        running = _count("running", pool.running if running is None and pool else running or 0)
-        saved = _count("saved", pool.saved if saved is None and pool else saved or 0)
+        running = pool.running if cmd.running is None and pool else cmd.running or 0
+        saved = pool.saved if cmd.saved is None and pool else cmd.saved or 0
         own = {pvm.id for pvm in tx.pools.vms(pool.id)} if pool else set()
         _check_room(tx, host, vcpus, memory_mib, running, own)
         if pool is None:
@@ -161,7 +155,7 @@ def ensure_default_pool(deps: Deps, image: str, running: int, saved: int) -> Poo
     with deps.store.read() as tx:
         if any(pool.image == image for pool in tx.pools.all()):
             return None
-    return set_pool(deps, image, running=running, saved=saved)
+    return set_pool(deps, command(PoolSetIn, image=image, running=running, saved=saved))
 
 
 def _check_room(tx: Tx, host: str | None, vcpus: int, memory_mib: int, running: int,

@@ -32,7 +32,7 @@ from pathlib import Path
 from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.save_image import FORK_PREFIX
-from rift.contract.views import SnapshotView, VmView
+from rift.contract.tools import SnapshotOut, VmForkIn, VmSnapshotDeleteIn, VmSnapshotIn, VmsOut
 from rift.domain import egress as egress_rules
 from rift.domain.errors import (
     GuestUnreachable,
@@ -48,7 +48,6 @@ from rift.domain.model import NewEvent, Task, Vm
 from rift.domain.records import Snapshot, SnapshotState
 from rift.domain.secrets import Handle
 from rift.services.context import SWEEP, Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_disk
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on, mac_of, vm_files
@@ -56,10 +55,10 @@ from rift.services.lifecycle.launch import SSH_HOST, fail_start, pick_ssh_port, 
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle, task_vm
 from rift.services.lifecycle.teardown import destroy_domain
 from rift.services.ports import Tx
+from rift.services.read import views
 
 STATE_FILE = "state"
 DISK_FILE = "disk.qcow2"
-MAX_FORKS = 1024  # of one call; the task's room (RIFT_MAX_VMS_PER_TASK) decides first
 
 
 # -- files ---------------------------------------------------------------------------------
@@ -93,14 +92,11 @@ def _remove_files(deps: Deps, snapshot_id: str, disk: HostDisk) -> None:
 
 # -- snapshot -----------------------------------------------------------------------------
 
-def make(deps: Deps, caller: Caller, handle: str | None, vm_id: str,
-         name: str | None = None) -> SnapshotView:
-    """Snapshot a running VM of the handle's task; it runs on after."""
-    parsed = parse_handle(handle)
-    validate.vm_id(vm_id)
-    validate.text("name", name)
-    snap, vm, uri = _begin(deps, caller, parsed, vm_id, name)
-    return SnapshotView.of(_take(deps, caller, snap, vm, uri))
+def make(deps: Deps, caller: Caller, cmd: VmSnapshotIn) -> SnapshotOut:
+    """`rift_vm_snapshot`: snapshot a running VM of the handle's task; it runs on after."""
+    parsed = parse_handle(cmd.handle)
+    snap, vm, uri = _begin(deps, caller, parsed, cmd.vm_id, cmd.name)
+    return SnapshotOut(snapshot=views.snapshot(_take(deps, caller, snap, vm, uri)))
 
 
 def _begin(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
@@ -235,10 +231,10 @@ def _end_snapshotting(tx: Tx, vm_id: str) -> None:
 
 # -- delete -------------------------------------------------------------------------------
 
-def delete(deps: Deps, caller: Caller, handle: str | None, snapshot_id: str) -> SnapshotView:
-    """Delete a snapshot of the handle's task and its files."""
-    parsed = parse_handle(handle)
-    validate.snapshot_id(snapshot_id)
+def delete(deps: Deps, caller: Caller, cmd: VmSnapshotDeleteIn) -> SnapshotOut:
+    """`rift_vm_snapshot_delete`: a snapshot of the handle's task and its files."""
+    parsed = parse_handle(cmd.handle)
+    snapshot_id = cmd.snapshot_id
 
     def mark(tx: Tx) -> Snapshot:
         now = deps.clock.now()
@@ -253,7 +249,7 @@ def delete(deps: Deps, caller: Caller, handle: str | None, snapshot_id: str) -> 
 
     snap = in_write(deps.store, mark)
     _finish_delete(deps, snap)
-    return SnapshotView.of(snap)
+    return SnapshotOut(snapshot=views.snapshot(snap))
 
 
 def _finish_delete(deps: Deps, snap: Snapshot) -> None:
@@ -361,19 +357,15 @@ def dead_snapshot_files(deps: Deps) -> list[str]:
 
 # -- fork -----------------------------------------------------------------------------------
 
-def fork(deps: Deps, caller: Caller, handle: str | None, snapshot_id: str | None = None,
-         vm_id: str | None = None, name: str | None = None,
-         count: int | None = None) -> list[VmView]:
-    """`count` new VMs in the handle's task from a snapshot (or from a running VM,
-    snapshotted first and that snapshot deleted after): all or none are made."""
+def fork(deps: Deps, caller: Caller, cmd: VmForkIn) -> VmsOut:
+    """`rift_vm_fork`: `count` new VMs in the handle's task from a snapshot (or from a
+    running VM, snapshotted first and that snapshot deleted after): all or none."""
     called = deps.clock.now()
-    parsed = parse_handle(handle)
+    parsed = parse_handle(cmd.handle)
+    snapshot_id, vm_id, name, how_many = cmd.snapshot_id, cmd.vm_id, cmd.name, cmd.count
     if (snapshot_id is None) == (vm_id is None):
         raise InvalidArgument("snapshot_id", "give snapshot_id or vm_id (one of them)")
-    how_many = validate.integer("count", 1 if count is None else count, 1, MAX_FORKS)
-    validate.text("name", name)
     if vm_id is not None:
-        validate.vm_id(vm_id)
         _check_fork_room(deps, caller, parsed, vm_id, how_many)
         snap, vm, uri = _begin(deps, caller, parsed, vm_id, f"fork of {vm_id}")
         snap = _take(deps, caller, snap, vm, uri)
@@ -387,7 +379,6 @@ def fork(deps: Deps, caller: Caller, handle: str | None, snapshot_id: str | None
                     tx.events.add(event)
             _finish_delete(deps, snap)
     assert snapshot_id is not None
-    validate.snapshot_id(snapshot_id)
     with deps.store.read() as tx:
         snap_row = tx.snapshots.get(snapshot_id)
     if snap_row is None or snap_row.owner != caller.user or snap_row.state != "ready":
@@ -421,7 +412,7 @@ def _check_quota_and_room(deps: Deps, tx: Tx, task: Task, host: str, vcpus: int,
 
 
 def _fork(deps: Deps, caller: Caller, parsed: Handle, snap: Snapshot, name: str | None,
-          count: int, called: datetime) -> list[VmView]:
+          count: int, called: datetime) -> VmsOut:
     def record(tx: Tx) -> tuple[list[Vm], str]:
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
@@ -460,7 +451,7 @@ def _fork(deps: Deps, caller: Caller, parsed: Handle, snap: Snapshot, name: str 
         answers[vm.id] = _start_fork(deps, caller, vm, snap, uri, kind, called)
 
     _all_at_once([lambda vm=vm: start(vm) for vm in vms])  # type: ignore[misc]
-    return [VmView.of(answers.get(vm.id, vm)) for vm in vms]
+    return VmsOut(vms=[views.vm_of(answers.get(vm.id, vm)) for vm in vms])
 
 
 def _all_at_once(calls: list[Callable[[], None]]) -> None:

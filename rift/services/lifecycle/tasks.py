@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from rift.contract.tools import TaskCloseOut, TaskEventsOut, TaskListOut
-from rift.contract.views import EventView, TaskView
+from rift.contract.operator import TaskIdIn
+from rift.contract.tools import (
+    TaskCloseIn,
+    TaskCloseOut,
+    TaskEventsIn,
+    TaskEventsOut,
+    TaskGetIn,
+    TaskListIn,
+    TaskListOut,
+    TaskNewIn,
+    TaskNewOut,
+    TaskOut,
+)
+from rift.contract.views import TaskView
 from rift.domain.errors import (
     IdempotencyConflict,
     InvalidArgument,
@@ -22,7 +33,6 @@ from rift.domain.model import NewEvent, Task, Vm
 from rift.domain.secrets import Handle
 from rift.domain.store_errors import DuplicateKey
 from rift.services.context import OPERATOR, Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.leases import (
     Attached,
     check_handle,
@@ -38,27 +48,13 @@ from rift.services.lifecycle.leases import (
 from rift.services.lifecycle.snapshots import remove_task_snapshots
 from rift.services.lifecycle.teardown import close_in_tx, destroy_vms, forget_task_key
 from rift.services.ports import Tx
-
-STATUSES = ("open", "closed", "all")
+from rift.services.read import views
 
 
 def request_digest(**fields: Any) -> str:
     """What an idempotency key is bound to: the call's other input."""
     blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def view(deps: Deps, tx: Tx, task: Task) -> TaskView:
-    vms = tx.vms.of_task(task.id)
-    return TaskView.of(task, vms, deps.lease_rules, tx.execs.count_running([task.id])[task.id],
-                       tx.snapshots.of_task(task.id), tx.exposures.of_vms([v.id for v in vms]))
-
-
-@dataclass(frozen=True)
-class Opened:
-    task: TaskView
-    handle: Handle
-    replayed: bool = False
 
 
 def _replay(deps: Deps, tx: Tx, caller: Caller, task: Task, digest: str) -> Attached | None:
@@ -70,10 +66,9 @@ def _replay(deps: Deps, tx: Tx, caller: Caller, task: Task, digest: str) -> Atta
     return take_lease(deps, tx, caller, task, deps.clock.now(), False, {"replay": True})
 
 
-def new_task(deps: Deps, caller: Caller, name: str | None = None,
-             idempotency_key: str | None = None) -> Opened:
-    validate.text("name", name)
-    validate.text("idempotency_key", idempotency_key)
+def new(deps: Deps, caller: Caller, cmd: TaskNewIn) -> TaskNewOut:
+    """`rift_task_new`: open a task held by the caller (a repeated key replays it)."""
+    name, idempotency_key = cmd.name, cmd.idempotency_key
     digest = request_digest(name=name)
     for _ in range(3):
         now = deps.clock.now()
@@ -85,7 +80,8 @@ def new_task(deps: Deps, caller: Caller, name: str | None = None,
                         won = _replay(deps, tx, caller, existing, digest)
                         if won is None:
                             continue
-                        return Opened(view(deps, tx, won.task), won.handle, replayed=True)
+                        return TaskNewOut(task=views.task(deps, tx, won.task),
+                                          handle=str(won.handle))
                 _check_task_budget(deps, tx, caller, now)
                 task_id = new_task_id()
                 handle = Handle.mint(task_id)
@@ -98,7 +94,7 @@ def new_task(deps: Deps, caller: Caller, name: str | None = None,
                 tx.tasks.add(task)
                 tx.events.add(NewEvent(task_id, "opened", now, caller.label,
                                        {"name": task.name, "holder": caller.label}))
-                opened = Opened(TaskView.of(task, [], deps.lease_rules), handle)
+                opened = TaskNewOut(task=views.task_of(deps, task), handle=str(handle))
         except DuplicateKey:
             continue  # a concurrent create with the same key won; replay it
         deps.log.info("task opened", extra={"task_id": task_id, "holder": caller.label})
@@ -116,56 +112,42 @@ def _check_task_budget(deps: Deps, tx: Tx, caller: Caller, now: datetime) -> Non
                lambda since: tx.tasks.oldest_created_since(caller.user, since))
 
 
-def get_task(deps: Deps, caller: Caller, task_id: str | None = None,
-             handle: str | None = None) -> TaskView:
-    """A task's view; with a handle this is a touch (activity on the task)."""
-    if handle is not None:
-        task = hold(deps, caller, handle)
+def get(deps: Deps, caller: Caller, cmd: TaskGetIn) -> TaskOut:
+    """`rift_task_get`: a task's view; with a handle this is a touch (activity on it)."""
+    if cmd.handle is not None:
+        task = hold(deps, caller, cmd.handle)
         with deps.store.read() as tx:
-            return view(deps, tx, tx.tasks.get(task.id) or task)
-    if task_id is None:
+            return TaskOut(task=views.task(deps, tx, tx.tasks.get(task.id) or task))
+    if cmd.task_id is None:
         raise InvalidArgument("task_id", "give task_id or handle")
-    validate.task_id(task_id)
     with deps.store.read() as tx:
-        return view(deps, tx, owned_task(tx, caller, task_id))
+        return TaskOut(task=views.task(deps, tx, owned_task(tx, caller, cmd.task_id)))
 
 
-def list_tasks(deps: Deps, caller: Caller | None, status: str | None = None,
-               limit: int | None = None, after: str | None = None) -> TaskListOut:
-    """The caller's tasks, newest first (``caller=None``: every user's, for operators)."""
-    status = status or "open"
-    if status not in STATUSES:
-        raise InvalidArgument("status", "one of open, closed, all")
-    size = validate.limit(limit)
-    if after is not None:
-        validate.task_id(after, "after")
+def list_tasks(deps: Deps, caller: Caller | None, cmd: TaskListIn) -> TaskListOut:
+    """`rift_task_list`: the caller's tasks, newest first (``caller=None``: every
+    user's, for operators)."""
+    size = cmd.limit
     with deps.store.read() as tx:
-        page = tx.tasks.page(caller.user if caller else None, status, size + 1, after)
+        page = tx.tasks.page(caller.user if caller else None, cmd.status, size + 1, cmd.after)
         more = len(page) > size
         page = page[:size]
-        vms = tx.vms.of_tasks([t.id for t in page])
-        running = tx.execs.count_running([t.id for t in page])
-        snaps = tx.snapshots.of_tasks([t.id for t in page])
-        exposed = tx.exposures.of_vms([v.id for found in vms.values() for v in found])
-    views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id], snaps[t.id],
-                         exposed) for t in page]
-    return TaskListOut(tasks=views, next_after=page[-1].id if more and page else None)
+        shown = views.tasks(deps, tx, page)
+    return TaskListOut(tasks=shown, next_after=page[-1].id if more and page else None)
 
 
-def task_events(deps: Deps, caller: Caller | None, task_id: str, after_id: int | None = None,
-                limit: int | None = None) -> TaskEventsOut:
-    validate.task_id(task_id)
-    start = 0 if after_id is None else validate.integer("after_id", after_id, 0, 2**62)
-    size = validate.limit(limit)
+def events(deps: Deps, caller: Caller | None, cmd: TaskEventsIn) -> TaskEventsOut:
+    """`rift_task_events`: a task's event log from `after_id` on."""
+    task_id, start, size = cmd.task_id, cmd.after_id, cmd.limit
     with deps.store.read() as tx:
         task = tx.tasks.get(task_id)
         if task is None or (caller is not None and task.owner != caller.user):
             raise TaskNotFound(task_id)
-        events = tx.events.page(task_id, start, size + 1)
-    more = len(events) > size
-    events = events[:size]
-    return TaskEventsOut(task_id=task_id, events=[EventView.of(e) for e in events],
-                         next_after=events[-1].id if events else start, has_more=more)
+        found = tx.events.page(task_id, start, size + 1)
+    more = len(found) > size
+    found = found[:size]
+    return TaskEventsOut(task_id=task_id, events=[views.event(e) for e in found],
+                         next_after=found[-1].id if found else start, has_more=more)
 
 
 def _finish_close(deps: Deps, task_id: str, actor: str) -> TaskCloseOut:
@@ -180,12 +162,12 @@ def _finish_close(deps: Deps, task_id: str, actor: str) -> TaskCloseOut:
         assert task is not None
         deps.log.info("task closed", extra={"task_id": task_id, "actor": actor,
                                             "reason": task.close_reason})
-        return TaskCloseOut(task=view(deps, tx, task), destroyed=destroyed)
+        return TaskCloseOut(task=views.task(deps, tx, task), destroyed=destroyed)
 
 
-def close_task(deps: Deps, caller: Caller, handle: str | None = None,
-               task_id: str | None = None, takeover: bool = False) -> TaskCloseOut:
-    """Close by handle, or by id under attach's rules; its VMs are destroyed."""
+def close(deps: Deps, caller: Caller, cmd: TaskCloseIn) -> TaskCloseOut:
+    """`rift_task_close`: by handle, or by id under attach's rules; its VMs are destroyed."""
+    handle, task_id, takeover = cmd.handle, cmd.task_id, cmd.takeover
     if handle is None and task_id is None:
         raise InvalidArgument("handle", "give handle, or task_id (+ takeover)")
     if handle is not None:
@@ -200,7 +182,7 @@ def close_task(deps: Deps, caller: Caller, handle: str | None = None,
         closed = _retry(lambda: in_write(deps.store, by_handle))
     else:
         assert task_id is not None
-        target = validate.task_id(task_id)
+        target = task_id
 
         def by_id(tx: Tx) -> bool:
             now = deps.clock.now()
@@ -215,20 +197,20 @@ def close_task(deps: Deps, caller: Caller, handle: str | None = None,
     return _finish_close(deps, target, caller.label)
 
 
-def operator_view(deps: Deps, task_id: str) -> TaskView:
+def operator_view(deps: Deps, cmd: TaskIdIn) -> TaskView:
     """`rift task show ID`: any user's task, for the local operator."""
-    validate.task_id(task_id)
+    task_id = cmd.task_id
     with deps.store.read() as tx:
         task = tx.tasks.get(task_id)
         if task is None:
             raise TaskNotFound(task_id)
-        return view(deps, tx, task)
+        return views.task(deps, tx, task)
 
 
-def close_as_operator(deps: Deps, task_id: str, by: str | None = None) -> TaskCloseOut:
+def close_as_operator(deps: Deps, cmd: TaskIdIn) -> TaskCloseOut:
     """`rift task close ID`: the local operator closes any task, reason `operator`."""
-    validate.task_id(task_id)
-    details = {"by": by} if by else {}
+    task_id = cmd.task_id
+    details = {"by": cmd.by} if cmd.by else {}
 
     def work(tx: Tx) -> bool:
         task = tx.tasks.get(task_id)

@@ -10,7 +10,7 @@ live row was Rift's own destroy, cut short.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -18,11 +18,30 @@ from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import DESTROYABLE_VM_STATUSES, CloseReason, Task, Vm
 from rift.services.context import Deps
-from rift.services.lifecycle.execs import end_vm_work
+from rift.services.lifecycle import execs, exposures
 from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.ports import Tx
 
 _DESTROYABLE = DESTROYABLE_VM_STATUSES
+
+# -- the end of a VM's sub-resources -------------------------------------------------------
+
+Ender = Callable[[Tx, Vm, datetime, str], None]
+
+# What ends with a VM, each ended by its own module in the transaction that destroys or
+# fails the VM. A new sub-resource of a VM (a volume, a code context) adds its ender
+# here and touches no other service.
+ENDERS: tuple[Ender, ...] = (
+    execs.end_for_vm,  # its running execs are lost
+    exposures.end_for_vm,  # its URLs answer 404 from the commit on
+)
+
+
+def vm_ended(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
+    """In the transaction that destroys or fails `vm`: end what lives with it."""
+    for end in ENDERS:
+        end(tx, vm, now, actor)
+
 
 
 def host_uri(tx: Tx, host_name: str) -> str | None:
@@ -83,7 +102,7 @@ def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = 
             destroyed, event = current.destroyed(actor, now, details)
             if tx.vms.save(destroyed, current):
                 tx.events.add(event)
-                end_vm_work(tx, vm, now, actor)
+                vm_ended(tx, vm, now, actor)
         current = tx.vms.get(vm.id)
     return current or vm
 

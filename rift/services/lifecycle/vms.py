@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from rift.contract.base import MAX_DISK_GIB
-from rift.contract.views import VmView
+from rift.contract.tools import VmDestroyIn, VmGetIn, VmNewIn, VmOut
 from rift.domain import egress as egress_rules
 from rift.domain.errors import (
     IdempotencyConflict,
@@ -15,13 +14,11 @@ from rift.domain.errors import (
     VmNotFound,
 )
 from rift.domain.ids import new_vm_id
-from rift.domain.model import DEFAULT_DISK_GIB, NewEvent, Task, Vm, default_memory_mib
+from rift.domain.model import DEFAULT_DISK_GIB, Egress, NewEvent, Task, Vm, default_memory_mib
 from rift.domain.store_errors import DuplicateKey
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.capacity import place
 from rift.services.lifecycle.disk_budget import check_disk_budget, disk_floor_bytes
-from rift.services.lifecycle.exposures import vm_view
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on
 from rift.services.lifecycle.launch import SSH_HOST, check_image, fixed_sizes, launch, pick_ssh_port
 from rift.services.lifecycle.leases import (
@@ -38,6 +35,7 @@ from rift.services.lifecycle.tasks import request_digest
 from rift.services.lifecycle.teardown import destroy_vm
 from rift.services.ports import Tx
 from rift.services.ports.watch import Watch
+from rift.services.read import views
 
 
 def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
@@ -47,10 +45,10 @@ def owned_vm(tx: Tx, caller: Caller, vm_id: str) -> Vm:
     return vm
 
 
-def get_vm(deps: Deps, caller: Caller, vm_id: str) -> VmView:
-    validate.vm_id(vm_id)
+def get(deps: Deps, caller: Caller, cmd: VmGetIn) -> VmOut:
+    """`rift_vm_get`: one VM of the caller's tasks."""
     with deps.store.read() as tx:
-        return vm_view(tx, owned_vm(tx, caller, vm_id))
+        return VmOut(vm=views.vm(tx, owned_vm(tx, caller, cmd.vm_id)))
 
 
 def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime) -> None:
@@ -64,35 +62,41 @@ def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: dateti
                lambda since: tx.vms.oldest_created_since(caller.user, since))
 
 
-def _sizes(deps: Deps, image: str, vcpus: int | None, memory_mib: int | None,
-           disk_gib: int | None) -> tuple[int, int, int, int]:
+def _sizes(deps: Deps, image: str, cmd: VmNewIn) -> tuple[int, int, int, int]:
     """The new VM's vCPUs, memory and disk (defaults filled in, or its image's fixed
     sizes), and the disk its image's pooled VMs have."""
     fixed = deps.images.fixed_sizes(image)
-    vcpus, memory_mib, disk_gib = fixed_sizes(image, fixed, vcpus, memory_mib, disk_gib)
-    vcpus = validate.integer("vcpus", 1 if vcpus is None else vcpus, 1, 64)
-    memory_mib = validate.integer(
-        "memory_mib", default_memory_mib(image) if memory_mib is None else memory_mib, 64, 65536)
-    disk_gib = validate.integer("disk_gib", DEFAULT_DISK_GIB if disk_gib is None else disk_gib,
-                                1, MAX_DISK_GIB)
-    return vcpus, memory_mib, disk_gib, DEFAULT_DISK_GIB if fixed is None else fixed[2]
+    asked = cmd.model_fields_set  # a size left out takes the image's own, when it has one
+    vcpus, memory_mib, disk_gib = fixed_sizes(
+        image, fixed, cmd.vcpus if "vcpus" in asked else None, cmd.memory_mib,
+        cmd.disk_gib if "disk_gib" in asked else None)
+    return (1 if vcpus is None else vcpus,
+            default_memory_mib(image) if memory_mib is None else memory_mib,
+            DEFAULT_DISK_GIB if disk_gib is None else disk_gib,
+            DEFAULT_DISK_GIB if fixed is None else fixed[2])
 
 
-def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = None,
-           image: str | None = None, vcpus: int | None = None, memory_mib: int | None = None,
-           idempotency_key: str | None = None, disk_gib: int | None = None,
-           egress: object = None, watch: Watch | None = None) -> VmView:
-    """Place, record (`creating`), create the domain, and answer once it runs or failed.
-    A `watch` hears of the VM and its stage."""
+def _egress(value: object) -> Egress:
+    """`open`, `none` or an allowlist (a dict, or the input's `allow`), as it is kept:
+    its entries are the domain's to read (rift.domain.egress)."""
+    allow = getattr(value, "allow", None)
+    if allow is not None:
+        value = {"allow": list(allow)}
+    try:
+        return egress_rules.canonical(value)
+    except egress_rules.BadEntry as exc:
+        raise InvalidArgument("egress", str(exc)) from None
+
+
+def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) -> VmOut:
+    """`rift_vm_new`: place, record (`creating`), create the domain, and answer once
+    it runs or failed. A `watch` hears of the VM and its stage."""
     called = deps.clock.now()  # `start.ms` counts from here
-    parsed = parse_handle(handle)
-    validate.text("name", name)
-    validate.text("idempotency_key", idempotency_key)
-    image = image if image is not None else deps.default_image
-    validate.text("image", image)
-    vcpus, memory_mib, disk_gib, pooled_disk_gib = _sizes(deps, image, vcpus, memory_mib,
-                                                          disk_gib)
-    chosen = validate.egress(deps.default_egress if egress is None else egress)
+    parsed = parse_handle(cmd.handle)
+    name, idempotency_key = cmd.name, cmd.idempotency_key
+    image = cmd.image if cmd.image is not None else deps.default_image
+    vcpus, memory_mib, disk_gib, pooled_disk_gib = _sizes(deps, image, cmd)
+    chosen = _egress(deps.default_egress if cmd.egress is None else cmd.egress)
     digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
                             memory_mib=memory_mib, disk_gib=disk_gib, egress=chosen)
 
@@ -144,14 +148,14 @@ def new_vm(deps: Deps, caller: Caller, handle: str | None, name: str | None = No
         # with its rolled-back transaction).
         vm, uri, kind, taken, replayed = in_write(deps.store, record)
     if replayed or uri is None or kind is None:
-        return VmView.of(vm)
+        return VmOut(vm=views.vm_of(vm))
     _tell(watch, vm, taken)
     if taken is not None:
         started = start_taken(deps, caller, vm, uri, kind, taken, called)
         # Its replacement starts only now: a boot beside the hand-over would slow it.
         deps.observers.pools_changed()
-        return VmView.of(started)
-    return VmView.of(launch(deps, caller, vm, uri, kind, called))
+        return VmOut(vm=views.vm_of(started))
+    return VmOut(vm=views.vm_of(launch(deps, caller, vm, uri, kind, called)))
 
 
 def _tell(watch: Watch | None, vm: Vm, taken: Taken | None) -> None:
@@ -162,12 +166,9 @@ def _tell(watch: Watch | None, vm: Vm, taken: Taken | None) -> None:
         watch.note(f"{vm.id}: {stage}")
 
 
-def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,
-            takeover: bool = False) -> VmView:
-    """Destroy one VM: under the task's handle, or by id under attach's rules."""
-    if not isinstance(vm_id, str):
-        raise InvalidArgument("vm_id", "must be a string")
-    validate.vm_id(vm_id)
+def destroy(deps: Deps, caller: Caller, cmd: VmDestroyIn) -> VmOut:
+    """`rift_vm_destroy`: one VM, under its task's handle, or by id under attach's rules."""
+    vm_id, handle, takeover = cmd.vm_id, cmd.handle, cmd.takeover
     now = deps.clock.now()
     if handle is not None:
         parsed = parse_handle(handle)
@@ -185,8 +186,8 @@ def destroy(deps: Deps, caller: Caller, vm_id: str, handle: str | None = None,
             vm = owned_vm(tx, caller, vm_id)
             task = owned_task(tx, caller, vm.task_id)
         if vm.status == "destroyed":
-            return VmView.of(vm)
+            return VmOut(vm=views.vm_of(vm))
         if task.is_open:
             ensure_open(task)
             refuse_if_held(deps, task, now, takeover)
-    return VmView.of(destroy_vm(deps, vm, caller.label, {"takeover": takeover}))
+    return VmOut(vm=views.vm_of(destroy_vm(deps, vm, caller.label, {"takeover": takeover})))

@@ -17,9 +17,9 @@ from hypervisor.snapshot_image import (
     add_snapshot_image,
     snapshot_image,
 )
+from rift.contract.operator import ImageFromSnapshotIn
 from rift.domain.errors import InvalidArgument, SnapshotNotFound
 from rift.services.context import Deps
-from rift.services.lifecycle import validate
 from rift.services.lifecycle.snapshots import DISK_FILE, STATE_FILE, snapshot_dir
 
 
@@ -48,13 +48,13 @@ def remove_image(deps: Deps, name: str) -> None:
         raise InvalidArgument("image", str(exc)) from exc
 
 
-def add_image_from_snapshot(deps: Deps, name: str, snapshot_id: str) -> Path:
+def add_image_from_snapshot(deps: Deps, cmd: ImageFromSnapshotIn) -> Path:
     """Make image `name` from the ready snapshot `snapshot_id` (of any task) and
     answer its folder. The snapshot stays its task's; the image is a copy.
     Refused: no such ready snapshot (snapshot_not_found), a name that is taken or
     malformed, a control plane without real guests, files that cannot be copied
     (invalid_argument, saying which)."""
-    validate.snapshot_id(snapshot_id)
+    name, snapshot_id = cmd.name, cmd.snapshot_id
     images_dir = deps.runtime.images("snapshot_id")
     with deps.store.read() as tx:
         snap = tx.snapshots.get(snapshot_id)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from rift.contract.views import TaskView
 from rift.domain import usage
 from rift.services.context import Deps
+from rift.services.read import views
 
 OPEN_MAX = 1000  # a person has at most RIFT_MAX_OPEN_TASKS (32 by default)
 CLOSED_MAX = 10
@@ -51,14 +52,10 @@ def read_page(deps: Deps, user: str) -> BoxesPage:
         found = tx.tasks.page(user, "open", OPEN_MAX + 1, None)
         opened = found[:OPEN_MAX]
         closed = tx.tasks.recently_closed(user, CLOSED_MAX)
-        vms = tx.vms.of_tasks([t.id for t in opened + closed])
-        running = tx.execs.count_running([t.id for t in opened])
-        snaps = tx.snapshots.of_tasks([t.id for t in opened])
-        exposed = tx.exposures.of_vms([v.id for t in opened for v in vms.get(t.id, [])])
-    opened.sort(key=lambda t: (t.last_activity_at, t.created_at), reverse=True)
-    open_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules, running[t.id],
-                              snaps[t.id], exposed) for t in opened]
-    closed_views = [TaskView.of(t, vms.get(t.id, []), deps.lease_rules) for t in closed]
+        opened.sort(key=lambda t: (t.last_activity_at, t.created_at), reverse=True)
+        open_views = views.tasks(deps, tx, opened)
+        closed_views = views.tasks(deps, tx, closed, open_parts=False)
+        vms = tx.vms.of_tasks([t.id for t in opened])
     drawn = {vm.id: usage.history(vm.stats) for t in opened for vm in vms.get(t.id, [])
              if vm.status == "running" and vm.stats}
     shown = [[v.model_dump() for v in open_views], [v.model_dump() for v in closed_views]]

@@ -1,0 +1,183 @@
+"""The read side (DESIGN 21): every view of SPEC §3, §10, §12 and §13 is built here,
+from what it shows, and only here. Services answer ids and states (a `Task`, a
+`Vm`, an `Exec` and what its guest said); the use cases hand those to these
+builders for their answers. Built from the store's values without a second
+validation (`model_construct`); the doors' output schemas are checked against
+them in the tests.
+
+A new sub-resource of a VM (volumes, code contexts) is read here: its view, and
+its part of the VM's view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from rift.contract.views import (
+    AllowView,
+    EventView,
+    ExecView,
+    ExposureView,
+    PortView,
+    SnapshotView,
+    SshView,
+    StartView,
+    StatsView,
+    TaskView,
+    VmView,
+)
+from rift.domain import egress as egress_rules
+from rift.domain import usage
+from rift.domain.clock import iso
+from rift.domain.model import Event, Exec, Task, Vm
+from rift.domain.records import Exposure, Snapshot
+from rift.services.context import Deps
+from rift.services.ports import Tx
+
+# -- VMs ---------------------------------------------------------------------------------
+
+
+def _stats(stats: str | None) -> StatsView | None:
+    now = usage.view(stats)
+    return StatsView.model_construct(**now) if now is not None else None
+
+
+def _egress(egress: str) -> Literal["open", "none"] | AllowView:
+    listed = egress_rules.entries(egress)
+    if listed is None:
+        return "none" if egress == "none" else "open"
+    return AllowView.model_construct(allow=listed)
+
+
+def vm_of(vm: Vm, exposures: Sequence[Exposure] = ()) -> VmView:
+    """The VM as it is, with its exposed ports (never their URLs)."""
+    reachable = vm.status == "running" and vm.ssh_port is not None
+    return VmView.model_construct(
+        id=vm.id, task_id=vm.task_id, name=vm.name, image=vm.image, status=vm.status,
+        host=vm.host, vcpus=vm.vcpus, memory_mib=vm.memory_mib, disk_gib=vm.disk_gib,
+        ssh=SshView.model_construct(host=vm.ssh_host, port=vm.ssh_port)
+        if reachable and vm.ssh_port is not None else None,
+        created_at=iso(vm.created_at) or "", ready_at=iso(vm.ready_at),
+        destroyed_at=iso(vm.destroyed_at), error=vm.error,
+        start=StartView.model_construct(kind=vm.start_kind, ms=vm.start_ms)
+        if vm.start_kind is not None and vm.start_ms is not None else None,
+        egress=_egress(vm.egress),
+        exposures=[PortView.model_construct(port=e.port, created_at=iso(e.created_at) or "")
+                   for e in exposures],
+        stats=_stats(vm.stats) if vm.status == "running" else None)
+
+
+def vm(tx: Tx, row: Vm) -> VmView:
+    """A VM's view, read in `tx` with its exposed ports."""
+    return vm_of(row, tx.exposures.of_vms([row.id])[row.id])
+
+
+def exposure(made: Exposure, url: str) -> ExposureView:
+    """An exposure as `rift_vm_expose` answers it: the only time its URL is shown."""
+    return ExposureView.model_construct(vm_id=made.vm_id, port=made.port, url=url,
+                                        created_at=iso(made.created_at) or "")
+
+
+def snapshot(snap: Snapshot) -> SnapshotView:
+    return SnapshotView.model_construct(
+        id=snap.id, task_id=snap.task_id, vm_id=snap.vm_id, name=snap.name,
+        created_at=iso(snap.created_at) or "", bytes=snap.bytes)
+
+
+# -- tasks -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TaskParts:
+    """What a task's view shows besides the task: its VMs (with their exposures),
+    its running execs and its snapshots."""
+
+    vms: Sequence[Vm] = ()
+    running_execs: int = 0
+    snapshots: Sequence[Snapshot] = ()
+    exposures: dict[str, list[Exposure]] | None = None
+
+
+def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
+    rules, held = deps.lease_rules, task.is_held
+    have = parts or TaskParts()
+    exposed = have.exposures or {}
+    return TaskView.model_construct(
+        id=task.id, name=task.name, owner=task.owner, status=task.status,
+        holder=task.holder if held else None,
+        held_since=iso(task.held_since) if held else None,
+        last_activity_at=iso(task.last_activity_at) or "",
+        lease_quiet_at=iso(rules.lease_quiet_at(task)) if held else None,
+        closes_at=iso(rules.closes_at(task)), created_at=iso(task.created_at) or "",
+        closed_at=iso(task.closed_at), close_reason=task.close_reason,
+        vms=[vm_of(v, exposed.get(v.id, ())) for v in have.vms],
+        running_execs=have.running_execs,
+        snapshots=[snapshot(s) for s in have.snapshots if s.state == "ready"])
+
+
+def task(deps: Deps, tx: Tx, row: Task) -> TaskView:
+    """A task's view, read in `tx`."""
+    found = tx.vms.of_task(row.id)
+    return task_of(deps, row, TaskParts(
+        found, tx.execs.count_running([row.id])[row.id], tx.snapshots.of_task(row.id),
+        tx.exposures.of_vms([v.id for v in found])))
+
+
+def task_now(deps: Deps, task_id: str) -> TaskView:
+    """A task's view as it is now."""
+    with deps.store.read() as tx:
+        row = tx.tasks.get(task_id)
+        assert row is not None
+        return task(deps, tx, row)
+
+
+def tasks(deps: Deps, tx: Tx, page: Sequence[Task], *, open_parts: bool = True,
+          ) -> list[TaskView]:
+    """Tasks' views, read in `tx` in one query per part (`open_parts` False: only
+    their VMs, as the Boxes page shows closed tasks)."""
+    ids = [t.id for t in page]
+    found = tx.vms.of_tasks(ids)
+    if not open_parts:
+        return [task_of(deps, t, TaskParts(found.get(t.id, []))) for t in page]
+    running = tx.execs.count_running(ids)
+    snaps = tx.snapshots.of_tasks(ids)
+    exposed = tx.exposures.of_vms([v.id for t in page for v in found.get(t.id, [])])
+    return [task_of(deps, t, TaskParts(found.get(t.id, []), running[t.id], snaps[t.id],
+                                       exposed)) for t in page]
+
+
+def event(row: Event) -> EventView:
+    return EventView.model_construct(id=row.id, type=row.type, at=iso(row.at) or "",
+                                     actor=row.actor, details=row.details)
+
+
+# -- execs -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Output:
+    """What one answer carries of an exec's streams: the bytes read, where the next
+    read starts (None: after all the exec wrote), whether the read started past
+    what the guest still keeps, and its duration so far."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_offset: int | None = None
+    stderr_offset: int | None = None
+    truncated: bool = False
+    duration_ms: int | None = None
+
+
+def execution(ex: Exec, out: Output | None = None) -> ExecView:
+    """An exec's view: as recorded, with `out` of its streams (none in lists)."""
+    got = out or Output()
+    return ExecView.model_construct(
+        exec_id=ex.id, vm_id=ex.vm_id, command=ex.command, status=ex.status,
+        exit_code=ex.exit_code, signal=ex.signal, timed_out=ex.timed_out,
+        started_at=iso(ex.started_at) or "", ended_at=iso(ex.ended_at),
+        duration_ms=ex.duration_ms if got.duration_ms is None else got.duration_ms,
+        stdout=got.stdout.decode("utf-8", "replace"),
+        stderr=got.stderr.decode("utf-8", "replace"),
+        stdout_offset=ex.stdout_bytes if got.stdout_offset is None else got.stdout_offset,
+        stderr_offset=ex.stderr_bytes if got.stderr_offset is None else got.stderr_offset,
+        stdout_bytes=ex.stdout_bytes, stderr_bytes=ex.stderr_bytes, truncated=got.truncated)
