@@ -1,5 +1,6 @@
 """Pause and resume on real guests (SPEC §12), through the official MCP SDK client:
-twenty cycles of a `tiny` VM with a counter running lose nothing (the counter
+cycles of a `tiny` VM with a counter running (three in `make test`, twenty in
+`make soak`: tests/support/soak.py) lose nothing (the counter
 counts on, its exec's output continues at its offsets, a file written before
 each pause reads back after it, the clock is right; a `debian` VM's pause is
 in test_real_forks.py, on the VM it forks); and `kill -9` of `rift serve` in the
@@ -15,8 +16,6 @@ import contextlib
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import libvirt
@@ -24,17 +23,9 @@ import pytest
 from mcp.client.session import ClientSession
 
 from tests.support.mcp_clients import call, mcp_session, refused, run
-from tests.support.servers import (
-    COUNTER,
-    REAL_URI,
-    Server,
-    kill_server,
-    real_vms_missing,
-    restart_server,
-    start_real_server,
-    stop_server,
-    wait_until,
-)
+from tests.support.real_guests import RealSettings, Rig
+from tests.support.servers import COUNTER, REAL_URI, Server, real_vms_missing, wait_until
+from tests.support.soak import scale
 from tests.support.witnesses import our_domains, pool_vm_ids, rows
 
 pytestmark = [
@@ -43,22 +34,8 @@ pytestmark = [
 ]
 
 LIMIT_S = 300
-CYCLES = 20
-_PROCS: dict[Path, Any] = {}  # data dir -> its `rift serve` now
-_NOW: dict[Path, Server] = {}  # data dir -> the server as it answers now (after restarts)
-
-
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_real_server(tmp_path_factory.mktemp("pause"),
-                                  RIFT_VM_BOOT_TIMEOUT_S="120", RIFT_SWEEP_INTERVAL_S="2")
-    _PROCS[srv.data_dir] = proc
-    try:
-        yield srv
-    finally:
-        stop_server(_PROCS.pop(srv.data_dir))
-        remaining = our_domains(srv)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+CYCLES = scale(3, 20)
+REAL = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": "120", "RIFT_SWEEP_INTERVAL_S": "2"})
 
 
 async def _sh(s: ClientSession, handle: str, vm_id: str, command: str) -> str:
@@ -124,9 +101,8 @@ async def _cycles(s: ClientSession, handle: str, vm_id: str, cycles: int) -> Non
                       signal="KILL")
 
 
-def test_twenty_pauses_of_a_tiny_vm_lose_no_process_file_or_output(real: Server) -> None:
-    real = _NOW.get(real.data_dir, real)
-
+@pytest.mark.soak
+def test_pauses_of_a_tiny_vm_lose_no_process_file_or_output(real: Server) -> None:
     async def scenario() -> None:
         async with mcp_session(real.url, real.token, "claude-code") as s:
             handle = (await call(s, "rift_task_new", name="pauses"))["handle"]
@@ -143,12 +119,10 @@ def test_twenty_pauses_of_a_tiny_vm_lose_no_process_file_or_output(real: Server)
 
 
 def test_kill_9_in_the_middle_of_a_pause_leaves_a_vm_paused_with_its_state_or_running(
-        real: Server) -> None:
-    real = _NOW.get(real.data_dir, real)
-
+        real: Server, rig: Rig) -> None:
     handle, vm_id = _vm_with_a_file(real, "cut pause")
 
-    again = _cut_mid_change(real, "rift_vm_pause", handle, vm_id, "pausing")
+    again = _cut_mid_change(rig, "rift_vm_pause", handle, vm_id, "pausing")
     wait_until(lambda: _change(again, vm_id) is None, 60,
                "reconciliation settling the cut pause")
     status = rows(again, "select status from vms where id = ?", vm_id)[0]["status"]
@@ -195,20 +169,19 @@ def _quietly(call_it: Any) -> None:
         call_it()
 
 
-def _kill_and_restart(srv: Server, cut: threading.Thread) -> Server:
+def _kill_and_restart(rig: Rig, cut: threading.Thread) -> Server:
     """`kill -9` of the server with `cut`'s call in flight, and a restart with a
     short grace, so that reconciliation judges what was cut soon after."""
-    kill_server(_PROCS[srv.data_dir])
+    rig.kill()
     cut.join(30)
-    proc, again = restart_server(srv, RIFT_VM_BOOT_TIMEOUT_S="10",
-                                 RIFT_VM_CREATING_GRACE_S="11")
-    _PROCS[srv.data_dir], _NOW[srv.data_dir] = proc, again
-    return again
+    return rig.restart(RIFT_VM_BOOT_TIMEOUT_S="10", RIFT_VM_CREATING_GRACE_S="11")
 
 
-def _cut_mid_change(srv: Server, tool: str, handle: str, vm_id: str, change: str) -> Server:
+def _cut_mid_change(rig: Rig, tool: str, handle: str, vm_id: str, change: str) -> Server:
     """Call `tool` on the VM, `kill -9` the server once the VM's change is `change`
     and libvirt is at work (saving), and answer the restarted server."""
+    srv = rig.server
+
     async def cut_call() -> None:
         async with mcp_session(srv.url, srv.token) as s:
             await call(s, tool, handle=handle, vm_id=vm_id)
@@ -216,7 +189,7 @@ def _cut_mid_change(srv: Server, tool: str, handle: str, vm_id: str, change: str
     cut = _in_flight(lambda: run(cut_call, 60))
     wait_until(lambda: _change(srv, vm_id) == change, 30, f"{tool} under way", every_s=0.01)
     time.sleep(0.25)  # libvirt is saving now
-    return _kill_and_restart(srv, cut)
+    return _kill_and_restart(rig, cut)
 
 
 def _in_flight(call_it: Any) -> threading.Thread:
@@ -244,12 +217,10 @@ def _snapshot_dirs(srv: Server) -> set[str]:
 
 
 def test_kill_9_in_the_middle_of_a_snapshot_leaves_the_vm_running_and_it_whole_or_gone(
-        real: Server) -> None:
-    real = _NOW.get(real.data_dir, real)
-
+        real: Server, rig: Rig) -> None:
     handle, vm_id = _vm_with_a_file(real, "cut snapshot")
 
-    again = _cut_mid_change(real, "rift_vm_snapshot", handle, vm_id, "snapshotting")
+    again = _cut_mid_change(rig, "rift_vm_snapshot", handle, vm_id, "snapshotting")
     wait_until(lambda: _change(again, vm_id) is None and not rows(
         again, "select id from snapshots where state != 'ready'"), 60,
         "the sweep settling the cut snapshot")
@@ -277,9 +248,7 @@ def test_kill_9_in_the_middle_of_a_snapshot_leaves_the_vm_running_and_it_whole_o
 
 
 def test_kill_9_in_the_middle_of_a_fork_leaves_no_domain_without_a_row_nor_a_copy(
-        real: Server) -> None:
-    real = _NOW.get(real.data_dir, real)
-
+        real: Server, rig: Rig) -> None:
     async def before() -> tuple[str, str, str]:
         async with mcp_session(real.url, real.token) as s:
             opened = await call(s, "rift_task_new", name="cut fork")
@@ -304,7 +273,7 @@ def test_kill_9_in_the_middle_of_a_fork_leaves_no_domain_without_a_row_nor_a_cop
     cut = _in_flight(lambda: run(fork, 60))
     wait_until(lambda: len(forks(real)) == 2, 30, "the forks recorded", every_s=0.01)
     time.sleep(0.5)  # their states are being copied and restored now
-    again = _kill_and_restart(real, cut)
+    again = _kill_and_restart(rig, cut)
     wait_until(lambda: all(f["status"] != "creating" for f in forks(again)), 60,
                "reconciliation settling the cut forks")
     live = {r["id"] for r in rows(again, "select id from vms where status in "
@@ -327,7 +296,6 @@ def test_kill_9_in_the_middle_of_a_fork_leaves_no_domain_without_a_row_nor_a_cop
 
 def test_a_snapshot_onto_a_full_disk_fails_clearly_and_leaves_the_vm_running(
         real: Server) -> None:
-    real = _NOW.get(real.data_dir, real)
     full = real.data_dir / "snapshots"
     full.mkdir(exist_ok=True)
     assert not _snapshot_dirs(real), "the test needs no snapshot on its host"
