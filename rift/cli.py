@@ -173,7 +173,8 @@ def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
 
     deps = _deps(settings)
     if args.action == "add":
-        host = hosts.add_host(deps, args.name, args.uri, args.vcpus, args.memory_mib)
+        host = hosts.add_host(deps, args.name, args.uri,
+                              hosts.HostSize(args.vcpus, args.memory_mib))
         print(f"added host {host.name} ({host.vcpus} vCPUs, {host.memory_mib} MiB)")
     elif args.action == "drain" and args.move:
         from rift.services.operator.moves import drain_and_move

@@ -102,8 +102,8 @@ async def login(request: Request, user: FormText = "", password: FormText = "",
     address = request.client.host if request.client else "unknown"
     try:
         made = await anyio.to_thread.run_sync(partial(
-            sessions.log_in, state.deps, user, password, address, state.settings.session_ttl_s,
-            state.login_checks), limiter=state.login_threads)
+            sessions.log_in, state.deps, sessions.LoginAttempt(user, password, address),
+            state.settings.session_ttl_s, state.login_checks), limiter=state.login_threads)
     except sessions.LoginBusy:
         return _login_page(request, "Too many sign-ins at once. Try again in a second.", user,
                            429, {"Retry-After": "1"})

@@ -64,6 +64,23 @@ VmIdPath = Annotated[VmId, Path()]
 ExecIdPath = Annotated[ExecId, Path()]
 SnapshotIdPath = Annotated[SnapshotId, Path()]
 GuestPath = Annotated[GuestPathText, Query()]
+
+
+def _guest_file(vm_id: VmIdPath, path: GuestPath) -> dict[str, str]:
+    """A file of a VM: the VM in the path, the file's path in the query."""
+    return {"vm_id": vm_id, "path": path}
+
+
+def _stream_headers(
+        handle: HandleHeader = None,
+        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> tuple[str | None, str | None]:
+    """An exec stream's headers: the handle, and the event to resume after."""
+    return handle, last_event_id
+
+
+GuestFile = Annotated[dict[str, str], Depends(_guest_file)]
+StreamHeaders = Annotated[tuple[str | None, str | None], Depends(_stream_headers)]
 REFUSALS: dict[int | str, dict[str, Any]] = {
     code: {"model": c.Refusal, "description": "a refusal: {error: {code, message, hint}}"}
     for code in (400, 401, 404, 409, 422, 429, 503)
@@ -272,9 +289,9 @@ async def get_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
                 "without output), or `refused` ({error}) if the lease moved on")}},
             summary="the exec's output as Server-Sent Events until its end")
 async def stream_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
-                      query: Annotated[c.ExecStreamQuery, Query()], handle: HandleHeader = None,
-                      last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+                      query: Annotated[c.ExecStreamQuery, Query()], headers: StreamHeaders,
                       ) -> StreamingResponse:
+    handle, last_event_id = headers
     offsets = _resumed(last_event_id) or (query.stdout_offset, query.stderr_offset)
     state: AppState = request.app.state.rift
     give = state.waiting.take(caller.user)  # a stream waits: one of the caller's places
@@ -354,16 +371,15 @@ def kill_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
 
 @router.put("/vms/{vm_id}/files", response_model=c.FileWrittenOut,
             summary="write a file in the VM")
-def write_file(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c.FileBody,
-               path: GuestPath, handle: HandleHeader = None) -> Any:
-    return run(request, caller, c.VM_WRITE_FILE, files.write, body, handle=handle, vm_id=vm_id,
-               path=path)
+def write_file(request: Request, caller: CallerDep, file: GuestFile, body: c.FileBody,
+               handle: HandleHeader = None) -> Any:
+    return run(request, caller, c.VM_WRITE_FILE, files.write, body, handle=handle, **file)
 
 
 @router.get("/vms/{vm_id}/files", response_model=c.FileReadOut,
             summary="read a file from the VM")
-def read_file(request: Request, caller: CallerDep, vm_id: VmIdPath, path: GuestPath,
+def read_file(request: Request, caller: CallerDep, file: GuestFile,
               encoding: Annotated[c.Encoding, Query()] = "utf-8",
               handle: HandleHeader = None) -> Any:
-    return run(request, caller, c.VM_READ_FILE, files.read, handle=handle, vm_id=vm_id, path=path,
-               encoding=encoding)
+    return run(request, caller, c.VM_READ_FILE, files.read, None, handle=handle, encoding=encoding,
+               **file)

@@ -206,8 +206,8 @@ def test_placement_spreads_vms_over_test_driver_hosts_of_different_sizes(
 
     small = write_test_host_xml(str(tmp_path / "small.xml"), 2, 1024)
     large = write_test_host_xml(str(tmp_path / "large.xml"), 4, 6144)
-    hosts.add_host(engine, "small", small, vcpus=2, memory_mib=1024)
-    hosts.add_host(engine, "large", large, vcpus=4, memory_mib=6144)
+    hosts.add_host(engine, "small", small, hosts.HostSize(vcpus=2, memory_mib=1024))
+    hosts.add_host(engine, "large", large, hosts.HostSize(vcpus=4, memory_mib=6144))
     opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
     placed = [vms.new(engine, ALICE, command(c.VmNewIn, handle=handle,

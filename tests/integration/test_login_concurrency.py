@@ -23,7 +23,7 @@ PASSWORD = "correct horse battery"
 def _try(deps: Deps, name: str, password: str, address: str = "10.0.0.9",
          checks: threading.Semaphore | None = None) -> str:
     try:
-        sessions.log_in(deps, name, password, address, 3600, checks)
+        sessions.log_in(deps, sessions.LoginAttempt(name, password, address), 3600, checks)
     except sessions.LoginBusy:
         return "busy"
     except sessions.LoginThrottled:

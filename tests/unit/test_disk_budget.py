@@ -17,6 +17,7 @@ from rift.services.context import Deps, GuestRuntime
 from rift.services.lifecycle import pauses, snapshots, tasks, vms
 from rift.services.lifecycle.disk_budget import GIB, disk_used_bytes
 from rift.services.operator import hosts
+from rift.services.operator.hosts import HostSize
 from tests.support.engine import ALICE, BOB, refused
 
 
@@ -70,7 +71,7 @@ def test_paused_memory_and_snapshots_count(deps: Deps) -> None:
 
 
 def test_a_host_under_its_disk_floor_takes_no_new_vm_snapshot_or_pause(deps: Deps) -> None:
-    hosts.add_host(deps, "big", "fake:///big", 4, 100_000)
+    hosts.add_host(deps, "big", "fake:///big", HostSize(4, 100_000))
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
     vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="tiny")).vm

@@ -13,12 +13,13 @@ from rift.domain.errors import NoCapacity
 from rift.services.context import Deps
 from rift.services.lifecycle import pauses, tasks, vms
 from rift.services.operator import hosts
+from rift.services.operator.hosts import HostSize
 from rift.services.operator.moves import drain_and_move
 from tests.support.engine import ALICE, FakePool, event_types, snapshot
 
 
 def _on_far(deps: Deps, pool: FakePool, count: int) -> tuple[str, list[str]]:
-    hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
+    hosts.add_host(deps, "far", "fake:///far", HostSize(64, 1_000_000))  # the most free memory
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     made = [vms.new(deps, ALICE, command(c.VmNewIn,
                 handle=str(opened.handle))).vm.id for _ in range(count)]
@@ -46,7 +47,7 @@ def test_drain_move_moves_each_running_vm_with_its_event_and_leaves_a_paused_one
 
 
 def test_nothing_moves_when_one_vm_has_nowhere_to_go(deps: Deps, pool: FakePool) -> None:
-    hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)
+    hosts.add_host(deps, "far", "fake:///far", HostSize(64, 1_000_000))
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     big = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle), vcpus=64,
               memory_mib=60_000)).vm

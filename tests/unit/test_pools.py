@@ -17,6 +17,7 @@ from rift.services.background import reconcile
 from rift.services.context import Deps, GuestRuntime
 from rift.services.lifecycle import pools, tasks, vms
 from rift.services.operator import hosts
+from rift.services.operator.hosts import HostSize
 from tests.support.engine import ALICE, event_types, refused, snapshot
 
 FILLER = "test-filler"
@@ -95,7 +96,7 @@ def test_a_failed_restore_is_destroyed_and_the_vm_boots(
 
 def test_pooled_vms_hold_room_on_their_host(deps: Deps, local_hv: FakeHypervisor) -> None:
     hosts.remove_host(deps, "local")
-    hosts.add_host(deps, "small", "fake:///small", 4, 1024)
+    hosts.add_host(deps, "small", "fake:///small", HostSize(4, 1024))
     pools.set_pool(deps, command(PoolSetIn, image="tiny", running=3))  # 3 x 256 MiB
     _fill(deps)
     err = refused("no_capacity", lambda: vms.new(deps, ALICE, command(c.VmNewIn,
@@ -112,7 +113,7 @@ def test_pooled_vms_hold_room_on_their_host(deps: Deps, local_hv: FakeHypervisor
 
 
 def test_a_pool_fills_no_host_under_its_disk_floor(deps: Deps, local_hv: FakeHypervisor) -> None:
-    hosts.add_host(deps, "big", "fake:///big", 4, 100_000)  # placement's first choice
+    hosts.add_host(deps, "big", "fake:///big", HostSize(4, 100_000))  # placement's first choice
     deps.disk_room.free["big"] = 1 << 30  # as sampled: 1 GiB left, under the 4 GiB floor
     pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     assert _fill(deps) == 1
@@ -132,7 +133,7 @@ def test_a_pool_fills_no_host_under_its_disk_floor(deps: Deps, local_hv: FakeHyp
 
 def test_a_pool_larger_than_its_hosts_is_refused_with_what_fits(deps: Deps) -> None:
     hosts.remove_host(deps, "local")
-    hosts.add_host(deps, "small", "fake:///small", 4, 1024)
+    hosts.add_host(deps, "small", "fake:///small", HostSize(4, 1024))
     before = snapshot(deps)
     err = refused("no_capacity", lambda: pools.set_pool(deps, command(PoolSetIn, image="tiny",
                                      running=5)))

@@ -68,7 +68,7 @@ def test_an_unreachable_host_is_reported_and_the_rest_goes_on(
     from hypervisor.base import HypervisorError
     from rift.services.operator import hosts
 
-    hosts.add_host(deps, "gone", "fake:///gone", 4, 4096)
+    hosts.add_host(deps, "gone", "fake:///gone", hosts.HostSize(4, 4096))
     gone = deps.hosts.hypervisor("fake:///gone")
 
     def refuse() -> list[object]:
@@ -99,7 +99,7 @@ def test_an_unreachable_host_takes_no_new_vms_and_its_vms_say_why(
     from hypervisor.base import HypervisorError
     from rift.services.operator import hosts
 
-    hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
+    hosts.add_host(deps, "far", "fake:///far", hosts.HostSize(64, 1_000_000))  # most free memory
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     there = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
     assert there.host == "far"
@@ -129,7 +129,7 @@ def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back
     from rift.services.lifecycle import pauses
     from rift.services.operator import hosts
 
-    hosts.add_host(deps, "far", "fake:///far", 64, 1_000_000)  # the most free memory
+    hosts.add_host(deps, "far", "fake:///far", hosts.HostSize(64, 1_000_000))  # most free memory
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
     running, parked = (vms.new(deps, ALICE, command(c.VmNewIn,

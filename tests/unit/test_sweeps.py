@@ -16,7 +16,7 @@ from rift.guest.keys import keep_boot_key, key_for_task
 from rift.services.background import sweeps
 from rift.services.context import Deps
 from rift.services.lifecycle import pools, tasks, vms
-from rift.services.lifecycle.teardown import close_in_tx
+from rift.services.lifecycle.teardown import Closing, close_in_tx
 from tests.support.engine import ALICE, event_types, refused
 
 
@@ -63,7 +63,7 @@ def test_the_sweep_finishes_a_close_interrupted_before_its_vms_were_destroyed(
     with deps.store.write() as tx:  # the process died right after this commit
         task = tx.tasks.get(opened.task.id)
         assert task is not None
-        close_in_tx(tx, task, "mcp:claude-code", "closed", deps.clock.now())
+        close_in_tx(tx, task, Closing("mcp:claude-code", "closed", deps.clock.now()))
     assert len(local_hv.domains) == 1
     assert sweeps.sweep(deps).destroyed == [vm.id]
     assert local_hv.domains == {}

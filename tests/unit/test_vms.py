@@ -13,6 +13,7 @@ from rift.domain.clock import FakeClock
 from rift.services.context import Deps
 from rift.services.lifecycle import leases, tasks, vms
 from rift.services.operator import hosts
+from rift.services.operator.hosts import HostSize
 from tests.support.engine import ALICE, ALICE_2, BOB, FakePool, event_types, refused, snapshot
 
 
@@ -142,8 +143,8 @@ def test_vm_creation_is_rate_limited(make_deps: Callable[..., Deps]) -> None:
 
 def test_placement_takes_the_host_with_most_free_memory_and_skips_drained(
         deps: Deps, pool: FakePool) -> None:
-    hosts.add_host(deps, "small", "fake:///small", 4, 1024)
-    hosts.add_host(deps, "big", "fake:///big", 4, 100_000)
+    hosts.add_host(deps, "small", "fake:///small", HostSize(4, 1024))
+    hosts.add_host(deps, "big", "fake:///big", HostSize(4, 100_000))
     _, handle = _task(deps)
     assert vms.new(deps, ALICE, command(c.VmNewIn, handle=handle)).vm.host == "big"
     hosts.drain_host(deps, "big")

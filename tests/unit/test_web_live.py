@@ -39,8 +39,9 @@ def collect(deps: Deps, session_id: str, since: str | None, ticks: int,
 
     async def main() -> None:
         request = cast(Request, Browser(ticks))
-        events = live.stream(request, deps, "ada", session_id, since, 0.001,
-                             lambda page: f"<p>{len(page.open)} open</p>\n<p>{page.digest}</p>")
+        feed = live.Feed(deps, 0.001,
+                         lambda page: f"<p>{len(page.open)} open</p>\n<p>{page.digest}</p>")
+        events = live.stream(request, feed, "ada", session_id, since)
         async for chunk in events:
             sent.append(chunk)
             if between is not None and chunk.startswith("event: page"):
@@ -53,7 +54,8 @@ def collect(deps: Deps, session_id: str, since: str | None, ticks: int,
 @pytest.fixture
 def session_id(deps: Deps) -> str:
     accounts.add_user(deps, "ada", "a long password")
-    return sessions.log_in(deps, "ada", "a long password", "127.0.0.1", 3600).session_id
+    return sessions.log_in(deps, sessions.LoginAttempt("ada", "a long password", "127.0.0.1"),
+                           3600).session_id
 
 
 def pages(sent: list[str]) -> list[str]:

@@ -134,9 +134,19 @@ def _uncount(deps: Deps, keys: list[tuple[Throttle, str]]) -> None:
             tx.web.uncount_login_failure(key)
 
 
-def log_in(deps: Deps, name: str, password: str, address: str, ttl_s: int,
+@dataclass(frozen=True)
+class LoginAttempt:
+    """A sign-in as the page posts it: the name, the password (never in a repr) and
+    the address it came from."""
+
+    name: str
+    password: str = field(repr=False)
+    address: str = "unknown"
+
+
+def log_in(deps: Deps, attempt: LoginAttempt, ttl_s: int,
            checks: threading.Semaphore | None = None) -> NewSession:
-    """A new session for ``name``, or ``LoginRefused`` / ``LoginThrottled`` /
+    """A new session for ``attempt.name``, or ``LoginRefused`` / ``LoginThrottled`` /
     ``LoginBusy`` (when ``checks``, the process's budget of password checks at
     once, is spent).
 
@@ -144,6 +154,7 @@ def log_in(deps: Deps, name: str, password: str, address: str, ttl_s: int,
     ``accounts.verify_password``), so the answer and its time say nothing about
     which names exist.
     """
+    name, password, address = attempt.name, attempt.password, attempt.address
     now = deps.clock.now()
     keys = _keys(name, address)
     with deps.store.read() as tx:

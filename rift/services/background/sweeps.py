@@ -17,7 +17,7 @@ from rift.services.background.reconcile import ReconcileReport, reconcile
 from rift.services.context import SWEEP, Deps
 from rift.services.lifecycle.execs import record_ends
 from rift.services.lifecycle.snapshots import dead_snapshot_files, settle_snapshots
-from rift.services.lifecycle.teardown import close_in_tx, destroy_vms, forget_task_key
+from rift.services.lifecycle.teardown import Closing, close_in_tx, destroy_vms, forget_task_key
 
 BATCH = 200
 
@@ -44,7 +44,7 @@ def close_idle(deps: Deps, report: SweepReport) -> None:
             due = tx.tasks.due_idle(cutoff, BATCH)
             for task in due:
                 details = {"quiet_s": int((now - task.last_activity_at).total_seconds())}
-                if close_in_tx(tx, task, SWEEP, "idle", now, details):
+                if close_in_tx(tx, task, Closing(SWEEP, "idle", now, details)):
                     closed_now.append(task.id)
         report.closed.extend(closed_now)
         if len(due) < BATCH:

@@ -102,10 +102,10 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
     if watch is not None and seen.state == "running" and wait > first:
         try:
             with in_flight(deps, task.id, wait):
-                seen = _follow_to_end(shell, vm, ex.id, seen, deadline, watch)
+                seen = _follow_to_end(shell, (vm, ex.id), seen, deadline, watch)
         except (GuestUnreachable, ExecGone):
             return _out_of_sight(deps, ex, caller.label)
-    return _answer(deps, ex, seen, 0, 0, caller.label)
+    return _answer(deps, ex, seen, (0, 0), caller.label)
 
 
 # -- reading, input, kill, list ------------------------------------------------------------
@@ -143,7 +143,7 @@ def get(deps: Deps, caller: Caller, cmd: VmExecGetIn, watch: Watch | None = None
         field = "stdout_offset" if out_from > seen.stdout_total else "stderr_offset"
         total = seen.stdout_total if field == "stdout_offset" else seen.stderr_total
         raise InvalidArgument(field, f"beyond the {total} bytes the exec wrote so far")
-    return _answer(deps, ex, seen, out_from, err_from, caller.label)
+    return _answer(deps, ex, seen, (out_from, err_from), caller.label)
 
 
 def send_input(deps: Deps, caller: Caller, cmd: VmExecInputIn) -> ExecInputOut:
@@ -268,10 +268,12 @@ def _vm_gone(deps: Deps, vm_id: str) -> bool:
     return vm is None or not vm.keeps_execs
 
 
-def _follow_to_end(shell: GuestExecs, vm: Vm, exec_id: str, seen: GuestExec,
+def _follow_to_end(shell: GuestExecs, at: tuple[Vm, str], seen: GuestExec,
                    deadline: float, watch: Watch) -> GuestExec:
-    """Wait for the exec's end in steps, noting its newest output line before each,
-    until `deadline` or a stop; answer its view with output from the start."""
+    """Wait for the exec (`at`: its VM and id) to end in steps, noting its newest
+    output line before each, until `deadline` or a stop; answer its view with
+    output from the start."""
+    vm, exec_id = at
     tail = 4096
     while seen.state == "running" and not watch.stopped:
         seen = shell.exec_read(vm, ExecRead(
@@ -288,8 +290,11 @@ def _follow_to_end(shell: GuestExecs, vm: Vm, exec_id: str, seen: GuestExec,
     return shell.exec_read(vm, ExecRead(exec_id=exec_id, max_bytes=ANSWER_BYTES))
 
 
-def _answer(deps: Deps, ex: Exec, seen: GuestExec, out_from: int, err_from: int,
+def _answer(deps: Deps, ex: Exec, seen: GuestExec, offsets: tuple[int, int],
             actor: str) -> ExecView:
+    """Record what the guest said and answer the exec's view with the output read
+    from `offsets` (stdout's, stderr's)."""
+    out_from, err_from = offsets
     current = _record(deps, ex, seen, actor)
     truncated = seen.stdout_from > out_from or seen.stderr_from > err_from
     duration = current.duration_ms

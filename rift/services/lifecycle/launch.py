@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import socket
 from contextlib import suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from hypervisor.base import DomainSpec, HypervisorError, ImageError, elsewhere
@@ -95,11 +95,22 @@ def create_domain(deps: Deps, uri: str, spec: DomainSpec) -> None:
     deps.hosts.hypervisor(uri).create(spec)
 
 
-def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
-           called: datetime | None = None) -> Vm:
+@dataclass(frozen=True)
+class Start:
+    """A VM being started for a call: its row, its host's URI, when the call began
+    (`start.ms` counts from there) and, for a cold boot, when libvirt was asked
+    (its event's `boot_s`)."""
+
+    vm: Vm
+    uri: str
+    called: datetime
+    booting_since: datetime | None = None
+
+
+def launch(deps: Deps, caller: Caller, start: Start, kind: GuestKind) -> Vm:
     """Start the VM's domain as its kind does (`start.kind` `boot`, or `fork` for an
-    image made from a snapshot); `called` is when the call that asked for it began,
-    which `start.ms` counts from (default: now)."""
+    image made from a snapshot)."""
+    vm, uri = start.vm, start.uri
     started = deps.clock.now()
     try:
         # Marked with this installation: reconciliation's scope.
@@ -117,17 +128,16 @@ def launch(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
         with suppress(HypervisorFailed):
             destroy_domain(deps, vm, uri)
         return fail_start(deps, caller, vm, str(exc))
-    return running(deps, caller, vm, uri, kind.start_kind, called or started,
-                   boot_s_since=started)
+    return running(deps, caller, replace(start, booting_since=started), kind.start_kind)
 
 
-def running(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: StartKind,
-            called: datetime, boot_s_since: datetime | None = None,
+def running(deps: Deps, caller: Caller, start: Start, kind: StartKind,
             details: dict[str, object] | None = None) -> Vm:
     """The VM answers: its row turns `running` with how it started (`kind`: `boot`,
-    `pool`, `restore`, `fork`) and the milliseconds since `called`, unless the VM was
-    destroyed or its task closed meanwhile (then the domain goes again).
-    `boot_s_since` (a cold boot: when libvirt was asked) adds `boot_s` to the event."""
+    `pool`, `restore`, `fork`) and the milliseconds since the call, unless the VM was
+    destroyed or its task closed meanwhile (then the domain goes again). A cold
+    boot's event has `boot_s`, since libvirt was asked."""
+    vm, uri, called, boot_s_since = start.vm, start.uri, start.called, start.booting_since
     now = deps.clock.now()
     start_s = max(0.0, (now - called).total_seconds())
     start_ms = round(start_s * 1000)

@@ -153,12 +153,20 @@ class Attached:
     previous_holder: str | None
 
 
-def take_lease(
-    deps: Deps, tx: Tx, caller: Caller, task: Task, now: datetime, takeover: bool,
-    details: dict[str, Any],
-) -> Attached | None:
+@dataclass(frozen=True)
+class Taking:
+    """How a lease is taken: when, whether from an active holder, and the event's
+    details."""
+
+    now: datetime
+    takeover: bool
+    details: dict[str, Any]
+
+
+def take_lease(tx: Tx, caller: Caller, task: Task, taking: Taking) -> Attached | None:
     """Mint a new handle for ``task`` (taken over from an active holder, or
     attached) and save it by compare-and-set; None when another caller won."""
+    now, takeover, details = taking.now, taking.takeover, taking.details
     handle = Handle.mint(task.id)
     previous = task.holder if task.is_held else None
     transition = task.taken_over if takeover else task.attached
@@ -179,7 +187,7 @@ def attach(deps: Deps, caller: Caller, cmd: TaskAttachIn) -> TaskAttachOut:
             task = owned_task(tx, caller, task_id)
             ensure_open(task)
             active = refuse_if_held(deps, task, now, takeover)
-            won = take_lease(deps, tx, caller, task, now, active, {"takeover": takeover})
+            won = take_lease(tx, caller, task, Taking(now, active, {"takeover": takeover}))
         if won is not None:
             deps.log.info("task attached", extra={"task_id": task_id, "holder": caller.label,
                                                   "takeover": active})

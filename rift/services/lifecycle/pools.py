@@ -41,7 +41,7 @@ from rift.domain.errors import (
     PoolDoesNotFit,
 )
 from rift.domain.ids import new_pool_id, new_vm_id
-from rift.domain.model import DEFAULT_DISK_GIB, Host, StartKind, Vm, default_memory_mib
+from rift.domain.model import Host, StartKind, Vm, default_memory_mib
 from rift.domain.records import Pool, PoolGoal, PoolVm, PoolVmState
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.capacity import host_loads, room
@@ -49,6 +49,7 @@ from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, NotReady, kind_on
 from rift.services.lifecycle.launch import (
     SSH_HOST,
+    Start,
     check_image,
     create_domain,
     fixed_sizes,
@@ -135,7 +136,7 @@ def set_pool(deps: Deps, cmd: PoolSetIn) -> Pool:
         running = pool.running if cmd.running is None and pool else cmd.running or 0
         saved = pool.saved if cmd.saved is None and pool else cmd.saved or 0
         own = {pvm.id for pvm in tx.pools.vms(pool.id)} if pool else set()
-        _check_room(tx, host, vcpus, memory_mib, running, own)
+        _check_room(tx, host, (vcpus, memory_mib), running, own)
         if pool is None:
             pool = Pool(id=new_pool_id(), image=image, host=host, vcpus=vcpus,
                         memory_mib=memory_mib, running=running, saved=saved, created_at=now)
@@ -158,8 +159,11 @@ def ensure_default_pool(deps: Deps, image: str, running: int, saved: int) -> Poo
     return set_pool(deps, command(PoolSetIn, image=image, running=running, saved=saved))
 
 
-def _check_room(tx: Tx, host: str | None, vcpus: int, memory_mib: int, running: int,
+def _check_room(tx: Tx, host: str | None, size: tuple[int, int], running: int,
                 own: set[str]) -> None:
+    """Refuse a pool of `size` (vCPUs, MiB) that fits no usable host, or `running`
+    VMs of it that do not fit (its `own` VMs' room counted free)."""
+    vcpus, memory_mib = size
     _, loads = host_loads(tx, without=own)
     if host is not None:
         loads = [load for load in loads if load.name == host]
@@ -217,15 +221,12 @@ def pool_counts(deps: Deps) -> dict[tuple[str, str], int]:
 
 # -- hand-out ------------------------------------------------------------------------------
 
-def take(tx: Tx, image: str, vcpus: int, memory_mib: int, disk_gib: int,
-         pooled_disk_gib: int = DEFAULT_DISK_GIB) -> Taken | None:
+def take(tx: Tx, image: str, vcpus: int, memory_mib: int) -> Taken | None:
     """Take a pooled VM of that image and size for a new VM row: a running one
     first, else a saved one whose host has room to restore it; None when the pools
-    have none (pooled VMs have the default disk, or their image's fixed one:
-    another `disk_gib` boots). The take is a compare-and-set: a racing caller
-    takes another."""
-    if disk_gib != pooled_disk_gib:
-        return None
+    have none. (Pooled VMs have the default disk, or their image's fixed one: a VM
+    asking for another boots, and its caller asks no pool.) The take is a
+    compare-and-set: a racing caller takes another."""
     sources: tuple[tuple[PoolVmState, PoolGoal, StartKind], ...] = (
         ("ready", "running", "pool"), ("saved", "saved", "restore"))
     found = {state: tx.pools.candidates(image, vcpus, memory_mib, (state,))
@@ -295,12 +296,13 @@ def _mark_owner(deps: Deps, hv: Hypervisor, vm: Vm) -> None:
 HAND_OVER_FAILURES = (HypervisorError, NotReady, GuestUnreachable, HypervisorFailed, ImageError)
 
 
-def start_taken(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
-                taken: Taken, called: datetime) -> Vm:
+def start_taken(deps: Deps, caller: Caller, start: Start, kind: GuestKind,
+                taken: Taken) -> Vm:
     """Hand the taken VM over and turn its row running (`start.kind` pool or
-    restore, its `ms` since `called`). One that fails its hand-over (its guest
+    restore, its `ms` since the call). One that fails its hand-over (its guest
     gone) is destroyed and the VM boots cold under the same id: a miss is never an
     error."""
+    vm, uri = start.vm, start.uri
     try:
         hand_over(deps, vm, uri, kind, taken)
     except HAND_OVER_FAILURES as exc:
@@ -308,8 +310,8 @@ def start_taken(deps: Deps, caller: Caller, vm: Vm, uri: str, kind: GuestKind,
                          extra={"vm_id": vm.id, "start": taken.kind, "error": str(exc)})
         with suppress(HypervisorFailed):
             destroy_domain(deps, vm, uri)
-        return launch(deps, caller, vm, uri, kind, called)
-    return running(deps, caller, vm, uri, taken.kind, called)
+        return launch(deps, caller, start, kind)
+    return running(deps, caller, start, taken.kind)
 
 
 # -- filling -----------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from rift.services.context import SWEEP, Caller, Deps
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_disk
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on, mac_of, vm_files
-from rift.services.lifecycle.launch import SSH_HOST, fail_start, pick_ssh_port, running
+from rift.services.lifecycle.launch import SSH_HOST, Start, fail_start, pick_ssh_port, running
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle, task_vm
 from rift.services.lifecycle.teardown import destroy_domain
 from rift.services.ports import Tx
@@ -362,7 +362,7 @@ def fork(deps: Deps, caller: Caller, cmd: VmForkIn) -> VmsOut:
     running VM, snapshotted first and that snapshot deleted after): all or none."""
     called = deps.clock.now()
     parsed = parse_handle(cmd.handle)
-    snapshot_id, vm_id, name, how_many = cmd.snapshot_id, cmd.vm_id, cmd.name, cmd.count
+    snapshot_id, vm_id, how_many = cmd.snapshot_id, cmd.vm_id, cmd.count
     if (snapshot_id is None) == (vm_id is None):
         raise InvalidArgument("snapshot_id", "give snapshot_id or vm_id (one of them)")
     if vm_id is not None:
@@ -370,7 +370,7 @@ def fork(deps: Deps, caller: Caller, cmd: VmForkIn) -> VmsOut:
         snap, vm, uri = _begin(deps, caller, parsed, vm_id, f"fork of {vm_id}")
         snap = _take(deps, caller, snap, vm, uri)
         try:
-            return _fork(deps, caller, parsed, snap, name, how_many, called)
+            return _fork(deps, caller, cmd, snap, called)
         finally:
             deleting, event = snap.deleting(caller.label, deps.clock.now(),
                                             "the fork started")
@@ -383,7 +383,7 @@ def fork(deps: Deps, caller: Caller, cmd: VmForkIn) -> VmsOut:
         snap_row = tx.snapshots.get(snapshot_id)
     if snap_row is None or snap_row.owner != caller.user or snap_row.state != "ready":
         raise SnapshotNotFound(snapshot_id)
-    return _fork(deps, caller, parsed, snap_row, name, how_many, called)
+    return _fork(deps, caller, cmd, snap_row, called)
 
 
 def _check_fork_room(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
@@ -392,13 +392,15 @@ def _check_fork_room(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
     def check(tx: Tx) -> None:
         task = check_handle(deps, tx, caller, parsed, deps.clock.now())
         vm = _task_vm(tx, task, vm_id)
-        _check_quota_and_room(deps, tx, task, vm.host, vm.vcpus, vm.memory_mib, count)
+        _check_quota_and_room(deps, tx, task, vm, count)
 
     in_write(deps.store, check)
 
 
-def _check_quota_and_room(deps: Deps, tx: Tx, task: Task, host: str, vcpus: int,
-                          memory_mib: int, count: int) -> None:
+def _check_quota_and_room(deps: Deps, tx: Tx, task: Task, like: Vm | Snapshot,
+                          count: int) -> None:
+    """Refuse `count` more VMs the size of `like`, on its host, in the task."""
+    host, vcpus, memory_mib = like.host, like.vcpus, like.memory_mib
     limit = deps.limits.max_vms_per_task
     if tx.vms.count_live(task.id) + count > limit:
         raise QuotaExceeded(f"VMs per task ({limit})", limit, "rift_vm_destroy")
@@ -411,15 +413,17 @@ def _check_quota_and_room(deps: Deps, tx: Tx, task: Task, host: str, vcpus: int,
                          load.free_vcpus if load else 0, load.free_memory_mib if load else 0)
 
 
-def _fork(deps: Deps, caller: Caller, parsed: Handle, snap: Snapshot, name: str | None,
-          count: int, called: datetime) -> VmsOut:
+def _fork(deps: Deps, caller: Caller, cmd: VmForkIn, snap: Snapshot,
+          called: datetime) -> VmsOut:
+    parsed, name, count = parse_handle(cmd.handle), cmd.name, cmd.count
+
     def record(tx: Tx) -> tuple[list[Vm], str]:
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
         current = tx.snapshots.get(snap.id)
         if current is None or current.task_id != task.id or current.state != "ready":
             raise SnapshotNotFound(snap.id)
-        _check_quota_and_room(deps, tx, task, snap.host, snap.vcpus, snap.memory_mib, count)
+        _check_quota_and_room(deps, tx, task, snap, count)
         host = tx.hosts.get(snap.host)
         assert host is not None
         kind = kind_on(deps, host.uri, snap.image)
@@ -448,7 +452,7 @@ def _fork(deps: Deps, caller: Caller, parsed: Handle, snap: Snapshot, name: str 
     answers: dict[str, Vm] = {}
 
     def start(vm: Vm) -> None:
-        answers[vm.id] = _start_fork(deps, caller, vm, snap, uri, kind, called)
+        answers[vm.id] = _start_fork(deps, caller, Start(vm, uri, called), snap, kind)
 
     _all_at_once([lambda vm=vm: start(vm) for vm in vms])  # type: ignore[misc]
     return VmsOut(vms=[views.vm_of(answers.get(vm.id, vm)) for vm in vms])
@@ -462,14 +466,15 @@ def _all_at_once(calls: list[Callable[[], None]]) -> None:
         thread.join()
 
 
-def _start_fork(deps: Deps, caller: Caller, vm: Vm, snap: Snapshot, uri: str,
-                kind: GuestKind, called: datetime) -> Vm:
+def _start_fork(deps: Deps, caller: Caller, start: Start, snap: Snapshot,
+                kind: GuestKind) -> Vm:
     """Start one fork from the snapshot's file and give its guest its own identity;
     the row turns `running` (`start.kind` fork) or `failed`."""
+    vm, uri = start.vm, start.uri
     steps = Steps()
     hv = deps.hosts.hypervisor(uri)
     try:
-        spec = _fork_spec(deps, kind, vm, snap, uri, hv.disk)
+        spec = _fork_spec(deps, kind, start, snap, hv.disk)
         steps.done("files")
         hv.fork_state(state_path(deps, snap.id), spec)
         steps.done("restore")
@@ -486,17 +491,17 @@ def _start_fork(deps: Deps, caller: Caller, vm: Vm, snap: Snapshot, uri: str,
             return fail_start(deps, caller, vm, f"the fork did not answer: {exc.message}")
         steps.done("identity")
     deps.log.info("vm forked", extra={"vm_id": vm.id, "snapshot_id": snap.id, **steps.ms})
-    return running(deps, caller, vm, uri, "fork", called,
-                   details={"from": {"snapshot_id": snap.id, "vm_id": snap.vm_id}})
+    return running(deps, caller, start, "fork",
+                   {"from": {"snapshot_id": snap.id, "vm_id": snap.vm_id}})
 
 
-def _fork_spec(deps: Deps, kind: GuestKind, vm: Vm, snap: Snapshot, uri: str,
+def _fork_spec(deps: Deps, kind: GuestKind, start: Start, snap: Snapshot,
                disk: HostDisk) -> DomainSpec:
     """The fork's domain (its kind's plan: files named by its id, put on its host
     when that is elsewhere) with, for an image with a disk, the snapshot's disk
     copied in as its own, on the host both are on."""
-    spec = replace(kind.plan(vm), install=deps.install_id)
-    deps.host_files.prepare(uri, spec)
+    spec = replace(kind.plan(start.vm), install=deps.install_id)
+    deps.host_files.prepare(start.uri, spec)
     folder = snapshot_dir(deps, snap.id)
     if spec.disk is not None and folder is not None and disk.is_file(str(folder / DISK_FILE)):
         disk.copy_sparse(str(folder / DISK_FILE), spec.disk)

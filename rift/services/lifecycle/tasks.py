@@ -35,6 +35,7 @@ from rift.domain.store_errors import DuplicateKey
 from rift.services.context import OPERATOR, Caller, Deps
 from rift.services.lifecycle.leases import (
     Attached,
+    Taking,
     check_handle,
     check_rate,
     ensure_open,
@@ -46,7 +47,7 @@ from rift.services.lifecycle.leases import (
     take_lease,
 )
 from rift.services.lifecycle.snapshots import remove_task_snapshots
-from rift.services.lifecycle.teardown import close_in_tx, destroy_vms, forget_task_key
+from rift.services.lifecycle.teardown import Closing, close_in_tx, destroy_vms, forget_task_key
 from rift.services.ports import Tx
 from rift.services.read import views
 
@@ -63,7 +64,7 @@ def _replay(deps: Deps, tx: Tx, caller: Caller, task: Task, digest: str) -> Atta
     if task.request_digest != digest:
         raise IdempotencyConflict("rift_task_new")
     ensure_open(task)
-    return take_lease(deps, tx, caller, task, deps.clock.now(), False, {"replay": True})
+    return take_lease(tx, caller, task, Taking(deps.clock.now(), False, {"replay": True}))
 
 
 def new(deps: Deps, caller: Caller, cmd: TaskNewIn) -> TaskNewOut:
@@ -176,7 +177,7 @@ def close(deps: Deps, caller: Caller, cmd: TaskCloseIn) -> TaskCloseOut:
         def by_handle(tx: Tx) -> bool:
             now = deps.clock.now()
             task = check_handle(deps, tx, caller, parsed, now)
-            return close_in_tx(tx, task, caller.label, "closed", now)
+            return close_in_tx(tx, task, Closing(caller.label, "closed", now))
 
         target = parsed.task_id
         closed = _retry(lambda: in_write(deps.store, by_handle))
@@ -189,7 +190,8 @@ def close(deps: Deps, caller: Caller, cmd: TaskCloseIn) -> TaskCloseOut:
             task = owned_task(tx, caller, target)
             ensure_open(task)
             refuse_if_held(deps, task, now, takeover)
-            return close_in_tx(tx, task, caller.label, "closed", now, {"takeover": takeover})
+            return close_in_tx(tx, task, Closing(caller.label, "closed", now,
+                                                 {"takeover": takeover}))
 
         closed = _retry(lambda: in_write(deps.store, by_id))
     if not closed:
@@ -217,7 +219,7 @@ def close_as_operator(deps: Deps, cmd: TaskIdIn) -> TaskCloseOut:
         if task is None:
             raise TaskNotFound(task_id)
         ensure_open(task)
-        return close_in_tx(tx, task, OPERATOR, "operator", deps.clock.now(), details)
+        return close_in_tx(tx, task, Closing(OPERATOR, "operator", deps.clock.now(), details))
 
     if not _retry(lambda: in_write(deps.store, work)):
         raise TaskClosed(task_id, None, None)

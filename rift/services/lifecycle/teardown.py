@@ -11,6 +11,7 @@ live row was Rift's own destroy, cut short.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -124,13 +125,23 @@ def destroy_vms(deps: Deps, vms: Iterable[Vm], actor: str) -> tuple[list[str], l
     return done, refused
 
 
-def close_in_tx(tx: Tx, task: Task, actor: str, reason: CloseReason, now: datetime,
-                details: dict[str, Any] | None = None) -> bool:
+@dataclass(frozen=True)
+class Closing:
+    """Who closes a task, why, when, and what its `closed` event adds."""
+
+    actor: str
+    reason: CloseReason
+    now: datetime
+    details: dict[str, Any] | None = None
+
+
+def close_in_tx(tx: Tx, task: Task, closing: Closing) -> bool:
     """Mark the task closed (its `closed` transition, saved by compare-and-set) with
     its `closed` event. The VMs are destroyed after the commit by `destroy_vms`; a
     crash in between is finished by the sweep (`finish_closing`)."""
     vm_ids = [vm.id for vm in tx.vms.of_task(task.id) if vm.status in _DESTROYABLE]
-    closed, event = task.closed(actor, reason, now, vm_ids, details)
+    closed, event = task.closed(closing.actor, closing.reason, closing.now, vm_ids,
+                                closing.details)
     if not tx.tasks.save(closed, expected_gen=task.lease_gen):
         return False
     tx.events.add(event)

@@ -20,7 +20,14 @@ from rift.services.context import Caller, Deps
 from rift.services.lifecycle.capacity import place
 from rift.services.lifecycle.disk_budget import check_disk_budget, disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on
-from rift.services.lifecycle.launch import SSH_HOST, check_image, fixed_sizes, launch, pick_ssh_port
+from rift.services.lifecycle.launch import (
+    SSH_HOST,
+    Start,
+    check_image,
+    fixed_sizes,
+    launch,
+    pick_ssh_port,
+)
 from rift.services.lifecycle.leases import (
     check_handle,
     check_rate,
@@ -114,8 +121,9 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
             raise ImageNotFound(image, sorted(known))
         _check_vm_budget(deps, tx, caller, task, now)
         # Pooled VMs were made `open`: their network cannot change once they run.
-        taken = (take(tx, image, vcpus, memory_mib, disk_gib, pooled_disk_gib)
-                 if chosen == "open" else None)
+        # Pooled VMs have their image's usual disk: another size boots.
+        taken = (take(tx, image, vcpus, memory_mib)
+                 if chosen == "open" and disk_gib == pooled_disk_gib else None)
         if taken is not None:  # a pooled VM: its host, id and SSH port come with it
             host = tx.hosts.get(taken.vm.host)
             assert host is not None
@@ -151,11 +159,11 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
         return VmOut(vm=views.vm_of(vm))
     _tell(watch, vm, taken)
     if taken is not None:
-        started = start_taken(deps, caller, vm, uri, kind, taken, called)
+        started = start_taken(deps, caller, Start(vm, uri, called), kind, taken)
         # Its replacement starts only now: a boot beside the hand-over would slow it.
         deps.observers.pools_changed()
         return VmOut(vm=views.vm_of(started))
-    return VmOut(vm=views.vm_of(launch(deps, caller, vm, uri, kind, called)))
+    return VmOut(vm=views.vm_of(launch(deps, caller, Start(vm, uri, called), kind)))
 
 
 def _tell(watch: Watch | None, vm: Vm, taken: Taken | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any
 
 from hypervisor.base import HypervisorError
@@ -67,11 +68,20 @@ def _why_not(uri: str, words: str) -> str:
     return f"{uri}: {words}"
 
 
-def add_host(deps: Deps, name: str, uri: str, vcpus: int | None = None,
-             memory_mib: int | None = None, probe: bool | None = None) -> Host:
+@dataclass(frozen=True)
+class HostSize:
+    """What an operator says of a host's size; what is left out is asked of libvirt."""
+
+    vcpus: int | None = None
+    memory_mib: int | None = None
+
+
+def add_host(deps: Deps, name: str, uri: str, size: HostSize | None = None,
+             probe: bool | None = None) -> Host:
     """Add a host once its libvirt answered and is new enough; nothing is added else.
     A host given its whole size (`vcpus` and `memory_mib`, as the ansible role gives
     it, possibly before its libvirtd runs) is added without asking, unless `probe`."""
+    vcpus, memory_mib = (size.vcpus, size.memory_mib) if size is not None else (None, None)
     if probe is None:
         probe = vcpus is None or memory_mib is None
     if not _NAME_RE.match(name):
@@ -98,7 +108,7 @@ def ensure_local_host(deps: Deps, uri: str, vcpus: int | None = None,
         current = tx.hosts.get(LOCAL)
     if current is None:
         try:
-            return add_host(deps, LOCAL, uri, vcpus, memory_mib, probe=False)
+            return add_host(deps, LOCAL, uri, HostSize(vcpus, memory_mib), probe=False)
         except (InvalidArgument, DuplicateKey):  # another replica added it a moment ago
             pass
     cpus, mem = _capacity(deps, uri, vcpus, memory_mib, probe=False)
