@@ -10,7 +10,8 @@ the budget; what is there already is never taken away.
 
 Each host's free disk (where its VMs' disks are) is sampled with the usage
 figures; a host under its floor takes no new VM (placement leaves it out, and
-refuses with `quota_exceeded` naming it when it alone had room), snapshot or pause.
+refuses with `quota_exceeded` naming it when it alone had room), snapshot or
+pause, and no pool's new VM (the filler leaves it out too).
 """
 
 from __future__ import annotations
