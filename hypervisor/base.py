@@ -7,6 +7,7 @@ Nothing here imports libvirt; `hypervisor.libvirt` is the real adapter and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
@@ -57,6 +58,22 @@ class CpuLimits:
 
     def __bool__(self) -> bool:
         return bool(self.weight or self.quota)
+
+
+@dataclass(frozen=True)
+class GuestDomain:
+    """Who a Rift guest's domain is and how it is reached, whichever way it boots (a
+    kernel image, a qcow2 image): its name, task and VM, its size, libvirt's domain
+    type (kvm or qemu), its SSH port on 127.0.0.1 and its serial log."""
+
+    name: str
+    task_id: str
+    vm_id: str
+    vcpus: int
+    memory_mib: int
+    domain_type: str
+    ssh_port: int
+    serial_log: Path
 
 
 @dataclass(frozen=True)

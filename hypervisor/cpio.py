@@ -44,12 +44,14 @@ class Archive:
         chunks: list[bytes] = []
         for ino, path in enumerate(sorted(self._entries), start=1):
             mode, data, major, minor = self._entries[path]
-            chunks.append(_newc(path, ino, mode, data, major, minor))
-        chunks.append(_newc("TRAILER!!!", 0, 0, b"", 0, 0))
+            chunks.append(_newc(path, ino, mode, data, (major, minor)))
+        chunks.append(_newc("TRAILER!!!", 0, 0, b"", (0, 0)))
         return b"".join(chunks)
 
 
-def _newc(name: str, ino: int, mode: int, data: bytes, major: int, minor: int) -> bytes:
+def _newc(name: str, ino: int, mode: int, data: bytes, device: tuple[int, int]) -> bytes:
+    """One entry in the newc format; `device` is a device node's (major, minor)."""
+    major, minor = device
     encoded = name.encode() + b"\x00"
     nlink = 2 if stat.S_ISDIR(mode) else 1
     fields = (ino, mode, 0, 0, nlink, MTIME, len(data), 0, 0, major, minor, len(encoded), 0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from hypervisor.base import DomainSpec
+from hypervisor.base import DomainSpec, GuestDomain
 from hypervisor.image_files import ImageFiles
 
 READY_MARKER = "RIFT-READY"
@@ -24,26 +24,14 @@ def guest_cmdline(image: ImageFiles, public_key_line: str) -> str:
     return f"{image.cmdline_base} rift.key={encoded}"
 
 
-def guest_spec(
-    image: ImageFiles,
-    *,
-    name: str,
-    task_id: str,
-    vm_id: str,
-    vcpus: int,
-    memory_mib: int,
-    domain_type: str,
-    public_key_line: str,
-    ssh_port: int,
-    serial_log: Path,
-    disk: Path | None = None,
-) -> DomainSpec:
-    """The DomainSpec that boots `image` with SSH on 127.0.0.1:`ssh_port` for that key;
-    `disk` (the VM's overlay of the image's base disk) is its vda."""
+def guest_spec(image: ImageFiles, domain: GuestDomain, public_key_line: str,
+               disk: Path | None = None) -> DomainSpec:
+    """The DomainSpec that boots `image` with SSH on 127.0.0.1:`domain.ssh_port` for
+    that key; `disk` (the VM's overlay of the image's base disk) is its vda."""
     return DomainSpec(
-        name=name, task_id=task_id, vm_id=vm_id, vcpus=vcpus, memory_mib=memory_mib,
-        image=image.name, domain_type=domain_type, kernel=str(image.kernel),
-        initrd=str(image.initrd), cmdline=guest_cmdline(image, public_key_line),
-        ssh_port=ssh_port, serial_log=str(serial_log),
-        disk=None if disk is None else str(disk),
+        name=domain.name, task_id=domain.task_id, vm_id=domain.vm_id, vcpus=domain.vcpus,
+        memory_mib=domain.memory_mib, image=image.name, domain_type=domain.domain_type,
+        kernel=str(image.kernel), initrd=str(image.initrd),
+        cmdline=guest_cmdline(image, public_key_line), ssh_port=domain.ssh_port,
+        serial_log=str(domain.serial_log), disk=None if disk is None else str(disk),
     )

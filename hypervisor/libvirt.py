@@ -36,6 +36,7 @@ from hypervisor.domain_xml import (
 )
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.save_image import (
+    ForkDomain,
     fork_copy_path,
     fork_domain_xml,
     read_save_header,
@@ -258,10 +259,10 @@ class LibvirtHypervisor:
             saved = read_save_header(path, self.disk)
             if spec.serial_log is None or spec.ssh_port is None:
                 raise ValueError("a fork needs a serial log and an SSH port")
-            xml = fork_domain_xml(saved.xml, name=spec.name, uuid=str(uuid.uuid4()),
-                                  vm_id=spec.vm_id, task_id=spec.task_id, disk=spec.disk,
-                                  serial_log=spec.serial_log, ssh_port=spec.ssh_port,
-                                  seed=spec.seed)
+            xml = fork_domain_xml(saved.xml, ForkDomain(
+                name=spec.name, uuid=str(uuid.uuid4()), vm_id=spec.vm_id, task_id=spec.task_id,
+                disk=spec.disk, serial_log=spec.serial_log, ssh_port=spec.ssh_port,
+                seed=spec.seed))
         except (OSError, ValueError) as exc:
             raise HypervisorError("fork", f"the saved state cannot be forked: {exc}") from exc
         forked = fork_copy_path(path, spec.name)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hypervisor.base import DomainSpec, ImageError
+from hypervisor.base import DomainSpec, GuestDomain, ImageError
 from hypervisor.commands import run_command
 from hypervisor.disks import (
     DISK_TIMEOUT_S,
@@ -212,25 +212,14 @@ def prepare_vm_disks(image: Qcow2Image, disks_dir: Path, *, vm_id: str,
     return disks
 
 
-def qcow2_guest_spec(
-    image: Qcow2Image,
-    disks: VmDisks,
-    *,
-    name: str,
-    task_id: str,
-    vm_id: str,
-    vcpus: int,
-    memory_mib: int,
-    domain_type: str,
-    ssh_port: int,
-    serial_log: Path,
-) -> DomainSpec:
+def qcow2_guest_spec(image: Qcow2Image, disks: VmDisks, domain: GuestDomain) -> DomainSpec:
     """The DomainSpec that boots the VM's overlay of `image`, seed attached, with SSH
-    on 127.0.0.1:`ssh_port`."""
+    on 127.0.0.1:`domain.ssh_port`."""
     return DomainSpec(
-        name=name, task_id=task_id, vm_id=vm_id, vcpus=vcpus, memory_mib=memory_mib,
-        image=image.name, domain_type=domain_type, ssh_port=ssh_port,
-        serial_log=str(serial_log), disk=str(disks.overlay), seed=str(disks.seed),
+        name=domain.name, task_id=domain.task_id, vm_id=domain.vm_id, vcpus=domain.vcpus,
+        memory_mib=domain.memory_mib, image=image.name, domain_type=domain.domain_type,
+        ssh_port=domain.ssh_port, serial_log=str(domain.serial_log), disk=str(disks.overlay),
+        seed=str(disks.seed),
     )
 
 

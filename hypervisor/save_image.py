@@ -36,7 +36,7 @@ import re
 import struct
 import uuid as uuid_module
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypervisor.domain_xml import QEMU_XMLNS, RIFT_XMLNS, parse_rift_mark
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
@@ -186,18 +186,23 @@ def write_fork(src_path: str | os.PathLike[str], dst_path: str | os.PathLike[str
                  image.stream_offset, str(dst_path))
 
 
-def fork_domain_xml(
-    xml: str,
-    *,
-    name: str,
-    uuid: str,
-    vm_id: str,
-    task_id: str,
-    disk: str | None,
-    serial_log: str,
-    ssh_port: int,
-    seed: str | None = None,
-) -> str:
+@dataclass(frozen=True)
+class ForkDomain:
+    """What tells one fork's domain from another's: its name and UUID, the Rift mark's
+    VM and task, its vda disk (None: a domain with no vda file disk), its serial
+    log, its SSH port, and its cloud-init seed (vdb; None: a domain without one)."""
+
+    name: str
+    uuid: str
+    vm_id: str
+    task_id: str
+    disk: str | None
+    serial_log: str
+    ssh_port: int
+    seed: str | None = None
+
+
+def fork_domain_xml(xml: str, fork: ForkDomain) -> str:
     """A domain XML as libvirt writes it (a save image's) with the fields that tell
     one fork from another replaced; every other byte is kept.
 
@@ -210,27 +215,28 @@ def fork_domain_xml(
     exactly once (a vda disk present while `disk` is None counts), or a value
     cannot go into a domain XML.
     """
-    _check_fork_values(name=name, uuid=uuid, vm_id=vm_id, task_id=task_id, disk=disk,
-                       serial_log=serial_log, ssh_port=ssh_port)
+    _check_fork_values(fork)
+    name, vm_id, task_id, disk, seed = fork.name, fork.vm_id, fork.task_id, fork.disk, fork.seed
     if seed is not None and (_NOT_XML.search(seed) or not seed.startswith("/")):
         raise ValueError(f"seed must be an absolute path XML can carry, not {seed!r}")
-    uuid = str(uuid_module.UUID(uuid))
+    fork = replace(fork, uuid=str(uuid_module.UUID(fork.uuid)))
     old_rift = parse_rift_mark(xml)
     out = _replace_text(xml, _NAME_EL, name, "<name>")
-    out = _replace_text(out, _UUID_EL, uuid, "<uuid>")
+    out = _replace_text(out, _UUID_EL, fork.uuid, "<uuid>")
     out = _replace_rift(out, vm_id=vm_id, task_id=task_id)
     out = _replace_disk(out, disk)
     out = _replace_disk(out, seed, "vdb")
-    old_serial, out = _replace_serial(out, serial_log)
-    out = _replace_port(out, ssh_port)
-    _check_fork_result(out, name=name, uuid=uuid, rift=(task_id, vm_id, old_rift[2]),
-                       disk=disk, serial_log=serial_log, ssh_port=ssh_port,
-                       old_serial=old_serial)
+    old_serial, out = _replace_serial(out, fork.serial_log)
+    out = _replace_port(out, fork.ssh_port)
+    _check_fork_result(out, fork, (task_id, vm_id, old_rift[2]), old_serial)
     return out
 
 
-def _check_fork_values(*, name: str, uuid: str, vm_id: str, task_id: str, disk: str | None,
-                       serial_log: str, ssh_port: int) -> None:
+def _check_fork_values(fork: ForkDomain) -> None:
+    name, uuid, ssh_port, disk, serial_log = (fork.name, fork.uuid, fork.ssh_port, fork.disk,
+                                              fork.serial_log)
+    texts = {"vm_id": fork.vm_id, "task_id": fork.task_id, "disk": disk,
+             "serial_log": serial_log}
     if not _NAME.fullmatch(name):
         raise ValueError(f"domain name {name!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]*")
     try:
@@ -239,7 +245,6 @@ def _check_fork_values(*, name: str, uuid: str, vm_id: str, task_id: str, disk: 
         raise ValueError(f"uuid {uuid!r} is not a UUID") from exc
     if not 1 <= ssh_port <= 65535:
         raise ValueError(f"ssh_port {ssh_port} is not a TCP port")
-    texts = {"vm_id": vm_id, "task_id": task_id, "disk": disk, "serial_log": serial_log}
     for field, value in texts.items():
         if value is not None and _NOT_XML.search(value):
             raise ValueError(f"{field} holds a character XML cannot carry")
@@ -343,10 +348,13 @@ def _replace_port(xml: str, ssh_port: int) -> str:
     return _splice(xml, match.start(2), match.end(2), str(ssh_port))
 
 
-def _check_fork_result(xml: str, *, name: str, uuid: str,
-                       rift: tuple[str | None, str | None, str | None], disk: str | None,
-                       serial_log: str, ssh_port: int, old_serial: str | None) -> None:
-    """Read the rewritten XML back; ValueError when it does not say what was asked."""
+def _check_fork_result(xml: str, fork: ForkDomain,
+                       rift: tuple[str | None, str | None, str | None],
+                       old_serial: str | None) -> None:
+    """Read the rewritten XML back; ValueError when it does not say what was asked
+    (`rift`: the mark it should carry; `old_serial`: the serial log it had)."""
+    name, uuid, disk, serial_log, ssh_port = (fork.name, fork.uuid, fork.disk, fork.serial_log,
+                                              fork.ssh_port)
     if "<!DOCTYPE" in xml:
         raise ValueError("the domain XML carries a DTD")
     try:

@@ -27,7 +27,7 @@ from rift.guest.keys import key_path, load_key, public_line
 from rift.guest.pool import ConnectionPool
 from rift.guest.ready import read_markers, same_key
 from rift.guest.routes import Routes
-from rift.guest.run import Collected, collect, command_line, feed_stdin
+from rift.guest.run import Collected, Reading, collect, command_line, feed_stdin
 from rift.guest.scripts import hand_over_script
 from rift.guest.steps import left, wait
 from rift.guest.watchdog import Guard, Watchdog
@@ -204,9 +204,9 @@ class Connections:
         try:
             chan.exec_command(command_line(command))
             feeder = feed_stdin(chan, stdin, deadline)
-            collected = collect(chan, stdout_cap=out_cap, stderr_cap=self.settings.output_cap,
-                                deadline=deadline, wait=lambda t: wait(chan, t),
-                                alive=transport.is_active, header=True)
+            collected = collect(chan, Reading(
+                stdout_cap=out_cap, stderr_cap=self.settings.output_cap, deadline=deadline,
+                wait=lambda t: wait(chan, t), alive=transport.is_active, header=True))
             if chan.exit_status_ready():
                 chan.recv_exit_status()
             if feeder is not None:

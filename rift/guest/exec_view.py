@@ -8,7 +8,7 @@ import shlex
 from typing import Literal
 
 from hypervisor.exec_helper import GUEST_PATH
-from rift.services.ports import GuestExec
+from rift.services.ports import ExecRead, ExecStart, GuestExec
 
 EXECS_DIR = "/run/rift-exec"  # each exec's folder in the guest: EXECS_DIR/<exec id>
 PREFIX = b"rift-exec "
@@ -33,19 +33,18 @@ def exec_dir(exec_id: str) -> str:
     return f"{EXECS_DIR}/{exec_id}"
 
 
-def start_command(exec_id: str, command: str, *, timeout_s: int, cap_bytes: int,
-                  wait_ms: int, max_bytes: int, with_stdin: bool,
-                  helper: str = GUEST_PATH) -> str:
-    """The line that starts `command` as exec `exec_id` (run by the login shell)."""
-    flags = " --stdin" if with_stdin else ""
-    return (f"exec {helper} start {exec_dir(exec_id)} {timeout_s} {cap_bytes} {wait_ms} "
-            f"{max_bytes}{flags} -- {shlex.quote(command)}")
+def start_command(start: ExecStart, helper: str = GUEST_PATH) -> str:
+    """The line that starts `start.command` as exec `start.exec_id` (run by the login
+    shell), reading its stdin from the channel when it has one."""
+    flags = " --stdin" if start.stdin is not None else ""
+    return (f"exec {helper} start {exec_dir(start.exec_id)} {start.timeout_s} "
+            f"{start.cap_bytes} {start.wait_ms} {start.max_bytes}{flags} -- "
+            f"{shlex.quote(start.command)}")
 
 
-def read_command(exec_id: str, stdout_offset: int, stderr_offset: int, max_bytes: int,
-                 wait_ms: int, helper: str = GUEST_PATH) -> str:
-    return (f"exec {helper} read {exec_dir(exec_id)} {stdout_offset} {stderr_offset} "
-            f"{max_bytes} {wait_ms}")
+def read_command(read: ExecRead, helper: str = GUEST_PATH) -> str:
+    return (f"exec {helper} read {exec_dir(read.exec_id)} {read.stdout_offset} "
+            f"{read.stderr_offset} {read.max_bytes} {read.wait_ms}")
 
 
 def input_command(exec_id: str, *, eof: bool, helper: str = GUEST_PATH) -> str:

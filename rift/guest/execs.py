@@ -5,7 +5,7 @@ views are read up to a limit (SPEC §15)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from rift.domain.model import Vm
@@ -67,10 +67,7 @@ class ShellExecs:
         answer its view once it ended or `wait_ms` passed (it runs on after).
         `stdin`, when given, is its whole stdin; else its stdin stays open for
         `exec_input`."""
-        line = start_command(start.exec_id, self.runner.environment(vm) + start.command,
-                             timeout_s=start.timeout_s, cap_bytes=start.cap_bytes,
-                             wait_ms=start.wait_ms, max_bytes=start.max_bytes,
-                             with_stdin=start.stdin is not None)
+        line = start_command(replace(start, command=self.runner.environment(vm) + start.command))
         status, data = self.runner.helper(vm, HelperCall(
             line=line, stdin=start.stdin, timeout_s=start.wait_ms / 1000 + HELPER_SLACK_S,
             view=True, limit=view_size(start.max_bytes)))
@@ -80,8 +77,7 @@ class ShellExecs:
         """The exec's view with output from the offsets, once there is some past
         them, it ended, or `wait_ms` passed; GuestError past `deadline_s` (default:
         the wait and the helper's slack)."""
-        line = read_command(read.exec_id, read.stdout_offset, read.stderr_offset,
-                            read.max_bytes, read.wait_ms)
+        line = read_command(read)
         deadline_s = (read.wait_ms / 1000 + HELPER_SLACK_S if read.deadline_s is None
                       else read.deadline_s)
         status, data = self.runner.helper(vm, HelperCall(

@@ -172,18 +172,23 @@ def feed_stdin(chan: Channel, data: bytes | None, deadline: float) -> threading.
     return thread
 
 
-def collect(
-    chan: Channel,
-    *,
-    stdout_cap: int,
-    stderr_cap: int,
-    deadline: float,
-    wait: Callable[[float], None],
-    alive: Callable[[], bool],
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    header: bool = False,
-) -> Collected:
+@dataclass(frozen=True)
+class Reading:
+    """How `collect` reads a channel: each stream's cap, the monotonic deadline, how
+    it waits for news and asks whether the connection stands, its clock and sleep
+    (fakes in tests), and whether stderr starts with the `rift-exec <pid>` header."""
+
+    stdout_cap: int
+    stderr_cap: int
+    deadline: float
+    wait: Callable[[float], None]
+    alive: Callable[[], bool]
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    header: bool = False
+
+
+def collect(chan: Channel, reading: Reading) -> Collected:
     """Read both streams until the command is done (EOF and exit status) or `deadline`.
 
     `wait(seconds)` blocks until the channel may have news; `alive()` says
@@ -191,6 +196,9 @@ def collect(
     when it falls). With `header`, the first stderr line is the `rift-exec
     <pid>` header that `command_line` prints, taken off into `.pid`.
     """
+    stdout_cap, stderr_cap, deadline = reading.stdout_cap, reading.stderr_cap, reading.deadline
+    wait, alive, clock, sleep = reading.wait, reading.alive, reading.clock, reading.sleep
+    header = reading.header
     out, err = Capped(stdout_cap), Capped(stderr_cap)
     head = Header(err)
     err_sink: Capped | Header = head if header else err

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from mcp.client.session import ClientSession
-
 from rift.guest.exec_view import parse_view, start_command
+from rift.services.ports import ExecStart
 from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.servers import (
     Server,
@@ -161,9 +161,9 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                     keys.add((await _exec(s, handle, vm["id"], HOST_KEY[image])).strip())
                     # The exec helper the image carries runs in it (its keeper under
                     # the guest's own init and shell).
-                    helped = parse_view((await _exec(s, handle, vm["id"], start_command(
-                        "exec_pooltest", "echo $((6 * 7))", timeout_s=60, cap_bytes=4096,
-                        wait_ms=20000, max_bytes=4096, with_stdin=False))).encode(), 4096)
+                    helped = parse_view((await _exec(s, handle, vm["id"], start_command(ExecStart(
+                        exec_id="exec_pooltest", command="echo $((6 * 7))", timeout_s=60,
+                        cap_bytes=4096, wait_ms=20000, max_bytes=4096)))).encode(), 4096)
                     assert (helped.state, helped.exit_code, helped.stdout) == \
                         ("ended", 0, b"42\n"), (image, kind, helped)
                     entropy.add(await _exec(s, handle, vm["id"],

@@ -25,7 +25,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from hypervisor.base import HypervisorError
+from hypervisor.base import GuestDomain, HypervisorError
 from hypervisor.domain_xml import parse_rift_mark
 from hypervisor.exec_helper import GUEST_PATH
 from hypervisor.image_files import ImageFiles, image_files
@@ -94,9 +94,9 @@ def _boot(image: ImageFiles, work: Path, name: str) -> Guest:
     _, public = key_for_task(keys, task_id)
     port = _free_port()
     serial = work / f"{vm_id}.serial.log"
-    spec = guest_spec(image, name=f"rift-test-{vm_id}", task_id=task_id, vm_id=vm_id, vcpus=1,
-                      memory_mib=256, domain_type=TCG, public_key_line=public, ssh_port=port,
-                      serial_log=serial)
+    spec = guest_spec(image, GuestDomain(
+        name=f"rift-test-{vm_id}", task_id=task_id, vm_id=vm_id, vcpus=1, memory_mib=256,
+        domain_type=TCG, ssh_port=port, serial_log=serial), public)
     vm = Vm(id=vm_id, task_id=task_id, owner="alice", name=name, image="tiny", status="running",
             host="local", vcpus=1, memory_mib=256, created_at=datetime.now(UTC),
             ssh_host="127.0.0.1", ssh_port=port)

@@ -26,7 +26,7 @@ from rift.guest.exec_view import (
     read_command,
     start_command,
 )
-from rift.services.ports import GuestExec
+from rift.services.ports import ExecRead, ExecStart, GuestExec
 from tests.support.cache import CACHE
 
 MIB = 1 << 20
@@ -58,9 +58,9 @@ def _shell(line: str, stdin: bytes | None = None) -> subprocess.Popen[bytes]:
 def start(helper: str, exec_id: str, command: str, *, timeout_s: int = 60,
           cap: int = MIB, wait_ms: int = 5000, max_bytes: int = MIB,
           stdin: bytes | None = None) -> GuestExec:
-    proc = _shell(start_command(exec_id, command, timeout_s=timeout_s, cap_bytes=cap,
-                                wait_ms=wait_ms, max_bytes=max_bytes,
-                                with_stdin=stdin is not None, helper=helper))
+    proc = _shell(start_command(ExecStart(
+        exec_id=exec_id, command=command, stdin=stdin, timeout_s=timeout_s, cap_bytes=cap,
+        wait_ms=wait_ms, max_bytes=max_bytes), helper=helper))
     out, err = proc.communicate(stdin, timeout=wait_ms / 1000 + 30)
     assert proc.returncode == 0, err
     return parse_view(out, max_bytes)
@@ -68,7 +68,8 @@ def start(helper: str, exec_id: str, command: str, *, timeout_s: int = 60,
 
 def read(helper: str, exec_id: str, out: int = 0, err: int = 0, wait_ms: int = 0,
          max_bytes: int = MIB) -> GuestExec:
-    proc = _shell(read_command(exec_id, out, err, max_bytes, wait_ms, helper=helper))
+    proc = _shell(read_command(ExecRead(exec_id=exec_id, stdout_offset=out, stderr_offset=err,
+                                        max_bytes=max_bytes, wait_ms=wait_ms), helper=helper))
     answer, _ = proc.communicate(timeout=30)
     return parse_view(answer, max_bytes)
 
@@ -187,7 +188,7 @@ def test_a_keeper_killed_leaves_the_exec_lost(helper: str, root: Path) -> None:
 
 
 def test_an_unknown_exec_is_exit_status_3(helper: str, root: Path) -> None:
-    proc = _shell(read_command("exec_none", 0, 0, 10, 0, helper=helper))
+    proc = _shell(read_command(ExecRead(exec_id="exec_none", max_bytes=10), helper=helper))
     proc.communicate(timeout=10)
     assert proc.returncode == 3
 

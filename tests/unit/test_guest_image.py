@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.base import ImageError
+from hypervisor.base import GuestDomain, ImageError
 from hypervisor.cloud_kernel import module_order
 from hypervisor.cpio import Archive
 from hypervisor.domain_xml import build_domain_xml, tcg_tb_cache_mib
@@ -146,17 +146,13 @@ def test_a_tcg_guests_translation_cache_is_half_its_memory_within_32_and_256_mib
 
 
 def test_a_tcg_guest_gets_a_translation_cache_of_its_size_and_a_forwarded_port() -> None:
-    spec = guest_spec(IMAGE, name="rift-vm_a", task_id="task_a", vm_id="vm_a", vcpus=1,
-                      memory_mib=256, domain_type="qemu", public_key_line=KEY, ssh_port=40022,
-                      serial_log=Path("/var/serial/vm_a.log"))
+    spec = guest_spec(IMAGE, _domain("qemu"), KEY)
     root = ET.fromstring(build_domain_xml(spec))  # noqa: S314 - our own output
     assert root.findtext("features/tcg/tb-cache") == "128"  # half of 256 MiB
     assert root.findtext("os/kernel") == "/img/tiny/vmlinux"
     assert "rift.key=" in (root.findtext("os/cmdline") or "")
     kvm = ET.fromstring(build_domain_xml(  # noqa: S314
-        guest_spec(IMAGE, name="rift-vm_a", task_id="task_a", vm_id="vm_a", vcpus=1,
-                   memory_mib=256, domain_type="kvm", public_key_line=KEY, ssh_port=40022,
-                   serial_log=Path("/var/serial/vm_a.log"))))
+        guest_spec(IMAGE, _domain("kvm"), KEY)))
     assert kvm.find("features/tcg") is None
 
 
@@ -194,3 +190,9 @@ def test_an_accelerator_verdict_is_cached_per_key(tmp_path: Path) -> None:
 def test_a_remote_host_is_not_probed() -> None:
     accel, why = probe_accel(IMAGE, "qemu+ssh://far/system")
     assert accel == TCG and "not local" in why
+
+
+def _domain(domain_type: str) -> GuestDomain:
+    return GuestDomain(name="rift-vm_a", task_id="task_a", vm_id="vm_a", vcpus=1,
+                       memory_mib=256, domain_type=domain_type, ssh_port=40022,
+                       serial_log=Path("/var/serial/vm_a.log"))

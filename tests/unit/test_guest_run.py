@@ -15,6 +15,7 @@ from rift.guest.run import (
     Capped,
     Collected,
     Header,
+    Reading,
     collect,
     command_line,
     feed_stdin,
@@ -94,8 +95,9 @@ class Clock:
 def run(chan: FakeChannel, *, cap: int = 10, deadline: float = 60.0, alive: bool = True,
         header: bool = True) -> tuple[Clock, Collected]:
     clock = Clock()
-    result = collect(chan, stdout_cap=cap, stderr_cap=cap, deadline=deadline, wait=clock.wait,
-                     alive=lambda: alive, clock=clock, sleep=clock.wait, header=header)
+    result = collect(chan, Reading(stdout_cap=cap, stderr_cap=cap, deadline=deadline,
+                                   wait=clock.wait, alive=lambda: alive, clock=clock,
+                                   sleep=clock.wait, header=header))
     return clock, result
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hypervisor.base import DomainSpec, ImageError
+from hypervisor.base import DomainSpec, GuestDomain, ImageError
 from hypervisor.disks import VmDisks, remove_vm_disks, seed_files, vm_disks, vm_ids_with_disks
 from hypervisor.domain_xml import build_domain_xml, validate_spec
 from hypervisor.qcow2 import Qcow2Image, image_kind, qcow2_guest_spec, qcow2_image
@@ -37,9 +37,10 @@ DISKS = VmDisks(Path("/data/disks/vm_abcdefgh.qcow2"), Path("/data/disks/vm_abcd
 
 
 def _spec(**changes: object) -> DomainSpec:
-    spec = qcow2_guest_spec(IMAGE, DISKS, name="rift-vm_abcdefgh", task_id="task_abcdefgh",
-                            vm_id="vm_abcdefgh", vcpus=1, memory_mib=256, domain_type="qemu",
-                            ssh_port=23456, serial_log=Path("/data/serial/vm_abcdefgh.log"))
+    spec = qcow2_guest_spec(IMAGE, DISKS, GuestDomain(
+        name="rift-vm_abcdefgh", task_id="task_abcdefgh", vm_id="vm_abcdefgh", vcpus=1,
+        memory_mib=256, domain_type="qemu", ssh_port=23456,
+        serial_log=Path("/data/serial/vm_abcdefgh.log")))
     return replace(spec, **changes)  # type: ignore[arg-type]
 
 

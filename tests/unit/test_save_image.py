@@ -14,6 +14,7 @@ from hypervisor.domain_xml import QEMU_XMLNS, parse_rift_mark
 from hypervisor.save_image import (
     HEADER_BYTES,
     XML_PADDING,
+    ForkDomain,
     fork_domain_xml,
     read_save_header,
     write_fork,
@@ -86,7 +87,7 @@ FORK = {
 
 def fork(xml: str = SAVED_XML, **changes: object) -> str:
     """`xml` rewritten with FORK's values, some of them changed."""
-    return fork_domain_xml(xml, **{**FORK, **changes})  # type: ignore[arg-type]
+    return fork_domain_xml(xml, ForkDomain(**{**FORK, **changes}))  # type: ignore[arg-type]
 
 
 def header(*, data_len: int, cookie_offset: int, magic: bytes = MAGIC, version: int = 2,

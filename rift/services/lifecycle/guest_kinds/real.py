@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hypervisor.base import DomainSpec, HypervisorError, ImageError, elsewhere
+from hypervisor.base import DomainSpec, GuestDomain, HypervisorError, ImageError, elsewhere
 from hypervisor.disks import iso_maker as seed_maker
 from hypervisor.disks import make_overlay, remove_vm_disks, vm_disks
 from hypervisor.image_files import ImageFiles, image_files
@@ -56,6 +56,14 @@ class _RealGuest:
 
     def _serial_log(self, vm: Vm) -> Path:
         return serial_log(self.runtime, vm.id)
+
+    def _domain(self, vm: Vm) -> GuestDomain:
+        """The VM's domain as any kind boots it: its names, size, SSH port and log."""
+        assert vm.ssh_port is not None
+        return GuestDomain(
+            name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus,
+            memory_mib=vm.memory_mib, domain_type=self.runtime.accel(self.uri),
+            ssh_port=vm.ssh_port, serial_log=self._serial_log(vm))
 
     def wait_ready(self, vm: Vm) -> None:
         timeout_s = self.runtime.boot_timeout_s
@@ -117,12 +125,8 @@ class KernelGuest(_RealGuest):
         keys = self.guests.keys
         assert vm.ssh_port is not None
         image = image_files(self.runtime.images_dir, self.image)
-        return guest_spec(
-            image, name=vm.domain_name,
-            task_id=vm.task_id, vm_id=vm.id, vcpus=vm.vcpus, memory_mib=vm.memory_mib,
-            domain_type=self.runtime.accel(self.uri),
-            public_key_line=keys.task_key(vm.task_id), ssh_port=vm.ssh_port,
-            serial_log=self._serial_log(vm), disk=self._overlay(image, vm))
+        return guest_spec(image, self._domain(vm), keys.task_key(vm.task_id),
+                          self._overlay(image, vm))
 
     def receive(self, vm: Vm, host_files: HostFiles) -> None:
         """The image's kernel, initrd and base disk here, the folder of the VM's serial
@@ -175,10 +179,7 @@ class Qcow2Guest(_RealGuest):
         disks = prepare_vm_disks(image, self.runtime.vm_disks_dir, vm_id=vm.id,
                                  public_key_line=keys.task_key(vm.task_id),
                                  size_bytes=vm.disk_gib * GIB)
-        return qcow2_guest_spec(
-            image, disks, name=vm.domain_name, task_id=vm.task_id, vm_id=vm.id,
-            vcpus=vm.vcpus, memory_mib=vm.memory_mib, domain_type=self.runtime.accel(self.uri),
-            ssh_port=vm.ssh_port, serial_log=self._serial_log(vm))
+        return qcow2_guest_spec(image, disks, self._domain(vm))
 
     def missing_tools(self) -> str | None:
         try:
