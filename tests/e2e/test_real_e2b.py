@@ -28,7 +28,8 @@ from e2b import (
 from e2b.exceptions import NotFoundException
 
 from tests.support.e2b import e2b_opts, own_tiny
-from tests.support.servers import Server, real_vms_missing, start_real_server, stop_server
+from tests.support.real_guests import RealSettings, Rig
+from tests.support.servers import Server, real_vms_missing
 from tests.support.witnesses import our_domains
 
 pytestmark = [
@@ -44,24 +45,20 @@ class World:
     opts: dict[str, object]
 
 
+REAL = RealSettings(env={"RIFT_DEFAULT_IMAGE": "tiny", "RIFT_VM_BOOT_TIMEOUT_S": "120",
+                         "RIFT_STATS_INTERVAL_S": "1"}, prepare=own_tiny)
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    tmp = tmp_path_factory.mktemp("e2b")
-    own_tiny(tmp / "data")
-    proc, srv = start_real_server(tmp, RIFT_DEFAULT_IMAGE="tiny",
-                                  RIFT_VM_BOOT_TIMEOUT_S="120", RIFT_STATS_INTERVAL_S="1")
+def world(rig: Rig) -> Iterator[World]:
+    srv = rig.server
+    opts = e2b_opts(srv.url, srv.token)
+    sbx = Sandbox.create(envs={"GREETING": "hello"}, metadata={"suite": "real"},
+                         **opts)  # type: ignore[arg-type]
     try:
-        opts = e2b_opts(srv.url, srv.token)
-        sbx = Sandbox.create(envs={"GREETING": "hello"}, metadata={"suite": "real"},
-                             **opts)  # type: ignore[arg-type]
-        try:
-            yield World(srv, sbx, opts)
-        finally:
-            sbx.kill()
+        yield World(srv, sbx, opts)
     finally:
-        stop_server(proc)
-        remaining = our_domains(srv)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+        sbx.kill()
 
 
 def test_commands_run_in_the_sandbox_with_their_output_envs_and_cwd(world: World) -> None:

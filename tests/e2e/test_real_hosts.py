@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.support.real_guests import RealSettings
 from tests.support.servers import Server, free_port, start_real_server, stop_server
 
 pytestmark = [pytest.mark.slow,
@@ -118,13 +119,7 @@ def test_each_host_has_its_own_libvirt_and_reaches_nothing_of_this_machines_loop
         listener.close()
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_real_server(tmp_path_factory.mktemp("hosts"), debian=True)
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
+REAL = RealSettings(debian=True, check_left=False)
 
 
 def test_rift_host_add_takes_each_host_by_its_uri_and_refuses_what_does_not_let_it_in(
