@@ -76,8 +76,8 @@ def drain_and_move(deps: Deps, name: str) -> MoveReport:
     running = [vm for vm in live if vm.status == "running" and vm.change is None
                and not egress_rules.proxied(vm.egress)]
     report = MoveReport(stayed=[
-        (vm.id, "its egress is an allowlist: the host's firewall refuses its QEMU's "
-                "migration stream" if egress_rules.proxied(vm.egress)
+        (vm.id, "its egress is an allowlist: its egress proxy serves the control "
+                "plane's own host only and would not follow it" if egress_rules.proxied(vm.egress)
          else f"{vm.status}: only running VMs move") for vm in live if vm not in running])
     planned = plan_moves(deps, name, running)
     drain_host(deps, name)
