@@ -20,7 +20,7 @@ import hashlib
 import json
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -31,19 +31,16 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.mcp_clients import call, run
+from tests.support.real_guests import RealSettings
 from tests.support.servers import (
     ROOT,
     TEST_IMAGES,
     Server,
     real_vms_missing,
-    start_real_server,
-    stop_server,
 )
 from tests.support.witnesses import (
     assert_rows_tell_the_truth,
     events,
-    our_domains,
-    remove_domain,
     virsh_names,
 )
 
@@ -90,18 +87,9 @@ def debian() -> Path:
     return cached_debian()
 
 
-@pytest.fixture(scope="module")
-def real(debian: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_real_server(tmp_path_factory.mktemp("qcow2"),
-                                  RIFT_VM_BOOT_TIMEOUT_S=str(BOOT_S), RIFT_SWEEP_INTERVAL_S="5")
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
-        remaining = our_domains(srv)
-        for domain in remaining.values():  # a failed test leaves no guest on the host
-            remove_domain(domain.name)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+# The qcow2 is built (or the test skipped) before the server starts.
+REAL = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": str(BOOT_S), "RIFT_SWEEP_INTERVAL_S": "5"},
+                    prepare=lambda _data_dir: cached_debian())
 
 
 @asynccontextmanager
