@@ -1,5 +1,5 @@
 """Pools on real guests (SPEC §11): `rift serve` on qemu:///system under TCG keeps
-`tiny` and `debian` VMs ready, booted (`--running`) and saved by libvirt
+`tiny` VMs (and in `make soak` `debian` ones too) ready, booted (`--running`) and saved by libvirt
 (`--saved`); `rift_vm_new` through the official MCP SDK client takes one and
 answers with a guest that execs under the task's key: the pool key is gone from
 it (a new login takes the task's key and no pool's), its clock is the host's,
@@ -13,24 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from mcp.client.session import ClientSession
+
 from rift.guest.exec_view import parse_view, start_command
 from rift.services.ports import ExecStart
 from tests.support.mcp_clients import call, mcp_session, run
-from tests.support.servers import (
-    Server,
-    cached_debian,
-    logs_in,
-    real_vms_missing,
-    start_real_server,
-    stop_server,
-    wait_until,
-)
-from tests.support.witnesses import our_domains, remove_domain
+from tests.support.real_guests import RealSettings
+from tests.support.servers import Server, logs_in, real_vms_missing, wait_until
+from tests.support.soak import scale
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -43,21 +36,14 @@ HOST_KEY = {"tiny": "dropbearkey -y -f /etc/dropbear/dropbear_ed25519_host_key |
             "debian": "cut -d' ' -f1,2 /etc/ssh/ssh_host_ed25519_key.pub"}
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    cached_debian()
-    proc, srv = start_real_server(tmp_path_factory.mktemp("pools"), debian=True,
-                                  RIFT_VM_BOOT_TIMEOUT_S=str(BOOT_S), RIFT_SWEEP_INTERVAL_S="5")
-    try:
-        yield srv
-    finally:
-        srv.rift("pool", "clear", "tiny")
-        srv.rift("pool", "clear", "debian")
-        stop_server(proc)
-        remaining = our_domains(srv)
-        for domain in remaining.values():  # a failed test leaves no guest on the host
-            remove_domain(domain.name)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
+def _clear_pools(srv: Server) -> None:
+    srv.rift("pool", "clear", "tiny")
+    srv.rift("pool", "clear", "debian")
+
+
+REAL = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": str(BOOT_S), "RIFT_SWEEP_INTERVAL_S": "5"},
+                    debian=scale(False, True),  # `debian`'s pools are the long form (below)
+                    before_stop=_clear_pools)
 
 
 def _pools(srv: Server) -> list[dict[str, Any]]:
@@ -105,10 +91,13 @@ async def _reboot(s: ClientSession, handle: str, vm_id: str, authorized: str) ->
 
 
 # Each start kind gets its own size, so a pool's refill never answers another's call.
+# `debian`'s pools are the long form (about half the test's 85 s), in make soak only;
+# make test hands out a saved `debian` in test_real_hosts.py (pools on hosts elsewhere).
 SIZES = {"tiny": {"pool": 256, "restore": 320, "boot": 384},
-         "debian": {"pool": 576, "restore": 512, "boot": 640}}
+         **scale({}, {"debian": {"pool": 576, "restore": 512, "boot": 640}})}
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(FILL_S + 600)
 def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_clock(
         real: Server) -> None:
@@ -169,8 +158,8 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                     entropy.add(await _exec(s, handle, vm["id"],
                                             "head -c 16 /dev/urandom | od -An -tx1"))
                     await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])
-            assert len(keys) == 6  # no two VMs share a host key
-            assert len(entropy) == 6  # nor what their entropy pools give right away
+            assert len(keys) == 3 * len(SIZES)  # no two VMs share a host key
+            assert len(entropy) == 3 * len(SIZES)  # nor what their entropy pools give
             await call(s, "rift_task_close", handle=handle)
 
     run(scenario, limit_s=900)
