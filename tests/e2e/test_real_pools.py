@@ -91,7 +91,7 @@ async def _reboot(s: ClientSession, handle: str, vm_id: str, authorized: str) ->
 
 
 # Each start kind gets its own size, so a pool's refill never answers another's call.
-# `debian`'s pools are the long form (about half the test's 85 s), in make soak only;
+# `debian`'s pools are the long form (about 60 s of the test's 85), in make soak only;
 # make test hands out a saved `debian` in test_real_hosts.py (pools on hosts elsewhere).
 SIZES = {"tiny": {"pool": 256, "restore": 320, "boot": 384},
          **scale({}, {"debian": {"pool": 576, "restore": 512, "boot": 640}})}
