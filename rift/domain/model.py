@@ -36,8 +36,9 @@ recorded before libvirt is asked)::
     running, any                  moved((host, port), ...)    running on host        vm_moved
     creating|running|paused, any  noted(error | None)         (same, error noted)    -
 
-(`paused` from none: its domain was started outside Rift. `change_ended`: a change
-libvirt refused or a crash cut short, rolled back; or a snapshot's save done.)
+(`resumed` from paused with none under way: its domain was started outside Rift.
+`change_ended`: a change libvirt refused or a crash cut short, rolled back; or a
+snapshot's save done.)
 """
 
 from __future__ import annotations
