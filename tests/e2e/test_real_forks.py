@@ -12,24 +12,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from mcp.client.session import ClientSession
 
 from tests.support.mcp_clients import call, mcp_session, run
-from tests.support.servers import (
-    COUNTER,
-    Server,
-    cached_debian,
-    logs_in,
-    real_vms_missing,
-    start_real_server,
-    stop_server,
-    wait_until,
-)
-from tests.support.witnesses import our_domains
+from tests.support.real_guests import RealSettings
+from tests.support.servers import COUNTER, Server, logs_in, real_vms_missing, wait_until
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -39,19 +29,14 @@ pytestmark = [
 LIMIT_S = 300
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    cached_debian()
-    proc, srv = start_real_server(tmp_path_factory.mktemp("forks"), debian=True,
-                                  RIFT_VM_BOOT_TIMEOUT_S="120", RIFT_SWEEP_INTERVAL_S="2")
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
-        remaining = our_domains(srv)
-        assert not remaining, f"domains left behind: {sorted(remaining)}"
-        left = list((srv.data_dir / "snapshots").glob("*"))
-        assert not left, f"snapshot files left behind: {left}"
+def _no_snapshot_files(srv: Server) -> None:
+    left = list((srv.data_dir / "snapshots").glob("*"))
+    assert not left, f"snapshot files left behind: {left}"
+
+
+REAL = RealSettings(debian=True, env={"RIFT_VM_BOOT_TIMEOUT_S": "120",
+                                      "RIFT_SWEEP_INTERVAL_S": "2"},
+                    after_stop=_no_snapshot_files)
 
 
 async def _sh(s: ClientSession, handle: str, vm_id: str, command: str) -> str:
