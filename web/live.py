@@ -66,8 +66,19 @@ class Watch:
         return cls(mark, digest)
 
 
-async def stream(request: Request, deps: Deps, user: str, session_id: str, since: str | None,
-                 poll_s: float, render: Callable[[boxes.BoxesPage], str]) -> AsyncIterator[str]:
+@dataclass(frozen=True)
+class Feed:
+    """What an open page's stream reads, how often (`poll_s`), and how it renders the
+    live region."""
+
+    deps: Deps
+    poll_s: float
+    render: Callable[[boxes.BoxesPage], str]
+
+
+async def stream(request: Request, feed: Feed, user: str, session_id: str, since: str | None
+                 ) -> AsyncIterator[str]:
+    deps, poll_s, render = feed.deps, feed.poll_s, feed.render
     watch = Watch.parse(since)
     started = last_check = last_sent = time.monotonic()
     yield f"retry: {RETRY_MS}\n\n"

@@ -79,7 +79,7 @@ def _login_page(request: Request, message: str = "", user: str = "",
     token = sessions.form_token()
     response = html(request, render.render("login.html", form_token=token, message=message,
                                   user=user[:64]), status_code, headers)
-    set_cookie(response, request, LOGIN_COOKIE, token, LOGIN_FORM_TTL_S, path="/login")
+    set_cookie(response, request, LOGIN_COOKIE, token, LOGIN_FORM_TTL_S)
     return response
 
 
@@ -115,7 +115,7 @@ async def login(request: Request, user: FormText = "", password: FormText = "",
         return _login_page(request, "Wrong user name or password.", user, 401)
     response = _see_other("/")
     set_cookie(response, request, SESSION_COOKIE, made.session_id, state.settings.session_ttl_s)
-    clear_cookie(response, request, LOGIN_COOKIE, path="/login")
+    clear_cookie(response, request, LOGIN_COOKIE)
     return response
 
 
@@ -153,8 +153,8 @@ def live_stream(request: Request, v: str | None = None) -> Response:
     except TooManyWaiting as exc:
         return Response(f"{exc.message}\n", status_code=429, media_type="text/plain",
                         headers={"Retry-After": "5"})
-    events = live.stream(request, state.deps, user, session_id, since,
-                         state.settings.live_poll_s, fragment)
+    events = live.stream(request, live.Feed(state.deps, state.settings.live_poll_s, fragment),
+                         user, session_id, since)
     return page_of(request).held_stream(
         events, give, media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

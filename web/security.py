@@ -14,6 +14,7 @@ from web.state import page_of
 SESSION_COOKIE = sessions.SESSION_COOKIE  # the engine's sessions name it (the gate reads it)
 LOGIN_COOKIE = "rift_login_form"
 LOGIN_FORM_TTL_S = 3600
+COOKIE_PATHS = {LOGIN_COOKIE: "/login"}  # the sign-in form's goes to the sign-in only; else "/"
 
 HTML_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -71,15 +72,16 @@ def secure(request: Request) -> bool:
     return request.url.scheme == "https" or public_url.lower().startswith("https://")
 
 
-def set_cookie(response: Response, request: Request, name: str, value: str, max_age: int,
-               path: str = "/") -> None:
-    response.set_cookie(name, value, max_age=max_age, expires=max_age, path=path,
+def set_cookie(response: Response, request: Request, name: str, value: str,
+               max_age: int) -> None:
+    response.set_cookie(name, value, max_age=max_age, expires=max_age,
+                        path=COOKIE_PATHS.get(name, "/"),
                         secure=secure(request), httponly=True, samesite="strict")
 
 
-def clear_cookie(response: Response, request: Request, name: str, path: str = "/") -> None:
-    response.delete_cookie(name, path=path, secure=secure(request), httponly=True,
-                           samesite="strict")
+def clear_cookie(response: Response, request: Request, name: str) -> None:
+    response.delete_cookie(name, path=COOKIE_PATHS.get(name, "/"), secure=secure(request),
+                           httponly=True, samesite="strict")
 
 
 def same_origin(request: Request) -> bool:
