@@ -63,11 +63,13 @@ class Settings(BaseSettings):
     vm_cpu_weight: int = Field(default=512, ge=0, le=262144, description=(
         "Each guest's share of its host's CPUs when they are busy (libvirt's "
         "`<cputune><shares>`, against 1024 for a process at nice 0); 0: libvirt's default."))
-    vm_cpu_quota: float = Field(default=0.5, ge=0, le=1, description=(
+    vm_cpu_quota: float = Field(default=0, ge=0, le=1, description=(
         "The fraction of one core each vCPU of a guest may use (libvirt's `<cputune>` "
         "quota per 100 ms; under TCG the guest's code runs on its vCPU threads); QEMU's "
-        "other threads may use one core in all. 0: no cap. Hosts whose libvirt has no "
-        "cpu cgroup (qemu.conf's `cgroup_controllers`) start guests without limits."))
+        "other threads may use one core in all. 0 (the default): no cap, the weight "
+        "alone shares a busy host; a cap slows every guest even on an idle host (0.5 "
+        "halves a boot's speed). Hosts whose libvirt has no cpu cgroup (qemu.conf's "
+        "`cgroup_controllers`) start guests without limits."))
     rate_task_new_per_h: int = Field(default=120, ge=1,
         description="Task creations per user per hour.")
     rate_vm_new_per_h: int = Field(default=240, ge=1, description="VM creations per user per hour.")
