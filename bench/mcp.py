@@ -3,7 +3,7 @@
 
 1. an MCP tool call round trip (`rift_task_get` with a handle, the official SDK
    client, 2026-07-28, one session reused) against the floor of a bare FastAPI
-   POST route making the same engine call (`rift.services.lifecycle.tools.task_get`) with a
+   POST route making the same engine call (`rift.services.lifecycle.tasks.get`) with a
    reused httpx client; medians, p99 and the ratio (target: MCP at most 2x the
    floor's median). Interleaved blocks, so a noisy neighbour hits both alike;
 2. tool calls per second with 16 concurrent SDK clients on the one worker.
@@ -56,7 +56,7 @@ def serve(port: int, data_dir: Path) -> None:
     from rift.config import Settings
     from rift.contract.tools import TaskGetIn
     from rift.services.context import Caller
-    from rift.services.lifecycle import tools
+    from rift.services.lifecycle import tasks
 
     uri = write_test_host_xml(str(data_dir / "node.xml"), 64, 262144)
     settings = Settings(data_dir=data_dir, hypervisor_uri=uri, log_level="WARNING",
@@ -69,7 +69,7 @@ def serve(port: int, data_dir: Path) -> None:
 
     @app.post("/floor")
     def floor(handle: str = Body(embed=True)) -> dict[str, Any]:
-        return tools.task_get(deps, floor_caller, TaskGetIn(handle=handle)).model_dump(mode="json")
+        return tasks.get(deps, floor_caller, TaskGetIn(handle=handle)).model_dump(mode="json")
 
     print(first.token, flush=True)
     try:

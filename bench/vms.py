@@ -2,7 +2,7 @@
 (TCG here: the KVM probe fails on this machine):
 
 1. `rift_vm_new` until the first successful exec, through the engine
-   (`rift.services.lifecycle.tools.vm_new` then `vm_exec`, with a real `build_deps`: the
+   (`rift.services.lifecycle.vms.new` then `execs.start`, with a real `build_deps`: the
    calls the MCP door makes, without HTTP), against the floor: the same domain
    XML (`guest_spec` + `build_domain_xml`, as Rift plans it) defined and
    started with raw libvirt, then polled with raw paramiko (connect, auth,
@@ -48,7 +48,7 @@ from rift.contract.tools import TaskCloseIn, TaskNewIn, VmDestroyIn, VmExecIn, V
 from rift.contract.views import VmView
 from rift.guest.keys import key_for_task, key_path, load_key
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import tools
+from rift.services.lifecycle import execs, tasks, vms
 
 URI = "qemu:///system"
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,10 +80,10 @@ def _deps(data_dir: Path) -> Deps:
 def _rift_new_until_exec(deps: Deps, handle: str) -> tuple[float, str]:
     """Seconds from `rift_vm_new` to the end of the first successful exec."""
     started = time.perf_counter()
-    vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle, image="tiny")).vm
+    vm = vms.new(deps, CALLER, VmNewIn(handle=handle, image="tiny")).vm
     if vm.status != "running":
         raise RuntimeError(f"the VM did not come up: {vm.error}")
-    ran = tools.vm_exec(deps, CALLER, VmExecIn(handle=handle, vm_id=vm.id, command="true"))
+    ran = execs.start(deps, CALLER, VmExecIn(handle=handle, vm_id=vm.id, command="true"))
     took = time.perf_counter() - started
     assert ran.exit_code == 0, ran
     return took, vm.id
@@ -177,12 +177,12 @@ def _free_port() -> int:
 # -- 1. boot to first exec ------------------------------------------------------------
 
 def bench_boot(deps: Deps, floor: Floor) -> list[tuple[str, ...]]:
-    handle = tools.task_new(deps, CALLER, TaskNewIn(name="bench boot")).handle
+    handle = tasks.new(deps, CALLER, TaskNewIn(name="bench boot")).handle
     rift_s: list[float] = []
     floor_s: list[float] = []
     def rift_once() -> None:
         took, vm_id = _rift_new_until_exec(deps, handle)
-        tools.vm_destroy(deps, CALLER, VmDestroyIn(vm_id=vm_id, handle=handle))
+        vms.destroy(deps, CALLER, VmDestroyIn(vm_id=vm_id, handle=handle))
         rift_s.append(took)
 
     def floor_once() -> None:
@@ -197,7 +197,7 @@ def bench_boot(deps: Deps, floor: Floor) -> list[tuple[str, ...]]:
     for i in range(BOOT_SAMPLES):  # alternate who goes first: drift hits both alike
         for one in ((rift_once, floor_once) if i % 2 else (floor_once, rift_once)):
             one()
-    tools.task_close(deps, CALLER, TaskCloseIn(handle=handle))
+    tasks.close(deps, CALLER, TaskCloseIn(handle=handle))
     rift_med, floor_med = statistics.median(rift_s), statistics.median(floor_s)
     ratio = rift_med / floor_med
     return [
@@ -224,8 +224,8 @@ def _per_call(fn: Callable[[], object], n: int) -> list[float]:
 
 
 def bench_exec(deps: Deps, keys_dir: Path) -> list[tuple[str, ...]]:
-    handle = tools.task_new(deps, CALLER, TaskNewIn(name="bench exec")).handle
-    vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle, image="tiny")).vm
+    handle = tasks.new(deps, CALLER, TaskNewIn(name="bench exec")).handle
+    vm = vms.new(deps, CALLER, VmNewIn(handle=handle, image="tiny")).vm
     assert vm.status == "running" and vm.ssh is not None, vm
     transport = paramiko.Transport(socket.create_connection(("127.0.0.1", vm.ssh.port)))
     transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
@@ -235,7 +235,7 @@ def bench_exec(deps: Deps, keys_dir: Path) -> list[tuple[str, ...]]:
     exec_true_in = VmExecIn(handle=handle, vm_id=vm.id, command="true")
 
     def rift_call() -> None:
-        assert tools.vm_exec(deps, CALLER, exec_true_in).exit_code == 0
+        assert execs.start(deps, CALLER, exec_true_in).exit_code == 0
 
     def raw_call() -> None:
         assert exec_true(transport) == 0
@@ -250,7 +250,7 @@ def bench_exec(deps: Deps, keys_dir: Path) -> list[tuple[str, ...]]:
             raw_s += _per_call(raw_call, EXEC_CALLS // EXEC_BLOCKS)
     finally:
         transport.close()
-        tools.task_close(deps, CALLER, TaskCloseIn(handle=handle))
+        tasks.close(deps, CALLER, TaskCloseIn(handle=handle))
     rift_ms, raw_ms = statistics.median(rift_s) * 1e3, statistics.median(raw_s) * 1e3
     ratio = rift_ms / raw_ms
     return [
@@ -284,7 +284,7 @@ def qemu_rss_mib(domain: str) -> tuple[float, float]:
 
 
 def bench_density(deps: Deps) -> list[tuple[str, ...]]:
-    handle = tools.task_new(deps, CALLER, TaskNewIn(name="bench density")).handle
+    handle = tasks.new(deps, CALLER, TaskNewIn(name="bench density")).handle
     before = mem_available_mib()
     boots: list[float] = []
     vms: list[VmView] = []
@@ -296,7 +296,7 @@ def bench_density(deps: Deps) -> list[tuple[str, ...]]:
                 stopped = f"memory (MemAvailable near {MEM_FLOOR_MIB} MiB)"
                 break
             started = time.perf_counter()
-            vm = tools.vm_new(deps, CALLER, VmNewIn(handle=handle, image="tiny",
+            vm = vms.new(deps, CALLER, VmNewIn(handle=handle, image="tiny",
                                                     memory_mib=DENSITY_MEMORY_MIB)).vm
             if vm.status != "running":
                 stopped = f"a failed boot: {vm.error}"
@@ -305,13 +305,13 @@ def bench_density(deps: Deps) -> list[tuple[str, ...]]:
             vms.append(vm)
         filled = time.perf_counter() - began
         time.sleep(3)  # let the last guests settle
-        answered = sum(tools.vm_exec(deps, CALLER, VmExecIn(handle=handle, vm_id=vm.id,
+        answered = sum(execs.start(deps, CALLER, VmExecIn(handle=handle, vm_id=vm.id,
                                                              command="true")).exit_code == 0
                        for vm in vms)
         after = mem_available_mib()
         measured = [qemu_rss_mib(f"rift-{vm.id}") for vm in vms]
     finally:
-        tools.task_close(deps, CALLER, TaskCloseIn(handle=handle))
+        tasks.close(deps, CALLER, TaskCloseIn(handle=handle))
     n = len(vms)
     rss = [whole for whole, _ in measured]
     anon = [part for _, part in measured]
