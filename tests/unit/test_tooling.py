@@ -36,3 +36,10 @@ def test_the_engines_limits_default_to_the_settings_defaults() -> None:
     for field in fields(Limits):
         setting = Settings.model_fields[renamed.get(field.name, field.name)]
         assert field.default == setting.default, field.name
+
+
+def test_every_benchmark_imports_against_the_engine_as_it_is() -> None:
+    # mypy does not check bench/; a use case renamed under it shows here, not at `make bench`.
+    from bench.__main__ import benches
+
+    assert {"mcp", "execs", "vms", "starts", "forks", "hostile"} <= set(benches())
