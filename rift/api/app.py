@@ -30,13 +30,13 @@ from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.e2b import gate as e2b_gate
 from rift.e2b import routes as e2b
+from rift.guest.egress_deny import EgressDeny
 from rift.proxy.guests import GuestsOnThisHost
 from rift.proxy.server import EgressProxy
 from rift.scheduler import PoolFiller, start_scheduler
 from rift.services.background.heartbeat import resume
 from rift.services.background.sweeps import sweep
 from rift.services.context import Caller, Deps
-from rift.services.operator.egress_deny import EgressDeny
 from web.router import install as install_web
 
 log = logging.getLogger("rift.http")

@@ -49,7 +49,7 @@ class EgressProxy:
         """`guest_of`: which VM a connection is from, and its rules (on a real host,
         rift.proxy.guests.GuestsOnThisHost); `is_local` is the host's own by default;
         tests give their own. `denied`: the addresses egress `open` refuses too
-        (rift.services.operator.egress_deny), refused here whatever the list."""
+        (rift.guest.egress_deny), refused here whatever the list."""
         self.port = port
         self.refusals = Refusals()
         self._guest_of = guest_of

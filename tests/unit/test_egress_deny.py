@@ -1,4 +1,4 @@
-"""What egress `open` refuses besides the host (rift.services.operator.egress_deny): the
+"""What egress `open` refuses besides the host (rift.guest.egress_deny): the
 networks each host's firewall sets get, and the script that puts them there."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from rift.config import Settings
-from rift.services.operator.egress_deny import (
+from rift.guest.egress_deny import (
     addresses_of,
     database_host,
     nft_script,
