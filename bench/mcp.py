@@ -54,7 +54,7 @@ def serve(port: int, data_dir: Path) -> None:
     from rift.api.app import create_app
     from rift.bootstrap import build_deps, close_deps, ensure_admin
     from rift.config import Settings
-    from rift.contract.tools import TaskGetIn
+    from rift.contract.tasks import TaskGetIn
     from rift.services.context import Caller
     from rift.services.lifecycle import tasks
 

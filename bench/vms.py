@@ -44,8 +44,10 @@ from hypervisor.kernel_boot import guest_spec
 from hypervisor.tiny import build_tiny
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
-from rift.contract.tools import TaskCloseIn, TaskNewIn, VmDestroyIn, VmExecIn, VmNewIn
+from rift.contract.execs import VmExecIn
+from rift.contract.tasks import TaskCloseIn, TaskNewIn
 from rift.contract.views import VmView
+from rift.contract.vms import VmDestroyIn, VmNewIn
 from rift.guest.keys import key_for_task, key_path, load_key
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import execs, tasks, vms

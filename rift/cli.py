@@ -132,7 +132,7 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_tasks(settings: Settings, args: argparse.Namespace) -> int:
     from rift.contract.base import command
-    from rift.contract.tools import TaskListIn
+    from rift.contract.tasks import TaskListIn
     from rift.services.lifecycle import tasks
 
     deps = _deps(settings)

@@ -1,5 +1,5 @@
 """REST `/api/v1` (SPEC §5): the same use cases as the MCP tools, with the same
-contracts (rift/contract/tools.py).
+contracts (rift/contract/: one module per resource, `tools.CONTRACTS` lists them).
 
 A route's body or query is the tool's input model less what travels in the path
 and the `Rift-Handle` header; the route puts those back, calls the tool's use case
@@ -38,7 +38,7 @@ from rift.contract.base import (
     command,
 )
 from rift.contract.base import Path as GuestPathText
-from rift.contract.tools import ToolContract
+from rift.contract.tool import ToolContract
 from rift.contract.views import ExecView
 from rift.domain.errors import InvalidArgument, RiftError
 from rift.domain.secrets import Handle

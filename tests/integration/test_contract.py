@@ -1,5 +1,5 @@
 """One contract per tool: the MCP door's `inputSchema`/`outputSchema` and the REST
-door's OpenAPI come from the same pydantic models (rift/contract/tools.py), so a
+door's OpenAPI come from the same pydantic models (rift/contract/, by resource), so a
 field added to a view or an input shows at both doors at once."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from rift.api.mcp.server import build_server
 from rift.api.state import AppState
 from rift.config import Settings
 from rift.contract.base import inline
-from rift.contract.tools import CONTRACTS, Refusal, ToolContract
+from rift.contract.tool import Refusal, ToolContract
+from rift.contract.tools import CONTRACTS
 from rift.services.context import Deps
 
 # Each tool's REST operation, and where its input's fields travel there.

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from rift.contract.base import parse, refusal_of
-from rift.contract.tools import VM_NEW, TaskListIn, VmNewIn, VmReadFileIn
+from rift.contract.files import VmReadFileIn
+from rift.contract.tasks import TaskListIn
+from rift.contract.vms import VM_NEW, VmNewIn
 from rift.domain.errors import InvalidArgument
 
 

@@ -3,7 +3,7 @@ owns the protocol (eras, stateless sessions, JSON-RPC framing); what Rift adds s
 on its extension points, one part each:
 
 - `server`: the SDK's server and session manager, mounted with the token check;
-- `tools`: each tool as MCP lists it, from its contract (rift/contract/tools.py);
+- `tools`: each tool as MCP lists it, from its contract (rift/contract/, by resource);
 - `refusals`: a RiftError as a tool result with `isError` and a hint (SPEC §3);
 - `callers`: who is calling (the holder label from the client's declared name);
 - `door`: clear answers to malformed requests, and quiet logs for clients gone;

@@ -1,4 +1,4 @@
-"""The tools as MCP sees them: each tool's contract (rift/contract/tools.py), the use
+"""The tools as MCP sees them: each tool's contract (rift/contract/, by resource), the use
 case it calls (the same function every door calls, taking the contract's input
 model), its short text rendering, and, for the calls that wait (SPEC §10), how a
 cancel ends what it made."""
@@ -15,7 +15,7 @@ import mcp_types as types
 from pydantic import BaseModel
 
 from rift.contract import tools as c
-from rift.contract.tools import ToolContract
+from rift.contract.tool import ToolContract
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import (
     execs,

@@ -42,7 +42,7 @@ from starlette.requests import Request
 from rift.api.mcp.callers import caller_of
 from rift.api.mcp.tools import Tool, Waits
 from rift.api.waiting import Waiting
-from rift.contract.tools import VmExecIn
+from rift.contract.execs import VmExecIn
 from rift.domain.errors import RiftError
 from rift.services.context import Caller, Deps
 from rift.services.ports.watch import Watch

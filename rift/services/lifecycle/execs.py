@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rift.contract.base import MAX_OFFSET, decoded
-from rift.contract.tools import (
+from rift.contract.execs import (
     ExecInputOut,
     ExecListOut,
     VmExecGetIn,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from rift.contract.tools import ExposureOut, VmOut, VmPortIn
+from rift.contract.exposures import ExposureOut, VmPortIn
+from rift.contract.vms import VmOut
 from rift.domain.ids import new_exposure_id
 from rift.domain.model import NewEvent, Vm
 from rift.domain.records import Exposure

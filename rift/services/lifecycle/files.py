@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 
 from rift.contract.base import decoded
-from rift.contract.tools import FileReadOut, FileWrittenOut, VmReadFileIn, VmWriteFileIn
+from rift.contract.files import FileReadOut, FileWrittenOut, VmReadFileIn, VmWriteFileIn
 from rift.domain.errors import InvalidArgument
 from rift.domain.model import Vm
 from rift.services.context import Caller, Deps

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from rift.contract.tools import TaskAttachIn, TaskAttachOut, TaskOut, TaskReleaseIn
+from rift.contract.tasks import TaskAttachIn, TaskAttachOut, TaskOut, TaskReleaseIn
 from rift.domain.clock import iso
 from rift.domain.errors import (
     HandleInvalid,

@@ -17,7 +17,7 @@ import time
 from typing import Literal
 
 from hypervisor.base import DomainRecord, HypervisorError
-from rift.contract.tools import VmHeldIn, VmOut
+from rift.contract.vms import VmHeldIn, VmOut
 from rift.domain.errors import (
     GuestUnreachable,
     HypervisorFailed,

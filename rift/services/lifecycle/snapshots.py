@@ -32,7 +32,7 @@ from pathlib import Path
 from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.save_image import FORK_PREFIX
-from rift.contract.tools import SnapshotOut, VmForkIn, VmSnapshotDeleteIn, VmSnapshotIn, VmsOut
+from rift.contract.snapshots import SnapshotOut, VmForkIn, VmSnapshotDeleteIn, VmSnapshotIn, VmsOut
 from rift.domain import egress as egress_rules
 from rift.domain.errors import (
     GuestUnreachable,

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from rift.contract.operator import TaskIdIn
-from rift.contract.tools import (
+from rift.contract.tasks import (
     TaskCloseIn,
     TaskCloseOut,
     TaskEventsIn,

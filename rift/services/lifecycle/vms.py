@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from rift.contract.tools import VmDestroyIn, VmGetIn, VmNewIn, VmOut
+from rift.contract.vms import VmDestroyIn, VmGetIn, VmNewIn, VmOut
 from rift.domain import egress as egress_rules
 from rift.domain.errors import (
     IdempotencyConflict,
