@@ -16,7 +16,7 @@ from rift.domain.errors import StoreUnavailable
 from rift.services.background.sweeps import sweep
 from rift.services.background.usage import sample_usage
 from rift.services.context import Deps
-from rift.services.lifecycle.pools import refill
+from rift.services.lifecycle.pool_filler import refill
 
 log = logging.getLogger("rift.scheduler")
 

@@ -13,9 +13,10 @@ from rift.contract import tools as c
 from rift.contract.base import command
 from rift.contract.operator import PoolSetIn
 from rift.domain.clock import FakeClock
+from rift.domain.records import PoolVm
 from rift.services.background import reconcile
 from rift.services.context import Deps, GuestRuntime
-from rift.services.lifecycle import pools, tasks, vms
+from rift.services.lifecycle import pool_filler, pools, tasks, vms
 from rift.services.operator import hosts
 from rift.services.operator.hosts import HostSize
 from tests.support.engine import ALICE, event_types, refused, snapshot
@@ -27,14 +28,14 @@ def _handle(deps: Deps) -> str:
     return str(tasks.new(deps, ALICE, command(c.TaskNewIn)).handle)
 
 
-def _members(deps: Deps) -> list[pools.PoolVm]:
+def _members(deps: Deps) -> list[PoolVm]:
     with deps.store.read() as tx:
         return tx.pools.vms()
 
 
 def _fill(deps: Deps) -> int:
     made = 0
-    while (step := pools.refill(deps, FILLER)):
+    while (step := pool_filler.refill(deps, FILLER)):
         made += step
     return made
 
@@ -173,15 +174,15 @@ def test_stale_vms_are_replaced_and_extras_trimmed(
 def test_failed_starts_back_off(deps: Deps, local_hv: FakeHypervisor, clock: FakeClock) -> None:
     pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     local_hv.fail_next_create("no room at the inn", times=2)
-    assert pools.refill(deps, FILLER) == 0
+    assert pool_filler.refill(deps, FILLER) == 0
     (row,) = pools.pool_rows(deps)
     assert row.pool.failures == 1 and "no room at the inn" in (row.pool.last_error or "")
-    assert pools.refill(deps, FILLER) == 0  # backing off: nothing tried
+    assert pool_filler.refill(deps, FILLER) == 0  # backing off: nothing tried
     assert [op for op, _ in local_hv.calls].count("create") == 1
-    clock.advance(pools.BACKOFF_S[0] + 1)
-    assert pools.refill(deps, FILLER) == 0  # the second failure
-    clock.advance(pools.BACKOFF_S[1] + 1)
-    assert pools.refill(deps, FILLER) == 1
+    clock.advance(pool_filler.BACKOFF_S[0] + 1)
+    assert pool_filler.refill(deps, FILLER) == 0  # the second failure
+    clock.advance(pool_filler.BACKOFF_S[1] + 1)
+    assert pool_filler.refill(deps, FILLER) == 1
     (row,) = pools.pool_rows(deps)
     assert row.pool.failures == 0 and row.pool.last_error is None and row.running_ready == 1
     assert _members(deps)[0].state == "ready" and len(local_hv.domains) == 1
@@ -192,9 +193,9 @@ def test_one_replica_fills_a_pool_at_a_time(deps: Deps, clock: FakeClock) -> Non
     now = clock.now()
     with deps.store.write() as tx:
         assert tx.pools.claim_fill(pool.id, "replica-a", now, clock.advance(60))
-    assert pools.refill(deps, "replica-b") == 0  # a holds it
+    assert pool_filler.refill(deps, "replica-b") == 0  # a holds it
     clock.advance(1)
-    assert pools.refill(deps, "replica-b") == 1  # a's hold ran out
+    assert pool_filler.refill(deps, "replica-b") == 1  # a's hold ran out
 
 
 def test_reconciliation_keeps_pool_domains_and_drops_what_a_crash_left(
@@ -217,7 +218,7 @@ def test_a_start_a_crash_cut_is_removed_after_the_grace(
         deps: Deps, local_hv: FakeHypervisor, clock: FakeClock) -> None:
     pool = pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     with deps.store.write() as tx:
-        tx.pools.add_vm(pools.PoolVm(
+        tx.pools.add_vm(PoolVm(
             id="vm_cutcutcu", pool_id=pool.id, goal="running", state="starting", host="local",
             image="tiny", vcpus=1, memory_mib=256, key_id=pool.id, mark="m",
             created_at=clock.now()))
@@ -238,7 +239,7 @@ def test_clearing_a_pool_destroys_its_vms(deps: Deps, local_hv: FakeHypervisor) 
 
 def test_pool_list_says_what_is_wanted_and_ready(deps: Deps) -> None:
     pools.set_pool(deps, command(PoolSetIn, image="tiny", running=2, saved=1))
-    assert pools.refill(deps, FILLER) == 1  # one start at a time per host
+    assert pool_filler.refill(deps, FILLER) == 1  # one start at a time per host
     (row,) = [r.as_dict() for r in pools.pool_rows(deps)]
     assert row["running"] == {"want": 2, "ready": 1} and row["saved"] == {"want": 1, "ready": 0}
     _fill(deps)
@@ -263,8 +264,8 @@ def test_an_images_build_digest_changes_when_it_is_rebuilt(
     folder = tmp_path / "tiny"
     folder.mkdir()
     (folder / "manifest.json").write_text('{"v": 1}')
-    before = pools.image_build(with_runtime, "tiny")
-    assert pools.image_build(with_runtime, "tiny") == before  # stable while unchanged
+    before = pool_filler.image_build(with_runtime, "tiny")
+    assert pool_filler.image_build(with_runtime, "tiny") == before  # stable while unchanged
     (folder / "manifest.json").write_text('{"v": 22}')
-    assert pools.image_build(with_runtime, "tiny") != before
-    assert pools.image_build(with_runtime, "debian") != before  # another image
+    assert pool_filler.image_build(with_runtime, "tiny") != before
+    assert pool_filler.image_build(with_runtime, "debian") != before  # another image

@@ -30,7 +30,7 @@ from rift.domain.model import Vm, VmStatus
 from rift.services.context import SWEEP, Deps, Limits
 from rift.services.lifecycle.guest_kinds import vm_files
 from rift.services.lifecycle.pauses import settle_change
-from rift.services.lifecycle.pools import stale_pool_vms
+from rift.services.lifecycle.pool_filler import stale_pool_vms
 from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, vm_ended
 from rift.services.ports import Tx
 

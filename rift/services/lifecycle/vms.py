@@ -20,6 +20,7 @@ from rift.services.context import Caller, Deps
 from rift.services.lifecycle.capacity import place
 from rift.services.lifecycle.disk_budget import check_disk_budget, disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on
+from rift.services.lifecycle.handouts import Taken, start_taken, take
 from rift.services.lifecycle.launch import (
     SSH_HOST,
     Start,
@@ -37,7 +38,6 @@ from rift.services.lifecycle.leases import (
     parse_handle,
     refuse_if_held,
 )
-from rift.services.lifecycle.pools import Taken, start_taken, take
 from rift.services.lifecycle.tasks import request_digest
 from rift.services.lifecycle.teardown import destroy_vm
 from rift.services.ports import Tx
