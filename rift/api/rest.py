@@ -47,6 +47,7 @@ from rift.services.lifecycle import (
     execs,
     exposures,
     files,
+    forks,
     leases,
     pauses,
     snapshots,
@@ -232,7 +233,7 @@ def delete_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotId
              summary="new VMs from a snapshot")
 async def fork_snapshot(request: Request, caller: CallerDep, snapshot_id: SnapshotIdPath,
                         body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
-    return await waited(request, caller, c.VM_FORK, snapshots.fork, body, handle=handle,
+    return await waited(request, caller, c.VM_FORK, forks.fork, body, handle=handle,
                         snapshot_id=snapshot_id)
 
 
@@ -240,7 +241,7 @@ async def fork_snapshot(request: Request, caller: CallerDep, snapshot_id: Snapsh
              summary="new VMs from a running VM (snapshotted first)")
 async def fork_vm(request: Request, caller: CallerDep, vm_id: VmIdPath,
                   body: c.ForkBody | None = None, handle: HandleHeader = None) -> Any:
-    return await waited(request, caller, c.VM_FORK, snapshots.fork, body, handle=handle,
+    return await waited(request, caller, c.VM_FORK, forks.fork, body, handle=handle,
                         vm_id=vm_id)
 
 

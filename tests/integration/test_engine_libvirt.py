@@ -262,7 +262,7 @@ def test_a_paused_vm_is_a_managed_save_on_the_test_driver_and_resumes_at_once(
 
 def test_a_snapshot_is_a_saved_file_on_the_test_driver_and_forks_answer_at_once(
         engine: Deps, host_uri: str, data_dir: Path) -> None:
-    from rift.services.lifecycle import snapshots
+    from rift.services.lifecycle import forks, snapshots
 
     opened = tasks.new(engine, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
@@ -272,7 +272,7 @@ def test_a_snapshot_is_a_saved_file_on_the_test_driver_and_forks_answer_at_once(
     state = data_dir / "snapshots" / snap.id / "state"
     assert state.is_file() and snap.bytes > 0
     assert vms.get(engine, ALICE, command(c.VmGetIn, vm_id=vm.id)).vm.status == "running"
-    forks = snapshots.fork(engine, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
+    forks = forks.fork(engine, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
                 count=2)).vms
     assert [f.status for f in forks] == ["running", "running"]
     assert set(_domains(engine, host_uri)) == {f"rift-{v.id}" for v in (vm, *forks)}

@@ -14,7 +14,7 @@ from rift.contract import tools as c
 from rift.contract.base import command
 from rift.services.background import usage
 from rift.services.context import Deps, GuestRuntime
-from rift.services.lifecycle import pauses, snapshots, tasks, vms
+from rift.services.lifecycle import forks, pauses, snapshots, tasks, vms
 from rift.services.lifecycle.disk_budget import GIB, disk_used_bytes
 from rift.services.operator import hosts
 from rift.services.operator.hosts import HostSize
@@ -45,7 +45,7 @@ def test_a_user_at_the_budget_gets_quota_exceeded_and_others_do_not(deps: Deps) 
     assert "disk per user" in error.message and "rift_vm_destroy" in error.hint
     refused("quota_exceeded", lambda: snapshots.make(deps, ALICE, command(c.VmSnapshotIn,
                                   handle=handle, vm_id=vm.id)))
-    refused("quota_exceeded", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle,
+    refused("quota_exceeded", lambda: forks.fork(deps, ALICE, command(c.VmForkIn, handle=handle,
                                   vm_id=vm.id)))
     refused("quota_exceeded", lambda: pauses.pause(deps, ALICE, command(c.VmHeldIn, handle=handle,
                                   vm_id=vm.id)))

@@ -14,7 +14,8 @@ from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.services.background import reconcile, sweeps
 from rift.services.context import Deps, GuestRuntime
-from rift.services.lifecycle import pauses, snapshots, tasks, vms
+from rift.services.lifecycle import pauses, snapshot_files, snapshots, tasks, vms
+from rift.services.lifecycle.forks import fork
 from tests.support.engine import ALICE, BOB, event_types, refused, snapshot
 
 
@@ -45,7 +46,7 @@ def test_forks_are_new_vms_of_the_task_that_start_as_forks_with_their_source_nam
         deps: Deps, local_hv: FakeHypervisor) -> None:
     task_id, handle, vm_id = _running(deps)
     snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
-    forks = snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
+    forks = fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
                 name="try", count=3)).vms
     assert [f.name for f in forks] == ["try-1", "try-2", "try-3"]
     assert all(f.status == "running" and f.start and f.start.kind == "fork" for f in forks)
@@ -61,7 +62,7 @@ def test_forks_are_new_vms_of_the_task_that_start_as_forks_with_their_source_nam
 def test_a_fork_of_a_running_vm_snapshots_it_first_and_keeps_no_snapshot(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     task_id, handle, vm_id = _running(deps)
-    forks = snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, vm_id=vm_id)).vms
+    forks = fork(deps, ALICE, command(c.VmForkIn, handle=handle, vm_id=vm_id)).vms
     assert len(forks) == 1 and forks[0].status == "running"
     assert tasks.get(deps, ALICE, command(c.TaskGetIn, handle=handle)).task.snapshots == []
     kinds = event_types(deps, task_id)
@@ -72,7 +73,7 @@ def test_a_fork_has_its_sources_egress(deps: Deps) -> None:
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
     handle = str(opened.handle)
     source = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle, image="tiny", egress="none")).vm
-    forks = snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, vm_id=source.id,
+    forks = fork(deps, ALICE, command(c.VmForkIn, handle=handle, vm_id=source.id,
                 count=2)).vms
     assert [f.egress for f in forks] == ["none", "none"]
 
@@ -82,18 +83,18 @@ def test_a_fork_over_the_quota_or_the_room_is_refused_and_makes_none(
     _, handle, vm_id = _running(deps, memory_mib=8192)
     snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
     before = snapshot(deps)
-    over = refused("quota_exceeded", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+    over = refused("quota_exceeded", lambda: fork(deps, ALICE, command(c.VmForkIn,
                                          handle=handle, snapshot_id=snap.id,
                                          count=16)))  # 1 + 16 > RIFT_MAX_VMS_PER_TASK
     assert "rift_vm_destroy" in over.hint
-    full = refused("no_capacity", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+    full = refused("no_capacity", lambda: fork(deps, ALICE, command(c.VmForkIn,
                                       handle=handle, snapshot_id=snap.id,
                                       count=4)))  # 5 x 8 GiB > the host's 32 GiB
     assert full.details["asked"] == {"vcpus": 4, "memory_mib": 4 * 8192}
-    refused("no_capacity", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle,
+    refused("no_capacity", lambda: fork(deps, ALICE, command(c.VmForkIn, handle=handle,
                                vm_id=vm_id, count=4)))
     assert snapshot(deps) == before
-    assert len(snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
+    assert len(fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
                    count=3)).vms) == 3
 
 
@@ -115,7 +116,7 @@ def test_the_snapshot_quota_holds_and_a_deleted_snapshot_is_gone(
     assert event_types(limited, task_id)[-1] == "snapshot_deleted"
     refused("snapshot_not_found", lambda: snapshots.delete(limited, ALICE, command(
                                       c.VmSnapshotDeleteIn, handle=handle, snapshot_id=first.id)))
-    refused("snapshot_not_found", lambda: snapshots.fork(limited, ALICE, command(c.VmForkIn,
+    refused("snapshot_not_found", lambda: fork(limited, ALICE, command(c.VmForkIn,
                                       handle=handle, snapshot_id=first.id)))
     assert snapshots.make(limited, ALICE, command(c.VmSnapshotIn, handle=handle,
                vm_id=vm_id)).snapshot.vm_id == vm_id
@@ -128,17 +129,17 @@ def test_snapshots_and_forks_refuse_what_is_not_the_callers(deps: Deps) -> None:
     bob = str(other.handle)
     refused("vm_not_found", lambda: snapshots.make(deps, BOB, command(c.VmSnapshotIn, handle=bob,
                                 vm_id=vm_id)))
-    unknown = refused("snapshot_not_found", lambda: snapshots.fork(deps, BOB, command(c.VmForkIn,
+    unknown = refused("snapshot_not_found", lambda: fork(deps, BOB, command(c.VmForkIn,
                                                 handle=bob, snapshot_id=snap.id)))
     foreign = refused("snapshot_not_found", lambda: snapshots.delete(deps, BOB, command(
                                                 c.VmSnapshotDeleteIn, handle=bob,
                                                 snapshot_id=snap.id)))
     assert "rift_task_get" in unknown.hint and foreign.code == unknown.code
-    refused("invalid_argument", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+    refused("invalid_argument", lambda: fork(deps, ALICE, command(c.VmForkIn,
                                     handle=handle)))  # neither
-    refused("invalid_argument", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+    refused("invalid_argument", lambda: fork(deps, ALICE, command(c.VmForkIn,
                                     handle=handle, snapshot_id=snap.id, vm_id=vm_id)))  # both
-    refused("invalid_argument", lambda: snapshots.fork(deps, ALICE, command(c.VmForkIn,
+    refused("invalid_argument", lambda: fork(deps, ALICE, command(c.VmForkIn,
                                     handle=handle, snapshot_id=snap.id, count=0)))
     refused("invalid_argument", lambda: snapshots.delete(deps, ALICE, command(c.VmSnapshotDeleteIn,
                                     handle=handle, snapshot_id="snap_NOPE")))
@@ -165,7 +166,7 @@ def test_a_fork_libvirt_refuses_fails_that_fork_alone(
     _, handle, vm_id = _running(deps)
     snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
     local_hv.fail_next("fork", "cannot restore")
-    forks = snapshots.fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
+    forks = fork(deps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id,
                 count=2)).vms
     assert sorted(f.status for f in forks) == ["failed", "running"]
     failed = next(f for f in forks if f.status == "failed")
@@ -193,8 +194,8 @@ def test_closing_the_task_deletes_its_snapshots_and_the_sweep_those_of_idle_task
 def test_a_snapshot_cut_by_a_crash_after_the_save_is_abandoned_and_its_vm_runs_on(
         deps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
     task_id, handle, vm_id = _running(deps)
-    snap, vm, _uri = snapshots._begin(deps, ALICE, snapshots.parse_handle(handle), vm_id, None)
-    local_hv.save_state(vm.domain_name, snapshots.state_path(deps, snap.id))  # then: kill -9
+    snap, vm, _uri = snapshots.begin(deps, ALICE, snapshots.parse_handle(handle), vm_id, None)
+    local_hv.save_state(vm.domain_name, snapshot_files.state_path(deps, snap.id))  # then: kill -9
     assert not local_hv.domains[vm.domain_name].active
     assert not reconcile.reconcile(deps)  # reconciliation leaves a snapshot's VM to it
     assert not snapshots.settle_snapshots(deps)  # young: its call may finish it
@@ -243,7 +244,7 @@ def test_the_sweep_removes_snapshot_folders_without_a_row_and_forks_copies_a_cra
     long_ago = time.time() - deps.limits.creating_grace_s - 60
     for path in (old, in_image):
         os.utime(path, (long_ago, long_ago))
-    gone = snapshots.dead_snapshot_files(deps)
+    gone = snapshot_files.dead_snapshot_files(deps)
     assert sorted(gone) == sorted(["snap_aaaaaaaa", old.name, in_image.name])
     assert not orphan.exists() and not old.exists() and not in_image.exists()
     assert new.exists() and kept.is_dir()  # a fork under way keeps its copy

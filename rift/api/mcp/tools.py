@@ -21,6 +21,7 @@ from rift.services.lifecycle import (
     execs,
     exposures,
     files,
+    forks,
     leases,
     pauses,
     snapshots,
@@ -210,7 +211,7 @@ TOOLS: tuple[Tool, ...] = (
     Tool(c.VM_SNAPSHOT, snapshots.make, lambda out: _snapshot(out["snapshot"])),
     Tool(c.VM_SNAPSHOT_DELETE, snapshots.delete,
          lambda out: "deleted " + _snapshot(out["snapshot"])),
-    Tool(c.VM_FORK, snapshots.fork, lambda out: "\n".join(_vm_line(vm) for vm in out["vms"])),
+    Tool(c.VM_FORK, forks.fork, lambda out: "\n".join(_vm_line(vm) for vm in out["vms"])),
     Tool(c.VM_EXPOSE, exposures.expose,
          lambda out: (f"port {out['exposure']['port']} of {out['exposure']['vm_id']} is at "
                       f"{out['exposure']['url']} (shown only now; anyone with it reaches the "

@@ -20,7 +20,7 @@ from hypervisor.snapshot_image import (
 from rift.contract.operator import ImageFromSnapshotIn
 from rift.domain.errors import InvalidArgument, SnapshotNotFound
 from rift.services.context import Deps
-from rift.services.lifecycle.snapshots import DISK_FILE, STATE_FILE, snapshot_dir
+from rift.services.lifecycle.snapshot_files import DISK_FILE, STATE_FILE, snapshot_dir
 
 
 def _images_dir(deps: Deps) -> Path:
