@@ -8,5 +8,7 @@ on its extension points, one part each:
 - `callers`: who is calling (the holder label from the client's declared name);
 - `door`: clear answers to malformed requests, and quiet logs for clients gone;
 - `waits`: plain calls that wait (SPEC §10) and the calls in flight;
-- `tasks`: MCP Tasks for the calls that wait (SPEC §10).
+- `tasks`: MCP Tasks for the calls that wait (SPEC §10): the runtime, an SDK
+  `Extension`; `task_book` (this replica's tasks and how each era shows them),
+  `task_methods` (`tasks/get`, `cancel`, …), `task_notices` (`subscriptions/listen`).
 """

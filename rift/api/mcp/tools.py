@@ -69,7 +69,7 @@ class Tool:
                 title=c.title, read_only_hint=c.read_only,
                 destructive_hint=None if c.read_only else c.destructive,
                 idempotent_hint=c.idempotent),
-            # The calls that wait may run as tasks (2025-11-25; rift/api/mcp_tasks.py).
+            # The calls that wait may run as tasks (2025-11-25; rift/api/mcp/tasks.py).
             execution=types.ToolExecution(task_support="optional") if self.waits
             else None,
         )
