@@ -420,7 +420,7 @@ def test_a_guest_that_never_answers_or_sends_an_endless_head_costs_one_connectio
     endless header (as much as the relay reads, up to 1 GiB): the first times out
     (504), the second is cut at the relay's head limit (502), and the exposure of a
     healthy port answers at once all the while."""
-    monkeypatch.setattr("rift.api.exposures.HEAD_S", 3.0)
+    monkeypatch.setattr("rift.api.relays.HEAD_S", 3.0)
     silent, endless = socket.create_server(("127.0.0.1", 0)), socket.create_server(
         ("127.0.0.1", 0))
     sent = [0]
