@@ -14,7 +14,7 @@ from rift.domain.errors import GuestUnreachable
 from rift.domain.model import Vm
 from rift.services.background.bounded import per_vm
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import execs, tasks, vms
+from rift.services.lifecycle import exec_ends, execs, tasks, vms
 from rift.services.ports import ExecRead, GuestExec
 from tests.support.engine import ALICE, BOB
 from tests.support.fake_guest import FakeExecs, fake_guests
@@ -60,10 +60,10 @@ def test_a_guest_that_stalls_is_asked_once_and_other_vms_ends_are_recorded(
                command="build", wait_s=0)).exec_id
     shell.finish(done, 0)
     shell.stalled_vm = hostile
-    assert execs.record_ends(gdeps) == [done]
+    assert exec_ends.record_ends(gdeps) == [done]
     assert sum(1 for exec_id in shell.asked if exec_id in stalled) == 1
     # Each look is given a short deadline of its own, never the helper's long slack.
-    assert all(d is not None and 0 < d <= execs.SWEEP_CALL_S for d in shell.deadlines)
+    assert all(d is not None and 0 < d <= exec_ends.SWEEP_CALL_S for d in shell.deadlines)
 
 
 def test_each_vm_works_within_its_budget_and_vms_do_not_wait_on_each_other() -> None:
@@ -96,6 +96,6 @@ def test_the_exec_scan_rotates_through_every_running_exec(deps: Deps) -> None:
     seen = []
     for _ in range(3):
         shell.asked.clear()
-        execs.record_ends(gdeps, limit=2)
+        exec_ends.record_ends(gdeps, limit=2)
         seen.append(list(shell.asked))
     assert seen == [started[:2], started[2:], started[:2]]

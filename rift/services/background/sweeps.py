@@ -15,7 +15,7 @@ from rift.domain.model import Vm
 from rift.services.background.heartbeat import beat
 from rift.services.background.reconcile import ReconcileReport, reconcile
 from rift.services.context import SWEEP, Deps
-from rift.services.lifecycle.execs import record_ends
+from rift.services.lifecycle.exec_ends import record_ends
 from rift.services.lifecycle.snapshot_files import dead_snapshot_files
 from rift.services.lifecycle.snapshots import settle_snapshots
 from rift.services.lifecycle.teardown import Closing, close_in_tx, destroy_vms, forget_task_key

@@ -1,9 +1,9 @@
 """Execs (SPEC §10): commands that run detached in a VM's guest and outlive the
 call that started them. `rift_vm_exec` records the exec (`running`, with its
 `exec_started` event) before the guest starts it, so no command runs without a
-row; its end is recorded once (a compare-and-set from `running`, with its
-`exec_ended` event) by whichever call or sweep sees it first. The output stays
-in the guest (rift-exec's rings); Rift keeps only the totals it last saw.
+row; its end is recorded once, by whichever call or sweep sees it first
+(`exec_ends.py`). The output stays in the guest (rift-exec's rings); Rift keeps
+only the totals it last saw.
 
 While a call waits on a guest (an exec's end, a long poll), its task's activity
 clock keeps moving at its step (`in_flight`): no lease turns quiet under a call
@@ -12,14 +12,11 @@ that is still working.
 
 from __future__ import annotations
 
-import signal as signals
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 from rift.contract.base import MAX_OFFSET, decoded
 from rift.contract.execs import (
@@ -32,16 +29,11 @@ from rift.contract.execs import (
     VmExecListIn,
 )
 from rift.contract.views import ExecView
-from rift.domain.errors import (
-    ExecNotFound,
-    GuestUnreachable,
-    InvalidArgument,
-    VmNotRunning,
-)
+from rift.domain.errors import ExecNotFound, GuestUnreachable, InvalidArgument, VmNotRunning
 from rift.domain.ids import new_exec_id
-from rift.domain.model import Exec, ExecStatus, NewEvent, Task, Vm
-from rift.services.background.bounded import grouped, per_vm
+from rift.domain.model import Exec, NewEvent, Task, Vm
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle.exec_ends import end_exec, out_of_sight, record_seen, refresh, vm_gone
 from rift.services.lifecycle.guest_kinds import reach
 from rift.services.lifecycle.leases import check_handle, check_rate, in_write, parse_handle, task_vm
 from rift.services.ports import ExecGone, ExecRead, ExecStart, GuestExec, GuestExecs, Tx
@@ -93,8 +85,8 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
                 cap_bytes=deps.limits.exec_output_mib * MIB, wait_ms=int(first * 1000),
                 max_bytes=ANSWER_BYTES))
     except (GuestUnreachable, ExecGone) as exc:
-        lost = _end(deps, ex, "lost", caller.label)
-        if _vm_gone(deps, vm.id):  # destroyed while the call waited: the exec is lost
+        lost = end_exec(deps, ex, "lost", caller.label)
+        if vm_gone(deps, vm.id):  # destroyed while the call waited: the exec is lost
             return views.execution(lost)
         if isinstance(exc, GuestUnreachable):
             raise
@@ -104,7 +96,7 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
             with in_flight(deps, task.id, wait):
                 seen = _follow_to_end(shell, (vm, ex.id), seen, deadline, watch)
         except (GuestUnreachable, ExecGone):
-            return _out_of_sight(deps, ex, caller.label)
+            return out_of_sight(deps, ex, caller.label)
     return _answer(deps, ex, seen, (0, 0), caller.label)
 
 
@@ -119,7 +111,7 @@ def get(deps: Deps, caller: Caller, cmd: VmExecGetIn, watch: Watch | None = None
     if not ex.is_running and vm is None:
         return views.execution(ex, Output(stdout_offset=out_from, stderr_offset=err_from))
     if vm is None:
-        return views.execution(_end(deps, ex, "lost", caller.label))
+        return views.execution(end_exec(deps, ex, "lost", caller.label))
     if watch is not None:
         watch.begun(ex.id)
     shell = reach(vm, deps.guests.execs)
@@ -138,7 +130,7 @@ def get(deps: Deps, caller: Caller, cmd: VmExecGetIn, watch: Watch | None = None
                 if news or watch is None or watch.stopped or left <= 0:
                     break
     except ExecGone:
-        return views.execution(_end(deps, ex, "lost", caller.label) if ex.is_running else ex)
+        return views.execution(end_exec(deps, ex, "lost", caller.label) if ex.is_running else ex)
     if out_from > seen.stdout_total or err_from > seen.stderr_total:
         field = "stdout_offset" if out_from > seen.stdout_total else "stderr_offset"
         total = seen.stdout_total if field == "stdout_offset" else seen.stderr_total
@@ -161,7 +153,7 @@ def send_input(deps: Deps, caller: Caller, cmd: VmExecInputIn) -> ExecInputOut:
         if exc.why == "stdin_closed":
             raise InvalidArgument("eof", f"the stdin of exec {exec_id} is closed already "
                                   "(eof was sent, or the command closed it)") from exc
-        _refresh(deps, shell, vm, ex, caller.label)
+        refresh(deps, shell, vm, ex, caller.label)
         raise InvalidArgument("exec_id", f"exec {exec_id} has ended; its stdin takes no "
                               "more input") from exc
     return ExecInputOut(exec_id=ex.id, bytes=written)
@@ -174,13 +166,13 @@ def kill(deps: Deps, caller: Caller, cmd: VmExecKillIn) -> ExecView:
     if not ex.is_running:
         return views.execution(ex)
     if vm is None:
-        return views.execution(_end(deps, ex, "lost", caller.label))
+        return views.execution(end_exec(deps, ex, "lost", caller.label))
     shell = reach(vm, deps.guests.execs)
     try:
         shell.exec_kill(vm, ex.id, cmd.signal)
     except ExecGone:
-        return views.execution(_end(deps, ex, "lost", caller.label))
-    return views.execution(_refresh(deps, shell, vm, ex, caller.label))
+        return views.execution(end_exec(deps, ex, "lost", caller.label))
+    return views.execution(refresh(deps, shell, vm, ex, caller.label))
 
 
 def list_execs(deps: Deps, caller: Caller, cmd: VmExecListIn) -> ExecListOut:
@@ -195,77 +187,6 @@ def list_execs(deps: Deps, caller: Caller, cmd: VmExecListIn) -> ExecListOut:
         return tx.execs.of_task(task.id, vm_id, running_only=which == "running")
 
     return ExecListOut(execs=[views.execution(ex) for ex in in_write(deps.store, work)])
-
-
-# -- ends ---------------------------------------------------------------------------------
-
-SWEEP_CALL_S = 3.0  # the sweep's look at one exec: a guest slower than this waits a run
-
-
-def record_ends(deps: Deps, limit: int = 100) -> list[str]:
-    """The sweep's part: end the running execs whose VM is gone (`lost`), whose
-    guest says they ended, or that their guest has not known for
-    `RIFT_VM_CREATING_GRACE_S` since their start (`lost`). Each run looks at
-    `limit` execs from where the last left off (a rotating cursor), each VM's
-    guest within its budget (rift.services.background.bounded). Answers the ids it ended."""
-    with deps.store.read() as tx:
-        running = tx.execs.running(limit, after=deps.cursors.execs)
-        vms = {ex.vm_id: tx.vms.get(ex.vm_id) for ex in running}
-    deps.cursors.execs = running[-1].id if len(running) == limit else None
-    ended: list[str] = []
-    asked: list[Exec] = []
-    for ex in running:
-        vm = vms.get(ex.vm_id)
-        if vm is None or not vm.keeps_execs:
-            if _end(deps, ex, "lost", "sweep").status == "lost":
-                ended.append(ex.id)
-        elif vm.status == "running" and vm.change is None and vm.ssh_port is not None:
-            asked.append(ex)  # else paused, pausing or resuming: its execs wait in its guest
-    guests, grace = deps.guests.execs, timedelta(seconds=deps.limits.creating_grace_s)
-
-    def look(ex: Exec, left_s: float) -> str | None:
-        vm = vms[ex.vm_id]
-        assert vm is not None
-        try:
-            seen = guests.exec_read(vm, ExecRead(exec_id=ex.id, max_bytes=0,
-                                                 deadline_s=min(SWEEP_CALL_S, left_s)))
-        except ExecGone:
-            # The row is written before the guest starts the command: a young exec the
-            # guest does not know yet may be starting (its call ends it itself if the
-            # start fails); an old one was lost (a reboot, or a crash before its start).
-            if deps.clock.now() - ex.started_at >= grace:
-                _end(deps, ex, "lost", "sweep")
-                return ex.id
-            return None
-        if seen.state != "running" and _record(deps, ex, seen, "sweep").status != "running":
-            return ex.id
-        return None
-
-    return ended + per_vm(grouped(asked, lambda ex: ex.vm_id), look)
-
-
-def end_for_vm(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
-    """The VM ended (rift.services.lifecycle.teardown.vm_ended): its running execs
-    are lost."""
-    for ex in tx.execs.of_task(vm.task_id, vm.id, running_only=True):
-        _end_in(tx, ex, {"status": "lost", "ended_at": now}, now, actor)
-
-
-def _out_of_sight(deps: Deps, ex: Exec, actor: str) -> ExecView:
-    """A started exec its guest stopped answering about: lost if its VM went, else
-    as last recorded (the guest may answer the next read)."""
-    if _vm_gone(deps, ex.vm_id):
-        return views.execution(_end(deps, ex, "lost", actor))
-    with deps.store.read() as tx:
-        return views.execution(tx.execs.get(ex.id) or ex)
-
-
-def _vm_gone(deps: Deps, vm_id: str) -> bool:
-    """Gone, or going (its destroy is recorded before libvirt is asked); a paused
-    VM keeps its execs in its saved state."""
-    with deps.store.read() as tx:
-        vm = tx.vms.get(vm_id)
-    return vm is None or not vm.keeps_execs
 
 
 def _follow_to_end(shell: GuestExecs, at: tuple[Vm, str], seen: GuestExec,
@@ -295,7 +216,7 @@ def _answer(deps: Deps, ex: Exec, seen: GuestExec, offsets: tuple[int, int],
     """Record what the guest said and answer the exec's view with the output read
     from `offsets` (stdout's, stderr's)."""
     out_from, err_from = offsets
-    current = _record(deps, ex, seen, actor)
+    current = record_seen(deps, ex, seen, actor)
     truncated = seen.stdout_from > out_from or seen.stderr_from > err_from
     duration = current.duration_ms
     if duration is None:
@@ -303,70 +224,6 @@ def _answer(deps: Deps, ex: Exec, seen: GuestExec, offsets: tuple[int, int],
     return views.execution(current, Output(
         seen.stdout, seen.stderr, seen.stdout_from + len(seen.stdout),
         seen.stderr_from + len(seen.stderr), truncated, duration))
-
-
-def _record(deps: Deps, ex: Exec, seen: GuestExec, actor: str) -> Exec:
-    """Write what the guest said: the totals, and the end once."""
-    if seen.state == "running":
-        if (seen.stdout_total, seen.stderr_total) != (ex.stdout_bytes, ex.stderr_bytes):
-            with deps.store.write() as tx:
-                tx.execs.seen(ex.id, seen.stdout_total, seen.stderr_total)
-        return replace(ex, stdout_bytes=max(ex.stdout_bytes, seen.stdout_total),
-                       stderr_bytes=max(ex.stderr_bytes, seen.stderr_total))
-    status: ExecStatus = ("lost" if seen.state == "lost" else "timed_out" if seen.timed_out
-                          else "killed" if seen.killed else "exited")
-    changes: dict[str, Any] = {
-        "status": status, "stdout_bytes": seen.stdout_total,
-        "stderr_bytes": seen.stderr_total, "timed_out": seen.timed_out}
-    if seen.state == "ended":
-        duration = max(0, (seen.ended_ms or seen.started_ms) - seen.started_ms)
-        changes |= {"exit_code": seen.exit_code, "signal": signal_name(seen.signal),
-                    "duration_ms": duration,
-                    "ended_at": ex.started_at + timedelta(milliseconds=duration)}
-    else:
-        changes["ended_at"] = deps.clock.now()
-    return _end_with(deps, ex, changes, actor)
-
-
-def _end(deps: Deps, ex: Exec, status: ExecStatus, actor: str) -> Exec:
-    return _end_with(deps, ex, {"status": status, "ended_at": deps.clock.now()}, actor)
-
-
-def _end_with(deps: Deps, ex: Exec, changes: dict[str, Any], actor: str) -> Exec:
-    def work(tx: Tx) -> Exec:
-        current = tx.execs.get(ex.id)
-        if current is None or not current.is_running:
-            return current or ex  # ended meanwhile by another call or the sweep
-        return _end_in(tx, current, changes, deps.clock.now(), actor)
-
-    return in_write(deps.store, work)
-
-
-def _end_in(tx: Tx, ex: Exec, changes: dict[str, Any], now: datetime, actor: str) -> Exec:
-    if not tx.execs.end(ex.id, **changes):
-        return tx.execs.get(ex.id) or ex
-    ended = replace(ex, **changes)
-    tx.events.add(NewEvent(ex.task_id, "exec_ended", now, actor,
-                           {"exec_id": ex.id, "vm_id": ex.vm_id, "status": ended.status,
-                            "exit_code": ended.exit_code}))
-    return ended
-
-
-def _refresh(deps: Deps, shell: GuestExecs, vm: Vm, ex: Exec, actor: str) -> Exec:
-    try:
-        seen = shell.exec_read(vm, ExecRead(exec_id=ex.id, max_bytes=0))
-    except ExecGone:
-        return _end(deps, ex, "lost", actor)
-    return _record(deps, ex, seen, actor)
-
-
-def signal_name(number: int | None) -> str | None:
-    if number is None:
-        return None
-    try:
-        return signals.Signals(number).name.removeprefix("SIG")
-    except ValueError:
-        return str(number)
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -427,4 +284,4 @@ def in_flight(deps: Deps, task_id: str, wait_s: float) -> Iterator[None]:
         beater.join(5)
 
 
-__all__ = ["get", "kill", "list_execs", "record_ends", "send_input", "start"]
+__all__ = ["get", "kill", "list_execs", "send_input", "start"]
