@@ -45,7 +45,8 @@ from mcp.client.session import ClientSession
 from bench.common import print_table
 from bench.starts import exec_on, load, ms, open_transport, p50
 from bench.vms import qemu_rss_mib
-from hypervisor.save_image import fork_domain_xml, read_save_header, write_fork
+from hypervisor.fork_xml import fork_domain_xml
+from hypervisor.save_image import read_save_header, write_fork
 from rift.guest.keys import key_path, load_key
 from tests.support import mcp_clients
 from tests.support.mcp_clients import call

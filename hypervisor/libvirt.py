@@ -34,14 +34,9 @@ from hypervisor.domain_xml import (
     parse_rift_mark,
     rift_mark_with_task,
 )
+from hypervisor.fork_xml import ForkDomain, fork_domain_xml
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
-from hypervisor.save_image import (
-    ForkDomain,
-    fork_copy_path,
-    fork_domain_xml,
-    read_save_header,
-    write_fork,
-)
+from hypervisor.save_image import fork_copy_path, read_save_header, write_fork
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,8 @@ from pathlib import Path
 import pytest
 
 from hypervisor.domain_xml import QEMU_XMLNS, parse_rift_mark
-from hypervisor.save_image import (
-    HEADER_BYTES,
-    XML_PADDING,
-    ForkDomain,
-    fork_domain_xml,
-    read_save_header,
-    write_fork,
-)
+from hypervisor.fork_xml import ForkDomain, fork_domain_xml
+from hypervisor.save_image import HEADER_BYTES, XML_PADDING, read_save_header, write_fork
 
 MAGIC = b"LibvirtQemudSave"
 COOKIE = (b"<cookie>\n  <cpu mode='custom' match='exact' check='full'/>\n"
