@@ -12,8 +12,7 @@ own threads, within the caller's budget of waiting calls (rift/api/waiting.py).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Annotated, Any
 
@@ -22,12 +21,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from rift.api.auth import rest_caller
+from rift.api.exec_stream import STREAM_WAIT_S, exec_events, resumed
 from rift.api.gate import OffLoopRoute
 from rift.api.state import AppState
 from rift.api.waiting import HeldStream
 from rift.contract import tools as c
 from rift.contract.base import (
-    MAX_OFFSET,
     ExecId,
     HandleText,
     Input,
@@ -293,7 +292,7 @@ async def stream_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
                       query: Annotated[c.ExecStreamQuery, Query()], headers: StreamHeaders,
                       ) -> StreamingResponse:
     handle, last_event_id = headers
-    offsets = _resumed(last_event_id) or (query.stdout_offset, query.stderr_offset)
+    offsets = resumed(last_event_id) or (query.stdout_offset, query.stderr_offset)
     state: AppState = request.app.state.rift
     give = state.waiting.take(caller.user)  # a stream waits: one of the caller's places
     try:
@@ -310,49 +309,6 @@ async def stream_exec(request: Request, caller: CallerDep, exec_id: ExecIdPath,
         wait_s=STREAM_WAIT_S)))
     return HeldStream(state.waiting.iterate(events), give, media_type="text/event-stream",
                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-def _resumed(last_event_id: str | None) -> tuple[int, int] | None:
-    """The offsets in an event id this stream sent (`<stdout>-<stderr>`)."""
-    parts = (last_event_id or "").split("-")
-    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 19 for p in parts):
-        return None
-    return min(int(parts[0]), MAX_OFFSET), min(int(parts[1]), MAX_OFFSET)
-
-
-def exec_events(view: ExecView, read: Callable[[int, int], ExecView]) -> Iterator[str]:
-    """The events of one exec's stream: its output as it comes, a comment each quiet
-    `STREAM_WAIT_S` (a keep-alive), and its end. Runs in a worker thread."""
-    while True:
-        said = False
-        for name in ("stdout", "stderr"):
-            text: str = getattr(view, name)
-            if text:
-                data: dict[str, Any] = {"text": text,
-                                        "next_offset": getattr(view, f"{name}_offset")}
-                if view.truncated:
-                    data["truncated"] = True
-                yield _event(name, data, f"{view.stdout_offset}-{view.stderr_offset}")
-                said = True
-        if view.status != "running":
-            yield _event("end", view.model_dump(mode="json", exclude=_OUTPUT))
-            return
-        if not said:
-            yield ": still running\n\n"
-        try:
-            view = read(view.stdout_offset, view.stderr_offset)
-        except RiftError as exc:
-            yield _event("refused", {"error": exc.to_dict()})
-            return
-
-
-_OUTPUT = {"stdout", "stderr"}
-STREAM_WAIT_S = 15  # the longest quiet between two events (a comment keeps proxies open)
-
-
-def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 @router.post("/execs/{exec_id}/input", response_model=c.ExecInputOut,

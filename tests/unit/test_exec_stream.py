@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rift.api.rest import _resumed, exec_events
+from rift.api.exec_stream import exec_events, resumed
 from rift.contract.views import ExecView
 from rift.domain.errors import LeaseStale
 
@@ -67,6 +67,6 @@ def test_a_lease_that_moved_on_ends_the_stream_with_its_refusal() -> None:
 
 
 def test_a_resumed_stream_starts_at_the_offsets_of_its_last_event() -> None:
-    assert _resumed("10-6") == (10, 6)
-    assert _resumed(None) is None and _resumed("x-1") is None and _resumed("1-2-3") is None
-    assert _resumed("9" * 19 + "-0") == (2**62, 0)
+    assert resumed("10-6") == (10, 6)
+    assert resumed(None) is None and resumed("x-1") is None and resumed("1-2-3") is None
+    assert resumed("9" * 19 + "-0") == (2**62, 0)
