@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 
 from bench.common import print_table
 from hypervisor import write_test_host_xml
-from rift.api.app import create_app
+from rift.app import create_app
 from rift.bootstrap import build_deps, close_deps, ensure_admin
 from rift.config import Settings
 from rift.domain.ids import new_task_id, new_vm_id

@@ -59,7 +59,7 @@ def serve(port: int, data_dir: Path) -> None:
     import uvicorn
 
     from hypervisor.tiny import build_tiny
-    from rift.api.app import create_app
+    from rift.app import create_app
     from rift.bootstrap import build_deps, close_deps, ensure_admin
     from rift.config import Settings
 

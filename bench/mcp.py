@@ -51,7 +51,7 @@ def serve(port: int, data_dir: Path) -> None:
     from fastapi import Body
 
     from hypervisor import write_test_host_xml
-    from rift.api.app import create_app
+    from rift.app import create_app
     from rift.bootstrap import build_deps, close_deps, ensure_admin
     from rift.config import Settings
     from rift.contract.tasks import TaskGetIn

@@ -38,9 +38,9 @@ def served_url(host: str, port: int) -> str:
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
-    from rift.api.app import create_app
     from rift.api.guard import guarded_h11
     from rift.api.serving import serve
+    from rift.app import create_app
     from rift.bootstrap import close_deps, ensure_admin
 
     if settings.public_url is None:  # exposures' URLs name the address served

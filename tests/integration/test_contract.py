@@ -13,9 +13,9 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from rift.api.app import create_app
 from rift.api.mcp.server import build_server
 from rift.api.state import AppState
+from rift.app import create_app
 from rift.config import Settings
 from rift.contract.base import inline
 from rift.contract.tool import Refusal, ToolContract

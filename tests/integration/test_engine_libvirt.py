@@ -174,7 +174,7 @@ def test_serve_destroys_a_domain_made_behind_its_back_before_taking_calls(
     import asyncio
 
     from hypervisor import DomainSpec
-    from rift.api.app import create_app
+    from rift.app import create_app
 
     deps = build_deps(Settings(data_dir=data_dir, hypervisor_uri=host_uri))
     try:

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import uvicorn
 
-from rift.api.app import create_app
+from rift.app import create_app
 from rift.config import Settings
 from rift.contract import tools as c
 from rift.contract.base import command

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 from starlette.testclient import TestClient
 
-from rift.api.app import create_app
+from rift.app import create_app
 from rift.config import Settings
 from rift.contract import tools as c
 from rift.contract.base import command

@@ -54,9 +54,9 @@ from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 from schemathesis.checks import response_schema_conformance
 
-from rift.api.app import create_app
 from rift.api.guard import MAX_BODY
 from rift.api.mcp.tools import TOOLS
+from rift.app import create_app
 from rift.config import Settings
 from rift.contract.base import inline
 from tests.support import campaign

@@ -1,6 +1,9 @@
 """create_app(settings): the one HTTP process. MCP at `/mcp`, REST at `/api/v1`,
-`/healthz`, `/metrics`, the Boxes page at `/`. Nothing is built at import time;
-the lifespan starts and stops the engine, the sweep and the MCP session manager."""
+`/healthz`, `/metrics`, the Boxes page at `/`, the E2B door at `/e2b`, the egress
+proxy beside them. Nothing is built at import time; the lifespan starts and stops
+the engine, the sweep and the MCP session manager. It sits above every door
+(rift/api, web, rift/e2b, rift/proxy), as bootstrap.py sits above the adapters,
+so no door imports another's package to be installed."""
 
 from __future__ import annotations
 
