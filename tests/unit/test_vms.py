@@ -341,3 +341,18 @@ def test_a_bad_egress_is_refused_and_changes_nothing(deps: Deps) -> None:
             deps, ALICE, command(c.VmNewIn, handle=handle, image="tiny", egress=bad)))
         assert err.details["field"] == "egress"
     assert snapshot(deps) == before
+
+
+def test_a_vm_with_an_egress_allowlist_is_placed_on_this_machine_only(
+        deps: Deps, pool: FakePool) -> None:
+    # Its egress proxy is the `rift serve` beside it: on a host elsewhere it would
+    # reach nothing.
+    hosts.add_host(deps, "far", "fake+ssh://rift@far/system", HostSize(16, 1_000_000))
+    _, handle = _task(deps)
+    listed = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle,
+                                          egress={"allow": ["pypi.org"]})).vm
+    assert listed.host == "local"
+    assert vms.new(deps, ALICE, command(c.VmNewIn, handle=handle)).vm.host == "far"
+    hosts.drain_host(deps, "local")
+    refused("no_capacity", lambda: vms.new(deps, ALICE, command(
+        c.VmNewIn, handle=handle, egress={"allow": ["pypi.org"]})))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from hypervisor.base import elsewhere
 from hypervisor.placement import HostLoad, choose_host, largest_free
 from rift.domain.errors import HostDiskFull, NoCapacity
 from rift.domain.model import Host
@@ -36,14 +37,16 @@ def host_loads(tx: Tx, without: Collection[str] = ()) -> tuple[dict[str, Host], 
     return hosts, loads
 
 
-def place(tx: Tx, vcpus: int, memory_mib: int, only: str | None = None,
+def place(tx: Tx, vcpus: int, memory_mib: int, here_only: bool = False,
           low_disk: Mapping[str, int] | None = None) -> Host:
-    """The host a new VM of that size goes to (only `only`, when given), leaving out
-    the hosts in `low_disk` (name: free bytes, under their floor); NoCapacity with
-    the largest room left when none fits, HostDiskFull when only disk is short."""
+    """The host a new VM of that size goes to (with `here_only`, one on this machine:
+    a guest with an egress allowlist reaches the networks through the egress proxy
+    of the `rift serve` beside it), leaving out the hosts in `low_disk` (name: free
+    bytes, under their floor); NoCapacity with the largest room left when none
+    fits, HostDiskFull when only disk is short."""
     hosts, loads = host_loads(tx)
-    if only is not None:
-        loads = [load for load in loads if load.name == only]
+    if here_only:
+        loads = [load for load in loads if not elsewhere(hosts[load.name].uri)]
     low = low_disk or {}
     chosen = choose_host([load for load in loads if load.name not in low], vcpus, memory_mib)
     if chosen is None:

@@ -130,7 +130,7 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
             kind = kind_on(deps, host.uri, image)
             vm_id, port = taken.vm.id, taken.vm.ssh_port
         else:
-            host = place(tx, vcpus, memory_mib,
+            host = place(tx, vcpus, memory_mib, here_only=egress_rules.proxied(chosen),
                          low_disk=deps.disk_room.low(disk_floor_bytes(deps)))
             kind = kind_on(deps, host.uri, image)
             check_image(deps, kind, image, host.uri)
