@@ -59,8 +59,6 @@ def ssh_target(uri: str) -> SshTarget | None:
                      verify=params.get("no_verify", ["0"])[0] != "1")
 
 
-
-
 def ssh_dir() -> Path:
     """This user's ~/.ssh, from the password database as OpenSSH (and so libvirt's
     qemu+ssh://) finds it, whatever $HOME says (a service started by runuser)."""

@@ -247,8 +247,6 @@ def _clear_errors(send: Send) -> Send:
     return sending
 
 
-
-
 class ClientGone(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], ClientDisconnect):

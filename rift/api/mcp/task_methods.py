@@ -47,7 +47,6 @@ class UpdateTaskParams(types.RequestParams):
     input_responses: dict[str, Any] | None = Field(default=None, alias="inputResponses")
 
 
-
 class TaskMethods:
     """The `tasks/*` methods over one task book; `deps_of` gives the engine a
     cancel calls."""

@@ -44,7 +44,6 @@ def vm_ended(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
         end(tx, vm, now, actor)
 
 
-
 def host_uri(tx: Tx, host_name: str) -> str | None:
     host = tx.hosts.get(host_name)
     return host.uri if host else None
