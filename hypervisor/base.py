@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
-
-if TYPE_CHECKING:  # host_disk raises this module's errors
-    from hypervisor.host_disk import HostDisk
 
 # The group of the QEMU processes of guests with an egress allowlist (SPEC §13);
 # every other guest's QEMU runs in qemu.conf's group, rift-guests.
@@ -164,6 +161,47 @@ class HypervisorError(Exception):
 
 class ImageError(Exception):
     """An image could not be built or found; the message says what to do."""
+
+
+class HostDisk(Protocol):
+    """Files at absolute paths on one host."""
+
+    def is_file(self, path: str) -> bool: ...
+
+    def size(self, path: str) -> int:
+        """The file's length in bytes."""
+        ...
+
+    def read_at(self, path: str, offset: int, count: int) -> bytes:
+        """Up to `count` bytes of the file from `offset` (fewer at its end)."""
+        ...
+
+    def make_dir(self, path: str) -> None:
+        """A folder only its owner reads (0700), and its parents."""
+        ...
+
+    def copy_sparse(self, source: str, target: str) -> None:
+        """Copy a (qcow2) file, its holes kept holes."""
+        ...
+
+    def usage(self, folder: str) -> int:
+        """The bytes the files directly in `folder` take on disk; 0 when it is absent."""
+        ...
+
+    def free(self, folder: str) -> int:
+        """The bytes still free in the file system that holds `folder` (or its
+        nearest existing parent)."""
+        ...
+
+    def spliced(self, source: str, head: bytes, offset: int, target: str) -> None:
+        """Write at `target` (mode 0600, under a temporary name renamed onto it once
+        complete) `head` followed by the bytes of `source` from `offset` to its end,
+        copied on the host, not through Rift."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """The file or folder (and all in it) goes; absent is fine."""
+        ...
 
 
 class Hypervisor(Protocol):

@@ -14,10 +14,11 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Protocol
 
-from hypervisor.base import ImageError
+from hypervisor.base import HostDisk, ImageError
 from hypervisor.commands import run_command
+
+__all__ = ["LOCAL_DISK", "HostDisk", "LocalDisk"]  # HostDisk: the port, in base
 
 COPY_TIMEOUT_S = 600
 _COPY_CHUNK = 1 << 30
@@ -25,47 +26,6 @@ _COPY_CHUNK = 1 << 30
 # kernel, a seccomp filter), not a broken file: sendfile copies instead.
 _COPY_REFUSED = frozenset({errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
                            errno.EPERM})
-
-
-class HostDisk(Protocol):
-    """Files at absolute paths on one host."""
-
-    def is_file(self, path: str) -> bool: ...
-
-    def size(self, path: str) -> int:
-        """The file's length in bytes."""
-        ...
-
-    def read_at(self, path: str, offset: int, count: int) -> bytes:
-        """Up to `count` bytes of the file from `offset` (fewer at its end)."""
-        ...
-
-    def make_dir(self, path: str) -> None:
-        """A folder only its owner reads (0700), and its parents."""
-        ...
-
-    def copy_sparse(self, source: str, target: str) -> None:
-        """Copy a (qcow2) file, its holes kept holes."""
-        ...
-
-    def usage(self, folder: str) -> int:
-        """The bytes the files directly in `folder` take on disk; 0 when it is absent."""
-        ...
-
-    def free(self, folder: str) -> int:
-        """The bytes still free in the file system that holds `folder` (or its
-        nearest existing parent)."""
-        ...
-
-    def spliced(self, source: str, head: bytes, offset: int, target: str) -> None:
-        """Write at `target` (mode 0600, under a temporary name renamed onto it once
-        complete) `head` followed by the bytes of `source` from `offset` to its end,
-        copied on the host, not through Rift."""
-        ...
-
-    def remove(self, path: str) -> None:
-        """The file or folder (and all in it) goes; absent is fine."""
-        ...
 
 
 class LocalDisk:
