@@ -12,6 +12,7 @@ from rift.store.sql_exposures import SqlExposures
 from rift.store.sql_hosts import SqlHosts
 from rift.store.sql_meta import SqlMeta
 from rift.store.sql_pools import SqlPools
+from rift.store.sql_sandboxes import SqlSandboxes
 from rift.store.sql_snapshots import SqlSnapshots
 from rift.store.sql_tasks import SqlTasks
 from rift.store.sql_vms import SqlVms
@@ -22,8 +23,8 @@ class SqlTx:
     """Implements the engine's ``Tx`` port over one SQLAlchemy connection;
     ``writable`` is False inside ``store.read()``."""
 
-    __slots__ = ("events", "execs", "exposures", "hosts", "meta", "pools", "snapshots", "tasks",
-                 "tokens", "users", "vms", "web")
+    __slots__ = ("events", "execs", "exposures", "hosts", "meta", "pools", "sandboxes",
+                 "snapshots", "tasks", "tokens", "users", "vms", "web")
 
     def __init__(self, conn: Connection, *, writable: bool) -> None:
         self.tasks = SqlTasks(conn, writable=writable)
@@ -38,3 +39,4 @@ class SqlTx:
         self.execs = SqlExecs(conn, writable=writable)
         self.snapshots = SqlSnapshots(conn, writable=writable)
         self.exposures = SqlExposures(conn, writable=writable)
+        self.sandboxes = SqlSandboxes(conn, writable=writable)

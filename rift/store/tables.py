@@ -22,6 +22,7 @@ from sqlalchemy import (
 
 from rift.domain.model import Event, Exec, Task, Vm
 from rift.domain.records import Exposure, Pool, PoolVm, Snapshot
+from rift.domain.sandboxes import Sandbox
 from rift.store.timestamps import UtcDateTime
 
 NAMING_CONVENTION = {
@@ -298,3 +299,26 @@ POOL_VM_COLUMNS = tuple(pool_vms.c[f.name] for f in fields(PoolVm))
 EXEC_COLUMNS = tuple(execs.c[f.name] for f in fields(Exec))
 SNAPSHOT_COLUMNS = tuple(snapshots.c[f.name] for f in fields(Snapshot))
 EXPOSURE_COLUMNS = tuple(exposures.c[f.name] for f in fields(Exposure))
+
+# E2B sandboxes (migration 0015): the door's settings of a VM, by its id; no
+# foreign key, so a purged VM's row waits for its end (rift.e2b.deadlines drops it).
+e2b_sandboxes = Table(
+    "e2b_sandboxes",
+    metadata,
+    Column("vm_id", String, primary_key=True),
+    Column("owner", String, nullable=False),
+    Column("task_id", String, nullable=False),
+    Column("template", String, nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("end_at", UtcDateTime, nullable=True),
+    Column("metadata", JSON, nullable=False),
+    Column("envs", JSON, nullable=False),
+    Column("secure", Boolean, nullable=False),
+    Column("public_traffic", Boolean, nullable=False),
+    Column("traffic_digest", String, nullable=True),
+    Column("on_timeout", String, nullable=False),
+    Column("auto_resume", Boolean, nullable=False),
+    Index("ix_e2b_sandboxes_owner_started_at", "owner", "started_at"),
+    Index("ix_e2b_sandboxes_end_at", "end_at"),
+)
+E2B_SANDBOX_COLUMNS = tuple(e2b_sandboxes.c[f.name] for f in fields(Sandbox))

@@ -38,6 +38,7 @@ from rift.services.ports.repositories import (
     HostRepository,
     MetaRepository,
     PoolRepository,
+    SandboxRepository,
     SnapshotRepository,
     TaskRepository,
     TokenRepository,
@@ -95,6 +96,8 @@ class Tx(Protocol):
     def snapshots(self) -> SnapshotRepository: ...
     @property
     def exposures(self) -> ExposureRepository: ...
+    @property
+    def sandboxes(self) -> SandboxRepository: ...
 
 
 class Store(Protocol):

@@ -37,6 +37,7 @@ from rift.domain.records import (
     Snapshot,
     WebSession,
 )
+from rift.domain.sandboxes import Sandbox
 
 
 class TaskRepository(Protocol):
@@ -127,6 +128,22 @@ class ExposureRepository(Protocol):
         """Delete the VM's exposure of `port` (every one when None); answers them."""
         ...
     def all(self) -> list[Exposure]: ...
+
+
+class SandboxRepository(Protocol):
+    """E2B sandboxes (SPEC §16): the door's settings of a VM, by its id."""
+
+    def add(self, sandbox: Sandbox) -> None: ...
+    def get(self, vm_id: str) -> Sandbox | None: ...
+    def of_owner(self, owner: str) -> list[Sandbox]:
+        """The user's, oldest first (by start, then VM id)."""
+        ...
+    def set_end(self, vm_id: str, end_at: datetime | None) -> bool: ...
+    def set_traffic(self, vm_id: str, traffic_digest: str | None) -> bool: ...
+    def due(self, now: datetime, limit: int) -> list[Sandbox]:
+        """Those whose end is at or before ``now``, the earliest first."""
+        ...
+    def remove(self, vm_id: str) -> bool: ...
 
 
 class ExecRepository(Protocol):
