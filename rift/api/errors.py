@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from rift.api.gate import BodyRefused
 from rift.contract.base import refusal_of
 from rift.domain.errors import InvalidArgument, RateLimited, RiftError, Unauthorized
 
@@ -55,6 +56,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(exc, BodyRefused):
+            return JSONResponse({"error": exc.error}, status_code=exc.status_code)
         if exc.status_code == 400:  # FastAPI could not read the body (not UTF-8, say)
             answer = error_response(InvalidArgument(
                 "body", f"could not be read ({exc.detail}): send a JSON object in UTF-8"))

@@ -21,7 +21,7 @@ the body is read, and how large a body each route may have.
   loop, where every other call would wait for it; but the parser holds the GIL,
   so a body of millions of small values still stops the loop while it is
   parsed). `/mcp`'s body over 64 KiB is parsed in a process of its own and
-  refused past 100,000 JSON values (rift.api.mcp.parsing).
+  refused past 100,000 JSON values (rift.api.parsing).
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import anyio
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rift.api.guard import MAX_BODY
+from rift.api.guard import MAX_BODY, too_many_values
+from rift.api.parsing import MAX_VALUES, TooManyValues, parse_body
 from rift.api.state import AppState
 from rift.domain.errors import RiftError, Unauthorized
 from rift.domain.secrets import Token
@@ -172,16 +173,31 @@ class TokenGate:
         return user is not None
 
 
+class BodyRefused(HTTPException):
+    """A body refused while it was read (an HTTPException, which FastAPI lets through
+    its body parsing), answered as `error` (rift.api.errors)."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(status, error["message"])
+        self.error = error
+
+
 class OffLoopRequest(Request):
-    """A request whose large JSON body is parsed in a worker thread."""
+    """A request whose JSON body over JSON_BODY is parsed in the parser process
+    (rift.api.parsing), as `/mcp`'s is, and refused past its budget of values."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            if len(body) > JSON_BODY:
-                self._json = await anyio.to_thread.run_sync(json.loads, body)
-            else:
+            if len(body) <= JSON_BODY:
                 self._json = json.loads(body)
+                return self._json
+            parsed = await anyio.to_thread.run_sync(parse_body, body, True)
+            if isinstance(parsed.error, TooManyValues):
+                raise BodyRefused(413, too_many_values(parsed.error.seen, MAX_VALUES))
+            if parsed.error is not None:
+                raise parsed.error
+            self._json = parsed.value
         return self._json
 
 

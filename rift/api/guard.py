@@ -60,6 +60,13 @@ def too_large(field: str = "body", limit: int = MAX_BODY) -> dict[str, Any]:
                    hint, field=field, limit_bytes=limit)
 
 
+def too_many_values(seen: int, limit: int) -> dict[str, Any]:
+    return refusal(f"body: more than {limit} JSON values ({seen} seen)",
+                   "a large body carries its bulk in strings (file content, exec stdin or "
+                   f"input); send at most {limit} JSON values in one",
+                   field="body", limit_values=limit)
+
+
 def too_slow(timeout_s: float, received: int) -> dict[str, Any]:
     return refusal(
         f"body: not all of it arrived within {timeout_s:g} s ({received} bytes came)",

@@ -30,7 +30,6 @@ from types import ModuleType
 from typing import Any
 
 import anyio
-import pydantic_core
 from mcp.server import _streamable_http_modern, streamable_http
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -38,9 +37,9 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
-from rift.api.guard import jsonrpc_error_body, refusal, send_refusal
+from rift.api.guard import jsonrpc_error_body, send_refusal, too_many_values
 from rift.api.mcp.callers import initialize_name, with_session_id
-from rift.api.mcp.parsing import MAX_VALUES, PARSER, TooManyValues
+from rift.api.parsing import MAX_VALUES, TooManyValues, parse_body
 
 log = logging.getLogger("rift.api.mcp")
 
@@ -76,10 +75,8 @@ class Door:
             return
         receive, parsed = await _peek(receive, _stdlib_parse(headers))
         if isinstance(parsed.outcome, TooManyValues):
-            await send_refusal(send, 413, refusal(
-                f"body: {parsed.outcome}", "a large body carries its bulk in strings (file "
-                f"content, exec stdin or input); send at most {MAX_VALUES} JSON values in one",
-                field="body", limit_values=MAX_VALUES), mcp=True)
+            await send_refusal(send, 413, too_many_values(parsed.outcome.seen, MAX_VALUES),
+                               mcp=True)
             return
         message = None if parsed.failed else parsed.outcome
         if _bad_id(message):
@@ -117,17 +114,8 @@ def _stdlib_parse(headers: Headers) -> bool:
 
 
 def _parse(body: bytes, stdlib: bool) -> _Parsed:
-    """`body` parsed in the parser process; where that process cannot run, here (in
-    this worker thread: the GIL is then held as on the loop)."""
-    try:
-        parsed = PARSER.parse(body, stdlib)
-    except OSError as exc:
-        log.warning("large bodies are parsed in this process", extra={"error": str(exc)})
-        try:
-            value = json.loads(body) if stdlib else pydantic_core.from_json(body)
-            return _Parsed(body, value, False)
-        except (ValueError, RecursionError) as error:
-            return _Parsed(body, error, True)
+    """`body` parsed in the parser process (rift.api.parsing)."""
+    parsed = parse_body(body, stdlib)
     if parsed.error is not None:
         return _Parsed(body, parsed.error, True)
     return _Parsed(body, parsed.value, False)

@@ -1,5 +1,6 @@
-"""Large `/mcp` bodies parsed in a process of their own (SPEC §15: large bodies are
-parsed off the event loop).
+"""Large request bodies parsed in a process of their own (SPEC §15: large bodies
+are parsed off the event loop): `/mcp`'s (rift.api.mcp.door) and REST's
+(rift.api.gate.OffLoopRequest).
 
 A thread is not enough: CPython's JSON parsers (the standard library's and
 pydantic-core's) hold the GIL for the whole parse, so a body parsed in a worker
@@ -19,6 +20,8 @@ again after it dies; it exits when this process goes (its stdin closes).
 
 from __future__ import annotations
 
+import json
+import logging
 import marshal
 import struct
 import subprocess
@@ -28,12 +31,16 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import IO, Any
 
+import pydantic_core
+
+log = logging.getLogger("rift.api")
+
 MAX_VALUES = 100_000  # JSON values (strings, numbers, objects, ...) in one large body
 PARSE_TIMEOUT_S = 30.0
 _LENGTH = struct.Struct(">Q")
 
 # The child: read (parser, length, body), answer (length, marshal of
-# ("ok", value) or ("error", exception class, message) or ("values", count)).
+# ("ok", value) or ("error", exception class, message, position) or ("values", count)).
 _CHILD = r"""
 import json, marshal, struct, sys
 import pydantic_core
@@ -67,8 +74,10 @@ while True:
     body = read(size)
     try:
         value = json.loads(body) if parser == b"j" else pydantic_core.from_json(body)
+    except json.JSONDecodeError as exc:
+        out = marshal.dumps(("error", "JSONDecodeError", exc.msg[:500], exc.pos))
     except (ValueError, RecursionError) as exc:
-        out = marshal.dumps(("error", type(exc).__name__, str(exc)[:500]))
+        out = marshal.dumps(("error", type(exc).__name__, str(exc)[:500], -1))
     else:
         seen = count(value)
         out = marshal.dumps(("ok", value) if seen <= LIMIT else ("values", seen))
@@ -128,6 +137,8 @@ class BodyParser:
             return Parsed(value=answer[1])
         if answer[0] == "values":
             return Parsed(error=TooManyValues(int(answer[1])))
+        if answer[1] == "JSONDecodeError":  # as json.loads raises it: message and position
+            return Parsed(error=json.JSONDecodeError(answer[2], "", answer[3]))
         error = RecursionError if answer[1] == "RecursionError" else ValueError
         return Parsed(error=error(answer[2]))
 
@@ -163,3 +174,16 @@ def _read(stream: IO[bytes], size: int) -> bytes:
 
 
 PARSER = BodyParser()  # the process's one
+
+
+def parse_body(body: bytes, stdlib: bool) -> Parsed:
+    """`body` parsed by PARSER; where that process cannot run, here (blocking: call it
+    from a worker thread, where the GIL is then held as it would be on the loop)."""
+    try:
+        return PARSER.parse(body, stdlib)
+    except OSError as exc:
+        log.warning("large bodies are parsed in this process", extra={"error": str(exc)})
+    try:
+        return Parsed(value=json.loads(body) if stdlib else pydantic_core.from_json(body))
+    except (ValueError, RecursionError) as error:
+        return Parsed(error=error)

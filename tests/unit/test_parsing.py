@@ -1,4 +1,4 @@
-"""The parser process of large /mcp bodies (rift.api.mcp.parsing): the value each
+"""The parser process of large /mcp bodies (rift.api.parsing): the value each
 era's parser would give, its errors as that parser raises them, the budget of
 values, and a child that dies is replaced."""
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rift.api.mcp.parsing import MAX_VALUES, BodyParser, TooManyValues
+from rift.api.parsing import MAX_VALUES, BodyParser, TooManyValues
 
 
 @pytest.fixture

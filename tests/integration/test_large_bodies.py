@@ -1,7 +1,8 @@
-"""A large `/mcp` body is parsed off the event loop (SPEC §15): against a real `rift
-serve` (libvirt's test driver), `/healthz` keeps answering while a tools/call of
-tens of MiB is parsed, and the call is answered as a small one would be, in both
-of the SDK's transports (the stateless era's and the handshake era's)."""
+"""A large body is parsed off the event loop (SPEC §15): against a real `rift serve`
+(libvirt's test driver), `/healthz` keeps answering while a `/mcp` tools/call or
+a REST call of tens of MiB is parsed, and the call is answered as a small one
+would be (for `/mcp` in both of the SDK's transports: the stateless era's and the
+handshake era's)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rift.api.mcp.parsing import MAX_VALUES
+from rift.api.parsing import MAX_VALUES
 from tests.support.raw_mcp import LEGACY, MODERN, RawMcp, sse_messages
 from tests.support.servers import Server, start_server, stop_server
 
@@ -132,3 +133,45 @@ def test_a_large_body_that_is_not_json_is_a_parse_error_as_a_small_one(
         body, headers = _write_file(server, era, b'"' + b"a" * size + b'"')
         answer = _post(server, body[:-1], headers)  # its last brace gone
         assert answer["error"]["code"] == -32700, answer
+
+
+def _rest_write(server: Server, content: bytes) -> bytes:
+    """A REST `PUT /api/v1/vms/{id}/files` body whose `content` is `content` (raw JSON)."""
+    return json.dumps({"content": "@"}).encode().replace(b'"@"', content)
+
+
+def _rest_put(server: Server, body: bytes) -> httpx.Response:
+    return httpx.put(server.url + "/api/v1/vms/vm_aaaaaaaa/files", params={"path": "/tmp/f"},
+                     content=body, timeout=120, headers={
+                         "Authorization": f"Bearer {server.token}",
+                         "Content-Type": "application/json", "Rift-Handle": "task_nope.nope"})
+
+
+def test_rest_millions_of_small_values_are_refused_without_stalling_healthz(
+        server: Server) -> None:
+    """REST's large bodies go to the same parser process as `/mcp`'s (a worker thread
+    held the GIL for the whole parse: /healthz waited as long)."""
+    body = _rest_write(server, b"[" + b"0," * (7 * MIB) + b"0]")
+    with _healthz_meanwhile(server) as took:
+        began = time.monotonic()
+        answer = _rest_put(server, body)
+        ended = time.monotonic()
+    assert answer.status_code == 413, answer.text[:300]
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_argument" and error["limit_values"] == MAX_VALUES, error
+    during = [s for at, s in took if began <= at <= ended]
+    assert during and max(s for _, s in took) < HEALTHZ_WITHIN_S, (ended - began, during)
+
+
+@pytest.mark.parametrize("size", [10, 8 * MIB])
+def test_rest_a_large_body_is_answered_as_a_small_one(server: Server, size: int) -> None:
+    """Parsed in the parser process (8 MiB) or here (10 bytes), the same answers."""
+    good = _rest_put(server, _rest_write(server, b'"' + b"a" * size + b'"'))
+    assert good.status_code == 400, good.text[:300]  # parsed; then the handle refused
+    assert good.json()["error"]["code"] == "handle_invalid", good.text[:300]
+    broken = _rest_put(server, _rest_write(server, b'"' + b"a" * size + b'"')[:-1])
+    assert broken.status_code == 422, broken.text[:300]
+    error = broken.json()["error"]
+    assert error["code"] == "invalid_argument" and error["field"] == "body", error
+    assert error["message"] == ("body: is not valid JSON: Expecting ',' delimiter at "
+                                f"character {size + 14}"), error
