@@ -35,6 +35,11 @@ class Settings(BaseSettings):
         default=1800, ge=1, description="A lease quiet this long is attached without `takeover`.")
     task_idle_s: int = Field(
         default=14400, ge=1, description="A task quiet this long closes itself (reason `idle`).")
+    task_sleep_s: int = Field(
+        default=900, ge=0, le=7 * 24 * 3600, description="A task quiet this long (no call "
+        "under its handle) puts its running VMs to sleep: memory saved, domain stopped, "
+        "only their disk counted against the host; the next call that needs one wakes it "
+        "(`sleep_after_s` on rift_task_new overrides it per task). 0: never.")
     sweep_interval_s: int = Field(
         default=60, ge=1, description="How often the sweep closes idle tasks and reconciles hosts.")
     host_lost_s: int = Field(
@@ -150,6 +155,11 @@ class Settings(BaseSettings):
         "`Host` is such a name goes to that exposure (a wildcard DNS record and certificate "
         "for `*.<domain>` point at Rift, or at a proxy in front of it). Unset: exposures are "
         "reached at `RIFT_PUBLIC_URL/x/<secret>/`.")
+    e2b_public_ports: bool = Field(
+        default=False, description="Whether an E2B sandbox made with "
+        "`network.allowPublicTraffic` (E2B's default) has its ports reached at "
+        "`<port>-<sandbox id>.<RIFT_PREVIEW_DOMAIN>` without its `trafficAccessToken` "
+        "(header `e2b-traffic-access-token`); off: every such request needs the token.")
     allowed_hosts: str | None = Field(
         default=None, description="Comma-separated `Host` values every door answers "
         "(`name`, `name:port`, `name:*` for any port; `*` turns the check off); default: the "

@@ -9,6 +9,7 @@ The contract, as read for this door:
   `spec/envd/process/process.proto`, `spec/envd/filesystem/filesystem.proto`.
 
 Modules: `shapes` (ids, answers, commands: pure), `connect` (the Connect protocol's
-framing), `sandboxes` (the control plane's engine calls), `envd` (the data plane),
+framing), `sandboxes` (the control plane's engine calls), `listing` (its reads: detail,
+lists, metrics), `deadlines` (ends kept from the store), `envd` (the data plane),
 `routes` (the Starlette routes mounted at `/e2b`).
 """

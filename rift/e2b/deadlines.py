@@ -2,10 +2,14 @@
 `set_timeout` and `connect`) the sandbox is killed as `DELETE /sandboxes/{id}`
 kills it (its task closed by `e2b:timeout`, its VM destroyed), as E2B does.
 
-The ends live in this process's memory (rift.e2b.sandboxes.Registry), so this
-process keeps them: a sweep each `EVERY_S`, started and stopped with the app
-(its lifespan, wrapped when the door is mounted). A restart forgets them; Rift's
-own rules for idle tasks still end a forgotten sandbox.
+The ends are in the store (tx.sandboxes), so any replica's sweep finds them, and
+a restart keeps them: a sweep each `EVERY_S`, started and stopped with the app
+(its lifespan, wrapped when the door is mounted). Two replicas racing to end the
+same sandbox end it once (the task closes once; the other finds it gone).
+
+A sandbox made with `autoPause` (`on_timeout` `pause`) is not killed at its end:
+it is put to sleep (SPEC §17) by `sleep_at_end`, the hook issue #29 fills; until
+then its end is dropped and it runs on, ended by Rift's own rules for idle tasks.
 """
 
 from __future__ import annotations
@@ -19,25 +23,38 @@ import anyio
 
 from rift.api.state import AppState
 from rift.domain.errors import RiftError
-from rift.e2b import sandboxes
+from rift.domain.sandboxes import Sandbox
+from rift.e2b import sandboxes, shapes
 from rift.e2b.sandboxes import Registry
-from rift.services.context import Caller
+from rift.services.context import Caller, Deps
 
 EVERY_S = 1.0
+BATCH = 50
 ACTOR = "e2b:timeout"
 log = logging.getLogger("rift.e2b")
 
 
-def end_due(state: AppState, registry: Registry) -> list[str]:
-    """Kill the sandboxes whose end has come; answers their ids. Blocking."""
-    deps = state.deps
+def sleep_at_end(deps: Deps, record: Sandbox) -> None:
+    """Issue #29's hook: put the sandbox's VM to sleep. Until then: no end kept."""
+    with deps.store.write() as tx:
+        tx.sandboxes.set_end(record.vm_id, None)
+
+
+def end_due(deps: Deps, registry: Registry) -> list[str]:
+    """End the sandboxes whose end has come; answers their ids. Blocking."""
+    with deps.store.read() as tx:
+        due = tx.sandboxes.due(deps.clock.now(), BATCH)
     ended = []
-    for sandbox, owner in registry.due(deps.clock.now()):
+    for record in due:
+        sandbox = shapes.sandbox_id(record.vm_id)
+        if record.on_timeout == "pause":
+            sleep_at_end(deps, record)
+            continue
         try:
-            sandboxes.kill(deps, registry, Caller(owner, ACTOR), sandbox)
+            sandboxes.kill(deps, registry, Caller(record.owner, ACTOR), sandbox)
         except RiftError as exc:  # gone already (404), or the engine refused: drop it
             log.info("e2b sandbox timeout", extra={"sandbox": sandbox, "code": exc.code})
-        registry.drop(sandbox)
+        sandboxes.forget(deps, registry, record.vm_id)
         ended.append(sandbox)
     return ended
 
@@ -61,6 +78,6 @@ async def _sweep(state: AppState, registry: Registry) -> None:
     while True:
         await anyio.sleep(EVERY_S)
         try:
-            await anyio.to_thread.run_sync(end_due, state, registry)
+            await anyio.to_thread.run_sync(end_due, state.deps, registry)
         except Exception:  # a store hiccup: the next sweep tries again
             log.exception("e2b sandbox timeouts: the sweep failed")

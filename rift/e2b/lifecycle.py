@@ -1,4 +1,4 @@
-"""A sandbox's lease across clients, and its sleep (SPEC §16): `connect` and `pause`
+"""A sandbox's lease across clients, and its pause (SPEC §16): `connect` and `pause`
 as engine use cases. Blocking: the routes run these in worker threads.
 
 - **connect** (`POST /v2/sandboxes/{id}/connect`, and `/sandboxes/{id}/connect`)
@@ -10,20 +10,30 @@ as engine use cases. Blocking: the routes run these in worker threads.
 - **pause** (`POST /sandboxes/{id}/pause`): `rift_vm_pause` with the sandbox's
   handle (the holder's, or taken over as connect does); 409 when already paused.
 
-The handle that is shared is the one this process answered last (rift.e2b.
-sandboxes.Extras; memory only): after a restart, or on another replica, a
-connect is a takeover by the same holder (a new token; the old one stops).
+The handle and the traffic token that are shared are those this process answered
+last (rift.e2b.sandboxes.Registry; memory only, never stored): after a restart,
+or on another replica, a connect is a takeover by the same holder (a new handle;
+the old one stops) and mints a new traffic token (the old one stops too).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from rift.contract import tools as c
 from rift.contract.views import VmView
 from rift.domain.errors import RiftError, VmNotRunning
-from rift.e2b.sandboxes import LIVE, Extras, Registry, answer, live_vm, timeout_of
+from rift.domain.secrets import digest
+from rift.e2b.sandboxes import (
+    LIVE,
+    Registry,
+    answer,
+    ends,
+    live_vm,
+    new_traffic_token,
+    stored,
+    timeout_of,
+)
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import leases, pauses, tasks
 
@@ -32,20 +42,31 @@ def held_handle(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
                 vm: VmView) -> str:
     """The sandbox's handle for `caller`: the one it holds still, else a new one taken
     over (the task's previous holder loses it)."""
-    extras = registry.get(sandbox)
-    if extras is not None and extras.handle is not None:
+    handle = registry.handle_of(sandbox)
+    if handle is not None:
         try:
-            task = tasks.get(deps, caller, c.TaskGetIn(handle=extras.handle)).task
+            task = tasks.get(deps, caller, c.TaskGetIn(handle=handle)).task
         except RiftError:
             task = None  # the lease moved on (or the task ended): take it over below
         if task is not None and task.holder == caller.label:
-            return extras.handle
+            return handle
     won = leases.attach(deps, caller, c.TaskAttachIn(task_id=vm.task_id, takeover=True))
-    handle = won.handle
-    now = deps.clock.now()
-    registry.hold(sandbox, handle, Extras(vm.image, now, now + timedelta(seconds=300),
-                                         owner=caller.user))
-    return handle
+    registry.hold(sandbox, won.handle)
+    return won.handle
+
+
+def traffic_token(deps: Deps, registry: Registry, sandbox: str, vm_id: str) -> str | None:
+    """The traffic token this process answered last, else a new one (its digest
+    stored: the one before stops)."""
+    token = registry.traffic_of(sandbox)
+    if token is not None:
+        return token
+    token = new_traffic_token()
+    with deps.store.write() as tx:
+        if not tx.sandboxes.set_traffic(vm_id, digest(token)):
+            return None  # a VM the door did not make: no traffic token
+    registry.keep_traffic(sandbox, token)
+    return token
 
 
 def connect(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
@@ -59,13 +80,11 @@ def connect(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     if resumed:
         pauses.resume(deps, caller, c.VmHeldIn(handle=handle, vm_id=vm.id))
     if timeout is not None:
-        end = deps.clock.now() + timedelta(seconds=timeout_of(timeout))
-        extras = registry.get(sandbox)
-        if extras is not None and end > extras.end_at:
-            registry.ends(sandbox, end)
-    extras = registry.get(sandbox)
-    template = extras.template if extras is not None else vm.image
-    return answer(sandbox, template, handle), resumed
+        ends(deps, caller, vm, timeout_of(timeout), longer_only=True)
+    record = stored(deps, vm.id)
+    template = record.template if record is not None else vm.image
+    return (answer(registry, sandbox, template, handle,
+                   traffic_token(deps, registry, sandbox, vm.id)), resumed)
 
 
 def pause(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
@@ -75,4 +94,3 @@ def pause(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
         raise VmNotRunning(vm.id, vm.status)
     handle = held_handle(deps, registry, caller, sandbox, vm)
     pauses.pause(deps, caller, c.VmHeldIn(handle=handle, vm_id=vm.id))
-

@@ -29,13 +29,14 @@ from starlette.types import Scope
 from rift.api.guard import MAX_BODY
 from rift.api.state import AppState
 from rift.domain.errors import InvalidArgument, RiftError
-from rift.e2b import lifecycle, sandboxes, shapes
+from rift.e2b import lifecycle, listing, sandboxes, shapes
 from rift.e2b.deadlines import with_deadlines
 from rift.e2b.envd import Envd
 from rift.e2b.filesystem import Filesystem
 from rift.e2b.gate import CALLER_KEY, PREFIX
 from rift.e2b.processes import Processes
 from rift.e2b.sandboxes import Registry
+from rift.e2b.snapshot_routes import SnapshotApi
 
 STREAMS = ("/filesystem.Filesystem/WatchDir",)
 
@@ -95,7 +96,7 @@ class Api:
 
     async def list(self, request: Request) -> Response:
         try:
-            found, next_token = await self._call(request, sandboxes.listing,
+            found, next_token = await self._call(request, listing.listing,
                                                  dict(request.query_params))
         except RiftError as err:
             return refusal(err)
@@ -103,15 +104,16 @@ class Api:
 
     async def info(self, request: Request) -> Response:
         try:
-            return JSONResponse(await self._call(request, sandboxes.info,
+            return JSONResponse(await self._call(request, listing.info,
                                                  request.path_params["sandbox"]))
         except RiftError as err:
             return refusal(err)
 
     async def metrics(self, request: Request) -> Response:
         try:
-            return JSONResponse(await self._call(request, sandboxes.metrics,
-                                                 request.path_params["sandbox"]))
+            return JSONResponse(await self._call(request, listing.metrics,
+                                                 request.path_params["sandbox"],
+                                                 dict(request.query_params)))
         except RiftError as err:
             return refusal(err)
 
@@ -181,6 +183,7 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
         Route("/process.Process/SendSignal", procs.signal, methods=["POST"]),
         Route("/process.Process/SendInput", procs.send_input, methods=["POST"]),
         Route("/process.Process/CloseStdin", procs.close_stdin, methods=["POST"]),
+        Route("/process.Process/Update", procs.update, methods=["POST"]),
         *[Route(path, procs.unimplemented_stream, methods=["POST"]) for path in STREAMS],
         Route("/process.Process/{rpc}", procs.unimplemented, methods=["POST"]),
         Route("/filesystem.Filesystem/Stat", files.stat, methods=["POST"]),
@@ -192,6 +195,7 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
         Route("/files", envd.read, methods=["GET"]),
         Route("/files", envd.write, methods=["POST"]),
         Route("/health", envd.health, methods=["GET"]),
+        *SnapshotApi(api, refusal).routes(),  # snapshots, forks, network (rift.e2b.snapshots)
         Route("/{rest:path}", api.not_served, methods=everything),
     ]
 
@@ -199,6 +203,7 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
 def mount(app: Starlette, state: AppState) -> None:
     """Serve the door at `/e2b`, ahead of the app's other routes, and keep its
     sandboxes' timeouts while the app runs."""
-    registry = Registry()
+    settings = state.settings
+    registry = Registry(lambda: state.deps, settings.preview_domain, settings.e2b_public_ports)
     app.router.routes.insert(0, Mount(PREFIX, routes=routes(state, registry)))
     app.router.lifespan_context = with_deadlines(app.router.lifespan_context, state, registry)

@@ -3,24 +3,27 @@ sandbox is a task of its own (named `e2b <template>`, held by `e2b:<token label>
 and one VM in it; the `envdAccessToken` is that task's handle (the engine keeps
 only its digest). Blocking: the routes run these in worker threads.
 
-What the engine has no place for yet (a sandbox's metadata, envVars and its
-timeout's end) is kept here, in this process's memory (`Extras`): a restart
-forgets it (README: Connect E2B code); rift.e2b.deadlines kills a sandbox at
-its end.
+What the engine has no place for (a sandbox's template, metadata, envVars, its
+end, its secured and public-traffic wishes, its traffic token's digest, what its
+end does) is in the store (`tx.sandboxes`, rift.domain.sandboxes), so a restart
+or another replica knows it; rift.e2b.deadlines ends a sandbox at its end. Only
+the handle and the traffic token this process answered last stay in its memory
+(`Registry`), never stored: connects by the same holder share them; after a
+restart, or on another replica, a connect mints new ones (rift.e2b.lifecycle).
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
-import urllib.parse
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from rift.contract import tools as c
 from rift.contract.base import command
-from rift.contract.views import TaskView, VmView
+from rift.contract.views import VmView
 from rift.domain.errors import (
     HypervisorFailed,
     InvalidArgument,
@@ -28,7 +31,11 @@ from rift.domain.errors import (
     Unauthorized,
     VmNotFound,
 )
+from rift.domain.sandboxes import Sandbox
+from rift.domain.secrets import digest
 from rift.e2b import shapes
+from rift.e2b.forking import names_snapshot, start_fork
+from rift.e2b.network import egress_of
 from rift.services.access import accounts
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import tasks, vms
@@ -36,59 +43,55 @@ from rift.services.lifecycle import tasks, vms
 TASK_PREFIX = "e2b "
 DEFAULT_TIMEOUT_S = 300
 MAX_TIMEOUT_S = 24 * 3600
-MAX_LIST = 100
 LIVE = {"running": "running", "paused": "paused", "creating": "running",
         "starting": "running"}
 
 
-@dataclass(frozen=True)
-class Extras:
-    template: str
-    started_at: datetime
-    end_at: datetime
-    metadata: dict[str, str] = field(default_factory=dict)
-    envs: dict[str, str] = field(default_factory=dict)
-    # The task's handle this door answered last: kept in memory only (never stored),
-    # so that connects by the same holder share the lease (rift.e2b.lifecycle).
-    handle: str | None = field(default=None, repr=False)
-    owner: str = ""  # the user whose sandbox it is: its deadline ends it (rift.e2b.deadlines)
-
-
 class Registry:
-    """Each sandbox's extras, by sandbox id, in this process (thread-safe)."""
+    """What this process answered last, by sandbox id, in its memory only: the
+    handle (envdAccessToken) and the traffic token (thread-safe). `get` reads the
+    sandbox's stored settings (the data plane's envVars). Also the door's settings:
+    `domain` (RIFT_PREVIEW_DOMAIN) and whether the operator allows ports reached
+    without the traffic token (RIFT_E2B_PUBLIC_PORTS)."""
 
-    def __init__(self) -> None:
+    def __init__(self, deps: Callable[[], Deps] | None = None, domain: str | None = None,
+                 public_ports: bool = False) -> None:
+        self.domain = domain
+        self.public_ports = public_ports
         self._lock = threading.Lock()
-        self._by_id: dict[str, Extras] = {}
+        self._handles: dict[str, str] = {}
+        self._traffic: dict[str, str] = {}
+        self._deps = deps
 
-    def put(self, sandbox: str, extras: Extras) -> None:
+    def hold(self, sandbox: str, handle: str, traffic: str | None = None) -> None:
         with self._lock:
-            self._by_id[sandbox] = extras
+            self._handles[sandbox] = handle
+            if traffic is not None:
+                self._traffic[sandbox] = traffic
 
-    def get(self, sandbox: str) -> Extras | None:
+    def keep_traffic(self, sandbox: str, token: str) -> None:
         with self._lock:
-            return self._by_id.get(sandbox)
+            self._traffic[sandbox] = token
 
-    def drop(self, sandbox: str) -> None:
+    def handle_of(self, sandbox: str) -> str | None:
         with self._lock:
-            self._by_id.pop(sandbox, None)
+            return self._handles.get(sandbox)
 
-    def hold(self, sandbox: str, handle: str, fallback: Extras) -> None:
+    def traffic_of(self, sandbox: str) -> str | None:
         with self._lock:
-            found = self._by_id.get(sandbox, fallback)
-            self._by_id[sandbox] = replace(found, handle=handle)
+            return self._traffic.get(sandbox)
 
-    def due(self, now: datetime) -> list[tuple[str, str]]:
-        """The sandboxes (and their owners) whose end has come."""
+    def forget(self, sandbox: str) -> None:
         with self._lock:
-            return [(sid, found.owner) for sid, found in self._by_id.items()
-                    if found.owner and found.end_at <= now]
+            self._handles.pop(sandbox, None)
+            self._traffic.pop(sandbox, None)
 
-    def ends(self, sandbox: str, end_at: datetime) -> None:
-        with self._lock:
-            found = self._by_id.get(sandbox)
-            if found is not None:
-                self._by_id[sandbox] = replace(found, end_at=end_at)
+    def get(self, sandbox: str) -> Sandbox | None:
+        vm_id = shapes.vm_id(sandbox)
+        if self._deps is None or vm_id is None:
+            return None
+        with self._deps().store.read() as tx:
+            return tx.sandboxes.get(vm_id)
 
 
 def caller_of(deps: Deps, api_key: str | None) -> Caller:
@@ -108,6 +111,15 @@ def _strings(body: dict[str, Any], key: str) -> dict[str, str]:
     return dict(value)
 
 
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidArgument(key, "true or false")
+    return value
+
+
 def timeout_of(value: Any) -> int:
     if value is None:
         return DEFAULT_TIMEOUT_S
@@ -116,23 +128,41 @@ def timeout_of(value: Any) -> int:
     return value
 
 
-def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
-           ) -> dict[str, Any]:
-    """POST /v2/sandboxes (and /sandboxes): a task of its own and one VM of the template's
-    image (`base` is RIFT_DEFAULT_IMAGE); answers E2B's `Sandbox`."""
+def public_traffic_of(body: dict[str, Any]) -> bool:
+    """`network.allowPublicTraffic` (E2B's default: true)."""
+    network = body.get("network") or {}
+    if not isinstance(network, dict):
+        raise InvalidArgument("network", "an object")
+    return _flag(network, "allowPublicTraffic", True)
+
+
+def lifecycle_of(body: dict[str, Any]) -> tuple[str, bool]:
+    """What the sandbox's end does (`autoPause`: pause, else kill) and `autoResume`."""
+    resume = body.get("autoResume") or {}
+    if not isinstance(resume, dict):
+        raise InvalidArgument("autoResume", "an object such as {\"enabled\": true}")
+    return ("pause" if _flag(body, "autoPause", False) else "kill",
+            _flag(resume, "enabled", False))
+
+
+def new_traffic_token() -> str:
+    return "rift_traffic_" + secrets.token_urlsafe(24)
+
+
+def _template_of(body: dict[str, Any]) -> str:
     template = body.get("templateID")
     if not isinstance(template, str) or not 0 < len(template) <= 200:
         raise InvalidArgument("templateID", "the template (an image name; base is the default)")
-    timeout = timeout_of(body.get("timeout"))
-    metadata = _strings(body, "metadata")
-    envs = _strings(body, "envVars")
-    shapes.command_line("true", [], envs, None)  # names checked before anything is made
-    internet = body.get("allow_internet_access")
-    egress = "none" if internet is False else None
-    image = None if template == "base" else template
+    return template
+
+
+def _start_vm(deps: Deps, caller: Caller, template: str, egress: object,
+              ) -> tuple[str, VmView]:
+    """A task of its own and the sandbox's VM in it: (the task's handle, the VM)."""
     opened = tasks.new(deps, caller, command(c.TaskNewIn, name=TASK_PREFIX + template))
     handle = opened.handle
     close = command(c.TaskCloseIn, handle=handle)
+    image = None if template == "base" else template
     try:
         vm = vms.new(deps, caller, command(c.VmNewIn, handle=handle, name="sandbox",
                                            image=image, egress=egress)).vm
@@ -143,18 +173,41 @@ def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
         tasks.close(deps, caller, close)
         raise HypervisorFailed(f"the sandbox's VM did not start: {vm.error or vm.status}",
                                vm.host)
-    sandbox = shapes.sandbox_id(vm.id)
+    return handle, vm
+
+
+def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
+           ) -> dict[str, Any]:
+    """POST /v2/sandboxes (and /sandboxes): a task of its own and one VM of the template's
+    image (`base` is RIFT_DEFAULT_IMAGE); answers E2B's `Sandbox`."""
+    template = _template_of(body)
+    timeout = timeout_of(body.get("timeout"))
+    metadata, envs = _strings(body, "metadata"), _strings(body, "envVars")
+    secure, public = _flag(body, "secure", False), public_traffic_of(body)
+    on_timeout, auto_resume = lifecycle_of(body)
+    shapes.command_line("true", [], envs, None)  # names checked before anything is made
+    egress = egress_of(body)  # E2B's network rules as Rift's egress (rift.e2b.network)
+    handle, vm = (start_fork(deps, caller, template, TASK_PREFIX + template, egress)
+                  if names_snapshot(template) else _start_vm(deps, caller, template, egress))
+    sandbox, traffic = shapes.sandbox_id(vm.id), new_traffic_token()
     now = deps.clock.now()
-    registry.put(sandbox, Extras(template, now, now + timedelta(seconds=timeout),
-                                 metadata, envs, handle, caller.user))
-    return answer(sandbox, template, handle)
+    record = Sandbox(vm.id, caller.user, vm.task_id, template, now,
+                     now + timedelta(seconds=timeout), metadata, envs, secure, public,
+                     digest(traffic), on_timeout, auto_resume)  # type: ignore[arg-type]
+    with deps.store.write() as tx:
+        tx.sandboxes.add(record)
+    registry.hold(sandbox, handle, traffic)
+    return answer(registry, sandbox, template, handle, traffic)
 
 
-def answer(sandbox: str, template: str, handle: str) -> dict[str, Any]:
-    """E2B's `Sandbox`: what create and connect answer."""
+def answer(registry: Registry, sandbox: str, template: str, handle: str,
+           traffic: str | None) -> dict[str, Any]:
+    """E2B's `Sandbox`: what create and connect answer. `domain` is
+    RIFT_PREVIEW_DOMAIN, where `get_host(port)` names reach the sandbox's ports."""
     return {"templateID": template, "sandboxID": sandbox, "alias": template,
             "clientID": shapes.CLIENT_ID, "envdVersion": shapes.ENVD_VERSION,
-            "envdAccessToken": handle, "trafficAccessToken": None, "domain": None}
+            "envdAccessToken": handle, "trafficAccessToken": traffic,
+            "domain": registry.domain}
 
 
 def live_vm(deps: Deps, caller: Caller, sandbox: str) -> VmView:
@@ -169,66 +222,9 @@ def live_vm(deps: Deps, caller: Caller, sandbox: str) -> VmView:
     return vm
 
 
-def _listed(vm: VmView, extras: Extras | None) -> dict[str, Any]:
-    started = extras.started_at if extras else None
-    return {"templateID": extras.template if extras else vm.image,
-            "alias": extras.template if extras else vm.image,
-            "sandboxID": shapes.sandbox_id(vm.id), "clientID": shapes.CLIENT_ID,
-            "startedAt": shapes.iso(started) or vm.ready_at or vm.created_at,
-            "endAt": shapes.iso(extras.end_at) if extras else
-            (vm.ready_at or vm.created_at),
-            "cpuCount": vm.vcpus, "memoryMB": vm.memory_mib, "diskSizeMB": vm.disk_gib * 1024,
-            "state": LIVE[vm.status], "envdVersion": shapes.ENVD_VERSION,
-            "metadata": dict(extras.metadata) if extras else {}}
-
-
-def info(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> dict[str, Any]:
-    """GET /sandboxes/{id}: E2B's `SandboxDetail` (no access token: it is not stored)."""
-    vm = live_vm(deps, caller, sandbox)
-    return _listed(vm, registry.get(sandbox))
-
-
-def _wanted(query: dict[str, str]) -> tuple[set[str], dict[str, str], int]:
-    states = {s for s in query.get("state", "running,paused").split(",") if s}
-    if not states <= {"running", "paused"}:
-        raise InvalidArgument("state", "running, paused or both (comma-separated)")
-    metadata = dict(urllib.parse.parse_qsl(query.get("metadata", ""), keep_blank_values=True))
-    limit_text = query.get("limit", str(MAX_LIST))
-    if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_LIST:
-        raise InvalidArgument("limit", f"1–{MAX_LIST}")
-    return states, metadata, int(limit_text)
-
-
-def listing(deps: Deps, registry: Registry, caller: Caller, query: dict[str, str],
-            ) -> tuple[list[dict[str, Any]], str | None]:
-    """GET /v2/sandboxes: the caller's sandboxes (tasks opened by this door) in the
-    states asked, whose metadata has every pair asked; paged by task (`nextToken`
-    is the last task's id)."""
-    states, metadata, limit = _wanted(query)
-    after = query.get("nextToken") or None
-    found: list[dict[str, Any]] = []
-    while True:
-        page = tasks.list_tasks(deps, caller, command(c.TaskListIn, status="open", limit=50,
-                                                      after=after))
-        for task in page.tasks:
-            for listed in _sandboxes_of(task, registry):
-                extras_meta = listed["metadata"]
-                if listed["state"] in states and all(
-                        extras_meta.get(k) == v for k, v in metadata.items()):
-                    found.append(listed)
-            after = task.id
-            if len(found) >= limit:
-                return found[:limit], after
-        if page.next_after is None:
-            return found, None
-        after = page.next_after
-
-
-def _sandboxes_of(task: TaskView, registry: Registry) -> list[dict[str, Any]]:
-    if not task.name.startswith(TASK_PREFIX):
-        return []
-    return [_listed(vm, registry.get(shapes.sandbox_id(vm.id)))
-            for vm in task.vms if vm.status in LIVE]
+def stored(deps: Deps, vm_id: str) -> Sandbox | None:
+    with deps.store.read() as tx:
+        return tx.sandboxes.get(vm_id)
 
 
 def kill(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> None:
@@ -237,34 +233,35 @@ def kill(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> None:
     alone."""
     vm = live_vm(deps, caller, sandbox)
     task = tasks.get(deps, caller, c.TaskGetIn(task_id=vm.task_id)).task
-    if task.name.startswith(TASK_PREFIX):
+    if task.name.startswith(TASK_PREFIX) and not task.snapshots:  # else kept for them
         with contextlib.suppress(TaskClosed):  # closed meanwhile: nothing left to kill
             tasks.close(deps, caller, c.TaskCloseIn(task_id=task.id, takeover=True))
     else:
         vms.destroy(deps, caller, c.VmDestroyIn(vm_id=vm.id, takeover=True))
-    registry.drop(sandbox)
+    forget(deps, registry, vm.id)
+
+
+def forget(deps: Deps, registry: Registry, vm_id: str) -> None:
+    with deps.store.write() as tx:
+        tx.sandboxes.remove(vm_id)
+    registry.forget(shapes.sandbox_id(vm_id))
+
+
+def ends(deps: Deps, caller: Caller, vm: VmView, timeout: int, *, longer_only: bool) -> None:
+    """The sandbox's end moves to now + timeout (`longer_only`: never earlier). A VM
+    of the caller's the door did not make gets a record of its own here."""
+    end = deps.clock.now() + timedelta(seconds=timeout)
+    with deps.store.write() as tx:
+        found = tx.sandboxes.get(vm.id)
+        if found is None:
+            tx.sandboxes.add(Sandbox(vm.id, caller.user, vm.task_id, vm.image,
+                                     deps.clock.now(), end))
+        elif not longer_only or found.end_at is None or end > found.end_at:
+            tx.sandboxes.set_end(vm.id, end)
 
 
 def set_timeout(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
                 body: dict[str, Any]) -> None:
     """POST /sandboxes/{id}/timeout: the sandbox's end moves to now + timeout."""
     timeout = timeout_of(body.get("timeout"))
-    live_vm(deps, caller, sandbox)
-    registry.ends(sandbox, deps.clock.now() + timedelta(seconds=timeout))
-
-
-def metrics(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
-            ) -> list[dict[str, Any]]:
-    """GET /sandboxes/{id}/metrics: Rift keeps a VM's latest sample only (SPEC §14), so
-    the answer is that one sample (none before the first)."""
-    vm = live_vm(deps, caller, sandbox)
-    stats = vm.stats
-    if stats is None:
-        return []
-    moment = datetime.fromisoformat(stats.at.replace("Z", "+00:00"))
-    mib = 1024 * 1024
-    return [{"timestamp": stats.at, "timestampUnix": int(moment.timestamp()),
-             "cpuCount": vm.vcpus, "cpuUsedPct": stats.cpu_pct or 0.0,
-             "memUsed": (stats.memory_used_mib or 0) * mib, "memTotal": vm.memory_mib * mib,
-             "memCache": 0, "diskUsed": stats.disk_used_bytes or 0,
-             "diskTotal": vm.disk_gib * 1024 * mib}]
+    ends(deps, caller, live_vm(deps, caller, sandbox), timeout, longer_only=False)

@@ -1,0 +1,111 @@
+"""The E2B door's sandboxes as E2B answers them (SPEC §16), on a real `rift serve`
+over libvirt's test driver, driven by E2B's own SDK: lists filtered by state,
+metadata, template and start, newest first (or oldest), paged by `limit` and
+`nextToken`; a sandbox's end read back, moved by `set_timeout` and only
+lengthened by `connect`; `secure` answers both tokens, and a connect by the same
+holder answers the same ones; a metrics range before the sandbox answers none."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from e2b import Sandbox, SandboxQuery, SandboxState
+
+from tests.support.e2b import e2b_opts
+from tests.support.servers import Server, start_server, stop_server
+
+
+@dataclass
+class Door:
+    srv: Server
+    opts: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
+    proc, srv = start_server(tmp_path_factory.mktemp("e2b-sandboxes"))
+    try:
+        yield Door(srv, e2b_opts(srv.url, srv.token))
+    finally:
+        stop_server(proc)
+
+
+def _ids(found: list[Any]) -> list[str]:
+    return [s.sandbox_id for s in found]
+
+
+def test_lists_are_filtered_ordered_and_paged_as_e2b_answers(door: Door) -> None:
+    made = [Sandbox.create(metadata={"suite": "list", "n": str(i)}, timeout=300,
+                           **door.opts) for i in range(3)]
+    first, middle, last = (s.sandbox_id for s in made)
+    try:
+        assert made[1].pause()
+        mine = {"suite": "list"}
+        paginator = Sandbox.list(query=SandboxQuery(metadata=mine), limit=2, **door.opts)
+        assert _ids(paginator.next_items()) == [last, middle]  # newest first
+        assert paginator.has_next and paginator.next_token is not None
+        assert _ids(paginator.next_items()) == [first]
+        assert not paginator.has_next and paginator.next_token is None
+        asc = Sandbox.list(query=SandboxQuery(metadata=mine), order="asc", **door.opts)
+        assert _ids(asc.next_items()) == [first, middle, last]
+        paused = Sandbox.list(query=SandboxQuery(metadata=mine, state=[SandboxState.PAUSED]),
+                              **door.opts).next_items()
+        assert [(s.sandbox_id, s.state) for s in paused] == [(middle, SandboxState.PAUSED)]
+        running = Sandbox.list(query=SandboxQuery(metadata=mine, state=[SandboxState.RUNNING]),
+                               limit=1, **door.opts)
+        assert _ids(running.next_items()) == [last]
+        assert _ids(running.next_items()) == [first] and not running.has_next
+        assert _ids(Sandbox.list(query=SandboxQuery(metadata={"n": "2"}),
+                                 **door.opts).next_items()) == [last]
+        assert Sandbox.list(query=SandboxQuery(metadata=mine, template="nope"),
+                            **door.opts).next_items() == []
+        assert len(Sandbox.list(query=SandboxQuery(metadata=mine, template="base"),
+                                **door.opts).next_items()) == 3
+        started = made[2].get_info().started_at
+        assert _ids(Sandbox.list(query=SandboxQuery(metadata=mine, started_after=started),
+                                 **door.opts).next_items()) == [last]
+        later = started + datetime.timedelta(seconds=1)
+        assert Sandbox.list(query=SandboxQuery(metadata=mine, started_after=later),
+                            **door.opts).next_items() == []
+    finally:
+        for sbx in made:
+            sbx.kill()
+    assert Sandbox.list(query=SandboxQuery(metadata={"suite": "list"}),
+                        **door.opts).next_items() == []
+
+
+def test_an_end_is_read_back_moved_and_only_lengthened_by_connect(door: Door) -> None:
+    sbx = Sandbox.create(timeout=300, **door.opts)
+    try:
+        info = sbx.get_info()
+        assert 299 <= (info.end_at - info.started_at).total_seconds() <= 301
+        listed = Sandbox.list(**door.opts).next_items()
+        assert [s.end_at for s in listed if s.sandbox_id == sbx.sandbox_id] == [info.end_at]
+        Sandbox.connect(sbx.sandbox_id, timeout=10, **door.opts)
+        assert sbx.get_info().end_at == info.end_at
+        Sandbox.connect(sbx.sandbox_id, timeout=900, **door.opts)
+        longer = sbx.get_info().end_at
+        assert longer > info.end_at
+        sbx.set_timeout(60)  # set_timeout may shorten it
+        assert sbx.get_info().end_at < longer
+    finally:
+        sbx.kill()
+
+
+def test_a_secured_sandbox_answers_both_tokens_and_its_holder_gets_them_again(
+        door: Door) -> None:
+    sbx = Sandbox.create(secure=True, timeout=60, **door.opts)
+    try:
+        assert sbx._envd_access_token and sbx.traffic_access_token
+        again = Sandbox.connect(sbx.sandbox_id, **door.opts)
+        assert (again._envd_access_token, again.traffic_access_token) == \
+            (sbx._envd_access_token, sbx.traffic_access_token)
+        now = datetime.datetime.now(datetime.UTC)
+        assert sbx.get_metrics(start=now - datetime.timedelta(hours=1),
+                               end=now - datetime.timedelta(minutes=30)) == []
+    finally:
+        sbx.kill()
