@@ -33,6 +33,7 @@ from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.e2b import gate as e2b_gate
 from rift.e2b import routes as e2b
+from rift.e2b.ports import SandboxPorts
 from rift.guest.egress_deny import EgressDeny
 from rift.proxy.guests import GuestsOnThisHost
 from rift.proxy.server import EgressProxy
@@ -162,7 +163,14 @@ def create_app(settings: Settings, deps: Deps | None = None,
     # Who calls, before any body is read (the E2B door with its own credentials).
     app.add_middleware(TokenGate, state=state, doors={e2b_gate.PREFIX: e2b_gate.first_check})
     app.add_middleware(RebindingGuard, settings=security)
-    # Before the guards: an exposure's request and body are its guest's to judge.
-    app.add_middleware(ExposureProxy, state=state, preview_domain=settings.preview_domain)
+    _guest_ports(app, state)
     app.add_middleware(AccessLog, metrics=state.metrics)  # outermost: it logs the guard's refusals
     return app
+
+
+def _guest_ports(app: FastAPI, state: AppState) -> None:
+    """Before the guards: an exposure's request and body are its guest's to judge;
+    before that, a sandbox's `<port>-<id>.<domain>` (SPEC §16) is not an exposure's
+    secret."""
+    app.add_middleware(ExposureProxy, state=state, preview_domain=state.settings.preview_domain)
+    app.add_middleware(SandboxPorts, state=state)

@@ -74,23 +74,32 @@ class ExposureProxy:
         if target is None:
             await refuse(scope, send, 404, "no such exposure")
             return
-        if target.vm.status != "running":
-            await refuse(scope, send, 503, f"VM {target.vm.id} is {target.vm.status}: "
-                         "rift_vm_resume brings it back")
-            return
-        try:
-            chan = await anyio.to_thread.run_sync(_open, deps, target)
-        except PortClosed:
-            await refuse(scope, send, 502, f"nothing listens on port {target.port} in the guest")
-            return
-        except GuestUnreachable as exc:
-            await refuse(scope, send, 502, f"the guest does not answer: {exc.message}")
-            return
-        relay = Relay if scope["type"] == "http" else WebSocketRelay
-        try:
-            await relay(chan, scope, receive, send, target.port, target_path, own_origin).run()
-        finally:
-            chan.close()
+        await relay_to(deps, scope, receive, send, (target, target_path, own_origin))
+
+
+async def relay_to(deps: Deps, scope: Scope, receive: Receive, send: Send,
+                   where: tuple[Target, bytes, bool]) -> None:
+    """Relay one request (HTTP or WebSocket) to a guest's port: `where` is the VM and
+    port, the guest's request target and whether it is served under Rift's own
+    origin. The E2B door's port host names (rift.e2b.ports) come here too."""
+    target, target_path, own_origin = where
+    if target.vm.status != "running":
+        await refuse(scope, send, 503, f"VM {target.vm.id} is {target.vm.status}: "
+                     "rift_vm_resume brings it back")
+        return
+    try:
+        chan = await anyio.to_thread.run_sync(_open, deps, target)
+    except PortClosed:
+        await refuse(scope, send, 502, f"nothing listens on port {target.port} in the guest")
+        return
+    except GuestUnreachable as exc:
+        await refuse(scope, send, 502, f"the guest does not answer: {exc.message}")
+        return
+    relay = Relay if scope["type"] == "http" else WebSocketRelay
+    try:
+        await relay(chan, scope, receive, send, target.port, target_path, own_origin).run()
+    finally:
+        chan.close()
 
 
 def _open(deps: Deps, target: Target) -> PortChannel:

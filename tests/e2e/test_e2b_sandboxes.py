@@ -12,11 +12,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
 from tests.support.e2b import e2b_opts
 from tests.support.servers import Server, start_server, stop_server
+
+
+DOMAIN = "e2b.test"
 
 
 @dataclass
@@ -27,7 +31,8 @@ class Door:
 
 @pytest.fixture(scope="module")
 def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
-    proc, srv = start_server(tmp_path_factory.mktemp("e2b-sandboxes"))
+    proc, srv = start_server(tmp_path_factory.mktemp("e2b-sandboxes"),
+                             RIFT_PREVIEW_DOMAIN=DOMAIN)
     try:
         yield Door(srv, e2b_opts(srv.url, srv.token))
     finally:
@@ -109,3 +114,25 @@ def test_a_secured_sandbox_answers_both_tokens_and_its_holder_gets_them_again(
                                end=now - datetime.timedelta(minutes=30)) == []
     finally:
         sbx.kill()
+
+
+def _port(door: Door, host: str, token: str | None = None) -> httpx.Response:
+    headers = {"Host": host, **({"e2b-traffic-access-token": token} if token else {})}
+    return httpx.get(door.srv.url + "/", headers=headers, timeout=30)
+
+
+def test_a_port_host_name_needs_the_sandboxs_traffic_token(door: Door) -> None:
+    sbx = Sandbox.create(timeout=60, **door.opts)
+    try:
+        host = sbx.get_host(8001)
+        assert host == f"8001-{sbx.sandbox_id}.{DOMAIN}"
+        assert _port(door, host).status_code == 401  # public ports are the operator's call
+        assert _port(door, host, "rift_traffic_wrong").status_code == 403
+        assert _port(door, f"8001-zzzzzzzz.{DOMAIN}", sbx.traffic_access_token).status_code \
+            == 404
+        # the token lets it through to the relay: the test driver has no guest to answer
+        reached = _port(door, host, sbx.traffic_access_token)
+        assert reached.status_code == 502 and "guest" in reached.text
+    finally:
+        sbx.kill()
+    assert _port(door, host, sbx.traffic_access_token).status_code == 404
