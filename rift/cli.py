@@ -25,16 +25,16 @@ from rift.domain.errors import RiftError
 from rift.services.context import Deps
 
 
-def served_url(host: str, port: int) -> str:
+def served_url(host: str, port: int, tls: bool = False) -> str:
     """The URL `rift serve --host HOST --port PORT` is reached at from this machine
-    (this machine's name when it listens on every address)."""
+    (this machine's name when it listens on every address; https with TLS)."""
     from rift.api.rebinding import WILDCARDS
 
     if host in WILDCARDS:
         host = socket.getfqdn()
     elif ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -44,7 +44,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from rift.bootstrap import close_deps, ensure_admin
 
     if settings.public_url is None:  # exposures' URLs name the address served
-        settings = settings.model_copy(update={"public_url": served_url(args.host, args.port)})
+        settings = settings.model_copy(update={"public_url": served_url(
+            args.host, args.port, settings.tls_cert is not None)})
     deps = deps_of(settings)
     first = ensure_admin(deps)
     if first is not None:
@@ -55,8 +56,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     try:
         # The request head's deadline is the protocol's (RIFT_HEADER_TIMEOUT_S); the
         # body's is the app's (rift.api.guard).
+        tls = (str(settings.tls_cert), str(settings.tls_key)) if settings.tls_cert else None
         serve(create_app(settings, deps, listen_host=args.host), host=args.host,
-              port=args.port, http=guarded_h11(settings.header_timeout_s))
+              port=args.port, http=guarded_h11(settings.header_timeout_s), tls=tls)
     finally:
         close_deps(deps)
     return 0

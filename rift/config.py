@@ -160,6 +160,12 @@ class Settings(BaseSettings):
         "`network.allowPublicTraffic` (E2B's default) has its ports reached at "
         "`<port>-<sandbox id>.<RIFT_PREVIEW_DOMAIN>` without its `trafficAccessToken` "
         "(header `e2b-traffic-access-token`); off: every such request needs the token.")
+    tls_cert: Path | None = Field(
+        default=None, description="A PEM certificate (with its chain) `rift serve` "
+        "answers TLS with, on its one port (then https only); for E2B's `get_host` "
+        "URLs it names `*.<RIFT_PREVIEW_DOMAIN>` too. Needs RIFT_TLS_KEY.")
+    tls_key: Path | None = Field(
+        default=None, description="The PEM private key of RIFT_TLS_CERT.")
     allowed_hosts: str | None = Field(
         default=None, description="Comma-separated `Host` values every door answers "
         "(`name`, `name:port`, `name:*` for any port; `*` turns the check off); default: the "
@@ -187,6 +193,12 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(f"RIFT_EGRESS_DENY: {entry!r} is not a CIDR (such as "
                                  "10.0.0.0/8) or an address") from None
+        return self
+
+    @model_validator(mode="after")
+    def _tls_is_a_pair(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("RIFT_TLS_CERT and RIFT_TLS_KEY go together: set both or neither")
         return self
 
     def resolved_database_url(self) -> str:

@@ -52,8 +52,12 @@ def _exit_after(seconds: float) -> None:
     os._exit(0)
 
 
-def serve(app: Any, *, host: str, port: int, http: Any) -> None:
-    """Serve `app` until a signal; back within `STOP_S` of it."""
+def serve(app: Any, *, host: str, port: int, http: Any,
+          tls: tuple[str, str] | None = None) -> None:
+    """Serve `app` until a signal; back within `STOP_S` of it. `tls`: the certificate's
+    and key's files (RIFT_TLS_CERT, RIFT_TLS_KEY): https on the one port."""
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=http,
-                            timeout_graceful_shutdown=int(GRACE_S))
+                            timeout_graceful_shutdown=int(GRACE_S),
+                            ssl_certfile=tls[0] if tls else None,
+                            ssl_keyfile=tls[1] if tls else None)
     PromptServer(config).run()

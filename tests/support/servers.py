@@ -111,7 +111,8 @@ def launch(env: dict[str, str], log: Path,
             [sys.executable, "-m", "rift.cli", "serve", "--port", str(port)],
             stdout=subprocess.PIPE if admin_lines else subprocess.DEVNULL, stderr=sink,
             env=env, text=True)
-    return proc, f"http://127.0.0.1:{port}"
+    scheme = "https" if env.get("RIFT_TLS_CERT") else "http"  # trusted by SSL_CERT_FILE
+    return proc, f"{scheme}://127.0.0.1:{port}"
 
 
 def wait_healthy(proc: subprocess.Popen[str], url: str, log: Path) -> None:
