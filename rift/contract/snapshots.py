@@ -65,9 +65,10 @@ VM_SNAPSHOT_DELETE = ToolContract(
 
 VM_FORK = ToolContract(
     "rift_vm_fork", "Fork a VM",
-    "Start count new VMs in the handle's task from a snapshot (snapshot_id) or from a "
-    "running VM (vm_id: snapshotted first, that snapshot deleted after), each with the "
-    "processes and files it had and an identity of its own (host key, MAC, clock, "
-    "entropy, disk). All or none: over the quota or the host's room, none is made.",
+    "Start count new VMs in the handle's task from a snapshot (snapshot_id: this task's, "
+    "or another open task's of yours) or from a running VM (vm_id: snapshotted first, "
+    "that snapshot deleted after), each with the processes and files it had and an "
+    "identity of its own (host key, MAC, clock, entropy, disk). All or none: over the "
+    "quota or the host's room, none is made.",
     (*HELD, "snapshot_not_found", "vm_not_found", "vm_not_running", "quota_exceeded",
      "no_capacity", "invalid_argument", "hypervisor_error"), VmForkIn, VmsOut, slow=True)

@@ -198,9 +198,9 @@ def test_bad_input_is_answered_in_e2b_shape(door: Door) -> None:
         answer = _api(door, "POST", "/v2/sandboxes", json=body)
         assert answer.status_code == 400 and answer.json()["code"] == 400, (body, answer.text)
     assert _api(door, "POST", "/v2/sandboxes", content=b"{not json").status_code == 400
-    unserved = _api(door, "POST", "/sandboxes/abcdefgh/fork")
+    unserved = _api(door, "POST", "/v3/templates", json={})  # template builds
     assert unserved.status_code == 501 and "not served" in unserved.json()["message"]
-    assert _api(door, "POST", "/sandboxes/abcdefgh/fork", key="").status_code == 401
+    assert _api(door, "POST", "/v3/templates", key="").status_code == 401
 
 
 def test_envd_refuses_missing_stale_and_malformed_calls(door: Door) -> None:

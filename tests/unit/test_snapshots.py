@@ -98,6 +98,25 @@ def test_a_fork_over_the_quota_or_the_room_is_refused_and_makes_none(
                    count=3)).vms) == 3
 
 
+def test_a_snapshot_forks_into_another_open_task_of_its_user_only(
+        deps: Deps, local_hv: FakeHypervisor) -> None:
+    source_task, handle, vm_id = _running(deps)
+    snap = snapshots.make(deps, ALICE, command(c.VmSnapshotIn, handle=handle, vm_id=vm_id)).snapshot
+    other = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    forks = fork(deps, ALICE, command(c.VmForkIn, handle=str(other.handle),
+                                      snapshot_id=snap.id, count=2)).vms
+    assert {f.task_id for f in forks} == {other.task.id} != {source_task}
+    assert all(f.status == "running" and f.start and f.start.kind == "fork" for f in forks)
+    mine = tasks.get(deps, ALICE, command(c.TaskGetIn, handle=handle)).task
+    assert [s.id for s in mine.snapshots] == [snap.id]  # the snapshot stays its task's
+    bobs = tasks.new(deps, BOB, command(c.TaskNewIn))
+    refused("snapshot_not_found", lambda: fork(deps, BOB, command(
+        c.VmForkIn, handle=str(bobs.handle), snapshot_id=snap.id)))
+    tasks.close(deps, ALICE, command(c.TaskCloseIn, handle=handle))  # its snapshots go
+    refused("snapshot_not_found", lambda: fork(deps, ALICE, command(
+        c.VmForkIn, handle=str(other.handle), snapshot_id=snap.id)))
+
+
 def test_the_snapshot_quota_holds_and_a_deleted_snapshot_is_gone(
         deps: Deps, local_hv: FakeHypervisor) -> None:
     limited = replace(deps, limits=replace(deps.limits, max_snapshots_per_task=2))

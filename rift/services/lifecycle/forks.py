@@ -1,6 +1,12 @@
 """Forks (SPEC §12): new VMs started from a snapshot, or from a running VM
 snapshotted first; all or none.
 
+The snapshot is the handle's task's, or another open task's of the same user (the
+E2B door forks a sandbox into sandboxes of their own, each a task): such a fork
+boots knowing the snapshot's task's key, kept as its boot key, and its first
+login hands it over to its own task's key (rift.guest.connections), as a VM of
+a snapshot image is.
+
 A fork is a new domain started from a snapshot's file under its own name, UUID,
 disk, serial log and SSH port (`Hypervisor.fork_state`: libvirt restores a save
 file only under the name and UUID in its header, so each fork gets a copy of
@@ -109,8 +115,8 @@ def _fork(deps: Deps, caller: Caller, cmd: VmForkIn, snap: Snapshot,
     def record(tx: Tx) -> tuple[list[Vm], str]:
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
-        current = tx.snapshots.get(snap.id)
-        if current is None or current.task_id != task.id or current.state != "ready":
+        current = tx.snapshots.get(snap.id)  # the task's, or another open task's of its user
+        if current is None or current.owner != task.owner or current.state != "ready":
             raise SnapshotNotFound(snap.id)
         _check_quota_and_room(deps, tx, task, snap, count)
         host = tx.hosts.get(snap.host)
@@ -172,8 +178,13 @@ def _start_fork(deps: Deps, caller: Caller, start: Start, snap: Snapshot,
         return fail_start(deps, caller, vm, f"the fork could not start: {exc}")
     if vm.ssh_port is not None:
         timeout_s = deps.runtime.boot_timeout_s
+        boot_key = None
+        if snap.task_id != vm.task_id:  # its guest knows the snapshot's task's key: handed over
+            deps.guests.keys.task_key(vm.task_id)  # the key it is handed over to, made now
+            boot_key = deps.guests.keys.task_key_file(snap.task_id)
         try:
-            deps.guests.lifecycle.forked(vm, snap.host_key, mac_of(vm.id), timeout_s)
+            deps.guests.lifecycle.forked(vm, snap.host_key, mac_of(vm.id), timeout_s,
+                                         boot_key=boot_key)
         except GuestUnreachable as exc:
             with suppress(HypervisorFailed):  # else reconciliation takes the domain down
                 destroy_domain(deps, vm, uri)
