@@ -7,63 +7,27 @@ the port (502), which shows the request reached the relay."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.support.servers import start_server, stop_server
+from tests.support.tls import make_tls
 
 DOMAIN = "e2b.test"
-
-
-def _cert(subject: str, key: Any, issuer: tuple[x509.Name, Any] | None,
-          names: list[x509.GeneralName]) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    issuer_name, issuer_key = issuer or (name, key)
-    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None),
-                              critical=True))
-    if names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _pem(path: Path, data: bytes) -> str:
-    path.write_bytes(data)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
     """(the server's https URL, its admin token, its port)."""
     tmp = tmp_path_factory.mktemp("e2b-tls")
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = _cert("rift test CA", ca_key, None, [])
-    cert = _cert("rift", key, (ca.subject, ca_key),
-                 [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                  x509.DNSName(f"*.{DOMAIN}")])
-    pem = serialization.Encoding.PEM
-    ca_file = _pem(tmp / "ca.pem", ca.public_bytes(pem))
-    cert_file = _pem(tmp / "cert.pem", cert.public_bytes(pem))
-    key_file = _pem(tmp / "key.pem", key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    tls = make_tls(tmp / "tls", DOMAIN)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SSL_CERT_FILE", ca_file)  # httpx trusts the test's CA only
-        proc, srv = start_server(tmp, RIFT_TLS_CERT=cert_file, RIFT_TLS_KEY=key_file,
+        patch.setenv("SSL_CERT_FILE", tls.ca)  # httpx trusts the test's CA only
+        proc, srv = start_server(tmp, RIFT_TLS_CERT=tls.cert, RIFT_TLS_KEY=tls.key,
                                  RIFT_PREVIEW_DOMAIN=DOMAIN)
         try:
             yield srv.url, srv.token, srv.url.rsplit(":", 1)[1]

@@ -21,6 +21,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from tests.support.tls import PLUGIN, PLUGIN_DIR, resolving_env
+
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "tests" / "e2b_upstream"
 COMMIT = "b8029973aa7da5f741f7bb1a9f833b38a0885438"  # e2b-dev/E2B, 2026-08-21
@@ -61,15 +63,23 @@ def outcomes(junit: Path) -> dict[str, str]:
     return found
 
 
-def run_suite(url: str, token: str, junit: Path,
-              *selection: str) -> subprocess.CompletedProcess[str]:
+def run_suite(url: str, token: str, junit: Path, *selection: str,
+              tls: tuple[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the vendored suite (or `selection` of it, paths relative to the suite)
-    against `rift serve` at `url` as the token's user."""
+    against `rift serve` at `url` as the token's user. `tls` (the CA's file, the
+    preview domain) when `rift serve` answers TLS itself: the suite trusts that CA,
+    and names under the domain (the SDK's `get_host`) reach the server's port."""
     env = {**os.environ, "E2B_API_URL": f"{url}/e2b", "E2B_SANDBOX_URL": f"{url}/e2b",
            "E2B_API_KEY": token}
     env.pop("E2B_DOMAIN", None)
+    plugins: list[str] = []
+    if tls is not None:
+        env.update(resolving_env(tls[1], int(url.rsplit(":", 1)[1]), tls[0]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGIN_DIR),
+                                                          env.get("PYTHONPATH")]))
+        plugins = ["-p", PLUGIN]
     command = [sys.executable, "-m", "pytest", "-c", str(SUITE / "pytest.ini"),
-               "--rootdir", str(SUITE), "-p", "no:cacheprovider", "-q",
+               "--rootdir", str(SUITE), "-p", "no:cacheprovider", "-q", *plugins,
                f"--junitxml={junit}", "-o", "junit_family=xunit1",
                *(selection or ("sync",))]
     return subprocess.run(command, cwd=SUITE, env=env, capture_output=True, text=True,
