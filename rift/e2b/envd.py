@@ -5,7 +5,10 @@ task is refused 403 naming who holds it now). Processes are rift.e2b.processes;
 here are who calls, the refusals, and envd's HTTP routes:
 
 - `GET /files?path=` reads a file, `POST /files` writes one or several
-  (multipart, or one `application/octet-stream` body with `?path=`).
+  (multipart, or one `application/octet-stream` body with `?path=`); gzip both
+  ways, `X-Metadata-*` kept as the file's `user.e2b.*` attributes, and a URL
+  signed with the sandbox's token (`signature=`) instead of the token itself
+  (rift.e2b.uploads). A written file belongs to the user the call names.
 - `GET /health`: 204 while the sandbox runs.
 
 The blocking engine calls run in the caller's waiting places (rift.api.waiting).
@@ -17,6 +20,7 @@ import base64
 import binascii
 import posixpath
 import shlex
+import time
 from dataclasses import dataclass
 
 from starlette.datastructures import UploadFile
@@ -33,7 +37,7 @@ from rift.domain.errors import (
     Unauthorized,
     VmNotFound,
 )
-from rift.e2b import shapes
+from rift.e2b import shapes, uploads
 from rift.e2b.connect import (
     CODES,
     ConnectFault,
@@ -61,8 +65,12 @@ def call_of(deps: Deps, request: Request) -> Call:
     """Who calls, from the sandbox header and the access token; blocking (one read).
     A missing or malformed token is 401; a sandbox id that names no VM 404. Whether
     the token still holds the task, the engine checks in the call itself."""
-    token = request.headers.get("x-access-token")
-    sandbox = request.headers.get("e2b-sandbox-id", "")
+    return call_for(deps, request.headers.get("x-access-token"),
+                    request.headers.get("e2b-sandbox-id", ""))
+
+
+def call_for(deps: Deps, token: str | None, sandbox: str) -> Call:
+    """`call_of` for a token and a sandbox id however they came."""
     if not token:
         raise HandleRequired()  # 401: the sandbox's envdAccessToken is its task's handle
     handle = parse_handle(token)
@@ -139,47 +147,83 @@ class Envd(EnvdPart):
 
     # -- files and health -------------------------------------------------------------
 
+    def _caller(self, request: Request, operation: str) -> Call:
+        """Who calls: the access token, or a URL signed with it (a secured sandbox's
+        `download_url`/`upload_url`); blocking."""
+        if request.headers.get("x-access-token") or "signature" not in request.query_params:
+            return call_of(self.deps, request)
+        with self.registry._lock:  # the handles this process answered (memory only)
+            held = list(self.registry._handles.items())
+        sandbox, handle = uploads.signed_by(request.query_params, operation, time.time(),
+                                            held)
+        return call_for(self.deps, handle, sandbox)
+
+    async def signed(self, request: Request) -> Response:
+        """`/files` at the server's root, where the SDK's `download_url` and
+        `upload_url` point (it joins `/files` onto E2B_SANDBOX_URL, dropping `/e2b`):
+        signed URLs only, nothing else is there."""
+        if "signature" not in request.query_params:
+            return JSONResponse(shapes.error_body(404, "Not Found"), status_code=404)
+        return await (self.read(request) if request.method == "GET" else self.write(request))
+
     async def read(self, request: Request) -> Response:
         path = request.query_params.get("path", "")
         try:
-            call = await self.state.waiting.run(None, call_of, self.deps, request)
+            call = await self.state.waiting.run(None, self._caller, request, "read")
             if not path:
                 raise InvalidArgument("path", "the file to read")
             read = await self.state.waiting.run(
                 None, files.read, self.deps, call.caller, command(
                     c.VmReadFileIn, handle=call.handle, vm_id=call.vm_id,
                     path=absolute(path, user_of(request)), encoding="base64"))
+        except PermissionError as denied:
+            return JSONResponse(shapes.error_body(401, str(denied)), status_code=401)
         except RiftError as err:
             return files_refusal(err)
         if read.truncated:
             return JSONResponse(shapes.error_body(
                 400, f"{path} is larger than the {read.bytes} bytes a read carries here"),
                 status_code=400)
-        return Response(base64.b64decode(read.content), media_type="application/octet-stream")
+        data = base64.b64decode(read.content)
+        if data and uploads.wants_gzip(request.headers.get("accept-encoding", "")):
+            packed = await self.state.waiting.run(None, uploads.deflate, data)
+            return Response(packed, media_type="application/octet-stream",
+                            headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
+        return Response(data, media_type="application/octet-stream")
 
     async def write(self, request: Request) -> Response:
         user = user_of(request)
         try:
-            call = await self.state.waiting.run(None, call_of, self.deps, request)
+            call = await self.state.waiting.run(None, self._caller, request, "write")
+            metadata = uploads.metadata_of(request.headers.items())
             files = await self._uploads(request, user)
             written = []
             for path, data in files:
-                await self.state.waiting.run(None, self._write, call, path, data)
+                await self.state.waiting.run(None, self._write, call, path, data, user,
+                                             metadata)
                 written.append({"name": posixpath.basename(path), "type": "file",
-                                "path": path})
+                                "path": path, **({"metadata": metadata} if metadata else {})})
+        except PermissionError as denied:
+            return JSONResponse(shapes.error_body(401, str(denied)), status_code=401)
         except RiftError as err:
             return files_refusal(err)
         return JSONResponse(written)
 
     async def _uploads(self, request: Request, user: str) -> list[tuple[str, bytes]]:
-        if request.headers.get("content-encoding"):
-            raise InvalidArgument("Content-Encoding", "compressed uploads are not taken yet")
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("identity", "gzip"):
+            raise InvalidArgument("Content-Encoding", "gzip or none")
         kind = request.headers.get("content-type", "").split(";", maxsplit=1)[0].strip().lower()
         if kind == "application/octet-stream":
             path = request.query_params.get("path")
             if not path:
                 raise InvalidArgument("path", "an octet-stream upload names its file in ?path=")
-            return [(absolute(path, user), await request.body())]
+            body = await request.body()
+            if encoding == "gzip":
+                body = await self.state.waiting.run(None, uploads.inflate, body)
+            return [(absolute(path, user), body)]
+        if encoding == "gzip":
+            raise InvalidArgument("Content-Encoding", "gzip is taken on octet-stream uploads")
         if kind != "multipart/form-data":
             raise InvalidArgument("Content-Type", "multipart/form-data or "
                                   "application/octet-stream")
@@ -194,9 +238,22 @@ class Envd(EnvdPart):
                 out.append((absolute(path, user), await value.read()))
         return out
 
-    def _write(self, call: Call, path: str, data: bytes) -> None:
-        """Write one file; its folder is made first when it is not there (E2B makes the
-        directories a path needs)."""
+    def _write(self, call: Call, path: str, data: bytes, user: str,
+               metadata: dict[str, str] | None) -> None:
+        """Write one file (its folder made when it is not there: E2B makes the
+        directories a path needs), then give it to `user` and set its metadata."""
+        self._put(call, path, data)
+        settled = execs.start(self.deps, call.caller, command(
+            c.VmExecIn, handle=call.handle, vm_id=call.vm_id, stdin="", timeout_s=30,
+            wait_s=30, command=uploads.settle(path, user, metadata)))
+        if settled.exit_code == uploads.NO_METADATA_HERE:
+            raise InvalidArgument("metadata", "this guest cannot keep file metadata (it "
+                                  "needs python3 and a file system with user xattrs)")
+        if settled.exit_code != 0:
+            raise InvalidArgument("path", f"{path}: written, but not given to {user}: "
+                                  f"{settled.stderr.strip()[:200] or settled.status}")
+
+    def _put(self, call: Call, path: str, data: bytes) -> None:
         if len(data) > MAX_CONTENT:
             raise InvalidArgument("content", "at most 16 MiB")
         write = command(c.VmWriteFileIn, handle=call.handle, vm_id=call.vm_id, path=path,

@@ -5,7 +5,8 @@ read. rift.api.gate's `TokenGate` runs it for every request under `/e2b`.
   otherwise); the caller found is kept in the request's state for the route.
 - The data plane (envd's RPCs and `/files`): `X-Access-Token` must hold the task
   of the sandbox it names, checked as the engine checks a handle (a stale one is
-  refused naming the holder, its event recorded); `/health` asks nothing.
+  refused naming the holder, its event recorded), or for `/files` a URL signed
+  with that token (checked by the route); `/health` asks nothing.
 """
 
 from __future__ import annotations
@@ -44,12 +45,19 @@ def _data_plane(deps: Deps, token: str | None) -> None:
     leases.hold(deps, Caller(task.owner, label), token)
 
 
+def _signed(path: str, headers: Headers, scope: Scope) -> bool:
+    """A `/files` URL signed with the sandbox's token, without the token: the route
+    checks the signature (rift.e2b.uploads)."""
+    return path == "/files" and not headers.get("x-access-token") and \
+        b"signature=" in scope.get("query_string", b"")
+
+
 async def first_check(state: AppState, scope: Scope) -> Response | None:
     """None to go on to the route; else the refusal to answer, the body unread."""
     path = scope["path"][len(PREFIX):]
     headers = Headers(scope=scope)
     try:
-        if path in OPEN:
+        if path in OPEN or _signed(path, headers, scope):
             return None
         if path.startswith(DATA_PLANE):
             try:

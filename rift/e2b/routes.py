@@ -37,6 +37,7 @@ from rift.e2b.gate import CALLER_KEY, PREFIX
 from rift.e2b.processes import Processes
 from rift.e2b.sandboxes import Registry
 from rift.e2b.snapshot_routes import SnapshotApi
+from rift.e2b.watches import Watches
 
 STREAMS = ("/filesystem.Filesystem/WatchDir",)
 
@@ -45,7 +46,7 @@ def body_limit(base: Callable[[Scope], int]) -> Callable[[Scope], int]:
     """`base`, except that an upload to a sandbox's `/files` may be as large as a
     REST file write."""
     def limit(scope: Scope) -> int:
-        if scope.get("method") == "POST" and scope.get("path") == PREFIX + "/files":
+        if scope.get("method") == "POST" and scope.get("path") in (PREFIX + "/files", "/files"):
             return MAX_BODY
         return base(scope)
     return limit
@@ -184,6 +185,7 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
         Route("/process.Process/SendInput", procs.send_input, methods=["POST"]),
         Route("/process.Process/CloseStdin", procs.close_stdin, methods=["POST"]),
         Route("/process.Process/Update", procs.update, methods=["POST"]),
+        *Watches(procs).routes(),  # directory watches (rift.e2b.watches)
         *[Route(path, procs.unimplemented_stream, methods=["POST"]) for path in STREAMS],
         Route("/process.Process/{rpc}", procs.unimplemented, methods=["POST"]),
         Route("/filesystem.Filesystem/Stat", files.stat, methods=["POST"]),
@@ -206,4 +208,6 @@ def mount(app: Starlette, state: AppState) -> None:
     settings = state.settings
     registry = Registry(lambda: state.deps, settings.preview_domain, settings.e2b_public_ports)
     app.router.routes.insert(0, Mount(PREFIX, routes=routes(state, registry)))
+    app.router.routes.insert(0, Route("/files", Envd(state, registry).signed,
+                                      methods=["GET", "POST"]))  # signed file URLs
     app.router.lifespan_context = with_deadlines(app.router.lifespan_context, state, registry)

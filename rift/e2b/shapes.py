@@ -27,7 +27,7 @@ from rift.domain.errors import (
     TaskReleased,
 )
 
-ENVD_VERSION = "0.5.7"  # what the door speaks: octet-stream uploads, default user, stdin flag
+ENVD_VERSION = "0.6.4"  # octet-stream and gzip uploads, file metadata, watch entries
 CLIENT_ID = "rift"
 VM_PREFIX = "vm_"
 _SANDBOX_ID = re.compile(r"[a-z2-7]{8}")

@@ -72,7 +72,7 @@ def test_sandboxes_are_made_read_listed_timed_and_killed(door: Door) -> None:
             for i in range(3)]
     info = Sandbox.get_info(made[0].sandbox_id, **door.opts)
     assert (info.state, info.metadata, info.template_id, info.envd_version) == \
-        (SandboxState.RUNNING, {"n": "0", "suite": "api"}, "base", "0.5.7")
+        (SandboxState.RUNNING, {"n": "0", "suite": "api"}, "base", "0.6.4")
     assert 119 <= (info.end_at - info.started_at).total_seconds() <= 121
     made[0].set_timeout(600)
     moved = made[0].get_info()
@@ -221,9 +221,12 @@ def test_envd_refuses_missing_stale_and_malformed_calls(door: Door) -> None:
                 (framed, "application/connect+proto", "unimplemented")):
             answer = _envd(door, "/process.Process/Start", sbx.sandbox_id, token, body, ctype)
             assert answer.status_code == 200 and _end_error(answer)["code"] == code, body
-        other_rpc = _envd(door, "/filesystem.Filesystem/CreateWatcher", sbx.sandbox_id, token,
+        other_rpc = _envd(door, "/filesystem.Filesystem/NoSuchCall", sbx.sandbox_id, token,
                           b"{}", "application/json")
         assert other_rpc.status_code == 501 and other_rpc.json()["code"] == "unimplemented"
+        no_path = _envd(door, "/filesystem.Filesystem/CreateWatcher", sbx.sandbox_id, token,
+                        b"{}", "application/json")
+        assert no_path.status_code == 400 and no_path.json()["code"] == "invalid_argument"
 
         auth = {"Authorization": f"Bearer {door.srv.token}"}
         task_id = token.partition(".")[0]

@@ -106,15 +106,18 @@ def test_a_connect_timeout_is_whole_seconds_within_bounds() -> None:
 
 
 def test_a_guests_stat_line_is_an_entry_and_a_bad_one_is_left_out() -> None:
-    from rift.e2b.filesystem import entry
+    from rift.e2b.entries import entry
 
-    line = "41ed\t4096\troot\twheel\t1700000000\t/tmp/a\tb"  # a name with a tab in it
+    line = "41ed\t4096\troot\twheel\t1700000000\t-\t\t-\t/tmp/a\tb"  # a tab in a name
     assert entry(line) == {
         "name": "a\tb", "type": "FILE_TYPE_DIRECTORY", "path": "/tmp/a\tb", "size": "4096",
         "mode": 0o755, "permissions": "drwxr-xr-x", "owner": "root", "group": "wheel",
         "modifiedTime": "2023-11-14T22:13:20Z"}
-    assert entry("81a4\t5\tu\tg\t0\t/f")["type"] == "FILE_TYPE_FILE"  # type: ignore[index]
-    assert entry("a1ff\t5\tu\tg\t0\t/l")["type"] == "FILE_TYPE_SYMLINK"  # type: ignore[index]
-    for bad in ("", "41ed\t4096", "zz\t1\tu\tg\t0\t/x", "41ed\tbig\tu\tg\t0\t/x",
-                "41ed\t1\tu\tg\t" + "9" * 40 + "\t/x"):
+    assert entry("81a4\t5\tu\tg\t0\t-\t\t-\t/f")["type"] == "FILE_TYPE_FILE"  # type: ignore[index]
+    link = entry("a1ff\t5\tu\tg\t0\t41ed\t/d\t-\t/l")  # a symlink: its target's type
+    assert link is not None and (link["type"], link["symlinkTarget"], link["mode"]) == \
+        ("FILE_TYPE_DIRECTORY", "/d", 0o755)
+    for bad in ("", "41ed\t4096", "zz\t1\tu\tg\t0\t-\t\t-\t/x",
+                "41ed\tbig\tu\tg\t0\t-\t\t-\t/x",
+                "41ed\t1\tu\tg\t" + "9" * 40 + "\t-\t\t-\t/x"):
         assert entry(bad) is None, bad
