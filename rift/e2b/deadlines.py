@@ -35,9 +35,14 @@ log = logging.getLogger("rift.e2b")
 
 
 def sleep_at_end(deps: Deps, record: Sandbox) -> None:
-    """Issue #29's hook: put the sandbox's VM to sleep. Until then: no end kept."""
+    """Issue #29's hook: put the sandbox's VM to sleep. Until then: no end kept (and
+    the record goes when its VM is gone)."""
     with deps.store.write() as tx:
-        tx.sandboxes.set_end(record.vm_id, None)
+        vm = tx.vms.get(record.vm_id)
+        if vm is None or not vm.is_live:
+            tx.sandboxes.remove(record.vm_id)
+        else:
+            tx.sandboxes.set_end(record.vm_id, None)
 
 
 def end_due(deps: Deps, registry: Registry) -> list[str]:

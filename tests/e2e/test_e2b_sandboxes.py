@@ -8,6 +8,7 @@ holder answers the same ones; a metrics range before the sandbox answers none.""
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,6 @@ from e2b import Sandbox, SandboxQuery, SandboxState
 
 from tests.support.e2b import e2b_opts
 from tests.support.servers import Server, start_server, stop_server
-
 
 DOMAIN = "e2b.test"
 
@@ -136,3 +136,22 @@ def test_a_port_host_name_needs_the_sandboxs_traffic_token(door: Door) -> None:
     finally:
         sbx.kill()
     assert _port(door, host, sbx.traffic_access_token).status_code == 404
+
+
+def test_an_auto_paused_sandbox_outlives_its_end_until_sleep_takes_it(door: Door) -> None:
+    """`autoPause` is kept (the detail's `lifecycle`); until issue #29's sleep puts
+    such a sandbox to sleep at its end, the end passes and it runs on."""
+    made = httpx.post(door.srv.url + "/e2b/v2/sandboxes", headers={"X-API-Key": door.srv.token},
+                      json={"templateID": "base", "timeout": 1, "autoPause": True,
+                            "autoResume": {"enabled": True}}, timeout=60)
+    assert made.status_code == 201, made.text
+    sandbox = made.json()["sandboxID"]
+    try:
+        time.sleep(3)  # the sweep looks each second
+        detail = httpx.get(f"{door.srv.url}/e2b/sandboxes/{sandbox}", timeout=30,
+                           headers={"X-API-Key": door.srv.token})
+        assert detail.status_code == 200, detail.text
+        assert detail.json()["state"] == "running"
+        assert detail.json()["lifecycle"] == {"onTimeout": "pause", "autoResume": True}
+    finally:
+        Sandbox.kill(sandbox, **door.opts)
