@@ -197,6 +197,10 @@ class Envd(EnvdPart):
             call = await self.state.waiting.run(None, self._caller, request, "write")
             metadata = uploads.metadata_of(request.headers.items())
             files = await self._uploads(request, user)
+            if metadata:  # refused before any byte is written where it cannot be kept
+                await self.state.waiting.run(None, self._settle, call, "/", "root", None,
+                                             "command -v python3 >/dev/null 2>&1 || exit "
+                                             f"{uploads.NO_METADATA_HERE}")
             written = []
             for path, data in files:
                 await self.state.waiting.run(None, self._write, call, path, data, user,
@@ -243,9 +247,13 @@ class Envd(EnvdPart):
         """Write one file (its folder made when it is not there: E2B makes the
         directories a path needs), then give it to `user` and set its metadata."""
         self._put(call, path, data)
+        self._settle(call, path, user, metadata)
+
+    def _settle(self, call: Call, path: str, user: str, metadata: dict[str, str] | None,
+                script: str | None = None) -> None:
         settled = execs.start(self.deps, call.caller, command(
             c.VmExecIn, handle=call.handle, vm_id=call.vm_id, stdin="", timeout_s=30,
-            wait_s=30, command=uploads.settle(path, user, metadata)))
+            wait_s=30, command=script or uploads.settle(path, user, metadata)))
         if settled.exit_code == uploads.NO_METADATA_HERE:
             raise InvalidArgument("metadata", "this guest cannot keep file metadata (it "
                                   "needs python3 and a file system with user xattrs)")

@@ -95,15 +95,16 @@ def metadata_of(headers: Iterable[tuple[str, str]]) -> dict[str, str] | None:
 
 
 def settle(path: str, user: str, metadata: Mapping[str, str] | None) -> str:
-    """The shell script run after a write: the file given to `user` (when the guest
-    has that user, as envd gives it), its `user.e2b.*` attributes replaced by
-    `metadata` (cleared without), where the guest has python3."""
+    """The shell script run after a write: the file given to `user` as envd gives
+    it (to root where the guest has no such user), its `user.e2b.*` attributes
+    replaced by `metadata` (cleared without), where the guest has python3."""
     who = shlex.quote(user)
     pairs = " ".join(f"{k.encode().hex()}={v.encode().hex()}"
                      for k, v in (metadata or {}).items())
     lacking = f"exit {NO_METADATA_HERE}" if metadata else "true"
     return (f"p={shlex.quote(path)}; if id -u {who} >/dev/null 2>&1; then "
-            f"chown \"$(id -u {who}):$(id -g {who})\" -- \"$p\" || exit 1; fi; "
+            f"chown \"$(id -u {who}):$(id -g {who})\" -- \"$p\" || exit 1; "
+            f"else chown 0:0 -- \"$p\" || exit 1; fi; "
             f"if command -v python3 >/dev/null 2>&1; then exec python3 -S -c "
             f"{shlex.quote(_SET_META)} \"$p\" {pairs}; else {lacking}; fi")
 

@@ -50,6 +50,7 @@ from rift.e2b.watch_scripts import script
 from rift.services.lifecycle import execs
 
 MAX_PER_SANDBOX = 16
+MAX_WATCHERS = 4096  # in this process; one older than its exec's longest life is dropped
 MAX_PENDING = 10_000
 MAX_NAME = 4096
 SYNC_S = 10  # how long a read waits for the watcher to answer its token
@@ -68,6 +69,7 @@ class Watcher:
     pending: list[dict[str, Any]] = field(default_factory=list)
     fault: ConnectFault | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    born: float = field(default_factory=time.monotonic)
 
 
 def event(line: str) -> dict[str, Any] | None:
@@ -97,7 +99,10 @@ class Watches:
         if not isinstance(path, str) or not path or len(path) > MAX_NAME:
             raise ConnectFault("invalid_argument", "path: the directory to watch")
         with self._lock:
-            if sum(w.sandbox == call.sandbox for w in self._by_id.values()) >= MAX_PER_SANDBOX:
+            oldest = time.monotonic() - MAX_EXEC_S
+            self._by_id = {k: w for k, w in self._by_id.items() if w.born > oldest}
+            if sum(w.sandbox == call.sandbox for w in self._by_id.values()) >= MAX_PER_SANDBOX \
+                    or len(self._by_id) >= MAX_WATCHERS:
                 raise ConnectFault("resource_exhausted", f"at most {MAX_PER_SANDBOX} "
                                    "watchers a sandbox")
         root = absolute(path, user).rstrip("/") or "/"
@@ -115,13 +120,13 @@ class Watches:
                 raise ConnectFault("deadline_exceeded", "the watcher did not start")
         return watcher
 
-    def _read(self, call: Call, watcher: Watcher, marker: str) -> bool:
-        """Read the watcher's output once (waiting up to a second for more); True once
+    def _read(self, call: Call, watcher: Watcher, marker: str, wait_s: int = 1) -> bool:
+        """Read the watcher's output once (waiting up to `wait_s` for more); True once
         the line `marker` was seen. Events go to `pending`."""
         out, err = watcher.offsets
         view: ExecView = execs.get(self.processes.deps, call.caller, command(
             c.VmExecGetIn, handle=call.handle, exec_id=watcher.exec_id, stdout_offset=out,
-            stderr_offset=err, wait_s=1))
+            stderr_offset=err, wait_s=wait_s))
         watcher.offsets = (view.stdout_offset, view.stderr_offset)
         if view.truncated:
             return self._cut(call, watcher, "the guest's events outran what it keeps")
@@ -248,7 +253,7 @@ class Watches:
         try:
             while watcher.fault is None:
                 try:
-                    self._read(call, watcher, "")
+                    self._read(call, watcher, "\0", wait_s=10)
                     found, watcher.pending = watcher.pending, []
                     found = self._with_entries(call, watcher, found)
                 except (ConnectFault, RiftError) as err:
