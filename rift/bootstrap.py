@@ -69,7 +69,8 @@ def limits_of(settings: Settings) -> Limits:
                   max_disk_gib_per_user=settings.max_disk_gib_per_user,
                   host_disk_reserve_gib=settings.host_disk_reserve_gib,
                   rate_exec_new_per_h=settings.rate_exec_new_per_h,
-                  rate_stale_per_h=settings.rate_stale_per_h)
+                  rate_stale_per_h=settings.rate_stale_per_h,
+                  task_sleep_s=settings.task_sleep_s)
 
 
 def build_deps(settings: Settings, *, clock: Clock | None = None,

@@ -12,7 +12,7 @@ Served under Rift's own origin (`/x/`), a guest's page gets an opaque origin
 nothing of Rift's; a preview domain gives each exposure an origin of its own.
 Either way the guest never sees the client's `Authorization`, `Cookie` or
 `Rift-Handle`, and every answer says `Referrer-Policy: no-referrer` (the URL
-holds the exposure's secret)."""
+holds the exposure's secret). A request for a sleeping VM wakes it first (SPEC §17)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from rift.api.exposure_headers import header, refuse
 from rift.api.relays import Relay
 from rift.api.state import AppState
 from rift.api.websocket_relay import WebSocketRelay
-from rift.domain.errors import GuestUnreachable
+from rift.domain.errors import GuestUnreachable, RiftError
 from rift.services.context import Deps
 from rift.services.lifecycle.exposures import Target, resolve
 from rift.services.lifecycle.guest_kinds import reach
+from rift.services.lifecycle.sleeps import wake
 from rift.services.ports import PortChannel, PortClosed
 
 PREFIX = b"/x/"
@@ -77,12 +78,23 @@ class ExposureProxy:
         await relay_to(deps, scope, receive, send, (target, target_path, own_origin))
 
 
+EXPOSURE = "exposure"  # the actor of a wake a request to an exposure URL made
+
+
 async def relay_to(deps: Deps, scope: Scope, receive: Receive, send: Send,
                    where: tuple[Target, bytes, bool]) -> None:
     """Relay one request (HTTP or WebSocket) to a guest's port: `where` is the VM and
     port, the guest's request target and whether it is served under Rift's own
     origin. The E2B door's port host names (rift.e2b.ports) come here too."""
     target, target_path, own_origin = where
+    vm = target.vm
+    if vm.status == "sleeping" or vm.change in ("falling_asleep", "waking"):
+        try:  # SPEC §17: a request wakes it, answered once the guest's server answers
+            target = Target(await anyio.to_thread.run_sync(wake, deps, vm.id, EXPOSURE),
+                            target.port)
+        except RiftError as exc:
+            await refuse(scope, send, 503, f"VM {vm.id} did not wake: {exc.message}")
+            return
     if target.vm.status != "running":
         await refuse(scope, send, 503, f"VM {target.vm.id} is {target.vm.status}: "
                      "rift_vm_resume brings it back")

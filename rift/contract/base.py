@@ -124,6 +124,11 @@ Takeover = Annotated[bool, Field(description=(
     "Take the task from a holder that is still active. Tell the user first: the other "
     "holder's handle stops working."))]
 Limit = Annotated[int, Field(ge=1, le=100, description="At most this many."), Whole]
+MAX_SLEEP_AFTER_S = 7 * 24 * 3600  # a week: longer than a task's idle close ever is
+SleepAfterS = Annotated[int, Field(ge=0, le=MAX_SLEEP_AFTER_S, description=(
+    "Seconds of quiet (no call under the handle) after which the task's running VMs "
+    "sleep: memory saved, domain stopped, woken by the next call that needs them "
+    "(SPEC §17). 0: never. Default: the operator's RIFT_TASK_SLEEP_S (900).")), Whole]
 Path = Annotated[str, Field(min_length=1, max_length=MAX_PATH,
                             description="An absolute path in the guest."), NoNul,
                  AfterValidator(_absolute)]

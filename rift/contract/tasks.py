@@ -16,6 +16,7 @@ from rift.contract.base import (
     Limit,
     Name,
     Output,
+    SleepAfterS,
     Takeover,
     TaskId,
     Whole,
@@ -27,6 +28,11 @@ from rift.contract.views import EventView, TaskView
 class TaskNewIn(Input):
     name: Name | None = None
     idempotency_key: Key | None = None
+    sleep_after_s: SleepAfterS | None = None
+    sleep: Annotated[Literal["idle", "always"], Field(description=(
+        "Which quiet VMs sleep: `idle`, those with no exec running (a running exec "
+        "keeps its VM awake); `always`, every one (its execs wait, saved with it)."))] = \
+        "idle"
 
 
 class TakeoverBody(Input):

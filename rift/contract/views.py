@@ -9,7 +9,7 @@ from typing import Any, Literal
 from rift.contract.base import Output
 from rift.domain.model import StartKind
 
-VmStatusView = Literal["creating", "running", "paused", "failed", "destroyed"]
+VmStatusView = Literal["creating", "running", "paused", "sleeping", "failed", "destroyed"]
 
 
 class SshView(Output):
@@ -22,6 +22,13 @@ class StartView(Output):
     `fork`, and the milliseconds from the call to running."""
 
     kind: StartKind
+    ms: int
+
+
+class WokeView(Output):
+    """How long the VM's last wake from sleep (SPEC §17) took, from the call that
+    woke it to its guest answering."""
+
     ms: int
 
 
@@ -76,6 +83,7 @@ class VmView(Output):
     destroyed_at: str | None
     error: str | None
     start: StartView | None
+    woke: WokeView | None
     egress: Literal["open", "none"] | AllowView
     exposures: list[PortView]
     stats: StatsView | None

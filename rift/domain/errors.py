@@ -164,10 +164,21 @@ class VmNotRunning(RiftError):
             f"VM {vm_id} is {doing or status}, not running",
             "rift_vm_resume brings it back" if status == "paused"
             else "rift_vm_get shows when it is done" if doing is not None
+            else "rift_vm_exec wakes it" if status == "sleeping"
             else "rift_vm_new makes another",
             vm_id=vm_id,
             vm_status=status,
         )
+
+
+class VmAsleep(VmNotRunning):
+    """The VM a call needs is asleep, or going to sleep or waking (SPEC §17): the
+    engine wakes it and runs the call again (rift.services.lifecycle.sleeps.awake).
+    Seen by a caller only where nothing wakes it: then `vm_not_running`."""
+
+    def __init__(self, vm_id: str, status: str, doing: str | None = None) -> None:
+        super().__init__(vm_id, status, doing)
+        self.vm_id = vm_id
 
 
 class QuotaExceeded(RiftError):

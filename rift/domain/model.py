@@ -30,13 +30,23 @@ recorded before libvirt is asked)::
     running, none                 changing("pausing", now)    running, pausing       -
     running, none                 changing("snapshotting", ..) running, snapshotting -
     paused, none                  changing("resuming", now)   paused, resuming       -
+    running, none                 changing("falling_asleep",.) running, falling_asleep -
+    sleeping, none                changing("waking", now)     sleeping, waking       -
     running, pausing              paused(...)                 paused, none           vm_paused
+    sleeping, none                paused(...)                 paused, none           vm_paused
+    running, falling_asleep       slept(...)                  sleeping, none         vm_slept
+    sleeping, waking              woke(ms, ...)               running, none          vm_woke
     paused, resuming|none         resumed(...)                running, none          vm_resumed
-    any, pausing|resuming|snap..  change_ended()              (same status), none    -
+    any, any change               change_ended()              (same status), none    -
     running, any                  moved((host, port), ...)    running on host        vm_moved
-    creating|running|paused, any  noted(error | None)         (same, error noted)    -
+    creating|running|paused|sleeping, any  noted(error | None)  (same, error noted)  -
+
+(`failed` and `noted` take every live status: creating, running, paused, sleeping.)
 
 (`resumed` from paused with none under way: its domain was started outside Rift.
+A sleeping VM (SPEC §17) is saved like a paused one, by Rift rather than its agent:
+`paused` from sleeping is a pause that needs no save; `woke` records how long the
+wake took, the view's `woke: {ms}`.
 `change_ended`: a change libvirt refused or a crash cut short, rolled back; or a
 snapshot's save done.)
 """
@@ -53,15 +63,21 @@ from rift.domain.errors import IllegalTransition, TaskClosed, TaskReleased
 
 TaskStatus = Literal["open", "closed"]
 CloseReason = Literal["closed", "idle", "operator"]
-VmStatus = Literal["creating", "running", "paused", "failed", "destroyed"]
+# When a quiet task's VMs sleep (SPEC §17): `idle`, when no exec runs in them;
+# `always`, even with execs running.
+SleepMode = Literal["idle", "always"]
+VmStatus = Literal["creating", "running", "paused", "sleeping", "failed", "destroyed"]
 # A live VM is the task's: it counts against the task's VMs, keeps its SSH port and
-# goes when the task closes. A paused one holds only its disk and saved memory.
-LIVE_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running", "paused")
-# What holds vCPUs and memory on a host (with a VM whose resume is under way).
+# goes when the task closes. A paused or sleeping one holds only its disk and saved
+# memory.
+LIVE_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running", "paused", "sleeping")
+# What holds vCPUs and memory on a host (with a VM whose resume or wake is under way).
 HOLDING_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running")
-# A change of a VM's state under way (SPEC §12), recorded before libvirt is asked,
-# so reconciliation finishes or rolls back one that a crash cut short.
-VmChange = Literal["pausing", "resuming", "snapshotting"]
+# A change of a VM's state under way (SPEC §12, §17), recorded before libvirt is
+# asked, so reconciliation finishes or rolls back one that a crash cut short.
+VmChange = Literal["pausing", "resuming", "snapshotting", "falling_asleep", "waking"]
+# The changes toward a running VM that hold its vCPUs and memory already.
+STARTING_VM_CHANGES: tuple[VmChange, ...] = ("resuming", "waking")
 # Every status but `destroyed`: what a destroy or a close still puts away, and
 # what the Boxes page lists.
 DESTROYABLE_VM_STATUSES: tuple[VmStatus, ...] = (*LIVE_VM_STATUSES, "failed")
@@ -83,7 +99,7 @@ def default_memory_mib(image: str) -> int:
 EVENT_TYPES = (
     "opened", "attached", "taken_over", "released", "closed",
     "vm_creating", "vm_running", "vm_failed", "vm_destroyed", "stale_rejected",
-    "vm_paused", "vm_resumed", "snapshot_made", "snapshot_deleted",
+    "vm_paused", "vm_resumed", "snapshot_made", "snapshot_deleted", "vm_slept", "vm_woke",
 )
 
 
@@ -125,6 +141,10 @@ class Task:
     close_reason: CloseReason | None = None
     idempotency_key: str | None = None
     request_digest: str | None = None
+    # SPEC §17: quiet this long, its running VMs sleep (None: RIFT_TASK_SLEEP_S; 0:
+    # never); `always` puts them to sleep with execs running, `idle` only without.
+    sleep_after_s: int | None = None
+    sleep: SleepMode = "idle"
 
     @property
     def is_open(self) -> bool:
@@ -226,6 +246,8 @@ class Vm:
     egress: Egress = "open"
     # What it uses, sampled while it runs (rift.domain.usage's JSON; None before).
     stats: str | None = None
+    # How long its last wake took from the call that woke it (SPEC §17's `woke`).
+    woke_ms: int | None = None
 
     @property
     def domain_name(self) -> str:
@@ -237,8 +259,9 @@ class Vm:
 
     @property
     def keeps_execs(self) -> bool:
-        """Its guest still holds its execs: running, or paused with them saved."""
-        return self.status in ("running", "paused") and self.destroy_requested_at is None
+        """Its guest still holds its execs: running, or paused or asleep with them saved."""
+        return (self.status in ("running", "paused", "sleeping")
+                and self.destroy_requested_at is None)
 
     # Its transitions: the table in this module's docstring. `by` is the actor of
     # the event, `details` more of the event's details.
@@ -274,15 +297,21 @@ class Vm:
                 self._event("vm_destroyed", by, now, {"host": self.host, **(details or {})}))
 
     def changing(self, change: VmChange, now: datetime) -> Vm:
-        """A pause, resume or snapshot begins: recorded before libvirt is asked."""
-        source: VmStatus = "paused" if change == "resuming" else "running"
+        """A pause, resume, snapshot, sleep or wake begins: recorded before libvirt is
+        asked."""
+        source: VmStatus = ("paused" if change == "resuming" else
+                            "sleeping" if change == "waking" else "running")
         self._from(change, (source,), changes=(None,))
         return replace(self, change=change, change_at=now)
 
     def paused(self, by: str, now: datetime,
                details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
-        """Its pause is done: its memory is saved, its domain stopped."""
-        self._from("paused", ("running",), changes=("pausing",))
+        """Its pause is done: its memory is saved, its domain stopped (a sleeping VM's
+        is already: its pause needs no save)."""
+        if self.status == "sleeping":
+            self._from("paused", ("sleeping",), changes=(None,))
+        else:
+            self._from("paused", ("running",), changes=("pausing",))
         return (replace(self, status="paused", change=None, change_at=None),
                 self._event("vm_paused", by, now, dict(details or {})))
 
@@ -293,10 +322,25 @@ class Vm:
         return (replace(self, status="running", change=None, change_at=None),
                 self._event("vm_resumed", by, now, dict(details or {})))
 
+    def slept(self, by: str, now: datetime,
+              details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
+        """It went to sleep (SPEC §17): its memory is saved, its domain stopped."""
+        self._from("slept", ("running",), changes=("falling_asleep",))
+        return (replace(self, status="sleeping", change=None, change_at=None),
+                self._event("vm_slept", by, now, dict(details or {})))
+
+    def woke(self, ms: int, by: str, now: datetime,
+             details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
+        """It runs again after a sleep, its guest answering `ms` after the call that
+        woke it began."""
+        self._from("woke", ("sleeping",), changes=("waking",))
+        return (replace(self, status="running", change=None, change_at=None, woke_ms=ms),
+                self._event("vm_woke", by, now, {"ms": ms, **(details or {})}))
+
     def change_ended(self) -> Vm:
         """The change under way ends with no new status: rolled back, or a snapshot saved."""
         self._from("change ended", (*LIVE_VM_STATUSES,),
-                   changes=("pausing", "resuming", "snapshotting"))
+                   changes=("pausing", "resuming", "snapshotting", "falling_asleep", "waking"))
         return replace(self, change=None, change_at=None)
 
     def moved(self, to: tuple[str, int], by: str, now: datetime,

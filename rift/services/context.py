@@ -33,6 +33,7 @@ class Limits:
     host_disk_reserve_gib: int = 4  # a host with less disk free takes no new VM, snapshot
     rate_exec_new_per_h: int = 3600  # exec starts per user per hour (SPEC §15)
     rate_stale_per_h: int = 120  # stale-handle refusals that leave an event, per task per hour
+    task_sleep_s: int = 900  # a task quiet this long puts its running VMs to sleep; 0 never
 
 
 @dataclass

@@ -8,9 +8,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Select, bindparam, func, or_, select, update
+from sqlalchemy import Row, Select, and_, bindparam, func, or_, select, update
 
-from rift.domain.model import HOLDING_VM_STATUSES, LIVE_VM_STATUSES, Vm
+from rift.domain.model import (
+    HOLDING_VM_STATUSES,
+    LIVE_VM_STATUSES,
+    STARTING_VM_CHANGES,
+    Vm,
+)
 from rift.domain.records import HostUsage
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.changes import changed, check_limit
@@ -128,6 +133,23 @@ class SqlVms(SqlRepository):
         )
         return [vm_of(row) for row in self._conn.execute(query)]
 
+    def sleep_candidates(self, default_cutoff: datetime | None, set_cutoff: datetime,
+                         limit: int) -> list[Vm]:
+        check_limit(limit)
+        after = tasks.c.sleep_after_s
+        quiet = and_(after > 0, tasks.c.last_activity_at < set_cutoff)
+        if default_cutoff is not None:
+            quiet = or_(quiet, and_(after.is_(None), tasks.c.last_activity_at < default_cutoff))
+        query = (
+            select_vms()
+            .join(tasks, tasks.c.id == vms.c.task_id)
+            .where(tasks.c.status == "open", quiet,
+                   vms.c.status == "running", vms.c.change.is_(None))
+            .order_by(tasks.c.last_activity_at, vms.c.seq)
+            .limit(limit)
+        )
+        return [vm_of(row) for row in self._conn.execute(query)]
+
     def live_of_owner(self, owner: str) -> list[Vm]:
         query = select_vms().where(vms.c.owner == owner,
                                    vms.c.status.in_(LIVE_VM_STATUSES))
@@ -150,7 +172,8 @@ class SqlVms(SqlRepository):
                 func.coalesce(func.sum(vms.c.memory_mib), 0),
                 func.count(),
             )
-            .where(or_(vms.c.status.in_(HOLDING_VM_STATUSES), vms.c.change == "resuming"))
+            .where(or_(vms.c.status.in_(HOLDING_VM_STATUSES),
+                       vms.c.change.in_(STARTING_VM_CHANGES)))
             .group_by(vms.c.host)
         )
         return {

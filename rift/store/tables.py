@@ -76,6 +76,9 @@ tasks = Table(
     Column("close_reason", String, nullable=True),
     Column("idempotency_key", String, nullable=True),
     Column("request_digest", String, nullable=True),
+    # When its quiet VMs sleep (migration 0016, SPEC §17).
+    Column("sleep_after_s", Integer, nullable=True),
+    Column("sleep", String, nullable=False, server_default="idle"),
     # A key is unique per owner; NULL keys are distinct on both databases.
     Index("ux_tasks_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     # The idle sweep: an O(due) range scan over open tasks by last activity.
@@ -123,6 +126,8 @@ vms = Table(
     Column("egress", String, nullable=False, server_default="open"),
     # What it uses: rift.domain.usage's JSON (migration 0013).
     Column("stats", Text, nullable=True),
+    # How long its last wake took (migration 0016, SPEC §17).
+    Column("woke_ms", Integer, nullable=True),
     Index("ux_vms_owner_idempotency_key", "owner", "idempotency_key", unique=True),
     Index("ix_vms_task_id", "task_id"),
     Index("ix_vms_status_host", "status", "host"),

@@ -27,9 +27,10 @@ from rift.app import create_app
 from rift.config import Settings
 from rift.contract import tools as c
 from rift.contract.base import command
+from rift.domain.clock import FakeClock
 from rift.domain.secrets import digest
 from rift.services.context import Deps, ExposureUrls
-from rift.services.lifecycle import exposures, pauses, tasks, vms
+from rift.services.lifecycle import exposures, pauses, sleeps, tasks, vms
 from tests.support import ws
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeFiles, fake_guests
@@ -333,6 +334,23 @@ def test_unknown_ended_and_unreachable_exposures_answer_plainly(
         paused = client.get(f"/x/{secret}/")
         assert paused.status_code == 503 and "rift_vm_resume" in paused.text
         assert client.get("/healthz").json() == {"status": "ok"}  # the API is still the API
+
+
+def test_a_request_to_a_sleeping_vms_url_wakes_it_and_is_answered_by_its_guest(
+        gdeps: Deps, served: Served, clock: FakeClock) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    secret = _secret(exposures.expose(gdeps, ALICE, command(c.VmPortIn, handle=handle,
+                         vm_id=vm_id, port=GUEST_PORT)).exposure.url)
+    clock.advance(900 + 60 + 1)  # RIFT_TASK_SLEEP_S and one activity step
+    assert sleeps.sleep_quiet(gdeps) == [vm_id]
+    with httpx.Client(base_url=served.url, timeout=30) as client:
+        got = client.get(f"/x/{secret}/after/sleep")
+    assert got.status_code == 200 and got.json()["path"] == "/after/sleep"
+    with gdeps.store.read() as tx:
+        vm = tx.vms.get(vm_id)
+        woke = [e for e in tx.events.page(task_id, 0, 100) if e.type == "vm_woke"]
+    assert vm is not None and vm.status == "running"
+    assert [e.actor for e in woke] == ["exposure"]
 
 
 def test_a_preview_domain_reaches_the_exposure_by_its_host_name(gdeps: Deps,

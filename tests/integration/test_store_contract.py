@@ -635,6 +635,34 @@ def test_host_usage_sums_live_vms_by_host(store: Store) -> None:
         }
 
 
+def test_a_sleeping_vm_holds_no_room_and_a_waking_one_does(store: Store) -> None:
+    task = a_task()
+    insert(store, task, a_vm(task, status="sleeping", memory_mib=4096),
+           a_vm(task, status="sleeping", change="waking", memory_mib=512),
+           a_vm(task, status="running", change="falling_asleep", memory_mib=256))
+    with store.read() as tx:
+        assert tx.vms.usage_by_host() == {"local": HostUsage(vcpus=2, memory_mib=768, vms=2)}
+
+
+def test_sleep_candidates_are_running_vms_of_open_tasks_quiet_past_their_cutoff(
+        store: Store) -> None:
+    quiet = a_task(last_activity_at=at(0))
+    own_time = a_task(last_activity_at=at(50), sleep_after_s=60)
+    busy = a_task(last_activity_at=at(200))
+    never = a_task(last_activity_at=at(0), sleep_after_s=0)
+    closed = a_task(last_activity_at=at(0), status="closed")
+    due = [a_vm(quiet, status="running"), a_vm(own_time, status="running")]
+    insert(store, quiet, own_time, busy, never, closed, *due,
+           a_vm(quiet, status="sleeping"), a_vm(quiet, status="running", change="pausing"),
+           a_vm(busy, status="running"), a_vm(never, status="running"),
+           a_vm(closed, status="running"))
+    with store.read() as tx:
+        assert tx.vms.sleep_candidates(at(100), at(100), 10) == due
+        assert tx.vms.sleep_candidates(at(100), at(100), 1) == due[:1]
+        assert tx.vms.sleep_candidates(None, at(100), 10) == due[1:]  # RIFT_TASK_SLEEP_S 0
+        assert tx.vms.sleep_candidates(at(10), at(10), 10) == due[:1]
+
+
 def test_live_vms_on_a_host_are_listed_for_the_reconciler(store: Store) -> None:
     task = a_task()
     live = [a_vm(task), a_vm(task, status="running")]
@@ -883,7 +911,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0015"
+    assert current_revision(empty_sql_url) == head_revision() == "0016"
 
 
 def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
@@ -903,7 +931,7 @@ def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
     engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
     try:
         with engine.begin() as connection:
-            connection.execute(sql_insert(tasks).values(dataclasses.asdict(task)))
+            connection.execute(sql_insert(tasks).values(_task_row_before_0016(task)))
             for vm in (ran, never):
                 row = {k: v for k, v in dataclasses.asdict(vm).items() if k not in before_0006}
                 connection.execute(sql_insert(vms).values(row))
@@ -947,7 +975,7 @@ def test_migration_0008_adds_execs_to_a_0007_database_and_takes_them_away_again(
     engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
     try:
         with engine.begin() as connection:
-            connection.execute(sql_insert(tasks).values(dataclasses.asdict(task)))
+            connection.execute(sql_insert(tasks).values(_task_row_before_0016(task)))
             connection.execute(sql_insert(vms).values(_row_before_0009(vm)))
     finally:
         engine.dispose()
@@ -1005,7 +1033,13 @@ def test_the_installation_has_an_id_and_meta_is_compare_and_set(store: Store) ->
         assert tx.meta.get("heartbeat_at") == "d"
 
 
-AFTER_0008 = ("change", "change_at", "egress", "stats")  # VM fields of 0009, 0012, 0013
+AFTER_0008 = ("change", "change_at", "egress", "stats",  # VM fields of 0009, 0012, 0013
+              "woke_ms")  # and 0016
+TASK_AFTER_0015 = ("sleep_after_s", "sleep")  # task fields of 0016
+
+
+def _task_row_before_0016(task: Task) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(task).items() if k not in TASK_AFTER_0015}
 
 
 def _row_before_0009(vm: Vm) -> dict[str, Any]:
@@ -1030,7 +1064,7 @@ def test_migration_0009_adds_vm_changes_and_its_downgrade_keeps_paused_vms_live(
     engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
     try:
         with engine.begin() as connection:
-            connection.execute(sql_insert(tasks).values(dataclasses.asdict(task)))
+            connection.execute(sql_insert(tasks).values(_task_row_before_0016(task)))
             connection.execute(sql_insert(vms).values(_row_before_0009(vm)))
     finally:
         engine.dispose()
@@ -1083,3 +1117,35 @@ def test_migration_0014_leaves_tokens_made_before_it_no_operators(empty_sql_url:
             assert tx.tokens.by_digest(made.digest) == made
     finally:
         store.close()
+
+
+def test_migration_0016_gives_tasks_made_before_it_the_default_sleep(
+        empty_sql_url: str) -> None:
+    """A task made before 0016 sleeps after RIFT_TASK_SLEEP_S when idle; the downgrade
+    takes the columns away again."""
+    from alembic import command
+    from sqlalchemy import insert as sql_insert
+
+    from rift.store.migrate import alembic_config
+    from rift.store.sql import SqlStore
+    from rift.store.tables import tasks
+
+    upgrade(empty_sql_url, "0015")
+    task = a_task()
+    engine = create_engine(empty_sql_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sql_insert(tasks).values(_task_row_before_0016(task)))
+    finally:
+        engine.dispose()
+    upgrade(empty_sql_url)
+    store = SqlStore(empty_sql_url)
+    try:
+        with store.read() as tx:
+            assert tx.tasks.get(task.id) == task
+            assert (task.sleep_after_s, task.sleep) == (None, "idle")
+    finally:
+        store.close()
+    command.downgrade(alembic_config(empty_sql_url), "0015")
+    assert current_revision(empty_sql_url) == "0015"
+    upgrade(empty_sql_url)

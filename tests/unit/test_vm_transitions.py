@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from rift.domain.errors import IllegalTransition
-from rift.domain.model import NewEvent, Vm, VmChange, VmStatus
+from rift.domain.model import (
+    HOLDING_VM_STATUSES,
+    LIVE_VM_STATUSES,
+    NewEvent,
+    Vm,
+    VmChange,
+    VmStatus,
+)
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LATER = T0 + timedelta(seconds=5)
@@ -207,3 +214,94 @@ def test_a_live_vm_notes_why_it_may_not_answer_and_forgets_it(status: VmStatus) 
 @pytest.mark.parametrize("status", ["failed", "destroyed"])
 def test_a_vm_that_is_not_live_takes_no_note(status: VmStatus) -> None:
     assert refuses(lambda: a_vm(status).noted("host east unreachable"))
+
+
+# sleep and wake (SPEC §17)
+
+ALL_STATUSES: tuple[VmStatus, ...] = (*STATUSES, "sleeping")
+EVERY_STATE = [(s, ch) for s in ALL_STATUSES
+               for ch in (None, *CHANGES, "falling_asleep", "waking")]
+
+
+def test_a_sleeping_vm_is_live_and_holds_no_vcpus_or_memory() -> None:
+    assert "sleeping" in LIVE_VM_STATUSES and "sleeping" not in HOLDING_VM_STATUSES
+    assert a_vm("sleeping").is_live and a_vm("sleeping").keeps_execs
+
+
+def test_a_running_vm_begins_to_fall_asleep_and_a_sleeping_one_to_wake() -> None:
+    vm = a_vm("running")
+    assert vm.changing("falling_asleep", LATER) == replace(vm, change="falling_asleep",
+                                                           change_at=LATER)
+    asleep = a_vm("sleeping")
+    assert asleep.changing("waking", LATER) == replace(asleep, change="waking",
+                                                       change_at=LATER)
+
+
+@pytest.mark.parametrize(("status", "change"), EVERY_STATE)
+def test_only_a_running_vm_with_no_change_falls_asleep(status: VmStatus,
+                                                        change: VmChange | None) -> None:
+    begins = not refuses(lambda: a_vm(status, change).changing("falling_asleep", LATER))
+    assert begins == ((status, change) == ("running", None))
+
+
+@pytest.mark.parametrize(("status", "change"), EVERY_STATE)
+def test_only_a_sleeping_vm_with_no_change_begins_to_wake(status: VmStatus,
+                                                          change: VmChange | None) -> None:
+    begins = not refuses(lambda: a_vm(status, change).changing("waking", LATER))
+    assert begins == ((status, change) == ("sleeping", None))
+
+
+def test_a_vm_falling_asleep_sleeps_with_its_event() -> None:
+    vm = a_vm("running", "falling_asleep")
+    new, ev = vm.slept("sweep", LATER, {"quiet_s": 961})
+    assert new == replace(vm, status="sleeping", change=None, change_at=None)
+    assert ev == event("vm_slept", {"quiet_s": 961}, by="sweep")
+
+
+@pytest.mark.parametrize(("status", "change"), EVERY_STATE)
+def test_only_a_vm_falling_asleep_sleeps(status: VmStatus, change: VmChange | None) -> None:
+    sleeps = not refuses(lambda: a_vm(status, change).slept("sweep", LATER))
+    assert sleeps == ((status, change) == ("running", "falling_asleep"))
+
+
+def test_a_waking_vm_runs_again_with_how_long_the_wake_took() -> None:
+    vm = a_vm("sleeping", "waking")
+    new, ev = vm.woke(840, "mcp:agent", LATER)
+    assert new == replace(vm, status="running", change=None, change_at=None, woke_ms=840)
+    assert ev == event("vm_woke", {"ms": 840})
+
+
+@pytest.mark.parametrize(("status", "change"), EVERY_STATE)
+def test_only_a_waking_vm_wakes(status: VmStatus, change: VmChange | None) -> None:
+    wakes = not refuses(lambda: a_vm(status, change).woke(1, "mcp:agent", LATER))
+    assert wakes == ((status, change) == ("sleeping", "waking"))
+
+
+def test_a_sleeping_vm_is_paused_without_a_save() -> None:
+    vm = a_vm("sleeping")
+    new, ev = vm.paused("mcp:agent", LATER, {"was": "sleeping"})
+    assert new == replace(vm, status="paused")
+    assert ev == event("vm_paused", {"was": "sleeping"})
+
+
+@pytest.mark.parametrize(("status", "change"), EVERY_STATE)
+def test_a_pause_ends_only_from_pausing_or_from_sleep(status: VmStatus,
+                                                      change: VmChange | None) -> None:
+    ends = not refuses(lambda: a_vm(status, change).paused("mcp:agent", LATER))
+    assert ends == ((status, change) in (("running", "pausing"), ("sleeping", None)))
+
+
+@pytest.mark.parametrize("change", ["falling_asleep", "waking"])
+def test_a_sleep_or_wake_is_rolled_back_to_the_status_it_left(change: VmChange) -> None:
+    status: VmStatus = "running" if change == "falling_asleep" else "sleeping"
+    vm = a_vm(status, change)
+    assert vm.change_ended() == replace(vm, change=None, change_at=None)
+
+
+def test_a_sleeping_vm_fails_and_is_destroyed_like_any_live_vm() -> None:
+    vm = a_vm("sleeping")
+    failed, ev = vm.failed("its wake failed: no saved state", "mcp:agent", LATER)
+    assert failed.status == "failed" and ev.type == "vm_failed"
+    destroyed, ev = vm.destroyed("mcp:agent", LATER)
+    assert destroyed.status == "destroyed" and ev.type == "vm_destroyed"
+    assert vm.destroy_requested(T0).destroy_requested_at == T0

@@ -31,6 +31,7 @@ from rift.services.context import SWEEP, Deps, Limits
 from rift.services.lifecycle.guest_kinds import vm_files
 from rift.services.lifecycle.pauses import settle_change
 from rift.services.lifecycle.pool_filler import stale_pool_vms
+from rift.services.lifecycle.sleeps import settle_sleep
 from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, vm_ended
 from rift.services.ports import Tx
 
@@ -156,7 +157,7 @@ def _check_row(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
         _check_changing(deps, vm, domain, uri, report)
     elif vm.status == "running":
         _check_running(deps, vm, domain, uri, report)
-    elif vm.status == "paused":
+    elif vm.status in ("paused", "sleeping"):
         _check_paused(deps, vm, domain, uri, report)
 
 
@@ -188,6 +189,9 @@ def _check_paused(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
     saved state, fails it."""
     if vm.destroy_requested_at is not None:
         _finish_destroy(deps, vm, report)
+    elif domain is not None and domain.active and vm.status == "sleeping":
+        if settle_sleep(deps, vm, True, "its domain was started outside Rift"):
+            report.changes_settled.append(vm.id)
     elif domain is not None and domain.active:
         now = deps.clock.now()
         with deps.store.write() as tx:

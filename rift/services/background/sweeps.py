@@ -1,4 +1,5 @@
-"""The sweep: close idle tasks, finish interrupted closes, purge old tombstones.
+"""The sweep: close idle tasks, finish interrupted closes, purge old tombstones,
+put quiet tasks' VMs to sleep (rift.services.lifecycle.sleeps).
 
 Ordinary service functions, idempotent: every replica may run them at once;
 each close is a compare-and-set, so a task closes once with one event. The
@@ -16,6 +17,7 @@ from rift.services.background.heartbeat import beat
 from rift.services.background.reconcile import ReconcileReport, reconcile
 from rift.services.context import SWEEP, Deps
 from rift.services.lifecycle.exec_ends import record_ends
+from rift.services.lifecycle.sleeps import sleep_quiet
 from rift.services.lifecycle.snapshot_files import dead_snapshot_files
 from rift.services.lifecycle.snapshots import settle_snapshots
 from rift.services.lifecycle.teardown import Closing, close_in_tx, destroy_vms, forget_task_key
@@ -33,6 +35,7 @@ class SweepReport:
     execs_ended: list[str] = field(default_factory=list)
     reconciled: ReconcileReport = field(default_factory=ReconcileReport)
     snapshots_settled: list[str] = field(default_factory=list)
+    slept: list[str] = field(default_factory=list)
 
 
 def close_idle(deps: Deps, report: SweepReport) -> None:
@@ -111,6 +114,7 @@ def sweep(deps: Deps) -> SweepReport:
     report.reconciled = reconcile(deps)
     report.snapshots_settled = settle_snapshots(deps) + dead_snapshot_files(deps)
     report.execs_ended = record_ends(deps)
+    report.slept = sleep_quiet(deps)
     beat(deps)
     if report.closed or report.destroyed or report.purged or report.refused:
         deps.log.info("sweep", extra={"closed": len(report.closed),

@@ -29,13 +29,20 @@ from rift.contract.execs import (
     VmExecListIn,
 )
 from rift.contract.views import ExecView
-from rift.domain.errors import ExecNotFound, GuestUnreachable, InvalidArgument, VmNotRunning
+from rift.domain.errors import (
+    ExecNotFound,
+    GuestUnreachable,
+    InvalidArgument,
+    VmAsleep,
+    VmNotRunning,
+)
 from rift.domain.ids import new_exec_id
 from rift.domain.model import Exec, NewEvent, Task, Vm
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.exec_ends import end_exec, out_of_sight, record_seen, refresh, vm_gone
 from rift.services.lifecycle.guest_kinds import reach
 from rift.services.lifecycle.leases import check_handle, check_rate, in_write, parse_handle, task_vm
+from rift.services.lifecycle.sleeps import awake
 from rift.services.ports import ExecGone, ExecRead, ExecStart, GuestExec, GuestExecs, Tx
 from rift.services.ports.watch import STEP_S, Watch, newest_line
 from rift.services.read import views
@@ -71,7 +78,7 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
                                {"exec_id": exec_id, "vm_id": vm.id}))
         return task, vm, ex
 
-    task, vm, ex = in_write(deps.store, record)
+    task, vm, ex = awake(deps, caller.label, lambda: in_write(deps.store, record))  # SPEC §17
     if watch is not None:
         watch.begun(exec_id)
     shell = reach(vm, deps.guests.execs)
@@ -243,9 +250,12 @@ def _held_exec(deps: Deps, caller: Caller, handle: str | None,
         vm = tx.vms.get(ex.vm_id)
         if ex.is_running and vm is not None and vm.status == "paused":
             raise VmNotRunning(vm.id, vm.status)  # its exec waits in the saved state
+        if ex.is_running and vm is not None and (
+                vm.status == "sleeping" or vm.change in ("falling_asleep", "waking")):
+            raise VmAsleep(vm.id, vm.status, doing=vm.change)  # woken (SPEC §17)
         return task, ex, vm if vm is not None and vm.status == "running" else None
 
-    return in_write(deps.store, work)
+    return awake(deps, caller.label, lambda: in_write(deps.store, work))
 
 
 def _check_offsets(ex: Exec, out_from: int, err_from: int) -> None:

@@ -42,7 +42,10 @@ def expose(deps: Deps, caller: Caller, cmd: VmPortIn) -> ExposureOut:
                                 "replaced": replaced is not None}))
         return made
 
-    made = in_write(deps.store, work)
+    # Imported here: teardown (which sleeps imports) imports this module for its ender.
+    from rift.services.lifecycle.sleeps import awake
+
+    made = awake(deps, caller.label, lambda: in_write(deps.store, work))  # SPEC §17
     return ExposureOut(exposure=views.exposure(made, deps.exposure_urls.url(secret)))
 
 

@@ -19,6 +19,7 @@ from rift.services.lifecycle.leases import (
     parse_handle,
     task_vm,
 )
+from rift.services.lifecycle.sleeps import awake
 from rift.services.ports import GuestFiles, Tx
 
 
@@ -31,9 +32,13 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
         return task_vm(tx, check_handle(deps, tx, caller, parsed, deps.clock.now()), vm_id,
                        running=False)
 
-    vm = in_write(deps.store, work)
-    # Checked after the write: the handle's check (its activity) stands either way.
-    check_running(vm)
+    def checked() -> Vm:
+        vm = in_write(deps.store, work)
+        # Checked after the write: the handle's check (its activity) stands either way.
+        check_running(vm)
+        return vm
+
+    vm = awake(deps, caller.label, checked)  # a sleeping VM is woken (SPEC §17)
     return vm, reach(vm, deps.guests.files)
 
 

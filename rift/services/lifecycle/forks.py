@@ -45,6 +45,7 @@ from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_di
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on, mac_of
 from rift.services.lifecycle.launch import SSH_HOST, Start, fail_start, pick_ssh_port, running
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle
+from rift.services.lifecycle.sleeps import awake
 from rift.services.lifecycle.snapshot_files import DISK_FILE, snapshot_dir, state_path
 from rift.services.lifecycle.snapshots import Steps, begin, finish_delete, take, vm_to_snapshot
 from rift.services.lifecycle.teardown import destroy_domain
@@ -89,7 +90,7 @@ def _check_fork_room(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
         vm = vm_to_snapshot(tx, task, vm_id)
         _check_quota_and_room(deps, tx, task, vm, count)
 
-    in_write(deps.store, check)
+    awake(deps, caller.label, lambda: in_write(deps.store, check))  # SPEC §17: woken
 
 
 def _check_quota_and_room(deps: Deps, tx: Tx, task: Task, like: Vm | Snapshot,

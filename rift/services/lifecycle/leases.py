@@ -23,6 +23,7 @@ from rift.domain.errors import (
     TaskHeld,
     TaskNotFound,
     TaskReleased,
+    VmAsleep,
     VmNotFound,
     VmNotRunning,
 )
@@ -90,7 +91,11 @@ def task_vm(tx: Tx, task: Task, vm_id: str, *, running: bool = True) -> Vm:
 
 
 def check_running(vm: Vm) -> None:
-    """`vm_not_running` unless the VM runs with no change under way."""
+    """`vm_not_running` unless the VM runs with no change under way; `VmAsleep` (a
+    `vm_not_running` that rift.services.lifecycle.sleeps.awake answers by waking it)
+    when it sleeps, is going to sleep, or is waking (SPEC §17)."""
+    if vm.status == "sleeping" or vm.change in ("falling_asleep", "waking"):
+        raise VmAsleep(vm.id, vm.status, doing=vm.change)
     if vm.status != "running" or vm.change is not None:
         raise VmNotRunning(vm.id, vm.status, doing=vm.change)
 

@@ -22,6 +22,7 @@ from rift.domain.errors import (
     GuestUnreachable,
     HypervisorFailed,
     NoCapacity,
+    VmAsleep,
     VmNotFound,
     VmNotRunning,
 )
@@ -30,6 +31,7 @@ from rift.services.context import SWEEP, Caller, Deps
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_disk
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle
+from rift.services.lifecycle.sleeps import awake, settle_sleep
 from rift.services.ports import Tx
 from rift.services.read import views
 
@@ -61,7 +63,7 @@ def pause(deps: Deps, caller: Caller, cmd: VmHeldIn) -> VmOut:
 def resume(deps: Deps, caller: Caller, cmd: VmHeldIn) -> VmOut:
     """`rift_vm_resume`: restore a paused VM where it was (its host must have room
     again), log in again and set its clock; a running VM is answered as it is."""
-    vm = _claim(deps, caller, cmd, "running")
+    vm = awake(deps, caller.label, lambda: _claim(deps, caller, cmd, "running"))
     if vm.status == "running":
         return _view(deps, vm)
     hv = deps.hosts.hypervisor(_uri(deps, vm))
@@ -103,7 +105,15 @@ def _claim(deps: Deps, caller: Caller, cmd: VmHeldIn, want: Want) -> Vm:
         vm = tx.vms.get(vm_id)
         if vm is None or vm.task_id != task.id:
             raise VmNotFound(vm_id)
-        if vm.status not in (source, want) or vm.destroy_requested_at is not None:
+        if vm.status == "sleeping" and vm.change is None and vm.destroy_requested_at is None:
+            if want == "running":
+                raise VmAsleep(vm.id, vm.status)  # resume wakes it (SPEC §17)
+            # Asleep, its memory is saved already: the pause is a change of status.
+            paused, event = vm.paused(caller.label, now, {"was": "sleeping"})
+            if tx.vms.save(paused, vm):
+                tx.events.add(event)
+            return tx.vms.get(vm.id) or vm, False
+        if vm.status not in (source, want, "sleeping") or vm.destroy_requested_at is not None:
             raise VmNotRunning(vm_id, vm.status)
         if vm.status == want or vm.change is not None:
             return vm, False
@@ -184,6 +194,8 @@ def settle_change(deps: Deps, vm: Vm, domain: DomainRecord | None) -> str | None
     reached: Want | None = "running" if domain.active else "paused" if domain.saved else None
     if reached is None:
         return None
+    if vm.change in ("falling_asleep", "waking"):
+        return settle_sleep(deps, vm, domain.active)
     source, change, _event = _ROUTES[reached]
     if vm.change == change and vm.status == source:
         _settle(deps, vm, reached, SWEEP, {"reason": "finishing a change a crash cut short"})

@@ -34,6 +34,7 @@ from rift.services.context import SWEEP, Caller, Deps
 from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_disk
 from rift.services.lifecycle.guest_kinds import vm_files
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle, task_vm
+from rift.services.lifecycle.sleeps import awake
 from rift.services.lifecycle.snapshot_files import (
     DISK_FILE,
     host_disk,
@@ -81,7 +82,7 @@ def begin(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
             raise VmNotRunning(vm.id, vm.status, doing="changing")
         return snap, changing, host.uri
 
-    return in_write(deps.store, begin)
+    return awake(deps, caller.label, lambda: in_write(deps.store, begin))  # SPEC §17
 
 
 def vm_to_snapshot(tx: Tx, task: Task, vm_id: str) -> Vm:

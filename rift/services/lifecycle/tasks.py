@@ -70,7 +70,11 @@ def _replay(deps: Deps, tx: Tx, caller: Caller, task: Task, digest: str) -> Atta
 def new(deps: Deps, caller: Caller, cmd: TaskNewIn) -> TaskNewOut:
     """`rift_task_new`: open a task held by the caller (a repeated key replays it)."""
     name, idempotency_key = cmd.name, cmd.idempotency_key
-    digest = request_digest(name=name)
+    # The sleep options are in the digest only when given: a key's digest from before
+    # they existed still matches.
+    sleeps = {k: v for k, v in (("sleep_after_s", cmd.sleep_after_s), ("sleep", cmd.sleep))
+              if v is not None and (k, v) != ("sleep", "idle")}
+    digest = request_digest(name=name, **sleeps)
     for _ in range(3):
         now = deps.clock.now()
         try:
@@ -91,6 +95,7 @@ def new(deps: Deps, caller: Caller, cmd: TaskNewIn) -> TaskNewOut:
                     lease_gen=1, secret_digest=handle.digest, holder=caller.label,
                     held_since=now, last_activity_at=now, created_at=now,
                     idempotency_key=idempotency_key, request_digest=digest,
+                    sleep_after_s=cmd.sleep_after_s, sleep=cmd.sleep,
                 )
                 tx.tasks.add(task)
                 tx.events.add(NewEvent(task_id, "opened", now, caller.label,

@@ -209,11 +209,18 @@ class VmRepository(Protocol):
     def live_of_closed_tasks(self, limit: int) -> list[Vm]:
         """Live VMs in tasks that have closed: what a close cut short left behind."""
         ...
+    def sleep_candidates(self, default_cutoff: datetime | None, set_cutoff: datetime,
+                         limit: int) -> list[Vm]:
+        """What may go to sleep (SPEC §17), the quietest task's first: running VMs with
+        no change under way in open tasks quiet since before ``default_cutoff`` (tasks
+        with no `sleep_after_s`; None: those never sleep) or ``set_cutoff`` (tasks
+        with a `sleep_after_s` above 0: each is checked against its own by the caller)."""
+        ...
     def live_on_host(self, host: str) -> list[Vm]: ...
     def live_of_owner(self, owner: str) -> list[Vm]: ...
     def usage_by_host(self) -> dict[str, HostUsage]:
         """vCPUs and memory of the VMs that hold them (creating, running, or
-        resuming), by host name."""
+        resuming or waking), by host name."""
         ...
 
 

@@ -27,6 +27,7 @@ from rift.contract.views import (
     StatsView,
     TaskView,
     VmView,
+    WokeView,
 )
 from rift.domain import egress as egress_rules
 from rift.domain import usage
@@ -63,6 +64,7 @@ def vm_of(vm: Vm, exposures: Sequence[Exposure] = ()) -> VmView:
         destroyed_at=iso(vm.destroyed_at), error=vm.error,
         start=StartView.model_construct(kind=vm.start_kind, ms=vm.start_ms)
         if vm.start_kind is not None and vm.start_ms is not None else None,
+        woke=WokeView.model_construct(ms=vm.woke_ms) if vm.woke_ms is not None else None,
         egress=_egress(vm.egress),
         exposures=[PortView.model_construct(port=e.port, created_at=iso(e.created_at) or "")
                    for e in exposures],

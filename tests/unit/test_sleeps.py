@@ -1,0 +1,271 @@
+"""Sleep and wake (SPEC §17) in the engine, on fake hosts and guests and the real
+store: which VMs the sweep puts to sleep and when, the room they give back, the
+calls that wake them (once, however many race), the views that do not, pause and
+destroy of a sleeping VM, a wake that fails, and changes a crash cut short."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+
+from hypervisor.fake import FakeHypervisor
+from rift.contract import tools as c
+from rift.contract.base import command
+from rift.domain.clock import FakeClock
+from rift.services.background import reconcile, sweeps
+from rift.services.context import Deps
+from rift.services.lifecycle import execs, files, pauses, tasks, vms
+from rift.services.read.views import task_now
+from tests.support.engine import ALICE, BOB, event_types, refused
+from tests.support.fake_guest import FakeExecs, FakeLifecycle, fake_guests
+from tests.support.vm_rows import give_ssh_address, leave_cut_change
+
+STEP_S = 60  # LeaseRules' activity step
+QUIET_S = 900 + STEP_S + 1  # RIFT_TASK_SLEEP_S's default and one step past it
+
+
+@pytest.fixture
+def life() -> FakeLifecycle:
+    return FakeLifecycle()
+
+
+@pytest.fixture
+def gdeps(deps: Deps, life: FakeLifecycle) -> Deps:
+    return replace(deps, guests=fake_guests(execs=FakeExecs(), lifecycle=life))
+
+
+def _vm(deps: Deps, memory_mib: int = 256, **task: object) -> tuple[str, str, str]:
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn, **task))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle), image="tiny",
+             memory_mib=memory_mib)).vm
+    with deps.store.write() as tx:
+        give_ssh_address(tx, vm.id)
+    return str(opened.handle), vm.id, opened.task.id
+
+
+def _status(deps: Deps, vm_id: str) -> str:
+    return vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm.status
+
+
+def _exec(deps: Deps, handle: str, vm_id: str, cmd: str = "echo hi", wait_s: int = 5) -> str:
+    return execs.start(deps, ALICE, command(c.VmExecIn, handle=handle, vm_id=vm_id,
+                       command=cmd, wait_s=wait_s)).status
+
+
+def test_a_task_quiet_for_its_sleep_time_puts_its_vm_to_sleep_and_an_exec_wakes_it(
+        gdeps: Deps, clock: FakeClock, local_hv: FakeHypervisor, life: FakeLifecycle) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    closes_at = task_now(gdeps, task_id).closes_at
+    clock.advance(900)  # quiet 900 s, but the stored clock may be a step behind a call
+    assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, vm_id) == "running"
+    clock.advance(QUIET_S - 900)
+    assert sweeps.sweep(gdeps).slept == [vm_id]
+    domain = local_hv.domains[f"rift-{vm_id}"]
+    assert (domain.active, domain.saved) == (False, True)
+    view = vms.get(gdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm  # a view never wakes
+    assert (view.status, view.ssh, view.woke) == ("sleeping", None, None)
+    assert task_now(gdeps, task_id).closes_at == closes_at  # sleep does not move the close
+    assert ("drop_connections", vm_id) in life.calls
+    assert _exec(gdeps, handle, vm_id) == "exited"
+    assert (domain.active, domain.saved) == (True, False)
+    woke = vms.get(gdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert woke.status == "running" and woke.woke is not None and woke.woke.ms >= 0
+    assert ("resumed", vm_id) in life.calls  # logged in again, its clock set
+    types = event_types(gdeps, task_id)
+    assert types.index("vm_slept") < types.index("vm_woke") < types.index("exec_started")
+
+
+def test_files_a_snapshot_and_an_expose_wake_a_sleeping_vm_too(
+        gdeps: Deps, clock: FakeClock) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    calls = [
+        lambda: files.write(gdeps, ALICE, command(c.VmWriteFileIn, handle=handle,
+                            vm_id=vm_id, path="/tmp/a", content="x")),
+        lambda: files.read(gdeps, ALICE, command(c.VmReadFileIn, handle=handle, vm_id=vm_id,
+                           path="/tmp/a")),
+        lambda: vms_expose(gdeps, handle, vm_id),
+    ]
+    for call in calls:
+        clock.advance(QUIET_S)
+        assert sweeps.sweep(gdeps).slept == [vm_id]
+        call()
+        assert _status(gdeps, vm_id) == "running"
+    assert event_types(gdeps, task_id).count("vm_woke") == 3
+
+
+def vms_expose(deps: Deps, handle: str, vm_id: str) -> None:
+    from rift.services.lifecycle import exposures
+    exposures.expose(deps, ALICE, command(c.VmPortIn, handle=handle, vm_id=vm_id, port=8000))
+
+
+def test_sleep_after_s_is_per_task_and_0_never_sleeps(gdeps: Deps, clock: FakeClock) -> None:
+    _, soon, _ = _vm(gdeps, sleep_after_s=120)
+    _, never, _ = _vm(gdeps, sleep_after_s=0)
+    _, default, _ = _vm(gdeps)
+    clock.advance(120 + STEP_S + 1)
+    assert sweeps.sweep(gdeps).slept == [soon]
+    clock.advance(QUIET_S - 120)
+    assert sweeps.sweep(gdeps).slept == [default]
+    clock.advance(14400 - 10 - (QUIET_S - 120) - (120 + STEP_S + 1))  # before the idle close
+    assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, never) == "running"
+
+
+def test_rift_task_sleep_s_0_puts_nothing_to_sleep(make_deps: object, clock: FakeClock) -> None:
+    deps = make_deps(task_sleep_s=0)  # type: ignore[operator]
+    _, vm_id, _ = _vm(replace(deps, guests=fake_guests()))
+    clock.advance(14400 - 10)  # the last sweep before the task closes idle
+    assert sweeps.sweep(deps).slept == [] and _status(deps, vm_id) == "running"
+
+
+@pytest.mark.parametrize("bad", [-1, 7 * 24 * 3600 + 1, 1.5, "900"])
+def test_sleep_after_s_out_of_range_is_invalid_argument(gdeps: Deps, bad: object) -> None:
+    err = refused("invalid_argument", lambda: tasks.new(gdeps, ALICE, command(
+        c.TaskNewIn, sleep_after_s=bad)))
+    assert "sleep_after_s" in err.message
+
+
+def test_a_running_exec_keeps_its_vm_awake_unless_the_task_says_always(
+        gdeps: Deps, clock: FakeClock) -> None:
+    handle, busy, _ = _vm(gdeps)
+    always_handle, always, _ = _vm(gdeps, sleep="always")
+    assert _exec(gdeps, handle, busy, "make", wait_s=0) == "running"
+    assert _exec(gdeps, always_handle, always, "make", wait_s=0) == "running"
+    clock.advance(QUIET_S)
+    assert sweeps.sweep(gdeps).slept == [always]
+    assert _status(gdeps, busy) == "running"
+
+
+def test_a_call_that_touched_the_task_keeps_its_vm_awake(gdeps: Deps, clock: FakeClock) -> None:
+    handle, vm_id, _ = _vm(gdeps)
+    clock.advance(QUIET_S - 1)
+    tasks.get(gdeps, ALICE, command(c.TaskGetIn, handle=handle))  # activity: a touch
+    clock.advance(1)
+    assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, vm_id) == "running"
+
+
+def test_a_sleeping_vm_holds_only_its_disk_and_wakes_only_when_its_host_has_room(
+        gdeps: Deps, clock: FakeClock) -> None:
+    handle, vm_id, _ = _vm(gdeps, memory_mib=30000)  # most of the host's 32 GiB
+    clock.advance(QUIET_S)
+    assert sweeps.sweep(gdeps).slept == [vm_id]
+    other = tasks.new(gdeps, BOB, command(c.TaskNewIn))
+    big = vms.new(gdeps, BOB, command(c.VmNewIn, handle=str(other.handle),
+                  memory_mib=30000)).vm  # room only because the first sleeps
+    refused("no_capacity", lambda: _exec(gdeps, handle, vm_id))
+    assert _status(gdeps, vm_id) == "sleeping"
+    vms.destroy(gdeps, BOB, command(c.VmDestroyIn, handle=str(other.handle), vm_id=big.id))
+    assert _exec(gdeps, handle, vm_id) == "exited"
+
+
+def test_racing_calls_wake_a_vm_once(gdeps: Deps, clock: FakeClock) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    clock.advance(QUIET_S)
+    assert sweeps.sweep(gdeps).slept == [vm_id]
+    answers: list[str] = []
+    go = threading.Barrier(8)
+
+    def call() -> None:
+        go.wait()
+        answers.append(_exec(gdeps, handle, vm_id))
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert answers == ["exited"] * 8
+    assert event_types(gdeps, task_id).count("vm_woke") == 1
+
+
+def test_a_paused_vm_is_not_woken_and_a_pause_of_a_sleeping_one_saves_nothing(
+        gdeps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    clock.advance(QUIET_S)
+    sweeps.sweep(gdeps)
+    held = command(c.VmHeldIn, handle=handle, vm_id=vm_id)
+    assert pauses.pause(gdeps, ALICE, held).vm.status == "paused"
+    domain = local_hv.domains[f"rift-{vm_id}"]
+    assert (domain.active, domain.saved) == (False, True)
+    assert event_types(gdeps, task_id)[-2:] == ["vm_slept", "vm_paused"]
+    refused("vm_not_running", lambda: _exec(gdeps, handle, vm_id))
+    assert pauses.resume(gdeps, ALICE, held).vm.status == "running"
+
+
+def test_resume_wakes_a_sleeping_vm(gdeps: Deps, clock: FakeClock) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    clock.advance(QUIET_S)
+    sweeps.sweep(gdeps)
+    held = command(c.VmHeldIn, handle=handle, vm_id=vm_id)
+    assert pauses.resume(gdeps, ALICE, held).vm.status == "running"
+    assert event_types(gdeps, task_id)[-1] == "vm_woke"
+
+
+def test_a_destroy_of_a_sleeping_vm_destroys_it_without_waking_it(
+        gdeps: Deps, clock: FakeClock, local_hv: FakeHypervisor, life: FakeLifecycle) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    clock.advance(QUIET_S)
+    sweeps.sweep(gdeps)
+    gone = vms.destroy(gdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=vm_id)).vm
+    assert gone.status == "destroyed" and f"rift-{vm_id}" not in local_hv.domains
+    assert ("resumed", vm_id) not in life.calls
+    assert "vm_woke" not in event_types(gdeps, task_id)
+
+
+def test_a_wake_that_fails_answers_guest_unreachable_and_leaves_nothing_running(
+        gdeps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    handle, vm_id, task_id = _vm(gdeps)
+    clock.advance(QUIET_S)
+    sweeps.sweep(gdeps)
+    local_hv.domains[f"rift-{vm_id}"].saved = False  # its saved state is lost
+    err = refused("guest_unreachable", lambda: _exec(gdeps, handle, vm_id))
+    assert "wake failed" in err.message and "saved state" in err.message
+    vm = vms.get(gdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert vm.status == "failed" and vm.error is not None
+    assert f"rift-{vm_id}" not in local_hv.domains
+    assert event_types(gdeps, task_id)[-1] == "vm_failed"
+
+
+def test_a_sleep_refused_by_libvirt_leaves_the_vm_running(
+        gdeps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    _, vm_id, _ = _vm(gdeps)
+    local_hv.domains[f"rift-{vm_id}"].active = False  # the save finds no running domain
+    clock.advance(QUIET_S)
+    assert sweeps.sleep_quiet(gdeps) == []
+    with gdeps.store.read() as tx:
+        vm = tx.vms.get(vm_id)
+    assert vm is not None and (vm.status, vm.change) == ("running", None)
+
+
+@pytest.mark.parametrize(("status", "change", "active", "settled"), [
+    ("running", "falling_asleep", False, "sleeping"),
+    ("running", "falling_asleep", True, "running"),
+    ("sleeping", "waking", True, "running"),
+    ("sleeping", "waking", False, "sleeping"),
+])
+def test_a_sleep_or_wake_a_crash_cut_short_is_settled_by_what_the_host_shows(
+        gdeps: Deps, clock: FakeClock, local_hv: FakeHypervisor, status: str, change: str,
+        active: bool, settled: str) -> None:
+    _, vm_id, _ = _vm(gdeps)
+    domain = local_hv.domains[f"rift-{vm_id}"]
+    domain.active, domain.saved = active, not active
+    with gdeps.store.write() as tx:
+        leave_cut_change(tx, vm_id, status, change, clock.now())  # type: ignore[arg-type]
+    clock.advance(gdeps.limits.creating_grace_s + 1)
+    reconcile.reconcile(gdeps)
+    with gdeps.store.read() as tx:
+        vm = tx.vms.get(vm_id)
+    assert vm is not None and (vm.status, vm.change) == (settled, None)
+    assert (domain.active, domain.saved) == (active, not active)
+
+
+def test_a_sleeping_vm_whose_domain_was_started_outside_rift_runs_again(
+        gdeps: Deps, clock: FakeClock, local_hv: FakeHypervisor) -> None:
+    _, vm_id, task_id = _vm(gdeps)
+    clock.advance(QUIET_S)
+    sweeps.sweep(gdeps)
+    local_hv.restore(f"rift-{vm_id}")  # `virsh start`
+    reconcile.reconcile(gdeps)
+    assert _status(gdeps, vm_id) == "running"
+    assert event_types(gdeps, task_id)[-1] == "vm_woke"
