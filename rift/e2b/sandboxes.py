@@ -43,8 +43,9 @@ from rift.services.lifecycle import tasks, vms
 TASK_PREFIX = "e2b "
 DEFAULT_TIMEOUT_S = 300
 MAX_TIMEOUT_S = 24 * 3600
+# A sleeping VM (SPEC §17) is a running sandbox to E2B: any call wakes it.
 LIVE = {"running": "running", "paused": "paused", "creating": "running",
-        "starting": "running"}
+        "starting": "running", "sleeping": "running"}
 
 
 class Registry:
