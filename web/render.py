@@ -50,8 +50,13 @@ def sparkline(values: list[float | None], top: float, label: str) -> Markup:
 def usage_cell(vm: VmView, history: list[tuple[float, float | None, int | None]]
                ) -> Markup:
     """The Boxes page's `Use` cell of a VM: CPU and memory charts and their latest
-    figures, or a dash before the first sample."""
+    figures, or a dash before the first sample; a sleeping VM (SPEC §17) says what it
+    would hold awake."""
     stats = vm.stats
+    if vm.status == "sleeping":
+        awake = f"asleep · {vm.vcpus} vCPU, {vm.memory_mib} MiB awake"
+        return Markup('<span class="muted asleep" title="asleep: only its disk counts on its '
+                      'host; any call wakes it">{}</span>').format(awake)
     if stats is None:
         return Markup('<span class="muted">–</span>')
     cpu = [c for _at, c, _m in history]

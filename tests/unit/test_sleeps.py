@@ -269,3 +269,19 @@ def test_a_sleeping_vm_whose_domain_was_started_outside_rift_runs_again(
     reconcile.reconcile(gdeps)
     assert _status(gdeps, vm_id) == "running"
     assert event_types(gdeps, task_id)[-1] == "vm_woke"
+
+
+def test_the_boxes_page_shows_a_sleeping_vm_and_what_it_holds_awake_without_waking_it(
+        gdeps: Deps, clock: FakeClock, life: FakeLifecycle) -> None:
+    from rift.services.read import boxes
+    from web.render import live_region
+
+    _, vm_id, _ = _vm(gdeps, memory_mib=512)
+    clock.advance(QUIET_S)
+    sweeps.sweep(gdeps)
+    html = live_region(boxes.read_page(gdeps, ALICE.user), clock.now(),
+                       {"mcp_url": "http://rift.test/mcp"})
+    row = html[html.index(f'data-vm="{vm_id}"'):]
+    assert 'class="status s-sleeping"' in row[:600]
+    assert "asleep · 1 vCPU, 512 MiB awake" in row
+    assert _status(gdeps, vm_id) == "sleeping" and ("resumed", vm_id) not in life.calls
