@@ -26,6 +26,16 @@ from rift.contract.files import Encoding
 from rift.contract.tool import EXEC, GUEST, HELD, ToolContract
 from rift.contract.views import ExecView
 
+MAX_TERMINAL_SIDE = 1000  # the most rows or columns of an exec's terminal
+
+TerminalSide = Annotated[int, Field(ge=1, le=MAX_TERMINAL_SIDE, description=(
+    f"1 to {MAX_TERMINAL_SIDE}.")), Whole]
+
+
+class TerminalSize(Input):
+    rows: TerminalSide
+    cols: TerminalSide
+
 
 class ExecBody(Input):
     command: Annotated[str, Field(min_length=1, max_length=MAX_COMMAND,
@@ -39,6 +49,9 @@ class ExecBody(Input):
         "Seconds to wait for its end before answering (default RIFT_EXEC_WAIT_S, 45); "
         "0 answers at once. It runs on either way: rift_vm_exec_get reads it.")),
         Whole] | None = None
+    pty: Annotated[TerminalSize, Field(description=(
+        "Run it on a terminal of rows x cols: stdout is all the terminal shows (stderr "
+        "stays empty), stdin the terminal's input."))] | None = None
 
 
 class VmExecIn(ExecBody):
@@ -72,6 +85,13 @@ class ExecInputBody(Input):
 
 
 class VmExecInputIn(ExecInputBody):
+    handle: HandleText | None = None
+    exec_id: ExecId
+
+
+class VmExecResizeIn(TerminalSize):
+    """A new size for the terminal of a running exec started with `pty`."""
+
     handle: HandleText | None = None
     exec_id: ExecId
 

@@ -98,6 +98,9 @@ class SshExecs:
     def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None:
         _call(vm, lambda: self.execs.exec_kill(vm, exec_id, signal))
 
+    def exec_resize(self, vm: Vm, exec_id: str, rows: int, cols: int) -> None:
+        _call(vm, lambda: self.execs.exec_resize(vm, exec_id, rows, cols))
+
 
 class TaskKeys:
     """GuestKeys: the key files in `keys_dir` (rift.guest.keys), and the host keys the

@@ -4,10 +4,12 @@ views are read up to a limit (SPEC §15)."""
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from hypervisor import pty_helper
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError, GuestExecError
 from rift.guest.exec_view import (
@@ -15,6 +17,7 @@ from rift.guest.exec_view import (
     NO_SUCH_EXEC,
     STDIN_CLOSED,
     ViewError,
+    exec_dir,
     input_command,
     kill_command,
     parse_view,
@@ -27,6 +30,7 @@ from rift.services.ports import ExecRead, ExecStart, GuestExec
 
 HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
 _SMALL_ANSWER = 4096  # the most a helper's `input` or `kill` prints
+NO_PTY_HELPER = 97  # a terminal's start line's status in a guest without rift-pty
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,44 @@ class ShellExecs:
         """Start `start.command` detached in the guest as exec `start.exec_id` and
         answer its view once it ended or `wait_ms` passed (it runs on after).
         `stdin`, when given, is its whole stdin; else its stdin stays open for
-        `exec_input`."""
-        line = start_command(replace(start, command=self.runner.environment(vm) + start.command))
-        status, data = self.runner.helper(vm, HelperCall(
-            line=line, stdin=start.stdin, timeout_s=start.wait_ms / 1000 + HELPER_SLACK_S,
-            view=True, limit=view_size(start.max_bytes)))
+        `exec_input`. With `start.pty`, rift-pty (hypervisor/rift_pty.c) runs it on
+        a terminal, put into the guest first when the guest has none."""
+        command = self.runner.environment(vm) + start.command
+        line = ""
+        if start.pty is not None:
+            rows, cols = start.pty
+            command = pty_helper.run_command_line(rows, cols, _tty_file(start.exec_id),
+                                                  shlex.quote(command))
+            line = f"[ -x {pty_helper.GUEST_PATH} ] || exit {NO_PTY_HELPER}; "
+        call = HelperCall(
+            line=line + start_command(replace(start, command=command)), stdin=start.stdin,
+            timeout_s=start.wait_ms / 1000 + HELPER_SLACK_S, view=True,
+            limit=view_size(start.max_bytes), also=(NO_PTY_HELPER,))
+        status, data = self.runner.helper(vm, call)
+        if status == NO_PTY_HELPER:
+            self._put_pty_helper(vm)
+            status, data = self.runner.helper(vm, call)
         return self._view(vm, start.exec_id, status, data, start.max_bytes)
+
+    def exec_resize(self, vm: Vm, exec_id: str, rows: int, cols: int) -> None:
+        """Give the terminal of exec `exec_id` (started with `pty`) a new size.
+        GuestExecError (`ended`) when it has no terminal."""
+        line = (f"[ -x {pty_helper.GUEST_PATH} ] || exit {NO_SUCH_EXEC}; "
+                + pty_helper.resize_command_line(_tty_file(exec_id), rows, cols))
+        status, out = self.runner.helper(vm, HelperCall(
+            line=line, timeout_s=HELPER_SLACK_S, view=False, limit=_SMALL_ANSWER))
+        if status == NO_SUCH_EXEC:
+            raise GuestExecError(exec_id, "ended", vm_id=vm.id)
+        if status != 0:
+            raise GuestError(f"rift-pty resize failed (exit {status}): {out[-200:]!r}",
+                             vm_id=vm.id)
+
+    def _put_pty_helper(self, vm: Vm) -> None:
+        found = self.runner.helper_binary
+        if found is None:
+            raise GuestError("the guest has no rift-pty and none is at hand", vm_id=vm.id)
+        self.runner.put_binary(vm, lambda: pty_helper.pty_helper(found().parent),
+                               pty_helper.GUEST_PATH)
 
     def exec_read(self, vm: Vm, read: ExecRead) -> GuestExec:
         """The exec's view with output from the offsets, once there is some past
@@ -120,3 +156,7 @@ class ShellExecs:
             raise GuestError(f"rift-exec answered no view (exit {status}): {exc}",
                              vm_id=vm.id) from exc
 
+
+def _tty_file(exec_id: str) -> str:
+    """Where rift-pty writes the name of exec `exec_id`'s terminal."""
+    return exec_dir(exec_id) + "/tty"

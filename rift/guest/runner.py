@@ -31,14 +31,15 @@ NOT_FOUND = 127  # the shell's exit status for a command it cannot find
 @dataclass(frozen=True, kw_only=True)
 class HelperCall:
     """One rift-exec command: its line, its stdin, its deadline, whether it answers
-    a view (any exit status but 0 and `no such exec` is then an error), and the most
-    bytes it may print."""
+    a view (any exit status but 0, `no such exec` and those in `also` is then an
+    error), and the most bytes it may print."""
 
     line: str
     stdin: bytes | None = None
     timeout_s: float
     view: bool
     limit: int
+    also: tuple[int, ...] = ()
 
 
 class Runner:
@@ -101,20 +102,25 @@ class Runner:
 
     def upload_helper(self, vm: Vm) -> None:
         assert self.helper_binary is not None
+        self.put_binary(vm, self.helper_binary, GUEST_PATH)
+
+    def put_binary(self, vm: Vm, binary: Callable[[], Path], path: str) -> None:
+        """Put the program `binary` makes (a host file) into the guest at `path`."""
+        name = path.rsplit("/", 1)[1]
         try:
-            binary = self.helper_binary().read_bytes()
+            data = binary().read_bytes()
         except (ImageError, OSError) as exc:
-            raise GuestError(f"the guest has no rift-exec and none is at hand: {exc}",
+            raise GuestError(f"the guest has no {name} and none is at hand: {exc}",
                              vm_id=vm.id) from exc
-        folder = GUEST_PATH.rsplit("/", 1)[0]
-        aside = f"{GUEST_PATH}.new.$$"  # calls racing to put it there each write their own
+        folder = path.rsplit("/", 1)[0]
+        aside = f"{path}.new.$$"  # calls racing to put it there each write their own
         script = (f"mkdir -p {folder} && cat > {aside} && chmod 755 {aside} "
-                  f"&& mv -f {aside} {GUEST_PATH}")
-        collected = self.run(vm, script, binary, self.conns.settings.file_timeout_s, 4096)
+                  f"&& mv -f {aside} {path}")
+        collected = self.run(vm, script, data, self.conns.settings.file_timeout_s, 4096)
         if collected.exit_code != 0:
-            raise GuestError("could not put rift-exec into the guest: " + collected.stderr
+            raise GuestError(f"could not put {name} into the guest: " + collected.stderr
                              .decode("utf-8", "replace").strip()[-200:], vm_id=vm.id)
-        log.info("rift-exec put into guest %s", vm.id)
+        log.info("%s put into guest %s", name, vm.id)
 
     def _helper_once(self, vm: Vm, call: HelperCall) -> tuple[int | None, bytes]:
         """What the guest answers is hostile (SPEC §15): read until `limit` bytes
@@ -150,7 +156,7 @@ class Runner:
                 raise GuestError(f"rift-exec did not answer within {timeout_s:.0f}s; its "
                                  "connection was closed", vm_id=vm.id) from exc
             raise GuestError(f"the SSH session to the guest failed: {exc}", vm_id=vm.id) from exc
-        if call.view and status not in (0, NO_SUCH_EXEC, NOT_FOUND):
+        if call.view and status not in (0, NO_SUCH_EXEC, NOT_FOUND, *call.also):
             raise GuestError(f"rift-exec failed (exit {status})"
                              f"{': ' + repr(err[-200:]) if err else ''}", vm_id=vm.id)
         return status, data

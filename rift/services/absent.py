@@ -57,6 +57,9 @@ class NoGuestExecs:
     def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None:
         raise GuestUnreachable(vm.id, NO_SHELL)
 
+    def exec_resize(self, vm: Vm, exec_id: str, rows: int, cols: int) -> None:
+        raise GuestUnreachable(vm.id, NO_SHELL)
+
 
 class NoGuestKeys:
     """No keys are kept: a plan that needs one fails as a start without a guest

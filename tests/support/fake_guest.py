@@ -34,6 +34,7 @@ class FakeExec:
     timed_out: bool = False
     stdin_open: bool = True
     stdin: bytearray = field(default_factory=bytearray)
+    pty: tuple[int, int] | None = None  # its terminal's rows and columns, if it has one
 
 
 @dataclass
@@ -169,7 +170,7 @@ class FakeExecs:
     def exec_start(self, vm: Vm, start: ExecStart) -> GuestExec:
         exec_id, command, stdin, wait_ms = start.exec_id, start.command, start.stdin, start.wait_ms
         self.waits.append(wait_ms)
-        ex = self.execs[exec_id] = FakeExec()
+        ex = self.execs[exec_id] = FakeExec(pty=start.pty)
         echo = _ECHO.fullmatch(command)
         if echo:
             ex.stdout += echo.group(1).encode() + b"\n"
@@ -211,6 +212,12 @@ class FakeExecs:
         if ex.state == "running":
             ex.killed = True
             self.finish(exec_id, None, 15 if signal == "TERM" else 9)
+
+    def exec_resize(self, vm: Vm, exec_id: str, rows: int, cols: int) -> None:
+        ex = self.execs.get(exec_id)
+        if ex is None or ex.state != "running" or ex.pty is None:
+            raise ExecGone("ended")
+        ex.pty = (rows, cols)
 
     def _view(self, exec_id: str, out_off: int, err_off: int, max_bytes: int) -> GuestExec:
         ex = self.execs[exec_id]

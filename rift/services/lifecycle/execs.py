@@ -90,7 +90,7 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
                 exec_id=exec_id, command=command,
                 stdin=stdin.encode() if stdin is not None else None, timeout_s=timeout,
                 cap_bytes=deps.limits.exec_output_mib * MIB, wait_ms=int(first * 1000),
-                max_bytes=ANSWER_BYTES))
+                max_bytes=ANSWER_BYTES, pty=(cmd.pty.rows, cmd.pty.cols) if cmd.pty else None))
     except (GuestUnreachable, ExecGone) as exc:
         lost = end_exec(deps, ex, "lost", caller.label)
         if vm_gone(deps, vm.id):  # destroyed while the call waited: the exec is lost
@@ -113,7 +113,7 @@ def get(deps: Deps, caller: Caller, cmd: VmExecGetIn, watch: Watch | None = None
     """`rift_vm_exec_get`: the exec's view with output from the offsets, waiting up to
     `wait_s` for output past them or its end (in steps when a `watch` can stop it)."""
     out_from, err_from, wait = cmd.stdout_offset, cmd.stderr_offset, cmd.wait_s
-    task, ex, vm = _held_exec(deps, caller, cmd.handle, cmd.exec_id)
+    task, ex, vm = held_exec(deps, caller, cmd.handle, cmd.exec_id)
     _check_offsets(ex, out_from, err_from)
     if not ex.is_running and vm is None:
         return views.execution(ex, Output(stdout_offset=out_from, stderr_offset=err_from))
@@ -149,7 +149,7 @@ def send_input(deps: Deps, caller: Caller, cmd: VmExecInputIn) -> ExecInputOut:
     """`rift_vm_exec_input`: write to a running exec's stdin; `eof` closes it."""
     raw = decoded("data", cmd.data, cmd.encoding)
     exec_id, eof = cmd.exec_id, cmd.eof
-    _task, ex, vm = _held_exec(deps, caller, cmd.handle, exec_id)
+    _task, ex, vm = held_exec(deps, caller, cmd.handle, exec_id)
     if not ex.is_running or vm is None:
         raise InvalidArgument("exec_id", f"exec {exec_id} has ended ({ex.status}); its stdin "
                               "takes no more input")
@@ -169,7 +169,7 @@ def send_input(deps: Deps, caller: Caller, cmd: VmExecInputIn) -> ExecInputOut:
 def kill(deps: Deps, caller: Caller, cmd: VmExecKillIn) -> ExecView:
     """`rift_vm_exec_kill`: signal a running exec's process group (a repeat changes
     nothing)."""
-    _task, ex, vm = _held_exec(deps, caller, cmd.handle, cmd.exec_id)
+    _task, ex, vm = held_exec(deps, caller, cmd.handle, cmd.exec_id)
     if not ex.is_running:
         return views.execution(ex)
     if vm is None:
@@ -235,7 +235,7 @@ def _answer(deps: Deps, ex: Exec, seen: GuestExec, offsets: tuple[int, int],
 
 # -- helpers ------------------------------------------------------------------------------
 
-def _held_exec(deps: Deps, caller: Caller, handle: str | None,
+def held_exec(deps: Deps, caller: Caller, handle: str | None,
                exec_id: str) -> tuple[Task, Exec, Vm | None]:
     """The handle's task, the exec of it, and its VM while that runs. A running exec
     of a paused VM is refused (`vm_not_running`, naming rift_vm_resume): it waits

@@ -45,7 +45,8 @@ class ExecStart:
     """Start `command` detached as exec `exec_id`, killed past `timeout_s`, its
     output kept up to `cap_bytes` a stream; its view at its end or after `wait_ms`,
     with at most `max_bytes` of each stream. Without `stdin` its stdin stays open
-    (exec_input)."""
+    (exec_input). With `pty` (rows, columns) it runs on a terminal of that size:
+    its stdin is the terminal's input, its stdout all the terminal shows."""
 
     exec_id: str
     command: str
@@ -54,6 +55,7 @@ class ExecStart:
     cap_bytes: int
     wait_ms: int
     max_bytes: int
+    pty: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +133,10 @@ class GuestExecs(Protocol):
     def exec_read(self, vm: Vm, read: ExecRead) -> GuestExec: ...
     def exec_input(self, vm: Vm, exec_id: str, data: bytes, *, eof: bool) -> int: ...
     def exec_kill(self, vm: Vm, exec_id: str, signal: Literal["TERM", "KILL"]) -> None: ...
+    def exec_resize(self, vm: Vm, exec_id: str, rows: int, cols: int) -> None:
+        """Give the terminal of a running exec started with `pty` a new size;
+        ExecGone (`ended`) when it has none or it is gone."""
+        ...
 
 
 class GuestKeys(Protocol):
