@@ -6,6 +6,8 @@
 - `Connect` (server stream): a running exec's output from now on, to its end.
 - `List`: the sandbox's running execs; `SendSignal`: `execs.kill` (SIGTERM is
   TERM, anything else KILL); `SendInput`, `CloseStdin`: `execs.send_input`.
+- PTYs are execs with a terminal (rift.e2b.terminals): `Start` with `pty`,
+  `Update` resizes.
 
 A pid names an exec (rift.e2b.shapes.pid); one that names no running exec of
 the sandbox is `not_found`.
@@ -21,12 +23,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from rift.api.state import AppState
 from rift.api.waiting import HeldStream
 from rift.contract import tools as c
 from rift.contract.base import MAX_EXEC_S, command
 from rift.contract.views import ExecView
 from rift.domain.errors import RiftError
-from rift.e2b import shapes
+from rift.e2b import shapes, terminals
 from rift.e2b.connect import (
     HTTP_OF,
     STREAM_JSON,
@@ -38,10 +41,11 @@ from rift.e2b.connect import (
     unary_request,
 )
 from rift.e2b.envd import Call, EnvdPart, call_of, fault_of
+from rift.e2b.sandboxes import Registry
 from rift.services.lifecycle import execs
 
 STREAM_WAIT_S = 15  # the longest quiet before a keepalive event
-FIRST_WAIT_S = 1  # how long the start waits for the first output or the end
+FIRST_WAIT_S = 1  # how long a start waits for the end (a PTY's: not at all)
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -64,6 +68,10 @@ def _pid(message: dict[str, Any]) -> int:
 
 
 class Processes(EnvdPart):
+
+    def __init__(self, state: AppState, registry: Registry) -> None:
+        super().__init__(state, registry)
+        self.terminals = terminals.Terminals()  # the execs started as PTYs
 
     # -- streams ----------------------------------------------------------------------
 
@@ -105,10 +113,14 @@ class Processes(EnvdPart):
     def _started(self, call: Call, message: dict[str, Any], request: Request) -> ExecView:
         line = self._command(message, call)
         limit = timeout_s(request.headers.get("connect-timeout-ms"), MAX_EXEC_S, MAX_EXEC_S)
-        stdin = None if message.get("stdin") is True else ""
-        return execs.start(self.deps, call.caller, command(
+        size = terminals.size_of(message)
+        stdin = None if message.get("stdin") is True or size else ""
+        view = execs.start(self.deps, call.caller, command(
             c.VmExecIn, handle=call.handle, vm_id=call.vm_id, command=line, stdin=stdin,
-            timeout_s=limit, wait_s=FIRST_WAIT_S))
+            timeout_s=limit, wait_s=0 if size else FIRST_WAIT_S, pty=size))
+        if size:
+            self.terminals.add(view.exec_id)
+        return view
 
     def _found(self, call: Call, message: dict[str, Any], _request: Request) -> ExecView:
         found = self._running(call, _pid(message))
@@ -118,8 +130,6 @@ class Processes(EnvdPart):
         process = message.get("process")
         if not isinstance(process, dict):
             raise ConnectFault("invalid_argument", "process: the process to start")
-        if message.get("pty"):
-            raise ConnectFault("unimplemented", "PTYs are not served by this door yet")
         cmd, args = process.get("cmd"), process.get("args") or []
         envs, cwd = process.get("envs") or {}, process.get("cwd")
         if not isinstance(cmd, str) or not isinstance(args, list) or \
@@ -136,12 +146,14 @@ class Processes(EnvdPart):
         """envd's events for one exec: start, its output as it comes, its end; then the
         end of the stream. In a worker thread."""
         yield envelope({"event": {"start": {"pid": shapes.pid(view.exec_id)}}})
+        terminal = view.exec_id in self.terminals
         while True:
             said = False
             for name in ("stdout", "stderr"):
                 text: str = getattr(view, name)
                 if text:
-                    yield envelope(shapes.data_event(name, text))
+                    yield envelope(shapes.data_event(terminals.stream_name(terminal, name),
+                                                     text))
                     said = True
             if view.status != "running":
                 yield envelope({"event": {"end": shapes.end_status(
@@ -171,6 +183,9 @@ class Processes(EnvdPart):
 
     async def close_stdin(self, request: Request) -> Response:
         return await self.unary(request, self._close)
+
+    async def update(self, request: Request) -> Response:
+        return await self.unary(request, self._update)
 
     async def unary(self, request: Request,
                      work: Callable[[Call, dict[str, Any]], dict[str, Any]]) -> Response:
@@ -208,11 +223,7 @@ class Processes(EnvdPart):
 
     def _input(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         found = self._running(call, _pid(message))
-        given = message.get("input")
-        data = given.get("stdin", "") if isinstance(given, dict) else None
-        if not isinstance(data, str):
-            raise ConnectFault("invalid_argument", "input: {stdin: <base64 bytes>} (PTY input "
-                               "is not served)")
+        data = terminals.input_of(message)
         try:
             base64.b64decode(data, validate=True)
         except binascii.Error as exc:
@@ -220,6 +231,13 @@ class Processes(EnvdPart):
         execs.send_input(self.deps, call.caller, command(
             c.VmExecInputIn, handle=call.handle, exec_id=found.exec_id, data=data,
             encoding="base64"))
+        return {}
+
+    def _update(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        found = self._running(call, _pid(message))
+        size = terminals.size_of(message)
+        if size is not None:
+            terminals.resize(self.deps, call, found.exec_id, size)
         return {}
 
     def _close(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:

@@ -101,6 +101,10 @@ def command_line(cmd: str, args: list[str], envs: dict[str, str], cwd: str | Non
         login = " -l" if args[:-2] else ""
         return (prefix + f"if [ -x /bin/bash ]; then exec /bin/bash{login} -c {script}; "
                 f"else exec /bin/sh -c {script}; fi")
+    if cmd in _SHELLS and args and all(a in ("-i", "-l", "--login") for a in args):
+        flags = " ".join(args)  # an interactive shell: a PTY's
+        return prefix + (f"if [ -x /bin/bash ]; then exec /bin/bash {flags}; "
+                         f"else exec /bin/sh {flags}; fi")
     return prefix + "exec " + shlex.join([cmd, *args])
 
 

@@ -1,7 +1,8 @@
 """The E2B door on a real guest (SPEC §16), driven by E2B's own SDK (`e2b`, sync
 client) with only its two settings pointed at `rift serve`: a sandbox of `tiny`
-(busybox sh) runs commands (output, exit codes, envs, cwd), writes and reads
-files, is a Rift task held by `e2b:<token label>` with one VM, and a takeover of
+(busybox sh) runs commands (output, exit codes, envs, cwd), runs a shell on a
+PTY (fed, resized, reconnected, killed; a size out of bounds refused), writes and
+reads files, is a Rift task held by `e2b:<token label>` with one VM, and a takeover of
 that task through REST ends the SDK's lease with an answer naming the new holder.
 One server and one sandbox for the module."""
 
@@ -26,6 +27,7 @@ from e2b import (
     SandboxQuery,
 )
 from e2b.exceptions import NotFoundException
+from e2b.sandbox.commands.command_handle import PtySize
 
 from tests.support.e2b import e2b_opts, own_tiny
 from tests.support.real_guests import RealSettings, Rig
@@ -110,6 +112,32 @@ def test_background_commands_are_listed_fed_reconnected_and_killed(world: World)
     assert killed.value.exit_code == -1
     assert sleeper.pid not in {p.pid for p in sbx.commands.list()}
     assert not sbx.commands.kill(sleeper.pid)  # no longer running: not found
+
+
+def test_a_pty_runs_a_shell_that_is_fed_resized_reconnected_and_killed(world: World) -> None:
+    sbx = world.sbx
+    term = sbx.pty.create(PtySize(rows=24, cols=80), envs={"ABC": "123"}, cwd="/tmp")
+    sbx.pty.send_stdin(term.pid, b"stty size\n")
+    with pytest.raises(InvalidArgumentException):
+        sbx.pty.resize(term.pid, PtySize(rows=0, cols=0))
+    with pytest.raises(InvalidArgumentException):
+        sbx.pty.resize(term.pid, PtySize(rows=24, cols=10_000))
+    sbx.pty.resize(term.pid, PtySize(rows=30, cols=100))
+    term.disconnect()
+    again = sbx.pty.connect(term.pid)
+    sbx.pty.send_stdin(term.pid, b"echo $ABC; pwd; stty size; exit 7\n")
+    heard: list[bytes] = []
+    with pytest.raises(CommandExitException) as ended:
+        again.wait(on_pty=heard.append)
+    assert again.pid == term.pid and ended.value.exit_code == 7
+    lines = b"".join(heard).decode().replace("\r", "").split("\n")
+    assert {"123", "/tmp", "30 100"} <= set(lines), lines  # its envs, cwd, size now
+    doomed = sbx.pty.create(PtySize(rows=24, cols=80))
+    assert doomed.pid in {p.pid for p in sbx.commands.list()}
+    assert sbx.pty.kill(doomed.pid)
+    with pytest.raises(CommandExitException):
+        doomed.wait()
+    assert not sbx.pty.kill(doomed.pid)  # gone: not found
 
 
 def test_files_written_are_read_back(world: World) -> None:
