@@ -285,3 +285,25 @@ def test_the_boxes_page_shows_a_sleeping_vm_and_what_it_holds_awake_without_waki
     assert 'class="status s-sleeping"' in row[:600]
     assert "asleep · 1 vCPU, 512 MiB awake" in row
     assert _status(gdeps, vm_id) == "sleeping" and ("resumed", vm_id) not in life.calls
+
+
+def test_sleep_vm_puts_a_vm_to_sleep_now_with_its_execs_and_the_next_call_wakes_it(
+        gdeps: Deps, local_hv: FakeHypervisor) -> None:
+    from rift.services.lifecycle import sleeps
+
+    handle, vm_id, task_id = _vm(gdeps)
+    assert _exec(gdeps, handle, vm_id, "make", wait_s=0) == "running"
+    assert sleeps.sleep_vm(gdeps, vm_id, "e2b:timeout", "its sandbox's end (autoPause)")
+    assert not sleeps.sleep_vm(gdeps, vm_id, "e2b:timeout", "again")  # asleep already
+    with gdeps.store.read() as tx:
+        slept = [e for e in tx.events.page(task_id, 0, 100) if e.type == "vm_slept"]
+    assert [(e.actor, e.details["reason"]) for e in slept] == \
+        [("e2b:timeout", "its sandbox's end (autoPause)")]
+    assert _exec(gdeps, handle, vm_id) == "exited"
+
+
+def test_a_host_short_of_disk_puts_nothing_to_sleep(gdeps: Deps, clock: FakeClock) -> None:
+    _, vm_id, _ = _vm(gdeps)
+    gdeps.disk_room.free["local"] = 1  # under RIFT_HOST_DISK_RESERVE_GIB
+    clock.advance(QUIET_S)
+    assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, vm_id) == "running"

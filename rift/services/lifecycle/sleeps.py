@@ -180,7 +180,7 @@ def sleep_quiet(deps: Deps) -> list[str]:
     default = deps.limits.task_sleep_s
     default_cutoff = now - step - timedelta(seconds=default) if default > 0 else None
     with deps.store.read() as tx:
-        found = tx.vms.sleep_candidates(default_cutoff, now - step, BATCH)
+        found = tx.fleet.sleep_candidates(default_cutoff, now - step, BATCH)
     slept: list[str] = []
     for vm in found:
         try:
@@ -197,34 +197,61 @@ def put_to_sleep(deps: Deps, vm: Vm) -> bool:
     """Save one VM of a quiet task and record it `sleeping`; False when it is no
     longer due (a call came, an exec runs, it changed) or its host is short of disk.
     Raises HypervisorError when libvirt refused the save (the VM runs on)."""
-    try:
-        check_host_disk(deps, vm.host)
-    except HostDiskFull:
-        return False
+
+    def due(tx: Tx, task: Task, now: datetime) -> dict[str, object] | None:
+        if not _due(deps, task, now):
+            return None
+        if task.sleep != "always" and tx.execs.of_task(task.id, vm.id, running_only=True):
+            return None
+        return {"quiet_s": int((now - task.last_activity_at).total_seconds())}
+
+    return _sleep(deps, vm.id, SWEEP, due)
+
+
+def sleep_vm(deps: Deps, vm_id: str, actor: str, reason: str) -> bool:
+    """Put a running VM to sleep now, quiet or not, execs running or not (the E2B
+    door's `autoPause` at a sandbox's end); any call that needs it wakes it. False
+    when it is not running with no change under way, or its host is short of disk.
+    Raises HypervisorError when libvirt refused the save (the VM runs on)."""
+    return _sleep(deps, vm_id, actor, lambda _tx, _task, _now: {"reason": reason})
+
+
+Judge = Callable[[Tx, Task, datetime], "dict[str, object] | None"]
+
+
+def _sleep(deps: Deps, vm_id: str, actor: str, judge: Judge) -> bool:
+    """Claim the VM (running → falling asleep) when `judge`, given its task read
+    locked, answers the `vm_slept` event's details; save it; record it asleep."""
     now = deps.clock.now()
     with deps.store.write() as tx:
-        task = tx.tasks.get(vm.task_id)  # locked: a call touching it waits for this
-        current = tx.vms.get(vm.id, lock=True)
-        if task is None or current is None or not _due(deps, task, now):
-            return False
-        if (current.status, current.change) != ("running", None) \
+        current = tx.vms.get(vm_id, lock=True)
+        if current is None or (current.status, current.change) != ("running", None) \
                 or current.destroy_requested_at is not None:
             return False
-        if task.sleep != "always" and tx.execs.of_task(task.id, vm.id, running_only=True):
+        task = tx.tasks.get(current.task_id)  # locked: a call touching it waits for this
+        details = judge(tx, task, now) if task is not None and task.is_open else None
+        uri = host_uri(tx, current.host)
+        if details is None or uri is None or _low_disk(deps, current.host):
             return False
-        uri = host_uri(tx, vm.host)
         changing = current.changing("falling_asleep", now)
-        if uri is None or not tx.vms.save(changing, current):
+        if not tx.vms.save(changing, current):
             return False
-    quiet_s = int((now - task.last_activity_at).total_seconds())
-    deps.guests.lifecycle.drop_connections(vm.id)
+    deps.guests.lifecycle.drop_connections(vm_id)
     try:
-        deps.hosts.hypervisor(uri).save(vm.domain_name)
+        deps.hosts.hypervisor(uri).save(changing.domain_name)
     except HypervisorError:
         _settle(deps, changing, lambda v: (v.change_ended(), None))
         raise
-    _settle(deps, changing, lambda v: v.slept(SWEEP, deps.clock.now(), {"quiet_s": quiet_s}))
+    _settle(deps, changing, lambda v: v.slept(actor, deps.clock.now(), details))
     return True
+
+
+def _low_disk(deps: Deps, host: str) -> bool:
+    try:
+        check_host_disk(deps, host)
+    except HostDiskFull:
+        return True
+    return False
 
 
 def _settle(deps: Deps, vm: Vm, step: Callable[[Vm], tuple[Vm, NewEvent | None]]) -> None:
