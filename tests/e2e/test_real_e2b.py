@@ -59,8 +59,8 @@ def world(rig: Rig) -> Iterator[World]:
                          **opts)  # type: ignore[arg-type]
     try:
         yield World(srv, sbx, opts)
-    finally:
-        sbx.kill()
+    finally:  # by id, through the server running now (a test restarts it)
+        Sandbox.kill(sbx.sandbox_id, **e2b_opts(rig.server.url, rig.server.token))
 
 
 def test_commands_run_in_the_sandbox_with_their_output_envs_and_cwd(world: World) -> None:
@@ -247,3 +247,29 @@ def test_a_takeover_ends_the_sdk_lease_saying_who_holds_it(world: World) -> None
 
 def test_nothing_is_left_of_the_sandbox(world: World, tmp_path: Path) -> None:
     assert not our_domains(world.srv)
+
+
+def test_metadata_and_end_outlive_a_restart_and_the_end_still_kills(
+        world: World, rig: Rig) -> None:
+    """What the door keeps is in the store: after `rift serve` restarts, a sandbox's
+    metadata, template and end read back as before; the holder's connect is a
+    takeover by the same holder (the handle was in memory only) and commands run;
+    its end, moved after the restart, still kills it."""
+    sbx = Sandbox.create(metadata={"keep": "me"}, timeout=600, **world.opts)  # type: ignore[arg-type]
+    before = sbx.get_info()
+    srv = rig.restart()
+    opts = e2b_opts(srv.url, srv.token)
+    after = Sandbox.get_info(sbx.sandbox_id, **opts)  # type: ignore[arg-type]
+    assert (after.metadata, after.template_id, after.end_at, after.started_at) == \
+        (before.metadata, before.template_id, before.end_at, before.started_at)
+    listed = Sandbox.list(query=SandboxQuery(metadata={"keep": "me"}), **opts).next_items()  # type: ignore[arg-type]
+    assert [s.sandbox_id for s in listed] == [sbx.sandbox_id]
+    again = Sandbox.connect(sbx.sandbox_id, **opts)  # type: ignore[arg-type]
+    assert again.commands.run("echo back").stdout == "back\n"
+    again.set_timeout(2)
+    deadline = time.monotonic() + 30
+    while Sandbox.list(query=SandboxQuery(metadata={"keep": "me"}), **opts).next_items():  # type: ignore[arg-type]
+        assert time.monotonic() < deadline, "not killed at its end after the restart"
+        time.sleep(0.5)
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sbx.sandbox_id, **opts)  # type: ignore[arg-type]
