@@ -16,4 +16,6 @@ fi
 if [ -z "${RIFT_TEST_CACHE:-}" ] && mkdir -p /var/cache/rift-tests 2>/dev/null; then
   export RIFT_TEST_CACHE=/var/cache/rift-tests
 fi
-.venv/bin/python -m pytest "$@"
+# Every run ends with its slowest tests (where make test's time goes; a later
+# --durations on the command line wins).
+.venv/bin/python -m pytest --durations=40 "$@"

@@ -7,6 +7,14 @@ own overlay, a NoCloud seed with the task's key, SSH as the only readiness
 signal. The guest says bookworm; destroy leaves no domain, no overlay
 and no seed; the image cannot be removed while the VM lives.
 
+A long form, in `make soak` only (tests/support/soak.py): Debian's cloud-init
+boot under TCG is one to two minutes of `make test`'s budget. `make test` keeps
+the shorter form of each part: tests/integration/test_qcow2_files.py adds,
+lists and removes a qcow2 through the CLI and checks a VM's overlay on it (its
+disk_gib) and its NoCloud seed with the task's key, on the files Rift writes;
+booting, exec, files, pause, fork and destroy of a guest with an overlay disk are
+the `debian` image's in test_real_debian.py and test_real_forks.py.
+
 The image is built once and kept in the tests' cache, `test-images/debian/`
 (tests/support/cache.py says where), and rebuilt when the script changes. Where it
 cannot be built (no loop devices, no mount, no Debian mirror), the test is
@@ -38,6 +46,7 @@ from tests.support.servers import (
     Server,
     real_vms_missing,
 )
+from tests.support.soak import long_form
 from tests.support.witnesses import (
     assert_rows_tell_the_truth,
     events,
@@ -110,6 +119,9 @@ def _vm_files(srv: Server) -> list[str]:
     return sorted(p.name for p in disks.iterdir()) if disks.is_dir() else []
 
 
+@long_form("tests/integration/test_qcow2_files.py: the qcow2 added, its VM's overlay "
+           "and NoCloud seed; a guest with an overlay disk: test_real_debian.py and "
+           "test_real_forks.py")
 @pytest.mark.timeout(BUILD_S + LIMIT_S + 120)
 def test_a_vm_of_an_added_debian_qcow2_runs_bookworm_and_leaves_nothing_after_destroy(
         real: Server, debian: Path) -> None:
