@@ -128,7 +128,8 @@ VM_EXEC = ToolContract(
     "rift_vm_exec", "Run a command in a VM",
     "Run a shell command in a running VM of the handle's task. It runs detached in the "
     "guest (it outlives this call): the answer, its exec view, comes at its end or after "
-    "wait_s with status running; then rift_vm_exec_get reads on from stdout_offset.",
+    "wait_s with status running; then rift_vm_exec_get reads on from stdout_offset. A "
+    "sleeping VM is woken first (its view's `woke` says how long that took).",
     GUEST, VmExecIn, ExecView, slow=True)
 
 

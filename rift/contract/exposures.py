@@ -36,8 +36,10 @@ VM_EXPOSE = ToolContract(
     "Make a TCP port of a running VM of the handle's task reachable over HTTP and "
     "WebSocket at a URL of its own, proxied by Rift; the URL's secret is its only key, "
     "shown only in this answer. Exposing the port again mints a new URL and ends the "
-    "old one; rift_vm_unexpose, destroying the VM or closing the task ends it.",
-    (*HELD, "vm_not_found", "vm_not_running", "invalid_argument"), VmPortIn, ExposureOut,
+    "old one; rift_vm_unexpose, destroying the VM or closing the task ends it. A "
+    "sleeping VM is woken first.",
+    (*HELD, "vm_not_found", "vm_not_running", "guest_unreachable", "no_capacity",
+     "invalid_argument"), VmPortIn, ExposureOut,
     destructive=True)
 
 

@@ -51,9 +51,10 @@ VM_SNAPSHOT = ToolContract(
     "rift_vm_snapshot", "Snapshot a VM",
     "Keep a running VM's memory and disk as of now, for rift_vm_fork: the VM runs on "
     "after a pause of about a restore. The snapshot belongs to the task (at most "
-    "RIFT_MAX_SNAPSHOTS_PER_TASK) and goes when it closes.",
-    (*HELD, "vm_not_found", "vm_not_running", "quota_exceeded", "invalid_argument",
-     "hypervisor_error"), VmSnapshotIn, SnapshotOut, slow=True)
+    "RIFT_MAX_SNAPSHOTS_PER_TASK) and goes when it closes. A sleeping VM is woken first.",
+    (*HELD, "vm_not_found", "vm_not_running", "quota_exceeded", "guest_unreachable",
+     "no_capacity", "invalid_argument", "hypervisor_error"), VmSnapshotIn, SnapshotOut,
+    slow=True)
 
 
 VM_SNAPSHOT_DELETE = ToolContract(

@@ -110,7 +110,8 @@ class TaskEventsOut(Output):
 TASK_NEW = ToolContract(
     "rift_task_new", "Open a task",
     "Open a new task (the unit you claim VMs for) and hold it: answers the task and its "
-    "handle, which every later call on the task needs.",
+    "handle, which every later call on the task needs. Its running VMs sleep when it is "
+    "quiet for sleep_after_s; the next call that needs one wakes it.",
     ("invalid_argument", "idempotency_conflict", "quota_exceeded", "rate_limited",
      "task_closed"), TaskNewIn, TaskNewOut, idempotent=True)
 

@@ -64,7 +64,10 @@ HELD = ("handle_required", "handle_invalid", "task_not_found", "task_closed", "t
          "lease_stale")
 
 
-GUEST = (*HELD, "vm_not_found", "vm_not_running", "guest_unreachable", "invalid_argument")
+# A call that needs the guest wakes a sleeping VM (SPEC §17): `no_capacity` when its
+# host has no room for it now, `guest_unreachable` when the wake fails.
+GUEST = (*HELD, "vm_not_found", "vm_not_running", "guest_unreachable", "no_capacity",
+         "invalid_argument")
 
 
-EXEC = (*HELD, "exec_not_found", "guest_unreachable")
+EXEC = (*HELD, "exec_not_found", "guest_unreachable", "vm_not_running", "no_capacity")

@@ -102,7 +102,8 @@ VM_PAUSE = ToolContract(
     "rift_vm_pause", "Pause a VM",
     "Park a running VM of the handle's task: its memory is saved to disk and it stops, "
     "holding no vCPUs or memory until rift_vm_resume brings it back with its processes, "
-    "execs and files as they were. Pausing a paused VM answers it as it is.",
+    "execs and files as they were (no other call wakes it). Pausing a paused VM answers "
+    "it as it is; pausing a sleeping one keeps it asleep, as paused.",
     (*HELD, "vm_not_found", "vm_not_running", "invalid_argument", "hypervisor_error"),
     VmHeldIn, VmOut, idempotent=True, slow=True)
 
@@ -110,6 +111,7 @@ VM_PAUSE = ToolContract(
 VM_RESUME = ToolContract(
     "rift_vm_resume", "Resume a VM",
     "Bring a paused VM of the handle's task back where it was (on its own host, which "
-    "needs room for it). Resuming a running VM answers it as it is.",
-    (*HELD, "vm_not_found", "vm_not_running", "no_capacity", "invalid_argument",
-     "hypervisor_error"), VmHeldIn, VmOut, idempotent=True, slow=True)
+    "needs room for it), or wake a sleeping one. Resuming a running VM answers it as it "
+    "is.",
+    (*HELD, "vm_not_found", "vm_not_running", "no_capacity", "guest_unreachable",
+     "invalid_argument", "hypervisor_error"), VmHeldIn, VmOut, idempotent=True, slow=True)
