@@ -61,7 +61,7 @@ def test_a_snapshot_is_listed_by_sandbox_and_name_and_deleted_once(door: Door) -
         assert door.task(sbx)["snapshots"][0]["id"] == named.snapshot_id  # Rift's own view
         everything = [s.snapshot_id for s in Sandbox.list_snapshots(**door.opts).next_items()]
         assert {named.snapshot_id, plain.snapshot_id} <= set(everything)
-        assert [s.snapshot_id for s in sbx.list_snapshots().next_items()] == [named.snapshot_id]
+        assert [s.snapshot_id for s in sbx.list_snapshots().next_items()] == [named.snapshot_id]  # type: ignore[misc]
         assert [s.snapshot_id for s in Sandbox.list_snapshots(
             name="before-upgrade", **door.opts).next_items()] == [named.snapshot_id]
         assert Sandbox.list_snapshots(name="nothing-so-named", **door.opts).next_items() == []
@@ -147,7 +147,7 @@ def test_network_rules_become_the_vms_egress(door: Door) -> None:
          "open"),  # allowed entries win: nothing is left denied
     ]
     for options, egress in cases:
-        sbx = Sandbox.create(**options, **door.opts)  # type: ignore[arg-type]
+        sbx = Sandbox.create(**options, **door.opts)
         try:
             assert door.vm(sbx)["egress"] == egress, options
         finally:
