@@ -73,3 +73,37 @@ def _run(calls: list[Callable[[], None]]) -> None:
         t.start()
     for t in threads:
         t.join(60)
+
+
+def test_a_sweep_racing_calls_either_leaves_the_vm_awake_or_it_is_woken(
+        store: Store) -> None:
+    one, two = _replicas(store)
+    try:
+        opened = tasks.new(one, ALICE, command(c.TaskNewIn, sleep_after_s=60))
+        handle = str(opened.handle)
+        vm = vms.new(one, ALICE, command(c.VmNewIn, handle=handle, image="tiny")).vm
+        with one.store.write() as tx:
+            give_ssh_address(tx, vm.id)
+        def sweep(go: threading.Barrier) -> None:
+            go.wait()
+            sleeps.sleep_quiet(one)
+
+        def call(go: threading.Barrier, answers: list[str], deps: Deps) -> None:
+            go.wait()
+            answers.append(execs.start(deps, ALICE, command(
+                c.VmExecIn, handle=handle, vm_id=vm.id, command="echo hi")).status)
+
+        for _ in range(5):
+            one.clock.advance(60 + 60 + 1)  # type: ignore[attr-defined]
+            answers: list[str] = []
+            go = threading.Barrier(3)
+            _run([partial(sweep, go), partial(call, go, answers, two),
+                  partial(call, go, answers, one)])
+            assert answers == ["exited", "exited"]
+            with one.store.read() as tx:
+                now = tx.vms.get(vm.id)
+            assert now is not None and (now.status, now.change) == ("running", None)
+        types = event_types(one, opened.task.id)
+        assert types.count("vm_slept") == types.count("vm_woke")
+    finally:
+        two.store.close()

@@ -34,7 +34,6 @@ from typing import TypeVar
 from hypervisor.base import HypervisorError
 from rift.domain.errors import (
     GuestUnreachable,
-    HostDiskFull,
     NoCapacity,
     VmAsleep,
     VmNotFound,
@@ -43,7 +42,7 @@ from rift.domain.errors import (
 from rift.domain.model import NewEvent, Task, Vm
 from rift.services.context import SWEEP, Deps
 from rift.services.lifecycle.capacity import host_loads, room
-from rift.services.lifecycle.disk_budget import check_host_disk
+from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.teardown import destroy_domain, host_uri, vm_ended
 from rift.services.ports import Tx
 
@@ -224,11 +223,13 @@ def _sleep(deps: Deps, vm_id: str, actor: str, judge: Judge) -> bool:
     locked, answers the `vm_slept` event's details; save it; record it asleep."""
     now = deps.clock.now()
     with deps.store.write() as tx:
+        # The task first, then the VM: the order a call's transaction takes them in.
+        seen = tx.vms.get(vm_id)
+        task = tx.tasks.get(seen.task_id) if seen else None  # locked: a touch waits
         current = tx.vms.get(vm_id, lock=True)
         if current is None or (current.status, current.change) != ("running", None) \
                 or current.destroy_requested_at is not None:
             return False
-        task = tx.tasks.get(current.task_id)  # locked: a call touching it waits for this
         details = judge(tx, task, now) if task is not None and task.is_open else None
         uri = host_uri(tx, current.host)
         if details is None or uri is None or _low_disk(deps, current.host):
@@ -247,11 +248,7 @@ def _sleep(deps: Deps, vm_id: str, actor: str, judge: Judge) -> bool:
 
 
 def _low_disk(deps: Deps, host: str) -> bool:
-    try:
-        check_host_disk(deps, host)
-    except HostDiskFull:
-        return True
-    return False
+    return host in deps.disk_room.low(disk_floor_bytes(deps))  # as check_host_disk
 
 
 def _settle(deps: Deps, vm: Vm, step: Callable[[Vm], tuple[Vm, NewEvent | None]]) -> None:
