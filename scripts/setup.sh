@@ -22,6 +22,9 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing Rift and its dependencies into .venv"
   .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q -e '.[dev]'
+  # --no-compile: byte-compiling every installed module (ansible's thousands among
+  # them) took about half of a fresh clone's install here; Python compiles what
+  # is imported, once, when it is first imported.
+  .venv/bin/pip install -q --no-compile -e '.[dev]'
   echo "$want" > "$stamp"
 fi
