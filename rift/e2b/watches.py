@@ -248,7 +248,7 @@ class Watches:
     def _stream(self, call: Call, watcher: Watcher) -> Iterator[bytes]:
         """The stream's envelopes: start, then events as they come (a keepalive each
         quiet 15 s), until the watcher fails or the client goes (its exec killed)."""
-        yield envelope({"event": {"start": {}}})
+        yield envelope({"start": {}})
         quiet = time.monotonic()
         try:
             while watcher.fault is None:
@@ -260,12 +260,12 @@ class Watches:
                     watcher.fault = err if isinstance(err, ConnectFault) else fault_of(err)
                     break
                 for e in found:
-                    yield envelope({"event": {"filesystem": e}})
+                    yield envelope({"filesystem": e})
                 if found:
                     quiet = time.monotonic()
                 elif time.monotonic() - quiet > 15:
                     quiet = time.monotonic()
-                    yield envelope({"event": {"keepalive": {}}})
+                    yield envelope({"keepalive": {}})
             yield end_stream(watcher.fault)
         finally:
             self._kill(call, watcher)
