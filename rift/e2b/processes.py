@@ -23,7 +23,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from rift.api.state import AppState
 from rift.api.waiting import HeldStream
 from rift.contract import tools as c
 from rift.contract.base import MAX_EXEC_S, command
@@ -41,7 +40,6 @@ from rift.e2b.connect import (
     unary_request,
 )
 from rift.e2b.envd import Call, EnvdPart, call_of, fault_of
-from rift.e2b.sandboxes import Registry
 from rift.services.lifecycle import execs
 
 STREAM_WAIT_S = 15  # the longest quiet before a keepalive event
@@ -68,10 +66,6 @@ def _pid(message: dict[str, Any]) -> int:
 
 
 class Processes(EnvdPart):
-
-    def __init__(self, state: AppState, registry: Registry) -> None:
-        super().__init__(state, registry)
-        self.terminals = terminals.Terminals()  # the execs started as PTYs
 
     # -- streams ----------------------------------------------------------------------
 
@@ -115,12 +109,10 @@ class Processes(EnvdPart):
         limit = timeout_s(request.headers.get("connect-timeout-ms"), MAX_EXEC_S, MAX_EXEC_S)
         size = terminals.size_of(message)
         stdin = None if message.get("stdin") is True or size else ""
-        view = execs.start(self.deps, call.caller, command(
-            c.VmExecIn, handle=call.handle, vm_id=call.vm_id, command=line, stdin=stdin,
+        return execs.start(self.deps, call.caller, command(
+            c.VmExecIn, handle=call.handle, vm_id=call.vm_id,
+            command=terminals.marked(line) if size else line, stdin=stdin,
             timeout_s=limit, wait_s=0 if size else FIRST_WAIT_S, pty=size))
-        if size:
-            self.terminals.add(view.exec_id)
-        return view
 
     def _found(self, call: Call, message: dict[str, Any], _request: Request) -> ExecView:
         found = self._running(call, _pid(message))
@@ -146,7 +138,7 @@ class Processes(EnvdPart):
         """envd's events for one exec: start, its output as it comes, its end; then the
         end of the stream. In a worker thread."""
         yield envelope({"event": {"start": {"pid": shapes.pid(view.exec_id)}}})
-        terminal = view.exec_id in self.terminals
+        terminal = terminals.is_terminal(view.command)
         while True:
             said = False
             for name in ("stdout", "stderr"):

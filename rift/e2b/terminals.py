@@ -5,15 +5,14 @@ with `input.pty` is its stdin; `Update` with `pty.size` resizes its terminal;
 `SendSignal` kills it; `Connect` by pid reconnects to it.
 
 The sizes are checked once, by the contract (rift.contract.execs.TerminalSize):
-0 x 0 or 10,000 columns is `invalid_argument`. Which execs are terminals is kept
-in `rift serve`'s memory (`Terminals`): after a restart, a reconnect to a
-terminal still running streams its output as `stdout` events.
+0 x 0 or 10,000 columns is `invalid_argument`. A PTY's command begins with MARK
+(a shell no-op), so the exec's record says it is one: a reconnect after `rift
+serve` restarted, or through another replica, still streams `pty` data (the
+terminal itself lives in the guest, as any exec does).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from rift.contract import execs as c
@@ -23,25 +22,15 @@ from rift.e2b.envd import Call
 from rift.services.context import Deps
 from rift.services.lifecycle import exec_terminal
 
-KEPT = 10_000  # the most terminals remembered (the newest)
+MARK = ": e2b pty; "  # what a PTY's command begins with (the door's lines never do)
 
 
-class Terminals:
-    """The exec ids of the terminals this door started (the newest KEPT)."""
+def marked(line: str) -> str:
+    return MARK + line
 
-    def __init__(self) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
-        self._lock = threading.Lock()
 
-    def add(self, exec_id: str) -> None:
-        with self._lock:
-            self._ids[exec_id] = None
-            while len(self._ids) > KEPT:
-                self._ids.popitem(last=False)
-
-    def __contains__(self, exec_id: object) -> bool:
-        with self._lock:
-            return exec_id in self._ids
+def is_terminal(command_text: str) -> bool:
+    return command_text.startswith(MARK)
 
 
 def size_of(message: dict[str, Any]) -> dict[str, int] | None:

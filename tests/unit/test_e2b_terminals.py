@@ -1,7 +1,7 @@
 """The E2B door's PTY parts (rift.e2b.terminals): the size a Start or Update asks
 for (its shape checked here, its bounds by the contract), a PTY's input, its data
 events named `pty`, the interactive shell `pty.create` starts (bash where the
-image has it, else sh), and the bounded memory of which execs are terminals."""
+image has it, else sh), and the mark that tells a PTY's exec from others."""
 
 from __future__ import annotations
 
@@ -64,9 +64,10 @@ def test_pty_create_runs_bash_where_the_image_has_it_else_sh() -> None:
     assert shapes.command_line("/bin/bash", ["-i", "x"], {}, None) == "exec /bin/bash -i x"
 
 
-def test_the_terminals_remembered_are_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(terminals, "KEPT", 3)
-    kept = terminals.Terminals()
-    for n in range(5):
-        kept.add(f"exec_{n}")
-    assert [f"exec_{n}" in kept for n in range(5)] == [False, False, True, True, True]
+def test_a_ptys_command_says_it_is_one_and_no_other_door_command_does() -> None:
+    line = shapes.command_line("/bin/bash", ["-i", "-l"], {}, "/")
+    assert terminals.is_terminal(terminals.marked(line))
+    for cmd, args, envs, cwd in (("/bin/bash", ["-l", "-c", ": e2b pty; x"], {}, None),
+                                 (":", ["e2b", "pty;"], {}, None),
+                                 ("ls", [], {"A": "1"}, "/"), ("/bin/bash", ["-i"], {}, None)):
+        assert not terminals.is_terminal(shapes.command_line(cmd, args, envs, cwd))
