@@ -42,7 +42,7 @@ import libvirt  # noqa: E402
 import paramiko  # noqa: E402
 
 from bench.common import print_table  # noqa: E402
-from hypervisor.base import ImageError  # noqa: E402
+from hypervisor.base import GuestDomain, ImageError  # noqa: E402
 from hypervisor.disks import make_overlay  # noqa: E402
 from hypervisor.domain_xml import build_domain_xml  # noqa: E402
 from hypervisor.image_files import ImageFiles, image_files  # noqa: E402
@@ -136,9 +136,10 @@ def one_sample(conn: libvirt.virConnect, image: ImageFiles, memory_mib: int, wor
     if image.disk is not None:
         overlay = work / f"{name}.qcow2"
         make_overlay(image.disk, overlay, 10 * 2**30)
-    spec = guest_spec(image, name=name, task_id="task_benchrst", vm_id=f"vm_benchrst{n}",
-                      vcpus=1, memory_mib=memory_mib, domain_type=TCG, public_key_line=public,
-                      ssh_port=port, serial_log=serial, disk=overlay)
+    spec = guest_spec(image, GuestDomain(
+        name=name, task_id="task_benchrst", vm_id=f"vm_benchrst{n}", vcpus=1,
+        memory_mib=memory_mib, domain_type=TCG, ssh_port=port, serial_log=serial),
+        public, disk=overlay)
     dom = conn.defineXML(build_domain_xml(spec))
     try:
         started = time.perf_counter()

@@ -38,6 +38,7 @@ import libvirt
 import paramiko
 
 from bench.common import print_table
+from hypervisor.base import GuestDomain
 from hypervisor.domain_xml import build_domain_xml
 from hypervisor.image_files import ImageFiles, image_files
 from hypervisor.kernel_boot import guest_spec
@@ -108,10 +109,10 @@ class Floor:
     def spec_xml(self, port: int) -> tuple[str, str]:
         self.made += 1
         name = f"rift-bench-floor-{os.getpid()}-{self.made}"
-        spec = guest_spec(self.image, name=name, task_id="task_benchflr",
-                          vm_id=f"vm_benchflr{self.made}", vcpus=1, memory_mib=256,
-                          domain_type=self.accel, public_key_line=self.public_line,
-                          ssh_port=port, serial_log=self.work / f"{name}.log")
+        spec = guest_spec(self.image, GuestDomain(
+            name=name, task_id="task_benchflr", vm_id=f"vm_benchflr{self.made}", vcpus=1,
+            memory_mib=256, domain_type=self.accel, ssh_port=port,
+            serial_log=self.work / f"{name}.log"), self.public_line)
         return name, build_domain_xml(spec)
 
     def new_until_exec(self) -> tuple[float, str]:
