@@ -37,7 +37,7 @@ from rift.domain.errors import (
     Unauthorized,
     VmNotFound,
 )
-from rift.e2b import shapes, uploads
+from rift.e2b import sandboxes, shapes, uploads
 from rift.e2b.connect import (
     CODES,
     ConnectFault,
@@ -285,9 +285,10 @@ class Envd(EnvdPart):
             call = await self.state.waiting.run(None, call_of, self.deps, request)
             vm = (await self.state.waiting.run(None, vms.get, self.deps, call.caller,
                                                c.VmGetIn(vm_id=call.vm_id))).vm
+            over = await self.state.waiting.run(None, sandboxes.ended, self.deps, vm.id)
         except RiftError as err:
             return files_refusal(err)
-        if vm.status != "running" or vm.task_id != parse_handle(call.handle).task_id:
+        if over or vm.status != "running" or vm.task_id != parse_handle(call.handle).task_id:
             return JSONResponse(shapes.error_body(502, "The sandbox was not found"),
                                 status_code=502)
         return Response(status_code=204)

@@ -3,7 +3,8 @@ caller's sandboxes (filtered, ordered and paged as E2B answers) and its metrics.
 Blocking: the routes run these in worker threads.
 
 - **list** (`GET /v2/sandboxes`): the sandboxes this door made for the caller
-  (its stored records, tx.sandboxes) whose VM lives, filtered by `state`
+  (its stored records, tx.sandboxes) whose VM lives and whose end has not come
+  (the detail too: past its end a sandbox is over, its kill under way), filtered by `state`
   (`running`, `paused`), `metadata` (every pair asked), `template` and
   `startedAfter`; newest first (`order=asc`: oldest first); `limit` per page and
   the next page's `nextToken` (the `x-next-token` header) only when one is left.
@@ -21,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from rift.contract.views import VmView
-from rift.domain.errors import InvalidArgument
+from rift.domain.errors import InvalidArgument, VmNotFound
 from rift.domain.model import Vm
 from rift.domain.sandboxes import Sandbox
 from rift.e2b import shapes
@@ -70,7 +71,11 @@ def _detail(sandbox: str, seen: Seen, record: Sandbox | None) -> dict[str, Any]:
 def info(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> dict[str, Any]:
     """GET /sandboxes/{id}: E2B's `SandboxDetail` (no access token: it is not stored)."""
     vm = live_vm(deps, caller, sandbox)
-    return _detail(sandbox, Seen.of(vm), stored(deps, vm.id))
+    record = stored(deps, vm.id)
+    if record is not None and record.end_at is not None and \
+            record.end_at <= deps.clock.now():
+        raise VmNotFound(vm.id)  # over at its end (its kill may be under way)
+    return _detail(sandbox, Seen.of(vm), record)
 
 
 @dataclass(frozen=True)
@@ -122,8 +127,9 @@ def _key(record: Sandbox) -> tuple[int, str]:
             shapes.sandbox_id(record.vm_id))
 
 
-def _fits(record: Sandbox, vm: Vm | None, want: Wanted) -> bool:
+def _fits(record: Sandbox, vm: Vm | None, want: Wanted, now: datetime) -> bool:
     return (vm is not None and vm.status in LIVE and LIVE[vm.status] in want.states
+            and (record.end_at is None or record.end_at > now)
             and all(record.metadata.get(k) == v for k, v in want.metadata.items())
             and (want.template is None or want.template == record.template)
             and (want.started_after is None or record.started_at >= want.started_after))
@@ -132,10 +138,10 @@ def _fits(record: Sandbox, vm: Vm | None, want: Wanted) -> bool:
 def listing(deps: Deps, registry: Registry, caller: Caller, query: dict[str, str],
             ) -> tuple[list[dict[str, Any]], str | None]:
     """GET /v2/sandboxes: one page and the next page's token (None when none is left)."""
-    want = wanted(query)
+    want, now = wanted(query), deps.clock.now()
     with deps.store.read() as tx:
         found = [(record, vm) for record in tx.sandboxes.of_owner(caller.user)
-                 for vm in [tx.vms.get(record.vm_id)] if _fits(record, vm, want)]
+                 for vm in [tx.vms.get(record.vm_id)] if _fits(record, vm, want, now)]
     if want.newest_first:
         found.reverse()
     if want.after is not None:

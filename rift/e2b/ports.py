@@ -7,7 +7,8 @@ whose `Host` is such a name goes to that port of the sandbox's VM when it carrie
 the sandbox's `trafficAccessToken` in `e2b-traffic-access-token`, or when the
 sandbox allows public traffic (`network.allowPublicTraffic`, E2B's default) and
 the operator does too (RIFT_E2B_PUBLIC_PORTS, default off). A sandbox that is
-unknown, not the door's, or gone is one 404; a missing or wrong token 401/403.
+unknown, not the door's, or gone is one 404; a missing or wrong token 403 (as E2B
+answers).
 """
 
 from __future__ import annotations
@@ -53,9 +54,7 @@ def reach(deps: Deps, sandbox: str, port: int, token: str | None,
         return 404
     if record.public_traffic and public_ports:
         return Target(vm, port)
-    if not token:
-        return 401
-    return Target(vm, port) if matches(token, record.traffic_digest) else 403
+    return Target(vm, port) if token and matches(token, record.traffic_digest) else 403
 
 
 class SandboxPorts:
@@ -76,9 +75,8 @@ class SandboxPorts:
                                                 settings.e2b_public_ports)
         if isinstance(target, int):
             text = {404: f"no sandbox {sandbox[:8]!r} of the E2B door",
-                    401: "this sandbox's ports need its trafficAccessToken in the "
-                         "e2b-traffic-access-token header",
-                    403: "that is not this sandbox's trafficAccessToken"}[target]
+                    403: "this sandbox's ports need its trafficAccessToken in the "
+                         "e2b-traffic-access-token header"}[target]
             await refuse(scope, send, target, text)
             return
         path = scope.get("raw_path") or scope["path"].encode()

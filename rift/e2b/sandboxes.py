@@ -228,6 +228,14 @@ def stored(deps: Deps, vm_id: str) -> Sandbox | None:
         return tx.sandboxes.get(vm_id)
 
 
+def ended(deps: Deps, vm_id: str) -> bool:
+    """Whether the sandbox's end has passed (its kill may be under way: it is over)."""
+    with deps.store.read() as tx:
+        found = tx.sandboxes.get(vm_id)
+    return found is not None and found.end_at is not None and \
+        found.end_at <= deps.clock.now()
+
+
 def kill(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> None:
     """DELETE /sandboxes/{id}: the sandbox's task is closed (its VM destroyed), taking
     it over if another holder has it; a VM in a task not of this door is destroyed

@@ -97,8 +97,12 @@ def test_an_end_is_read_back_moved_and_only_lengthened_by_connect(door: Door) ->
         assert longer > info.end_at
         sbx.set_timeout(60)  # set_timeout may shorten it
         assert sbx.get_info().end_at < longer
+        assert sbx.is_running()
+        sbx.set_timeout(1)
+        time.sleep(1.1)
+        assert not sbx.is_running()  # over at its end, whether or not the kill is done
     finally:
-        sbx.kill()
+        Sandbox.kill(sbx.sandbox_id, **door.opts)
 
 
 def test_a_secured_sandbox_answers_both_tokens_and_its_holder_gets_them_again(
@@ -126,7 +130,7 @@ def test_a_port_host_name_needs_the_sandboxs_traffic_token(door: Door) -> None:
     try:
         host = sbx.get_host(8001)
         assert host == f"8001-{sbx.sandbox_id}.{DOMAIN}"
-        assert _port(door, host).status_code == 401  # public ports are the operator's call
+        assert _port(door, host).status_code == 403  # public ports are the operator's call
         assert _port(door, host, "rift_traffic_wrong").status_code == 403
         assert _port(door, f"8001-zzzzzzzz.{DOMAIN}", sbx.traffic_access_token).status_code \
             == 404

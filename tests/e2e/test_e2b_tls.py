@@ -62,7 +62,7 @@ def test_rift_answers_tls_and_a_sandboxs_port_host_name_over_it(
     assert sandbox["domain"] == DOMAIN
     host = f"https://8001-{sandbox['sandboxID']}.{DOMAIN}:{port}/"
     try:
-        assert httpx.get(host, timeout=10).status_code == 401
+        assert httpx.get(host, timeout=10).status_code == 403
         reached = httpx.get(host, timeout=10, headers={
             "e2b-traffic-access-token": sandbox["trafficAccessToken"]})
         assert reached.status_code == 502 and "guest" in reached.text
