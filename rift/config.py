@@ -66,8 +66,9 @@ class Settings(BaseSettings):
         "Disk in GiB each host keeps free: a host with less (as last sampled, every "
         "RIFT_STATS_INTERVAL_S) takes no new VM, snapshot or pause (quota_exceeded)."))
     vm_cpu_weight: int = Field(default=512, ge=0, le=262144, description=(
-        "Each guest's share of its host's CPUs when they are busy (libvirt's "
-        "`<cputune><shares>`, against 1024 for a process at nice 0); 0: libvirt's default."))
+        "Each guest's share of the CPU against the other guests when they are busy "
+        "(libvirt's `<cputune><shares>`, within the guests' group, which weighs little "
+        "against the host's own processes); 0: libvirt's default."))
     vm_cpu_quota: float = Field(default=0, ge=0, le=1, description=(
         "The fraction of one core each vCPU of a guest may use (libvirt's `<cputune>` "
         "quota per 100 ms; under TCG the guest's code runs on its vCPU threads); QEMU's "

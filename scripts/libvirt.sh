@@ -3,7 +3,9 @@
 # without systemd: installs what is missing, prepares the daemon the way a
 # container needs it (see DESIGN.md, "Facts seen on this kind of machine"),
 # starts virtlogd and then libvirtd under tini (so destroyed QEMU processes are
-# reaped at once) when they are not running, and waits until libvirtd answers.
+# reaped at once) when they are not running, waits until libvirtd answers, and
+# gives the guests' cgroup (and virtlogd, which writes their consoles) a low CPU
+# weight, so `rift serve` wins the CPU against guests (hypervisor/guests_cpu.sh).
 # Safe to run again: it skips what is already there. Runs as root (re-executes
 # itself through sudo otherwise).
 set -euo pipefail
@@ -23,6 +25,7 @@ LOG_DIR=/var/log/libvirt
 APT_PACKAGES=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
               libvirt-clients busybox-static dropbear-bin cpio lz4 tini genisoimage nftables)
 ISOLATION=$(cd "$(dirname "$0")/.." && pwd)/hypervisor/guest_isolation.nft
+GUESTS_CPU=$(cd "$(dirname "$0")/.." && pwd)/hypervisor/guests_cpu.sh
 
 say() { echo "libvirt: $*"; }
 
@@ -149,3 +152,7 @@ until virsh -c "$URI" version >/dev/null 2>&1; do
   sleep 0.2
 done
 say "$URI answers ($(virsh -c "$URI" version 2>/dev/null | sed -n 's/^Running hypervisor: //p'))"
+
+# 6. all guests together weigh little against the control plane (SPEC §15): a
+# low cpu weight on libvirt's group `machine`, virtlogd in it too
+sh "$GUESTS_CPU" | sed 's/^guests_cpu: /libvirt: /'
