@@ -245,3 +245,26 @@ def test_envd_refuses_missing_stale_and_malformed_calls(door: Door) -> None:
             sbx.files.read("/etc/hostname")
     finally:
         sbx.kill()
+
+
+def test_malformed_pty_calls_are_refused_with_connect_errors(door: Door) -> None:
+    sbx = Sandbox.create(**door.opts)
+    token = sbx._envd_access_token
+    assert isinstance(token, str)
+    try:
+        for pty in ('"80x24"', '{"size": [24, 80]}', '{"size": {"rows": "24", "cols": 80}}'):
+            start = ('{"process": {"cmd": "/bin/bash", "args": ["-i", "-l"]}, "pty": '
+                     + pty + "}").encode()
+            answer = _envd(door, "/process.Process/Start", sbx.sandbox_id, token,
+                           struct.pack(">BI", 0, len(start)) + start)
+            assert answer.status_code == 200 and \
+                _end_error(answer)["code"] == "invalid_argument", pty
+        for body, status, code in (
+                (b'{"process": {"pid": 12345}, "pty": {"size": {"rows": 24, "cols": 80}}}',
+                 404, "not_found"),
+                (b'{"pty": {"size": {"rows": 24, "cols": 80}}}', 400, "invalid_argument")):
+            update = _envd(door, "/process.Process/Update", sbx.sandbox_id, token, body,
+                           "application/json")
+            assert (update.status_code, update.json()["code"]) == (status, code), body
+    finally:
+        sbx.kill()
