@@ -65,7 +65,7 @@ class VmUsage(Collector):
                 "rift_vm_net_tx_bytes", "Bytes a running VM's guest has sent.", labels=labels),
         }
         with self.deps.store.read() as tx:
-            running = [vm for host in tx.hosts.all() for vm in tx.vms.live_on_host(host.name)
+            running = [vm for host in tx.hosts.all() for vm in tx.fleet.live_on_host(host.name)
                        if vm.status == "running"]
         for vm in running:
             now = usage.view(vm.stats) or {}

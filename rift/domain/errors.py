@@ -3,6 +3,7 @@ that names the tool that mends it. Every door renders these the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, ClassVar
 
 
@@ -353,8 +354,9 @@ class StoreUnavailable(RiftError):
 
 
 class IllegalTransition(RiftError):
-    """A VM, pooled VM or snapshot asked to change from a state that change does not
-    start from (the state diagrams in rift.domain.model and rift.domain.records).
+    """A VM, exec, host, pool, pooled VM or snapshot asked to change from a state
+    that change does not start from (the state tables in rift.domain.model,
+    rift.domain.pools and rift.domain.records).
     Not a refusal of SPEC §4: the engine checks a state before it asks for a change,
     so this is a bug if it is ever seen; the code stays `internal`."""
 
@@ -364,6 +366,14 @@ class IllegalTransition(RiftError):
             "call again; if it keeps failing, tell the operator (rift doctor)",
             object_id=object_id, state=state, transition=transition,
         )
+
+
+def check_from(kind: str, object_id: str, state: str, sources: Collection[str],
+               transition: str) -> None:
+    """`IllegalTransition` unless ``state`` is one of the ``sources`` the transition
+    starts from."""
+    if state not in sources:
+        raise IllegalTransition(kind, object_id, state, transition)
 
 
 ALL_ERRORS: tuple[type[RiftError], ...] = (

@@ -1,9 +1,9 @@
 """The nouns of SPEC §1 as plain values. The store reads and writes these.
 
-A task and a VM change only by their methods (transitions): each answers the
-object as it is after the change and the event that records it (None for a change
-no event shows), and refuses a state it does not start from (a task with
-`TaskClosed`/`TaskReleased`, a VM with `IllegalTransition`). The store saves the
+A task, a VM, an exec and a host change only by their methods (transitions): each
+answers the object as it is after the change and the event that records it (where
+one does), and refuses a state it does not start from (a task with
+`TaskClosed`/`TaskReleased`, the others with `IllegalTransition`). The store saves the
 answer in one transaction with its event, by one compare-and-set: a task on its
 lease generation (``tx.tasks.save(new, expected_gen=old.lease_gen)``), a VM on the
 status and change it was read in (``tx.vms.save(new, was=old)``: ``UPDATE vms ...
@@ -49,6 +49,26 @@ A sleeping VM (SPEC §17) is saved like a paused one, by Rift rather than its ag
 wake took, the view's `woke: {ms}`.
 `change_ended`: a change libvirt refused or a crash cut short, rolled back; or a
 snapshot's save done.)
+
+An exec (SPEC §10) ends once; saved on its status (``tx.execs.save(new, was=old)``:
+``... WHERE id = ? AND status = 'running'``), so one caller records its end and its
+event (the guest's output totals, which `tx.execs.seen` moves meanwhile, are no
+part of the check)::
+
+    from       method                 to                              event
+    (none)     -                      running                         exec_started
+    running    ended(ExecEnd, ...)    exited|killed|timed_out|lost    exec_ended
+
+A host (its state as `rift host list` shows it: active, drained, unreachable)
+changes with no event; saved on each column the change moves, as it was read
+(``tx.hosts.save(new, was=old)``)::
+
+    from               method                           to
+    (none)             -                                active
+    any                resized(uri, vcpus, memory_mib)  (same state) on that URI, of that size
+    any                set_drain(drained)               drained, or not
+    answering          unreachable(now, error)          unreachable since now, error kept
+    unreachable        reachable()                      answering, no error
 """
 
 from __future__ import annotations
@@ -59,7 +79,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from rift.domain.clock import iso
-from rift.domain.errors import IllegalTransition, TaskClosed, TaskReleased
+from rift.domain.errors import IllegalTransition, TaskClosed, TaskReleased, check_from
 
 TaskStatus = Literal["open", "closed"]
 CloseReason = Literal["closed", "idle", "operator"]
@@ -89,6 +109,7 @@ StartKind = Literal["boot", "pool", "restore", "fork"]
 # None of them reaches its host's own services.
 Egress = str
 ExecStatus = Literal["running", "exited", "killed", "timed_out", "lost"]
+EXEC_END_STATUSES: tuple[ExecStatus, ...] = ("exited", "killed", "timed_out", "lost")
 DEFAULT_DISK_GIB = 10  # SPEC §3's `disk_gib` default: the size of a VM's overlay
 
 
@@ -393,6 +414,38 @@ class Exec:
     def is_running(self) -> bool:
         return self.status == "running"
 
+    def ended(self, end: ExecEnd, by: str, now: datetime) -> tuple[Exec, NewEvent]:
+        """It ended as ``end`` says (the table in this module's docstring)."""
+        check_from("exec", self.id, self.status, ("running",), "ended")
+        out, err = end.totals if end.totals is not None else (self.stdout_bytes,
+                                                                self.stderr_bytes)
+        new = replace(self, status=end.status, ended_at=end.at, exit_code=end.exit_code,
+                      signal=end.signal, timed_out=end.timed_out,
+                      duration_ms=end.duration_ms, stdout_bytes=out, stderr_bytes=err)
+        return new, NewEvent(self.task_id, "exec_ended", now, by, {
+            "exec_id": self.id, "vm_id": self.vm_id, "status": end.status,
+            "exit_code": end.exit_code})
+
+
+@dataclass(frozen=True)
+class ExecEnd:
+    """How an exec ended and when; what its guest said of it where it did (its exit
+    code or signal, how long it ran, whether its timeout ended it, its output totals:
+    None keeps the totals last seen)."""
+
+    status: ExecStatus
+    at: datetime
+    exit_code: int | None = None
+    signal: str | None = None
+    duration_ms: int | None = None
+    timed_out: bool = False
+    totals: tuple[int, int] | None = None  # stdout and stderr bytes
+
+    def __post_init__(self) -> None:
+        if self.status not in EXEC_END_STATUSES:
+            raise ValueError(f"an exec ends exited, killed, timed_out or lost, not "
+                             f"{self.status!r}")
+
 
 @dataclass(frozen=True)
 class Event:
@@ -425,3 +478,29 @@ class Host:
     created_at: datetime | None = None
     unreachable_since: datetime | None = None  # set while the host does not answer
     last_error: str | None = None
+
+    @property
+    def state(self) -> str:
+        """active, drained or unreachable (`rift host list`)."""
+        return ("unreachable" if self.unreachable_since is not None else
+                "drained" if self.drained else "active")
+
+    # Its transitions: the table in this module's docstring.
+
+    def resized(self, uri: str, vcpus: int, memory_mib: int) -> Host:
+        """Its connection and size as configured (`local`'s, taken up at start)."""
+        return replace(self, uri=uri, vcpus=vcpus, memory_mib=memory_mib)
+
+    def set_drain(self, drained: bool) -> Host:
+        """Drained (it takes no new VMs) or not; asked again, it stays so."""
+        return replace(self, drained=drained)
+
+    def unreachable(self, now: datetime, error: str) -> Host:
+        """It stopped answering (at ``now``; ``error`` says how): it takes no new VMs."""
+        check_from("host", self.name, self.state, ("active", "drained"), "unreachable")
+        return replace(self, unreachable_since=now, last_error=error)
+
+    def reachable(self) -> Host:
+        """It answers again."""
+        check_from("host", self.name, self.state, ("unreachable",), "reachable")
+        return replace(self, unreachable_since=None, last_error=None)

@@ -1,37 +1,23 @@
-"""Rules every repository checks: which fields a change may touch, limits, times.
-(Tasks, VMs, pooled VMs and snapshots change by their domain transitions, saved
-whole by their repository's `save`: see `changed`.)"""
+"""Rules every repository checks: what a transition changed, limits, times.
+(Tasks, VMs, execs, hosts, pools, pooled VMs and snapshots change by their domain
+transitions, saved by their repository's `save`: see `changed`.)"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-HOST_CHANGEABLE = frozenset({"uri", "vcpus", "memory_mib", "drained", "unreachable_since",
-                             "last_error"})
-POOL_CHANGEABLE = frozenset({"running", "saved", "failures", "retry_at", "last_error",
-                             "filler", "fill_until"})
-EXEC_END_CHANGEABLE = frozenset({"status", "ended_at", "exit_code", "signal", "timed_out",
-                                 "stdout_bytes", "stderr_bytes", "duration_ms"})
-EXEC_END_STATUSES = frozenset({"exited", "killed", "timed_out", "lost"})
 TASK_LIST_STATUSES = frozenset({"open", "closed", "all"})
 
 
-def check_changes(kind: str, changes: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    """Refuse fields that are not there or may not change (ids, owners, ``lease_gen``)."""
-    bad = sorted(set(changes) - allowed)
-    if bad:
-        raise ValueError(f"{kind} fields that cannot be changed: {', '.join(bad)}")
-
-
-def changed(new: Any, was: Any) -> dict[str, Any]:
+def changed(new: Any, was: Any, key: str = "id") -> dict[str, Any]:
     """The fields a domain transition changed: what `save` writes (nothing else, so
     a column another writer moved meanwhile is not put back). Refuses a change of
-    the object's id: a transition answers the same object."""
-    if new.id != was.id:
-        raise ValueError(f"a saved object keeps its id: {was.id!r}, not {new.id!r}")
+    the object's ``key`` (its id): a transition answers the same object."""
+    if getattr(new, key) != getattr(was, key):
+        raise ValueError(f"a saved object keeps its {key}: {getattr(was, key)!r}, "
+                         f"not {getattr(new, key)!r}")
     return {f.name: getattr(new, f.name) for f in dataclasses.fields(new)
             if getattr(new, f.name) != getattr(was, f.name)}
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, select
 
 from rift.domain.model import Event, NewEvent
 from rift.store.changes import check_limit
@@ -31,17 +30,6 @@ class SqlEvents(SqlRepository):
         if key is None:  # pragma: no cover - every insert here has a key
             raise RuntimeError("the database gave the event no id")
         return int(key[0])
-
-    def count_since(self, task_id: str, type_: str, since: datetime) -> int:
-        query = select(func.count()).select_from(events).where(
-            events.c.task_id == task_id, events.c.type == type_, events.c.at >= since)
-        return int(self._conn.scalar(query) or 0)
-
-    def oldest_since(self, task_id: str, type_: str, since: datetime) -> datetime | None:
-        query = select(func.min(events.c.at)).where(
-            events.c.task_id == task_id, events.c.type == type_, events.c.at >= since)
-        oldest: datetime | None = self._conn.scalar(query)
-        return oldest
 
     def page(self, task_id: str, after_id: int, limit: int) -> list[Event]:
         """The task's events with ids above ``after_id``, oldest first."""

@@ -1,18 +1,17 @@
 """Execs in SQL (``tx.execs``): one row per command started in a guest, ended once
-by compare-and-set from ``running``."""
+(`Exec.ended`) by compare-and-set from ``running``."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, case, func, select, update
 
 from rift.domain.model import Exec
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
-from rift.store.changes import EXEC_END_CHANGEABLE, EXEC_END_STATUSES, check_changes, check_limit
+from rift.store.changes import check_limit
 from rift.store.sql_base import SqlRepository
 from rift.store.tables import EXEC_COLUMNS, execs, tasks, vms
 
@@ -52,17 +51,6 @@ class SqlExecs(SqlRepository):
         query = query.order_by(execs.c.started_at, execs.c.id)
         return [_exec_of(row) for row in self._conn.execute(query)]
 
-    def count_started_since(self, owner: str, since: datetime) -> int:
-        query = select(func.count()).select_from(execs).where(
-            execs.c.owner == owner, execs.c.started_at >= since)
-        return int(self._conn.scalar(query) or 0)
-
-    def oldest_started_since(self, owner: str, since: datetime) -> datetime | None:
-        query = select(func.min(execs.c.started_at)).where(
-            execs.c.owner == owner, execs.c.started_at >= since)
-        oldest: datetime | None = self._conn.scalar(query)
-        return oldest
-
     def running(self, limit: int, after: str | None = None) -> list[Exec]:
         check_limit(limit)
         query = select(*EXEC_COLUMNS).where(execs.c.status == "running")
@@ -91,12 +79,7 @@ class SqlExecs(SqlRepository):
                                                 stderr_bytes), else_=execs.c.stderr_bytes)))
         return self._conn.execute(statement).rowcount == 1
 
-    def end(self, exec_id: str, **changes: Any) -> bool:
-        self._writing("end")
-        check_changes("exec", changes, EXEC_END_CHANGEABLE)
-        if changes.get("status") not in EXEC_END_STATUSES:
-            raise ValueError(f"an exec ends exited, killed, timed_out or lost, not "
-                             f"{changes.get('status')!r}")
-        statement = (update(execs).where(execs.c.id == exec_id, execs.c.status == "running")
-                     .values(**changes))
-        return self._conn.execute(statement).rowcount == 1
+    def save(self, ex: Exec, was: Exec) -> bool:
+        """What the transition from ``was`` changed (its end), while the row is still
+        at ``was``'s status: one caller ends an exec."""
+        return self._save(execs, ex, was, ("status",))

@@ -1,15 +1,15 @@
-"""Hosts in SQL (``tx.hosts``): libvirt connections and their capacity."""
+"""Hosts in SQL (``tx.hosts``): libvirt connections and their capacity, a change
+(rift.domain.model's `Host` transitions) saved by compare-and-set."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from sqlalchemy import Row, delete, select, update
+from sqlalchemy import Row, delete, select
 
 from rift.domain.model import Host
 from rift.domain.store_errors import DuplicateKey, StoreError
-from rift.store.changes import HOST_CHANGEABLE, check_changes
 from rift.store.sql_base import SqlRepository
 from rift.store.tables import hosts
 
@@ -29,20 +29,20 @@ class SqlHosts(SqlRepository):
 
         self._insert(hosts, dataclasses.asdict(host), diagnose)
 
-    def get(self, name: str) -> Host | None:
-        row = self._conn.execute(select(hosts).where(hosts.c.name == name)).first()
+    def get(self, name: str, *, lock: bool = False) -> Host | None:
+        query = select(hosts).where(hosts.c.name == name)
+        if lock and self._writable:
+            query = query.with_for_update()
+        row = self._conn.execute(query).first()
         return None if row is None else _host_of(row)
 
     def all(self) -> list[Host]:
         return [_host_of(row) for row in self._conn.execute(select(hosts).order_by(hosts.c.name))]
 
-    def update(self, name: str, **changes: Any) -> bool:
-        self._writing("update")
-        check_changes("host", changes, HOST_CHANGEABLE)
-        if not changes:
-            return self._exists(hosts, hosts.c.name == name)
-        statement = update(hosts).where(hosts.c.name == name).values(**changes)
-        return self._conn.execute(statement).rowcount == 1
+    def save(self, host: Host, was: Host) -> bool:
+        """What the transition from ``was`` changed, where each column it changes is
+        still as in ``was``."""
+        return self._save(hosts, host, was, None, key="name")
 
     def delete(self, name: str) -> bool:
         self._writing("delete")

@@ -7,11 +7,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, delete, func, select, update
+from sqlalchemy import Row, delete, func, select
 
 from rift.domain.records import Snapshot
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
-from rift.store.changes import changed
 from rift.store.sql_base import SqlRepository
 from rift.store.tables import SNAPSHOT_COLUMNS, snapshots, tasks
 
@@ -61,15 +60,9 @@ class SqlSnapshots(SqlRepository):
         return [_snapshot_of(row) for row in self._conn.execute(query)]
 
     def save(self, snap: Snapshot, was: Snapshot) -> bool:
-        """One conditional UPDATE: what the transition from ``was`` changed, while
-        the row is still in ``was``'s state."""
-        self._writing("save")
-        changes = changed(snap, was)
-        where = (snapshots.c.id == was.id, snapshots.c.state == was.state)
-        if not changes:
-            return self._exists(snapshots, *where)
-        statement = update(snapshots).where(*where).values(**changes)
-        return self._conn.execute(statement).rowcount == 1
+        """What the transition from ``was`` changed, while the row is still in
+        ``was``'s state."""
+        return self._save(snapshots, snap, was, ("state",))
 
     def remove(self, snap: Snapshot) -> bool:
         self._writing("remove")

@@ -130,19 +130,6 @@ class SqlTasks(SqlRepository):
             query = query.where(tasks.c.owner == owner)
         return int(self._conn.scalar(query) or 0)
 
-    def count_created_since(self, owner: str, since: datetime) -> int:
-        query = select(func.count()).select_from(tasks).where(
-            tasks.c.owner == owner, tasks.c.created_at >= since
-        )
-        return int(self._conn.scalar(query) or 0)
-
-    def oldest_created_since(self, owner: str, since: datetime) -> datetime | None:
-        query = select(func.min(tasks.c.created_at)).where(
-            tasks.c.owner == owner, tasks.c.created_at >= since
-        )
-        oldest: datetime | None = self._conn.scalar(query)
-        return oldest
-
     def save(self, task: Task, expected_gen: int) -> bool:
         """One conditional UPDATE: the row takes ``task``'s lease state and
         generation only while it is still at ``expected_gen``, so racers get one

@@ -21,7 +21,8 @@ from sqlalchemy import (
 )
 
 from rift.domain.model import Event, Exec, Task, Vm
-from rift.domain.records import Exposure, Pool, PoolVm, Snapshot
+from rift.domain.pools import Pool, PoolVm
+from rift.domain.records import Exposure, Snapshot
 from rift.domain.sandboxes import Sandbox
 from rift.store.timestamps import UtcDateTime
 

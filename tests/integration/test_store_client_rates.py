@@ -1,6 +1,7 @@
 """The store's side of the client budgets (SPEC §15), against each database: exec
-starts counted per owner, events of a type counted per task, and a failed login
-counted ahead taken back."""
+starts counted per owner, a task's stale-handle refusals (and no other event)
+counted per task, each with the oldest's time, and a failed login counted ahead
+taken back."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from rift.domain.ids import new_exec_id, new_task_id, new_vm_id
 from rift.domain.model import Exec, NewEvent, Task, User, Vm
+from rift.domain.records import RateWindow
 from rift.services.ports import Store
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, 250_000, tzinfo=UTC)
@@ -38,15 +40,14 @@ def test_exec_starts_are_counted_per_owner_since_a_time(store: Store) -> None:
                               owner=vm.owner, command="true", status="running",
                               timeout_s=60, started_at=at(second)))
     with store.read() as tx:
-        assert tx.execs.count_started_since("ada", at(0)) == 3
-        assert tx.execs.count_started_since("ada", at(5)) == 2
-        assert tx.execs.oldest_started_since("ada", at(2)) == at(5)
-        assert tx.execs.count_started_since("bob", at(0)) == 1
-        assert tx.execs.count_started_since("carol", at(0)) == 0
-        assert tx.execs.oldest_started_since("carol", at(0)) is None
+        assert tx.rates.window("execs", "ada", at(0)) == RateWindow(3, at(1))
+        assert tx.rates.window("execs", "ada", at(5)) == RateWindow(2, at(5))
+        assert tx.rates.window("execs", "ada", at(2)) == RateWindow(2, at(5))
+        assert tx.rates.window("execs", "bob", at(0)) == RateWindow(1, at(2))
+        assert tx.rates.window("execs", "carol", at(0)) == RateWindow(0, None)
 
 
-def test_events_of_a_type_are_counted_per_task_since_a_time(store: Store) -> None:
+def test_stale_handle_refusals_are_counted_per_task_since_a_time(store: Store) -> None:
     task, _ = _task_and_vm(store, "ada")
     other, _ = _task_and_vm(store, "ada")
     with store.write() as tx:
@@ -56,11 +57,10 @@ def test_events_of_a_type_are_counted_per_task_since_a_time(store: Store) -> Non
                                       (other.id, "stale_rejected", 6)):
             tx.events.add(NewEvent(task_id, kind, at(second), "mcp:x", {}))
     with store.read() as tx:
-        assert tx.events.count_since(task.id, "stale_rejected", at(0)) == 2
-        assert tx.events.count_since(task.id, "stale_rejected", at(2)) == 1
-        assert tx.events.oldest_since(task.id, "stale_rejected", at(0)) == at(1)
-        assert tx.events.count_since(other.id, "stale_rejected", at(0)) == 1
-        assert tx.events.oldest_since(task.id, "opened", at(0)) is None
+        assert tx.rates.window("stale_rejected", task.id, at(0)) == RateWindow(2, at(1))
+        assert tx.rates.window("stale_rejected", task.id, at(2)) == RateWindow(1, at(4))
+        assert tx.rates.window("stale_rejected", other.id, at(0)) == RateWindow(1, at(6))
+        assert tx.rates.window("stale_rejected", "task_nothere", at(0)) == RateWindow(0, None)
 
 
 def test_a_failure_counted_ahead_is_taken_back_never_below_zero(store: Store) -> None:

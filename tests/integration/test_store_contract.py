@@ -19,8 +19,9 @@ from sqlalchemy import create_engine, pool
 from sqlalchemy.exc import StatementError
 
 from rift.domain.ids import new_exec_id, new_task_id, new_token_id, new_vm_id
-from rift.domain.model import ApiToken, Exec, Host, NewEvent, Task, User, Vm
-from rift.domain.records import HostUsage, Pool, PoolVm, Snapshot
+from rift.domain.model import ApiToken, Exec, ExecEnd, Host, NewEvent, Task, User, Vm
+from rift.domain.pools import Pool, PoolVm
+from rift.domain.records import HostUsage, RateWindow, Snapshot
 from rift.domain.store_errors import DuplicateKey, MissingReference, ReadOnlyTransaction
 from rift.services.ports import Store
 from rift.store.migrate import current_revision, head_revision, upgrade
@@ -199,10 +200,10 @@ def test_open_tasks_and_recent_creations_are_counted_per_owner(store: Store) -> 
     )
     with store.read() as tx:
         assert tx.tasks.count_open("ada") == 2
-        assert tx.tasks.count_created_since("ada", at(-3600)) == 2
-        assert tx.tasks.count_created_since("ada", at(-60)) == 2
-        assert tx.tasks.oldest_created_since("ada", at(-3600)) == at(-60)
-        assert tx.tasks.oldest_created_since("ada", at(0)) is None
+        assert tx.rates.window("tasks", "ada", at(-3600)) == RateWindow(2, at(-60))
+        assert tx.rates.window("tasks", "ada", at(-60)) == RateWindow(2, at(-60))
+        assert tx.rates.window("tasks", "ada", at(0)) == RateWindow(0, None)
+        assert tx.rates.window("tasks", "nobody", at(-3600)) == RateWindow(0, None)
         assert tx.tasks.count_open("nobody") == 0
 
 
@@ -416,17 +417,16 @@ def test_an_exec_ends_once_and_its_totals_only_grow_while_it_runs(store: Store) 
         assert tx.execs.seen(big.id, 2**40, 2**33)  # past 32 bits
         assert tx.execs.seen(big.id, 2**40 - 1, 0)
         assert not tx.execs.seen("exec_aaaaaaaa", 1, 1)  # no such exec
-        assert tx.execs.end(ex.id, status="killed", ended_at=at(9), signal="TERM",
-                            stdout_bytes=12, duration_ms=9000)
-        assert not tx.execs.end(ex.id, status="lost", ended_at=at(10))  # ended already
+        killed, _ = current.ended(ExecEnd("killed", at(9), signal="TERM", duration_ms=9000,
+                                          totals=(12, 7)), "sweep", at(9))
+        assert tx.execs.save(killed, current)
+        lost, _ = current.ended(ExecEnd("lost", at(10)), "sweep", at(10))
+        assert not tx.execs.save(lost, current)  # ended already: the row left `running`
         assert not tx.execs.seen(ex.id, 99, 99)
-        assert not tx.execs.end("exec_aaaaaaaa", status="lost")  # no such exec
+        gone = an_exec(vm)  # no such exec
+        assert not tx.execs.save(gone.ended(ExecEnd("lost", at(9)), "sweep", at(9))[0], gone)
         with pytest.raises(ValueError):
-            tx.execs.end(ex.id, status="running")
-        with pytest.raises(ValueError):
-            tx.execs.end(big.id, ended_at=at(9))  # an end names its status
-        with pytest.raises(ValueError):
-            tx.execs.end(ex.id, status="lost", command="rm -rf /")
+            tx.execs.save(dataclasses.replace(killed, id=big.id), killed)  # another exec
     with store.read() as tx:
         assert tx.execs.get(ex.id) == dataclasses.replace(
             ex, status="killed", ended_at=at(9), signal="TERM", stdout_bytes=12,
@@ -435,6 +435,25 @@ def test_an_exec_ends_once_and_its_totals_only_grow_while_it_runs(store: Store) 
                                                            stderr_bytes=2**33)
         with pytest.raises(ReadOnlyTransaction):
             tx.execs.seen(ex.id, 1, 1)  # a read transaction writes nothing
+
+
+def test_an_exec_end_is_saved_on_its_status_keeping_totals_seen_since_its_read(
+        store: Store) -> None:
+    task = a_task()
+    vm = a_vm(task, status="running")
+    insert(store, task, vm)
+    ex = an_exec(vm)
+    with store.write() as tx:
+        tx.execs.add(ex)
+    with store.write() as tx:
+        current = tx.execs.get(ex.id)
+        assert current == ex
+        assert tx.execs.seen(ex.id, 50, 5)  # the guest said more after the read
+        lost, _ = current.ended(ExecEnd("lost", at(9)), "sweep", at(9))
+        assert tx.execs.save(lost, current) is True
+    with store.read() as tx:
+        assert tx.execs.get(ex.id) == dataclasses.replace(
+            ex, status="lost", ended_at=at(9), stdout_bytes=50, stderr_bytes=5)
 
 
 # VMs
@@ -543,15 +562,40 @@ def test_a_pool_vm_transition_is_a_compare_and_set_on_its_state(store: Store) ->
                  mark="m", created_at=T0, ssh_port=40022)
     with store.write() as tx:
         tx.pools.add(pool)
-        tx.pools.add_vm(pvm)
+        tx.pool_vms.add(pvm)
         ready = pvm.settled("ssh-ed25519 AAAA", at(1))
-        assert tx.pools.save_vm(ready, pvm) is True
-        assert tx.pools.save_vm(pvm.destroying(), pvm) is False  # the row left `starting`
-        assert tx.pools.take(pvm) is False
-        assert tx.pools.get_vm(pvm.id, lock=True) == ready
-        assert tx.pools.take(ready.handed_out()) is True
-        assert tx.pools.take(ready.handed_out()) is False  # one caller takes it
-        assert tx.pools.get_vm(pvm.id) is None
+        assert tx.pool_vms.save(ready, pvm) is True
+        assert tx.pool_vms.save(pvm.destroying(), pvm) is False  # the row left `starting`
+        assert tx.pool_vms.take(pvm) is False
+        assert tx.pool_vms.get(pvm.id, lock=True) == ready
+        assert tx.pool_vms.take(ready.handed_out()) is True
+        assert tx.pool_vms.take(ready.handed_out()) is False  # one caller takes it
+        assert tx.pool_vms.get(pvm.id) is None
+
+
+def test_a_pool_change_is_a_compare_and_set_on_the_columns_it_moves(store: Store) -> None:
+    pool = Pool(id="pool_abcdefgh", image="tiny", host=None, vcpus=1, memory_mib=256,
+                running=1, saved=0, created_at=T0)
+    with store.write() as tx:
+        tx.pools.add(pool)
+    with store.write() as tx:
+        assert tx.pools.get(pool.id, lock=True) == pool
+        claimed = pool.fill_claimed("replica-a", at(0), at(60))
+        assert tx.pools.save(claimed, pool) is True
+        # Replica b read it free as well: its claim is refused, a holds it.
+        assert tx.pools.save(pool.fill_claimed("replica-b", at(0), at(60)), pool) is False
+        failed = claimed.start_failed("no room", at(1))
+        assert tx.pools.save(failed, claimed) is True
+        resized = failed.resized(2, 1)
+        assert tx.pools.save(resized, failed) is True
+        released = resized.fill_released()
+        assert tx.pools.save(released, resized) is True
+        assert tx.pools.get(pool.id) == dataclasses.replace(pool, running=2, saved=1)
+        assert tx.pools.save(released.emptied(), released) is True
+        gone = dataclasses.replace(pool, id="pool_nothere0")
+        assert tx.pools.save(gone.emptied(), gone) is False
+        assert tx.pools.delete(pool.id) is True
+        assert tx.pools.get(pool.id) is None
 
 
 def test_a_destroy_request_round_trips_and_is_set_only_on_a_destroyable_status(
@@ -577,7 +621,7 @@ def test_a_destroy_request_round_trips_and_is_set_only_on_a_destroyable_status(
         assert got.destroy_requested_at.tzinfo is not None
         assert got.destroy_requested_at.utcoffset() == timedelta(0)
         assert got.status == "running" and got.is_live  # a request alone changes no status
-        assert [v.id for v in tx.vms.live_on_host("local")] == [vm.id]
+        assert [v.id for v in tx.fleet.live_on_host("local")] == [vm.id]
 
 
 def test_a_vms_disk_size_and_start_round_trip_and_the_start_is_set_when_it_runs(
@@ -614,8 +658,8 @@ def test_live_vms_of_closed_tasks_are_found_for_the_sweep(store: Store) -> None:
     insert(store, closed, still_open, *leftover, a_vm(closed, status="destroyed"),
            a_vm(closed, status="failed"), a_vm(still_open))
     with store.read() as tx:
-        assert tx.vms.live_of_closed_tasks(10) == leftover
-        assert tx.vms.live_of_closed_tasks(1) == leftover[:1]
+        assert tx.fleet.live_of_closed_tasks(10) == leftover
+        assert tx.fleet.live_of_closed_tasks(1) == leftover[:1]
 
 
 def test_host_usage_sums_live_vms_by_host(store: Store) -> None:
@@ -629,7 +673,7 @@ def test_host_usage_sums_live_vms_by_host(store: Store) -> None:
         a_vm(task, host="gone", status="failed"),
     )
     with store.read() as tx:
-        assert tx.vms.usage_by_host() == {
+        assert tx.fleet.usage_by_host() == {
             "local": HostUsage(vcpus=3, memory_mib=768, vms=2),
             "big": HostUsage(vcpus=4, memory_mib=4096, vms=1),
         }
@@ -641,7 +685,7 @@ def test_a_sleeping_vm_holds_no_room_and_a_waking_one_does(store: Store) -> None
            a_vm(task, status="sleeping", change="waking", memory_mib=512),
            a_vm(task, status="running", change="falling_asleep", memory_mib=256))
     with store.read() as tx:
-        assert tx.vms.usage_by_host() == {"local": HostUsage(vcpus=2, memory_mib=768, vms=2)}
+        assert tx.fleet.usage_by_host() == {"local": HostUsage(vcpus=2, memory_mib=768, vms=2)}
 
 
 def test_sleep_candidates_are_running_vms_of_open_tasks_quiet_past_their_cutoff(
@@ -657,10 +701,10 @@ def test_sleep_candidates_are_running_vms_of_open_tasks_quiet_past_their_cutoff(
            a_vm(busy, status="running"), a_vm(never, status="running"),
            a_vm(closed, status="running"))
     with store.read() as tx:
-        assert tx.vms.sleep_candidates(at(100), at(100), 10) == due
-        assert tx.vms.sleep_candidates(at(100), at(100), 1) == due[:1]
-        assert tx.vms.sleep_candidates(None, at(100), 10) == due[1:]  # RIFT_TASK_SLEEP_S 0
-        assert tx.vms.sleep_candidates(at(10), at(10), 10) == due[:1]
+        assert tx.fleet.sleep_candidates(at(100), at(100), 10) == due
+        assert tx.fleet.sleep_candidates(at(100), at(100), 1) == due[:1]
+        assert tx.fleet.sleep_candidates(None, at(100), 10) == due[1:]  # RIFT_TASK_SLEEP_S 0
+        assert tx.fleet.sleep_candidates(at(10), at(10), 10) == due[:1]
 
 
 def test_live_vms_on_a_host_are_listed_for_the_reconciler(store: Store) -> None:
@@ -668,8 +712,8 @@ def test_live_vms_on_a_host_are_listed_for_the_reconciler(store: Store) -> None:
     live = [a_vm(task), a_vm(task, status="running")]
     insert(store, task, *live, a_vm(task, status="failed"), a_vm(task, host="big"))
     with store.read() as tx:
-        assert tx.vms.live_on_host("local") == live
-        assert tx.vms.live_on_host("nowhere") == []
+        assert tx.fleet.live_on_host("local") == live
+        assert tx.fleet.live_on_host("nowhere") == []
 
 
 def test_vm_creations_are_counted_per_owner_since_a_time(store: Store) -> None:
@@ -677,9 +721,8 @@ def test_vm_creations_are_counted_per_owner_since_a_time(store: Store) -> None:
     insert(store, task, other, a_vm(task, created_at=at(-7200)), a_vm(task, created_at=at(-50)),
            a_vm(task, created_at=at(-10), status="destroyed"), a_vm(other, created_at=at(-5)))
     with store.read() as tx:
-        assert tx.vms.count_created_since("ada", at(-3600)) == 2
-        assert tx.vms.oldest_created_since("ada", at(-3600)) == at(-50)
-        assert tx.vms.oldest_created_since("ada", at(0)) is None
+        assert tx.rates.window("vms", "ada", at(-3600)) == RateWindow(2, at(-50))
+        assert tx.rates.window("vms", "ada", at(0)) == RateWindow(0, None)
 
 
 # events
@@ -747,21 +790,44 @@ def test_event_details_that_json_cannot_hold_are_refused_and_nothing_is_kept(
 # hosts
 
 
-def test_hosts_are_added_listed_updated_and_deleted(store: Store) -> None:
+def test_hosts_are_added_listed_changed_and_deleted(store: Store) -> None:
     local = Host(name="local", uri="test:///default", vcpus=4, memory_mib=8192, created_at=T0)
     with store.write() as tx:
         tx.hosts.add(Host(name="big", uri="qemu+ssh://big/system", vcpus=64, memory_mib=262144))
         tx.hosts.add(local)
     with pytest.raises(DuplicateKey), store.write() as tx:
         tx.hosts.add(local)
+    nowhere = dataclasses.replace(local, name="nowhere")
     with store.write() as tx:
-        assert tx.hosts.update("local", drained=True, vcpus=8) is True
-        assert tx.hosts.update("nowhere", drained=True) is False
+        assert tx.hosts.get("local", lock=True) == local
+        drained = local.set_drain(True)
+        assert tx.hosts.save(drained, local) is True
+        assert tx.hosts.save(drained.set_drain(True), drained) is True  # no change: still so
+        resized = drained.resized("test:///default", 8, 8192)
+        assert tx.hosts.save(resized, drained) is True
+        assert tx.hosts.save(nowhere.set_drain(True), nowhere) is False
         assert tx.hosts.delete("big") is True
         assert tx.hosts.delete("big") is False
     with store.read() as tx:
         assert tx.hosts.all() == [dataclasses.replace(local, drained=True, vcpus=8)]
         assert tx.hosts.get("big") is None
+
+
+def test_a_host_change_is_a_compare_and_set_on_the_columns_it_moves(store: Store) -> None:
+    local = Host(name="local", uri="test:///default", vcpus=4, memory_mib=8192, created_at=T0)
+    with store.write() as tx:
+        tx.hosts.add(local)
+    silent = local.unreachable(at(5), "connection refused")
+    with store.write() as tx:
+        assert tx.hosts.save(silent, local) is True
+        # Another replica read it answering too: its mark is refused, the first kept.
+        assert tx.hosts.save(local.unreachable(at(6), "timed out"), local) is False
+        assert tx.hosts.get("local") == silent
+        back = silent.reachable()
+        assert tx.hosts.save(back, silent) is True
+        assert tx.hosts.save(back, silent) is False  # it answers already
+    with store.read() as tx:
+        assert tx.hosts.get("local") == local
 
 
 # transactions
@@ -1016,8 +1082,8 @@ def test_counts_across_users_see_open_tasks_and_vms_by_status(store: Store) -> N
                       status="running", host="local", vcpus=1, memory_mib=64, created_at=now))
     with store.read() as tx:
         assert tx.tasks.count_open(None) == 2
-        assert tx.vms.count_by_status("running") == 1
-        assert tx.vms.count_by_status("failed") == 0
+        assert tx.fleet.count_by_status("running") == 1
+        assert tx.fleet.count_by_status("failed") == 0
 
 
 def test_the_installation_has_an_id_and_meta_is_compare_and_set(store: Store) -> None:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rift.domain.errors import IllegalTransition
-from rift.domain.records import PoolGoal, PoolVm, PoolVmState
+from rift.domain.pools import PoolGoal, PoolVm, PoolVmState
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 LATER = T0 + timedelta(seconds=2)

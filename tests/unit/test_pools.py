@@ -13,7 +13,7 @@ from rift.contract import tools as c
 from rift.contract.base import command
 from rift.contract.operator import PoolSetIn
 from rift.domain.clock import FakeClock
-from rift.domain.records import PoolVm
+from rift.domain.pools import BACKOFF_S, PoolVm
 from rift.services.background import reconcile
 from rift.services.context import Deps, GuestRuntime
 from rift.services.lifecycle import pool_filler, pools, tasks, vms
@@ -30,7 +30,7 @@ def _handle(deps: Deps) -> str:
 
 def _members(deps: Deps) -> list[PoolVm]:
     with deps.store.read() as tx:
-        return tx.pools.vms()
+        return tx.pool_vms.all()
 
 
 def _fill(deps: Deps) -> int:
@@ -179,9 +179,9 @@ def test_failed_starts_back_off(deps: Deps, local_hv: FakeHypervisor, clock: Fak
     assert row.pool.failures == 1 and "no room at the inn" in (row.pool.last_error or "")
     assert pool_filler.refill(deps, FILLER) == 0  # backing off: nothing tried
     assert [op for op, _ in local_hv.calls].count("create") == 1
-    clock.advance(pool_filler.BACKOFF_S[0] + 1)
+    clock.advance(BACKOFF_S[0] + 1)
     assert pool_filler.refill(deps, FILLER) == 0  # the second failure
-    clock.advance(pool_filler.BACKOFF_S[1] + 1)
+    clock.advance(BACKOFF_S[1] + 1)
     assert pool_filler.refill(deps, FILLER) == 1
     (row,) = pools.pool_rows(deps)
     assert row.pool.failures == 0 and row.pool.last_error is None and row.running_ready == 1
@@ -192,7 +192,7 @@ def test_one_replica_fills_a_pool_at_a_time(deps: Deps, clock: FakeClock) -> Non
     pool = pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     now = clock.now()
     with deps.store.write() as tx:
-        assert tx.pools.claim_fill(pool.id, "replica-a", now, clock.advance(60))
+        assert tx.pools.save(pool.fill_claimed("replica-a", now, clock.advance(60)), pool)
     assert pool_filler.refill(deps, "replica-b") == 0  # a holds it
     clock.advance(1)
     assert pool_filler.refill(deps, "replica-b") == 1  # a's hold ran out
@@ -218,7 +218,7 @@ def test_a_start_a_crash_cut_is_removed_after_the_grace(
         deps: Deps, local_hv: FakeHypervisor, clock: FakeClock) -> None:
     pool = pools.set_pool(deps, command(PoolSetIn, image="tiny", running=1))
     with deps.store.write() as tx:
-        tx.pools.add_vm(PoolVm(
+        tx.pool_vms.add(PoolVm(
             id="vm_cutcutcu", pool_id=pool.id, goal="running", state="starting", host="local",
             image="tiny", vcpus=1, memory_mib=256, key_id=pool.id, mark="m",
             created_at=clock.now()))

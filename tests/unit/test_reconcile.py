@@ -154,7 +154,7 @@ def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back
     assert reconcile.reconcile(deps).lost == []  # not yet: unreachable, VMs still theirs
     assert vms.get(deps, ALICE, command(c.VmGetIn, vm_id=running.id)).vm.status == "running"
     with deps.store.read() as tx:
-        assert tx.vms.usage_by_host()["far"].vcpus == 1
+        assert tx.fleet.usage_by_host()["far"].vcpus == 1
     clock.advance(2)
     report = reconcile.reconcile(deps)
     assert sorted(report.lost) == sorted([running.id, parked.id])
@@ -165,7 +165,7 @@ def test_a_host_lost_past_its_grace_fails_its_vms_and_frees_them_and_coming_back
                vm_id=here.id)).vm.status == "running"  # other hosts untouched
     assert event_types(deps, opened.task.id).count("vm_failed") == 2
     with deps.store.read() as tx:
-        assert "far" not in tx.vms.usage_by_host()  # its capacity is no longer held
+        assert "far" not in tx.fleet.usage_by_host()  # its capacity is no longer held
     assert not reconcile.reconcile(deps).lost  # once
     # it comes back: the lost VMs' domains go, nothing else does
     far.list_domains = working  # type: ignore[method-assign]

@@ -11,7 +11,7 @@ from rift.contract import tools as c
 from rift.contract.base import command
 from rift.contract.operator import PoolSetIn
 from rift.domain.clock import FakeClock
-from rift.domain.records import PoolVm
+from rift.domain.pools import PoolVm
 from rift.guest.adapter import ssh_guests
 from rift.guest.keys import keep_boot_key, key_for_task
 from rift.services.background import sweeps
@@ -153,7 +153,7 @@ def test_a_pooled_vms_boot_key_stays_before_it_is_handed_out(
     image_key = tmp_path / "image-key"
     key_for_task(tmp_path, "image-key")
     with deps.store.write() as tx:
-        tx.pools.add_vm(PoolVm(
+        tx.pool_vms.add(PoolVm(
             id="vm_pooledaa", pool_id=pool.id, goal="running", state="starting",
             host="local", image="tiny", vcpus=1, memory_mib=256, key_id=pool.id, mark="m",
             created_at=deps.clock.now()))

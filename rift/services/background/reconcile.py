@@ -66,12 +66,12 @@ class ReconcileReport:
 
 def _pool_ids(deps: Deps) -> set[str]:
     with deps.store.read() as tx:
-        return tx.pools.ids()
+        return tx.pool_vms.ids()
 
 
 def _live(deps: Deps, host: str) -> dict[str, Vm]:
     with deps.store.read() as tx:
-        return {vm.id: vm for vm in tx.vms.live_on_host(host)}
+        return {vm.id: vm for vm in tx.fleet.live_on_host(host)}
 
 
 def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
@@ -268,11 +268,11 @@ def mark_unreachable(deps: Deps, host: str, error: str) -> None:
     now = deps.clock.now()
     note = f"{_unreachable_note(host)} since {now.isoformat(timespec='seconds')}: {error}"
     with deps.store.write() as tx:
-        current = tx.hosts.get(host)
+        current = tx.hosts.get(host, lock=True)
         if current is None or current.unreachable_since is not None:
             return
-        tx.hosts.update(host, unreachable_since=now, last_error=error)
-        for vm in tx.vms.live_on_host(host):
+        tx.hosts.save(current.unreachable(now, error), current)
+        for vm in tx.fleet.live_on_host(host):
             if vm.error is None:
                 _note(tx, vm, note)
 
@@ -292,7 +292,7 @@ def lose_vms_of_lost_host(deps: Deps, host: str) -> list[str]:
     its first reconciliation destroys them (and nothing else)."""
     with deps.store.read() as tx:
         current = tx.hosts.get(host)
-        vms = tx.vms.live_on_host(host)
+        vms = tx.fleet.live_on_host(host)
     since = current.unreachable_since if current is not None else None
     if since is None:
         return []
@@ -313,8 +313,10 @@ def mark_reachable(deps: Deps, host: str) -> None:
     if current is None or current.unreachable_since is None:
         return
     with deps.store.write() as tx:
-        tx.hosts.update(host, unreachable_since=None, last_error=None)
-        for vm in tx.vms.live_on_host(host):
+        current = tx.hosts.get(host, lock=True)
+        if current is not None and current.unreachable_since is not None:
+            tx.hosts.save(current.reachable(), current)
+        for vm in tx.fleet.live_on_host(host):
             if vm.error is not None and vm.error.startswith(_unreachable_note(host)):
                 _note(tx, vm, None)
     deps.log.info("host answers again", extra={"host": host})

@@ -60,7 +60,7 @@ def finish_closing(deps: Deps, report: SweepReport) -> None:
     destroy libvirt refused, is finished here."""
     while True:
         with deps.store.read() as tx:
-            vms: list[Vm] = tx.vms.live_of_closed_tasks(BATCH)
+            vms: list[Vm] = tx.fleet.live_of_closed_tasks(BATCH)
         done, refused = destroy_vms(deps, vms, SWEEP)
         for task_id in {vm.task_id for vm in vms if vm.id in done}:
             with deps.store.read() as tx:
@@ -98,7 +98,7 @@ def forget_unneeded_keys(deps: Deps, report: SweepReport) -> None:
                 return tx.pools.get(task_id) is not None
             if is_vm_id(task_id):  # a VM's boot key: while it lives, pooled or handed out
                 vm = tx.vms.get(task_id)
-                return (vm is not None and vm.is_live) or tx.pools.get_vm(task_id) is not None
+                return (vm is not None and vm.is_live) or tx.pool_vms.get(task_id) is not None
             task = tx.tasks.get(task_id)
             return task is not None and (task.is_open or tx.vms.count_live(task_id) > 0)
 

@@ -29,7 +29,7 @@ def sample_usage(deps: Deps, net_every_s: float) -> int:
     for host in hosts:
         sample_host_disk(deps, host.name, deps.hosts.hypervisor(host.uri).disk)
         with deps.store.read() as tx:
-            running = [vm for vm in tx.vms.live_on_host(host.name)
+            running = [vm for vm in tx.fleet.live_on_host(host.name)
                        if vm.status == "running" and vm.change is None]
         if not running:
             continue

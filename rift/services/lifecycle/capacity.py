@@ -19,10 +19,10 @@ def host_loads(tx: Tx, without: Collection[str] = ()) -> tuple[dict[str, Host], 
     """Every host and its load; the pool VMs whose ids are in `without` are left
     out (a pool being resized counts its own VMs as room)."""
     hosts = {h.name: h for h in tx.hosts.all()}
-    vm_use = tx.vms.usage_by_host()
-    pool_use = tx.pools.usage_by_host()
+    vm_use = tx.fleet.usage_by_host()
+    pool_use = tx.pool_vms.usage_by_host()
     if without:
-        for pvm in tx.pools.vms():
+        for pvm in tx.pool_vms.all():
             if pvm.id in without and pvm.host in pool_use and pvm.state != "saved":
                 held = pool_use[pvm.host]
                 pool_use[pvm.host] = HostUsage(held.vcpus - pvm.vcpus,

@@ -28,7 +28,7 @@ MIB = 1 << 20
 
 def disk_used_bytes(tx: Tx, user: str) -> int:
     used = tx.snapshots.bytes_of_owner(user)
-    for vm in tx.vms.live_of_owner(user):
+    for vm in tx.fleet.live_of_owner(user):
         measured = usage.view(vm.stats) or {}
         used += int(measured.get("disk_used_bytes") or 0)
         if vm.status == "paused":

@@ -11,10 +11,9 @@ from __future__ import annotations
 import signal as signals
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from rift.contract.views import ExecView
-from rift.domain.model import Exec, ExecStatus, NewEvent, Vm
+from rift.domain.model import Exec, ExecEnd, ExecStatus, Vm
 from rift.services.background.bounded import grouped, per_vm
 from rift.services.context import Deps
 from rift.services.lifecycle.leases import in_write
@@ -70,7 +69,7 @@ def end_for_vm(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
     """The VM ended (rift.services.lifecycle.teardown.vm_ended): its running execs
     are lost."""
     for ex in tx.execs.of_task(vm.task_id, vm.id, running_only=True):
-        _end_in(tx, ex, {"status": "lost", "ended_at": now}, now, actor)
+        _end_in(tx, ex, ExecEnd("lost", now), now, actor)
 
 
 def out_of_sight(deps: Deps, ex: Exec, actor: str) -> ExecView:
@@ -100,40 +99,38 @@ def record_seen(deps: Deps, ex: Exec, seen: GuestExec, actor: str) -> Exec:
                        stderr_bytes=max(ex.stderr_bytes, seen.stderr_total))
     status: ExecStatus = ("lost" if seen.state == "lost" else "timed_out" if seen.timed_out
                           else "killed" if seen.killed else "exited")
-    changes: dict[str, Any] = {
-        "status": status, "stdout_bytes": seen.stdout_total,
-        "stderr_bytes": seen.stderr_total, "timed_out": seen.timed_out}
+    totals = (seen.stdout_total, seen.stderr_total)
     if seen.state == "ended":
         duration = max(0, (seen.ended_ms or seen.started_ms) - seen.started_ms)
-        changes |= {"exit_code": seen.exit_code, "signal": signal_name(seen.signal),
-                    "duration_ms": duration,
-                    "ended_at": ex.started_at + timedelta(milliseconds=duration)}
+        end = ExecEnd(status, ex.started_at + timedelta(milliseconds=duration),
+                      exit_code=seen.exit_code, signal=signal_name(seen.signal),
+                      duration_ms=duration, timed_out=seen.timed_out, totals=totals)
     else:
-        changes["ended_at"] = deps.clock.now()
-    return _end_with(deps, ex, changes, actor)
+        end = ExecEnd(status, deps.clock.now(), timed_out=seen.timed_out, totals=totals)
+    return _end_with(deps, ex, end, actor)
 
 
 def end_exec(deps: Deps, ex: Exec, status: ExecStatus, actor: str) -> Exec:
-    return _end_with(deps, ex, {"status": status, "ended_at": deps.clock.now()}, actor)
+    return _end_with(deps, ex, ExecEnd(status, deps.clock.now()), actor)
 
 
-def _end_with(deps: Deps, ex: Exec, changes: dict[str, Any], actor: str) -> Exec:
+def _end_with(deps: Deps, ex: Exec, end: ExecEnd, actor: str) -> Exec:
     def work(tx: Tx) -> Exec:
         current = tx.execs.get(ex.id)
         if current is None or not current.is_running:
             return current or ex  # ended meanwhile by another call or the sweep
-        return _end_in(tx, current, changes, deps.clock.now(), actor)
+        return _end_in(tx, current, end, deps.clock.now(), actor)
 
     return in_write(deps.store, work)
 
 
-def _end_in(tx: Tx, ex: Exec, changes: dict[str, Any], now: datetime, actor: str) -> Exec:
-    if not tx.execs.end(ex.id, **changes):
+def _end_in(tx: Tx, ex: Exec, end: ExecEnd, now: datetime, actor: str) -> Exec:
+    """`ex` (running, as read in `tx`) ended as `end` says, with its event; as it is
+    when another caller ended it first."""
+    ended, event = ex.ended(end, actor, now)
+    if not tx.execs.save(ended, ex):
         return tx.execs.get(ex.id) or ex
-    ended = replace(ex, **changes)
-    tx.events.add(NewEvent(ex.task_id, "exec_ended", now, actor,
-                           {"exec_id": ex.id, "vm_id": ex.vm_id, "status": ended.status,
-                            "exit_code": ended.exit_code}))
+    tx.events.add(event)
     return ended
 
 

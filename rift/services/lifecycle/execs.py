@@ -67,9 +67,8 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
         vm = task_vm(tx, task, vm_id)
-        check_rate("exec starts", deps.limits.rate_exec_new_per_h, now,
-                   lambda since: tx.execs.count_started_since(caller.user, since),
-                   lambda since: tx.execs.oldest_started_since(caller.user, since))
+        check_rate(tx, ("execs", caller.user), "exec starts", deps.limits.rate_exec_new_per_h,
+                   now)
         reach(vm, deps.guests.execs)  # guest_unreachable before anything is recorded
         ex = Exec(id=exec_id, task_id=task.id, vm_id=vm.id, owner=caller.user,
                   command=command, status="running", timeout_s=timeout, started_at=now)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from hypervisor.base import Hypervisor, HypervisorError, ImageError
 from rift.domain.errors import GuestUnreachable, HypervisorFailed
 from rift.domain.model import StartKind, Vm
-from rift.domain.records import PoolGoal, PoolVm, PoolVmState
+from rift.domain.pools import PoolGoal, PoolVm, PoolVmState
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.guest_kinds import GuestKind, NotReady
@@ -43,7 +43,7 @@ def take(tx: Tx, image: str, vcpus: int, memory_mib: int) -> Taken | None:
     compare-and-set: a racing caller takes another."""
     sources: tuple[tuple[PoolVmState, PoolGoal, StartKind], ...] = (
         ("ready", "running", "pool"), ("saved", "saved", "restore"))
-    found = {state: tx.pools.candidates(image, vcpus, memory_mib, (state,))
+    found = {state: tx.pool_vms.candidates(image, vcpus, memory_mib, (state,))
              for state, _, _ in sources}
     if not any(found.values()):
         return None  # no pool of that kind: one indexed read, and placement as before
@@ -56,7 +56,7 @@ def take(tx: Tx, image: str, vcpus: int, memory_mib: int) -> Taken | None:
                 continue
             if kind == "restore" and room(load, vcpus, memory_mib) < 1:
                 continue
-            if tx.pools.take(pvm.handed_out()):
+            if tx.pool_vms.take(pvm.handed_out()):
                 return Taken(pvm, kind)
     return None
 

@@ -57,8 +57,8 @@ def fixed_sizes(image: str, fixed: tuple[int, int, int] | None, vcpus: int | Non
 def pick_ssh_port(tx: Tx, host: str) -> int:
     """A loopback port of the host that no live VM or pool VM of it uses and, on a
     host of this machine, that is free now (ports are chosen per host)."""
-    taken = {vm.ssh_port for vm in tx.vms.live_on_host(host) if vm.ssh_port}
-    taken |= {m.ssh_port for m in tx.pools.vms() if m.host == host and m.ssh_port}
+    taken = {vm.ssh_port for vm in tx.fleet.live_on_host(host) if vm.ssh_port}
+    taken |= {m.ssh_port for m in tx.pool_vms.all() if m.host == host and m.ssh_port}
     row = tx.hosts.get(host)
     remote = row is not None and elsewhere(row.uri)  # its loopback is not ours
     for _ in range(200):

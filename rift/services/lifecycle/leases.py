@@ -28,6 +28,7 @@ from rift.domain.errors import (
     VmNotRunning,
 )
 from rift.domain.model import NewEvent, Task, Vm
+from rift.domain.records import RateKind
 from rift.domain.secrets import Handle, matches
 from rift.services.context import Caller, Deps
 from rift.services.ports import Store, Tx
@@ -38,14 +39,15 @@ _CAS_ATTEMPTS = 8
 HOUR = timedelta(hours=1)
 
 
-def check_rate(what: str, per_hour: int, now: datetime,
-               count: Callable[[datetime], int],
-               oldest: Callable[[datetime], datetime | None]) -> None:
-    """An hourly budget over the rows made in the last hour: refused with the
-    seconds until the oldest of them leaves the window."""
-    since = now - HOUR
-    if count(since) >= per_hour:
-        first = oldest(since) or now
+def check_rate(tx: Tx, counted: tuple[RateKind, str], what: str, per_hour: int,
+               now: datetime) -> None:
+    """An hourly budget over the rows of a kind a key made in the last hour
+    (``counted``: tasks, VMs or execs and their owner, stale-handle refusals and
+    their task): refused with the seconds until the oldest of them leaves the window."""
+    kind, key = counted
+    window = tx.rates.window(kind, key, now - HOUR)
+    if window.count >= per_hour:
+        first = window.oldest or now
         raise RateLimited(what, per_hour, max(1, int((first + HOUR - now).total_seconds()) + 1))
 
 
@@ -115,9 +117,8 @@ def check_handle(deps: Deps, tx: Tx, caller: Caller, handle: Handle, now: dateti
     if not matches(handle.secret, task.secret_digest):
         # A stale handle leaves an event, within a budget per task (SPEC §15): past
         # it the refusal is rate_limited and writes nothing (the write rolls back).
-        check_rate(f"stale-handle refusals on task {task.id}", deps.limits.rate_stale_per_h,
-                   now, lambda since: tx.events.count_since(task.id, "stale_rejected", since),
-                   lambda since: tx.events.oldest_since(task.id, "stale_rejected", since))
+        check_rate(tx, ("stale_rejected", task.id), f"stale-handle refusals on task {task.id}",
+                   deps.limits.rate_stale_per_h, now)
         tx.events.add(NewEvent(task.id, "stale_rejected", now, caller.label,
                                {"holder": task.holder}))
         raise LeaseStale(task.id, task.holder, iso(task.held_since))

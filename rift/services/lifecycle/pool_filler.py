@@ -1,14 +1,14 @@
 """How a pool is filled in the background (SPEC §11): each pool is filled by one
-replica at a time (`claim_fill`), one start at a time per host, backing off after
-failures; its VMs carry a `mark` (the image's build and the host's QEMU and
-libvirt), and one whose mark is stale is replaced. Extras are trimmed, and a pool
-VM a crash cut short is found (`stale_pool_vms`) and destroyed.
+replica at a time (`Pool.fill_claimed`), one start at a time per host, backing off
+after failures (`Pool.start_failed`); its VMs carry a `mark` (the image's build and
+the host's QEMU and libvirt), and one whose mark is stale is replaced. Extras are
+trimmed, and a pool VM a crash cut short is found (`stale_pool_vms`) and destroyed.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -18,15 +18,13 @@ from hypervisor.placement import choose_host
 from rift.domain.errors import GuestUnreachable, HostDiskFull, HypervisorFailed, ImageNotFound
 from rift.domain.ids import new_vm_id
 from rift.domain.model import Host, Vm
-from rift.domain.records import Pool, PoolGoal, PoolVm
+from rift.domain.pools import Pool, PoolGoal, PoolVm
 from rift.services.context import Deps
 from rift.services.lifecycle.capacity import host_loads
 from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, NotReady, kind_on
 from rift.services.lifecycle.launch import SSH_HOST, check_image, create_domain, pick_ssh_port
 from rift.services.ports import Tx
-
-BACKOFF_S = (5, 15, 60, 300)  # after the 1st, 2nd, 3rd, later failed start in a row
 
 
 def image_build(deps: Deps, image: str) -> str:
@@ -66,21 +64,29 @@ def refill(deps: Deps, filler: str) -> int:
         if pool.retry_at is not None and deps.clock.now() < pool.retry_at:
             continue
         now = deps.clock.now()
-        with deps.store.write() as tx:
-            held = tx.pools.claim_fill(pool.id, filler, now, now + _grace(deps))
+        with deps.store.write() as tx:  # of two replicas claiming at once, one holds it
+            current = tx.pools.get(pool.id, lock=True)
+            held = bool(current and current.free_for(filler, now) and tx.pools.save(
+                current.fill_claimed(filler, now, now + _grace(deps)), current))
         if not held:
             continue  # another replica fills it now
         try:
             made += _fill(deps, pool, busy_hosts)
         finally:
             with deps.store.write() as tx:
-                tx.pools.update(pool.id, filler=None, fill_until=None)
+                change_pool(tx, pool.id, Pool.fill_released)
     return made
+
+
+def change_pool(tx: Tx, pool_id: str, change: Callable[[Pool], Pool]) -> bool:
+    """Save ``change`` (a `Pool` transition) of the pool read locked; False if it is gone."""
+    current = tx.pools.get(pool_id, lock=True)
+    return current is not None and tx.pools.save(change(current), current)
 
 
 def _fill(deps: Deps, pool: Pool, busy_hosts: set[str]) -> int:
     with deps.store.read() as tx:
-        members = tx.pools.vms(pool.id)
+        members = tx.pool_vms.all(pool.id)
         hosts = {h.name: h for h in tx.hosts.all()}
     marks: dict[str, str] = {}
 
@@ -141,18 +147,18 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
             _standby(deps, vm)
         if goal == "saved":
             with deps.store.write() as tx:
-                tx.pools.save_vm(pvm.saving(host_key), pvm)
+                tx.pool_vms.save(pvm.saving(host_key), pvm)
             deps.guests.lifecycle.close_vm(vm.id)  # the save cuts its connections
             hv.save(vm.domain_name)
     except (NotReady, HypervisorError) as exc:
         _start_failed(deps, pool, pvm, str(exc), domain=True)
         return 0
     with deps.store.write() as tx:
-        current = tx.pools.get_vm(pvm.id, lock=True)
+        current = tx.pool_vms.get(pvm.id, lock=True)
         settled = (current is not None and current.state in ("starting", "saving")
-                   and tx.pools.save_vm(current.settled(host_key, deps.clock.now()),
+                   and tx.pool_vms.save(current.settled(host_key, deps.clock.now()),
                                         current))
-        tx.pools.update(pool.id, failures=0, retry_at=None, last_error=None)
+        change_pool(tx, pool.id, Pool.start_done)
     if not settled:  # cleared while it started
         destroy_pool_vm(deps, pvm)
         return 0
@@ -187,14 +193,15 @@ def _reserve(deps: Deps, pool: Pool, goal: PoolGoal,
         try:
             check_image(deps, kind, pool.image, host.uri)
         except ImageNotFound as exc:
-            _failed(tx, pool, now, exc.message)
+            error = exc.message
+            change_pool(tx, pool.id, lambda current: current.start_failed(error, now))
             return None
         port = kind.ssh_port(lambda: pick_ssh_port(tx, host.name))
         pvm = PoolVm(id=new_vm_id(), pool_id=pool.id, goal=goal, state="starting",
                      host=host.name, image=pool.image, vcpus=pool.vcpus,
                      memory_mib=pool.memory_mib, key_id=pool.id,
                      mark=mark_of(deps, host.uri, pool.image), created_at=now, ssh_port=port)
-        tx.pools.add_vm(pvm)
+        tx.pool_vms.add(pvm)
     busy_hosts.add(host.name)
     return pvm, host, kind
 
@@ -214,7 +221,7 @@ def _pool_host(tx: Tx, pool: Pool, busy_hosts: set[str],
     (`choose_host`), never a host with a pool start under way nor one whose disk is
     under its floor (`low_disk`, name: free bytes, as placement leaves out; when
     only such a host had room the pool's last error says so)."""
-    starting = {m.host for m in tx.pools.vms() if m.state in ("starting", "saving")}
+    starting = {m.host for m in tx.pool_vms.all() if m.state in ("starting", "saving")}
     hosts, loads = host_loads(tx)
     open_hosts = [load for load in loads
                   if (pool.host is None or load.name == pool.host)
@@ -224,17 +231,9 @@ def _pool_host(tx: Tx, pool: Pool, busy_hosts: set[str],
     if chosen is None:
         short = choose_host(open_hosts, pool.vcpus, pool.memory_mib)
         if short is not None:
-            tx.pools.update(pool.id, last_error=HostDiskFull(
-                short.name, low_disk[short.name]).message[:500])
+            note = HostDiskFull(short.name, low_disk[short.name]).message
+            change_pool(tx, pool.id, lambda current: current.noted(note))
     return hosts[chosen.name] if chosen else None
-
-
-def _failed(tx: Tx, pool: Pool, now: datetime, error: str) -> None:
-    current = tx.pools.get(pool.id)
-    failures = (current.failures if current else pool.failures) + 1
-    wait_s = BACKOFF_S[min(failures, len(BACKOFF_S)) - 1]
-    tx.pools.update(pool.id, failures=failures, last_error=error[:500],
-                    retry_at=now + timedelta(seconds=wait_s))
 
 
 def _start_failed(deps: Deps, pool: Pool, pvm: PoolVm, error: str, *, domain: bool) -> None:
@@ -244,11 +243,12 @@ def _start_failed(deps: Deps, pool: Pool, pvm: PoolVm, error: str, *, domain: bo
         destroy_pool_vm(deps, pvm)
     else:
         with deps.store.write() as tx:
-            current = tx.pools.get_vm(pvm.id, lock=True)
+            current = tx.pool_vms.get(pvm.id, lock=True)
             if current is not None and current.state in ("starting", "saving"):
-                tx.pools.take(current.removed())
+                tx.pool_vms.take(current.removed())
     with deps.store.write() as tx:
-        _failed(tx, pool, deps.clock.now(), error)
+        now = deps.clock.now()
+        change_pool(tx, pool.id, lambda current: current.start_failed(error, now))
 
 
 def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
@@ -257,8 +257,8 @@ def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
     between leaves a `destroying` row, which reconciliation destroys again.
     Answers 1 when this call removed it."""
     with deps.store.write() as tx:
-        current = tx.pools.get_vm(pvm.id, lock=True)
-        if current is None or not tx.pools.save_vm(current.destroying(), current):
+        current = tx.pool_vms.get(pvm.id, lock=True)
+        if current is None or not tx.pool_vms.save(current.destroying(), current):
             return 0
         host = tx.hosts.get(pvm.host)
     deps.guests.lifecycle.close_vm(pvm.id)
@@ -272,9 +272,9 @@ def destroy_pool_vm(deps: Deps, pvm: PoolVm) -> int:
         kind_on(deps, host.uri, pvm.image).clean_up(pvm.id)
         deps.host_files.forget(host.uri, pvm.id)  # on a host elsewhere, its copies there
     with deps.store.write() as tx:
-        current = tx.pools.get_vm(pvm.id, lock=True)
+        current = tx.pool_vms.get(pvm.id, lock=True)
         return int(current is not None and current.state == "destroying"
-                   and tx.pools.take(current.removed()))
+                   and tx.pool_vms.take(current.removed()))
 
 
 def stale_pool_vms(deps: Deps, listed: dict[str, tuple[set[str], datetime]]) -> list[str]:
@@ -285,7 +285,7 @@ def stale_pool_vms(deps: Deps, listed: dict[str, tuple[set[str], datetime]]) -> 
     rows."""
     cutoff = deps.clock.now() - _grace(deps)
     with deps.store.read() as tx:
-        members = tx.pools.vms()
+        members = tx.pool_vms.all()
     gone = []
     for pvm in members:
         cut = (pvm.state == "destroying"

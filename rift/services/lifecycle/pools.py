@@ -11,7 +11,7 @@ hand-out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rift.contract.base import command
@@ -19,12 +19,12 @@ from rift.contract.operator import PoolSetIn
 from rift.domain.errors import ImageNotFound, InvalidArgument, PoolDoesNotFit
 from rift.domain.ids import new_pool_id
 from rift.domain.model import default_memory_mib
-from rift.domain.records import Pool
+from rift.domain.pools import Pool
 from rift.services.context import Deps
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.lifecycle.launch import check_image, fixed_sizes
-from rift.services.lifecycle.pool_filler import destroy_pool_vm
+from rift.services.lifecycle.pool_filler import change_pool, destroy_pool_vm
 from rift.services.ports import Tx
 
 DEFAULT_VCPUS = 1
@@ -70,17 +70,16 @@ def set_pool(deps: Deps, cmd: PoolSetIn) -> Pool:
         pool = tx.pools.find(image, host, vcpus, memory_mib)
         running = pool.running if cmd.running is None and pool else cmd.running or 0
         saved = pool.saved if cmd.saved is None and pool else cmd.saved or 0
-        own = {pvm.id for pvm in tx.pools.vms(pool.id)} if pool else set()
+        own = {pvm.id for pvm in tx.pool_vms.all(pool.id)} if pool else set()
         _check_room(tx, host, (vcpus, memory_mib), running, own)
         if pool is None:
             pool = Pool(id=new_pool_id(), image=image, host=host, vcpus=vcpus,
                         memory_mib=memory_mib, running=running, saved=saved, created_at=now)
             tx.pools.add(pool)
         else:
-            tx.pools.update(pool.id, running=running, saved=saved, failures=0, retry_at=None,
-                            last_error=None)
-            pool = replace(pool, running=running, saved=saved, failures=0, retry_at=None,
-                           last_error=None)
+            current = tx.pools.get(pool.id, lock=True) or pool  # (gone: nothing is saved)
+            pool = current.resized(running, saved)
+            tx.pools.save(pool, current)
     deps.observers.pools_changed()
     return pool
 
@@ -119,15 +118,15 @@ def clear_pool(deps: Deps, image: str) -> int:
     with deps.store.write() as tx:
         pools = [p for p in tx.pools.all() if p.image == image]
         for pool in pools:
-            tx.pools.update(pool.id, running=0, saved=0)
+            change_pool(tx, pool.id, Pool.emptied)
     gone = 0
     for pool in pools:
         with deps.store.read() as tx:
-            members = tx.pools.vms(pool.id)
+            members = tx.pool_vms.all(pool.id)
         for pvm in members:
             gone += destroy_pool_vm(deps, pvm)
         with deps.store.write() as tx:
-            if not tx.pools.vms(pool.id):
+            if not tx.pool_vms.all(pool.id):
                 tx.pools.delete(pool.id)
         deps.guests.keys.forget_task(pool.id)
     return gone
@@ -136,7 +135,7 @@ def clear_pool(deps: Deps, image: str) -> int:
 def pool_rows(deps: Deps) -> list[PoolRow]:
     with deps.store.read() as tx:
         pools = tx.pools.all()
-        members = tx.pools.vms()
+        members = tx.pool_vms.all()
     return [PoolRow(pool,
                     sum(1 for m in members if m.pool_id == pool.id and m.state == "ready"
                         and m.goal == "running"),
@@ -147,7 +146,7 @@ def pool_rows(deps: Deps) -> list[PoolRow]:
 def pool_counts(deps: Deps) -> dict[tuple[str, str], int]:
     """(image, state) -> how many pool VMs: the `rift_pool_vms` gauge."""
     with deps.store.read() as tx:
-        members = tx.pools.vms()
+        members = tx.pool_vms.all()
     counts: dict[tuple[str, str], int] = {}
     for m in members:
         counts[m.image, m.state] = counts.get((m.image, m.state), 0) + 1

@@ -179,7 +179,7 @@ def sleep_quiet(deps: Deps) -> list[str]:
     default = deps.limits.task_sleep_s
     default_cutoff = now - step - timedelta(seconds=default) if default > 0 else None
     with deps.store.read() as tx:
-        found = tx.vms.sleep_candidates(default_cutoff, now - step, BATCH)
+        found = tx.fleet.sleep_candidates(default_cutoff, now - step, BATCH)
     slept: list[str] = []
     for vm in found:
         try:

@@ -113,9 +113,7 @@ def _check_task_budget(deps: Deps, tx: Tx, caller: Caller, now: datetime) -> Non
     if tx.tasks.count_open(caller.user) >= limits.max_open_tasks:
         raise QuotaExceeded(f"open tasks per user ({limits.max_open_tasks})",
                             limits.max_open_tasks, "rift_task_close")
-    check_rate("task creations", limits.rate_task_new_per_h, now,
-               lambda since: tx.tasks.count_created_since(caller.user, since),
-               lambda since: tx.tasks.oldest_created_since(caller.user, since))
+    check_rate(tx, ("tasks", caller.user), "task creations", limits.rate_task_new_per_h, now)
 
 
 def get(deps: Deps, caller: Caller, cmd: TaskGetIn) -> TaskOut:

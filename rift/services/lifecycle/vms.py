@@ -64,9 +64,7 @@ def _check_vm_budget(deps: Deps, tx: Tx, caller: Caller, task: Task, now: dateti
         raise QuotaExceeded(f"VMs per task ({limits.max_vms_per_task})",
                             limits.max_vms_per_task, "rift_vm_destroy")
     check_disk_budget(deps, tx, caller.user)
-    check_rate("VM creations", limits.rate_vm_new_per_h, now,
-               lambda since: tx.vms.count_created_since(caller.user, since),
-               lambda since: tx.vms.oldest_created_since(caller.user, since))
+    check_rate(tx, ("vms", caller.user), "VM creations", limits.rate_vm_new_per_h, now)
 
 
 def _sizes(deps: Deps, image: str, cmd: VmNewIn) -> tuple[int, int, int, int]:

@@ -113,20 +113,21 @@ def ensure_local_host(deps: Deps, uri: str, vcpus: int | None = None,
             pass
     cpus, mem = _capacity(deps, uri, vcpus, memory_mib, probe=False)
     with deps.store.write() as tx:
-        tx.hosts.update(LOCAL, uri=uri, vcpus=cpus, memory_mib=mem)
-        host = tx.hosts.get(LOCAL)
-    assert host is not None
+        current = tx.hosts.get(LOCAL, lock=True)
+        assert current is not None  # read above, or added a moment ago by another replica
+        host = current.resized(uri, cpus, mem)
+        tx.hosts.save(host, current)
     return host
 
 
 def list_hosts(deps: Deps) -> list[dict[str, Any]]:
     with deps.store.read() as tx:
         hosts = tx.hosts.all()
-        usage = tx.vms.usage_by_host()
-        pooled = tx.pools.usage_by_host()
-        members = tx.pools.vms()
+        usage = tx.fleet.usage_by_host()
+        pooled = tx.pool_vms.usage_by_host()
+        members = tx.pool_vms.all()
         snaps = tx.snapshots.bytes_by_host()
-        paused = {h.name: sum(1 for vm in tx.vms.live_on_host(h.name) if vm.status == "paused")
+        paused = {h.name: sum(1 for vm in tx.fleet.live_on_host(h.name) if vm.status == "paused")
                   for h in hosts}
     rows = []
     for h in hosts:
@@ -141,8 +142,7 @@ def list_hosts(deps: Deps) -> list[dict[str, Any]]:
             "paused": paused[h.name],  # holding only their disk and saved memory
             "snapshots": snaps.get(h.name, (0, 0))[0],
             "snapshot_mib": round(snaps.get(h.name, (0, 0))[1] / (1 << 20)),
-            "state": ("unreachable" if h.unreachable_since else
-                      "drained" if h.drained else "active"),
+            "state": h.state,
             "unreachable_since": h.unreachable_since.isoformat() if h.unreachable_since else None,
             "last_error": h.last_error,
         })
@@ -151,10 +151,11 @@ def list_hosts(deps: Deps) -> list[dict[str, Any]]:
 
 def drain_host(deps: Deps, name: str, drained: bool = True) -> Host:
     with deps.store.write() as tx:
-        if not tx.hosts.update(name, drained=drained):
+        current = tx.hosts.get(name, lock=True)
+        if current is None:
             raise InvalidArgument("name", f"no host {name!r}; rift host list shows them")
-        host = tx.hosts.get(name)
-    assert host is not None
+        host = current.set_drain(drained)
+        tx.hosts.save(host, current)
     return host
 
 
@@ -162,7 +163,7 @@ def remove_host(deps: Deps, name: str) -> None:
     with deps.store.write() as tx:
         if tx.hosts.get(name) is None:
             raise InvalidArgument("name", f"no host {name!r}; rift host list shows them")
-        live = tx.vms.live_on_host(name)
+        live = tx.fleet.live_on_host(name)
         if live:
             raise InvalidArgument("name", f"host {name!r} still has {len(live)} VMs; "
                                   f"rift host drain {name} --move moves the running ones to "
@@ -172,7 +173,7 @@ def remove_host(deps: Deps, name: str) -> None:
             raise InvalidArgument("name", f"host {name!r} still keeps {kept} snapshots; "
                                   "they go with their tasks: rift host drain it and wait for "
                                   "them to close")
-        pooled = [m for m in tx.pools.vms() if m.host == name]
+        pooled = [m for m in tx.pool_vms.all() if m.host == name]
         if pooled:
             raise InvalidArgument("name", f"host {name!r} still keeps {len(pooled)} pooled VMs; "
                                   "rift pool clear their images (rift pool list) first")

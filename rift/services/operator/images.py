@@ -31,7 +31,7 @@ def live_vms_of_image(deps: Deps, name: str) -> list[str]:
     """Ids of the live (creating or running) VMs made from image `name`, on any host."""
     with deps.store.read() as tx:
         return sorted(vm.id for host in tx.hosts.all()
-                      for vm in tx.vms.live_on_host(host.name) if vm.image == name)
+                      for vm in tx.fleet.live_on_host(host.name) if vm.image == name)
 
 
 def remove_image(deps: Deps, name: str) -> None:

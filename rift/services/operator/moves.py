@@ -70,7 +70,7 @@ def drain_and_move(deps: Deps, name: str) -> MoveReport:
     """Drain host `name` (it takes no new VMs) and move its running VMs elsewhere."""
     with deps.store.read() as tx:
         host = tx.hosts.get(name)
-        live = tx.vms.live_on_host(name) if host is not None else []
+        live = tx.fleet.live_on_host(name) if host is not None else []
     if host is None:
         raise InvalidArgument("name", f"no host {name!r} (rift host list)")
     running = [vm for vm in live if vm.status == "running" and vm.change is None

@@ -35,9 +35,12 @@ from rift.services.ports.repositories import (
     EventRepository,
     ExecRepository,
     ExposureRepository,
+    FleetReads,
     HostRepository,
     MetaRepository,
     PoolRepository,
+    PoolVmRepository,
+    RateWindows,
     SandboxRepository,
     SnapshotRepository,
     TaskRepository,
@@ -77,7 +80,11 @@ class Tx(Protocol):
     @property
     def vms(self) -> VmRepository: ...
     @property
+    def fleet(self) -> FleetReads: ...
+    @property
     def events(self) -> EventRepository: ...
+    @property
+    def rates(self) -> RateWindows: ...
     @property
     def users(self) -> UserRepository: ...
     @property
@@ -90,6 +97,8 @@ class Tx(Protocol):
     def web(self) -> WebRepository: ...
     @property
     def pools(self) -> PoolRepository: ...
+    @property
+    def pool_vms(self) -> PoolVmRepository: ...
     @property
     def execs(self) -> ExecRepository: ...
     @property

@@ -1,6 +1,9 @@
 """The store's repositories: one small port per aggregate, reached on the unit
-of work (``tx.tasks``, ``tx.vms``, ``tx.events``, ``tx.users``, ``tx.tokens``,
-``tx.hosts``, ``tx.meta``, ``tx.web``, ``tx.pools``; see `ports.Tx`).
+of work (``tx.tasks``, ``tx.vms``, ``tx.events``, ``tx.pools``, ``tx.pool_vms``, …;
+see `ports.Tx`), and two read ports across aggregates: ``tx.fleet`` (VMs across
+tasks, by host, owner or status) and ``tx.rates`` (the client budgets' windows).
+Where a row changes by a domain transition, its repository's ``save(new, was)``
+writes what changed with one compare-and-set on what the row was.
 
 Every method runs inside the transaction of the ``store.read()`` or
 ``store.write()`` block that gave the unit of work; methods that change rows
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from rift.domain.model import (
     ApiToken,
@@ -26,14 +29,14 @@ from rift.domain.model import (
     User,
     Vm,
 )
+from rift.domain.pools import Pool, PoolVm, PoolVmState
 from rift.domain.records import (
     ChangeMark,
     Exposure,
     HostUsage,
     LoginFailures,
-    Pool,
-    PoolVm,
-    PoolVmState,
+    RateKind,
+    RateWindow,
     Snapshot,
     WebSession,
 )
@@ -61,8 +64,6 @@ class TaskRepository(Protocol):
     def count_open(self, owner: str | None) -> int:
         """Open tasks of ``owner``; of every user with None."""
         ...
-    def count_created_since(self, owner: str, since: datetime) -> int: ...
-    def oldest_created_since(self, owner: str, since: datetime) -> datetime | None: ...
     def save(self, task: Task, expected_gen: int) -> bool:
         """Compare-and-set: store ``task``'s lease state (status, secret digest,
         holder, held since, last activity, closed at, close reason) and its
@@ -147,9 +148,10 @@ class SandboxRepository(Protocol):
 
 
 class ExecRepository(Protocol):
-    """Execs (SPEC §10). An exec ends once: `end` is a compare-and-set from
-    `running`, so one caller records its end (and writes its `exec_ended` event).
-    Rows go with their task's tombstone (`TaskRepository.purge_closed_before`)."""
+    """Execs (SPEC §10). An exec ends once (`Exec.ended`), saved with `save`: a
+    compare-and-set from `running`, so one caller records its end (and writes its
+    `exec_ended` event). Rows go with their task's tombstone
+    (`TaskRepository.purge_closed_before`)."""
 
     def add(self, ex: Exec) -> None: ...
     def get(self, exec_id: str) -> Exec | None: ...
@@ -163,22 +165,19 @@ class ExecRepository(Protocol):
     def count_running(self, task_ids: Sequence[str]) -> dict[str, int]:
         """Every asked task id is a key (0 when none run)."""
         ...
-    def count_started_since(self, owner: str, since: datetime) -> int: ...
-    def oldest_started_since(self, owner: str, since: datetime) -> datetime | None: ...
     def seen(self, exec_id: str, stdout_bytes: int, stderr_bytes: int) -> bool:
         """Record the output totals last seen of a running exec (never lower)."""
         ...
-    def end(self, exec_id: str, **changes: Any) -> bool:
-        """Compare-and-set: apply ``changes`` (status, ended_at, exit_code, signal,
-        timed_out, stdout_bytes, stderr_bytes, duration_ms) only while the exec is
-        running. True when this call ended it."""
+    def save(self, ex: Exec, was: Exec) -> bool:
+        """Compare-and-set: store what ``ex`` changed from ``was`` (a transition of
+        ``was``) where the row is still at ``was.status``. True when this call won."""
         ...
 
 
 class VmRepository(Protocol):
-    """VMs. A change is a domain transition (`Vm.running`, `failed`, `destroyed`,
-    `changing`, `paused`, ...) saved with `save`: one compare-and-set on the status
-    and change it left."""
+    """A task's VMs. A change is a domain transition (`Vm.running`, `failed`,
+    `destroyed`, `changing`, `paused`, ...) saved with `save`: one compare-and-set on
+    the status and change it left. VMs read across tasks: `FleetReads`."""
 
     def add(self, vm: Vm) -> None: ...
     def get(self, vm_id: str, *, lock: bool = False) -> Vm | None:
@@ -194,9 +193,6 @@ class VmRepository(Protocol):
         """Every asked task id is a key (with ``[]`` when it has no VMs)."""
         ...
     def count_live(self, task_id: str) -> int: ...
-    def count_by_status(self, status: str) -> int: ...
-    def count_created_since(self, owner: str, since: datetime) -> int: ...
-    def oldest_created_since(self, owner: str, since: datetime) -> datetime | None: ...
     def save(self, vm: Vm, was: Vm) -> bool:
         """Compare-and-set: store what ``vm`` changed from ``was`` (a transition of
         ``was``) where the row is still at ``was.status`` with ``was.change`` (None:
@@ -206,6 +202,13 @@ class VmRepository(Protocol):
         """The usage sampler's figures (rift.domain.usage's JSON), where the VM still
         runs. Not a transition: no event, and no status or change moves."""
         ...
+
+
+class FleetReads(Protocol):
+    """VMs across tasks, read by host, owner or status: for reconciliation,
+    placement, the sweeps, the operator's lists and /metrics (``tx.fleet``)."""
+
+    def count_by_status(self, status: str) -> int: ...
     def live_of_closed_tasks(self, limit: int) -> list[Vm]:
         """Live VMs in tasks that have closed: what a close cut short left behind."""
         ...
@@ -233,10 +236,16 @@ class EventRepository(Protocol):
     def page(self, task_id: str, after_id: int, limit: int) -> list[Event]:
         """The task's events with ids above ``after_id``, oldest first."""
         ...
-    def count_since(self, task_id: str, type_: str, since: datetime) -> int:
-        """How many of the task's events of this type came at or after ``since``."""
+
+
+class RateWindows(Protocol):
+    """The client budgets' counts (SPEC §15, ``tx.rates``)."""
+
+    def window(self, kind: RateKind, key: str, since: datetime) -> RateWindow:
+        """How many rows of ``kind`` ``key`` made at or after ``since``, and the
+        oldest's time, in one read: tasks, VMs (created) and execs (started) by their
+        owner; `stale_rejected` events by their task's id."""
         ...
-    def oldest_since(self, task_id: str, type_: str, since: datetime) -> datetime | None: ...
 
 
 class UserRepository(Protocol):
@@ -261,12 +270,24 @@ class TokenRepository(Protocol):
 
 
 class HostRepository(Protocol):
+    """Hosts. A change is a domain transition (`Host.resized`, `set_drain`,
+    `unreachable`, `reachable`) saved with `save`: one compare-and-set on the columns
+    it moves."""
+
     def add(self, host: Host) -> None: ...
-    def get(self, name: str) -> Host | None: ...
+    def get(self, name: str, *, lock: bool = False) -> Host | None:
+        """``lock`` in a write transaction: the row stays locked until the commit
+        (PostgreSQL: FOR UPDATE; SQLite holds the write lock), so a transition of what
+        was read is saved against the row as it is."""
+        ...
     def all(self) -> list[Host]:
         """By name."""
         ...
-    def update(self, name: str, **changes: Any) -> bool: ...
+    def save(self, host: Host, was: Host) -> bool:
+        """Compare-and-set: store what ``host`` changed from ``was`` (a transition of
+        ``was``) where each column it changes is still as in ``was``. True when this
+        call won (with no change: while the host is there)."""
+        ...
     def delete(self, name: str) -> bool: ...
 
 
@@ -307,33 +328,45 @@ class WebRepository(Protocol):
 
 
 class PoolRepository(Protocol):
-    """Pools and their VMs. A pool VM changes by a domain transition (`PoolVm.saving`,
-    `settled`, `destroying`) saved with `save_vm`, one compare-and-set on the state it
-    left; a hand-out (`handed_out`) or a removal (`removed`) is `take`: it deletes the
-    row only where it is still in the state it was seen in, so one VM goes to one
-    caller."""
+    """Pools (their VMs: `PoolVmRepository`). A change is a domain transition
+    (`Pool.resized`, `fill_claimed`, `start_failed`, ...) saved with `save`: one
+    compare-and-set on the columns it moves, so of two replicas claiming one pool's
+    fill one holds it."""
 
     def add(self, pool: Pool) -> None: ...
-    def get(self, pool_id: str) -> Pool | None: ...
-    def find(self, image: str, host: str | None, vcpus: int, memory_mib: int) -> Pool | None: ...
-    def all(self) -> list[Pool]:
-        """By image, then size."""
-        ...
-    def update(self, pool_id: str, **changes: Any) -> bool: ...
-    def delete(self, pool_id: str) -> bool:
-        """The pool's row; its VMs' rows must be gone first."""
-        ...
-    def claim_fill(self, pool_id: str, filler: str, now: datetime, until: datetime) -> bool:
-        """Compare-and-set: ``filler`` fills the pool until ``until``, where no other
-        filler holds it past ``now``. True when this call holds it."""
-        ...
-    def add_vm(self, vm: PoolVm) -> None: ...
-    def get_vm(self, vm_id: str, *, lock: bool = False) -> PoolVm | None:
+    def get(self, pool_id: str, *, lock: bool = False) -> Pool | None:
         """``lock`` in a write transaction: the row stays locked until the commit
         (PostgreSQL: FOR UPDATE; SQLite holds the write lock), so a transition of what
         was read is saved against the row as it is."""
         ...
-    def vms(self, pool_id: str | None = None) -> list[PoolVm]:
+    def find(self, image: str, host: str | None, vcpus: int, memory_mib: int) -> Pool | None: ...
+    def all(self) -> list[Pool]:
+        """By image, then size."""
+        ...
+    def save(self, pool: Pool, was: Pool) -> bool:
+        """Compare-and-set: store what ``pool`` changed from ``was`` (a transition of
+        ``was``) where each column it changes is still as in ``was``. True when this
+        call won (with no change: while the pool is there)."""
+        ...
+    def delete(self, pool_id: str) -> bool:
+        """The pool's row; its VMs' rows must be gone first."""
+        ...
+
+
+class PoolVmRepository(Protocol):
+    """Pooled VMs (``tx.pool_vms``). A change is a domain transition
+    (`PoolVm.saving`, `settled`, `destroying`) saved with `save`, one compare-and-set
+    on the state it left; a hand-out (`handed_out`) or a removal (`removed`) is
+    `take`: it deletes the row only where it is still in the state it was seen in,
+    so one VM goes to one caller."""
+
+    def add(self, vm: PoolVm) -> None: ...
+    def get(self, vm_id: str, *, lock: bool = False) -> PoolVm | None:
+        """``lock`` in a write transaction: the row stays locked until the commit
+        (PostgreSQL: FOR UPDATE; SQLite holds the write lock), so a transition of what
+        was read is saved against the row as it is."""
+        ...
+    def all(self, pool_id: str | None = None) -> list[PoolVm]:
         """Every pool VM (of one pool), oldest first."""
         ...
     def ids(self) -> set[str]:
@@ -343,7 +376,7 @@ class PoolRepository(Protocol):
                    states: Sequence[PoolVmState]) -> list[PoolVm]:
         """Pool VMs of that image and size in one of ``states``, oldest first."""
         ...
-    def save_vm(self, vm: PoolVm, was: PoolVm) -> bool:
+    def save(self, vm: PoolVm, was: PoolVm) -> bool:
         """Compare-and-set: store what ``vm`` changed from ``was`` (a transition of
         ``was``) where the row is still in ``was.state``. True when this call won."""
         ...
