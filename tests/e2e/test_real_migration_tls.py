@@ -25,7 +25,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.support.servers import COUNTER, Server, start_real_server, stop_server, wait_until
+from tests.support.real_guests import RealSettings
+from tests.support.servers import COUNTER, Server, wait_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
@@ -74,13 +75,14 @@ def far_hosts() -> Iterator[dict[int, str]]:
         shutil.rmtree(_hosts_dir(), ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_real_server(tmp_path_factory.mktemp("tls"), debian=True)
-    try:
-        yield srv
-    finally:
-        stop_server(proc)
+# The module's `rift serve` on qemu:///system, the harness's (tests/support/
+# real_guests.py): `debian` seeded; stopping it checks that it left no domain here.
+REAL = RealSettings(debian=True)
+
+
+@pytest.fixture
+def plane(real: Server) -> Server:
+    return real
 
 
 def _in_ns(n: int, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
