@@ -66,7 +66,7 @@ while 1:
 
 _SNAP = ("find \"$r\" -mindepth 1 $m -exec stat -c '%n\t%Y\t%s\t%Z\t%F' -- {} + 2>/dev/null"
          " | sort")
-_DIFF = ("awk -F'\\t' -v n=$((${#r}+2)) 'NR==FNR{o[$1]=$2\" \"$3;c[$1]=$4;next} "
+_DIFF = ("awk -F'\\t' -v n=$((${#r}+2)) 'FILENAME==ARGV[1]{o[$1]=$2\" \"$3;c[$1]=$4;next} "
          "{s[$1]=1;k=substr($1,n);f=($5==\"regular file\"); if(!($1 in o)){print \"CREATE\\t\"k;"
          " if(f&&$3>0)print \"WRITE\\t\"k} else if(!f){} else if(o[$1]!=$2\" \"$3)"
          "print \"WRITE\\t\"k; else if(c[$1]!=$4)print \"CHMOD\\t\"k} "

@@ -189,6 +189,9 @@ def test_the_polling_watcher_reports_what_changed_between_two_looks(tmp_path: Pa
                                    ("WRITE", "same.txt"), ("CREATE", "e"), ("CREATE", "d/f"),
                                    ("WRITE", "d/f"), ("REMOVE", "old.txt"),
                                    ("CREATE", "empty")])
+    (tmp_path / "was-empty").mkdir()  # a first look with nothing in it
+    assert _watch("busybox", tmp_path / "was-empty", False, "echo a > x") == \
+        [("CREATE", "x"), ("WRITE", "x")]
 
 
 def test_hostile_event_lines_are_left_out() -> None:
