@@ -156,8 +156,13 @@ class SshLifecycle:
 
     def resumed(self, vm: Vm, timeout_s: float) -> None:
         def call() -> None:
+            began = time.monotonic()
             self.life.reconnect(vm, None, timeout_s)
+            logged_in = time.monotonic()
             self.life.set_clock(vm, time.time())  # now, after the login took its time
+            log.info("guest resumed", extra={
+                "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
+                "clock_ms": round((time.monotonic() - logged_in) * 1000, 1)})
 
         _call(vm, call)
 
@@ -173,6 +178,7 @@ class SshLifecycle:
             log.info("fork identity", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
                 "refresh_ms": round((time.monotonic() - logged_in) * 1000, 1)})
+            self.life.runner.warmer.warm_later(vm)  # its first exec as fast as the next
             return line
 
         return _call(vm, call)

@@ -104,9 +104,12 @@ class ShellLife:
         """Open, on a connection of its own, a shell in the pooled guest `vm` that
         waits for the hand-over's lines: the hand-over then starts no process in
         the guest (each costs tens of milliseconds under TCG). Replaces one open
-        before; GuestError when the guest does not take it."""
+        before; GuestError when the guest does not take it. The guest is warmed up
+        first (rift.guest.warm): the hand-out's first exec then costs what the
+        next one does."""
         where = address(vm)
         self.conns.remember(vm)
+        self.runner.warmer.warm(vm)
         transport = self.conns.connect(vm.id, where)
         deadline = time.monotonic() + HAND_OVER_S
         try:
@@ -182,6 +185,9 @@ class ShellLife:
                              vm_id=vm.id)
         with self.conns.lock:
             self.conns.task_of[vm.id] = task_id
+        # no standby shell: a restored guest, whose QEMU translated nothing of the
+        # exec helper yet; warmed up after the answer (rift.guest.warm)
+        self.runner.warmer.warm_later(vm)
 
     def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float) -> None:
         """Drop the VM's connections (a restore cut them), pin `host_key`, and log in

@@ -20,6 +20,7 @@ from rift.guest.errors import GuestError
 from rift.guest.exec_view import NO_SUCH_EXEC
 from rift.guest.run import Collected, kill_line, send_within
 from rift.guest.steps import address, left, read_capped
+from rift.guest.warm import Warmer
 from rift.guest.watchdog import Guard
 
 log = logging.getLogger("rift.guest.shell")
@@ -51,6 +52,7 @@ class Runner:
                  helper_binary: Callable[[], Path] | None = None) -> None:
         self.conns = conns
         self.helper_binary = helper_binary
+        self.warmer = Warmer(conns)  # a call waits for its VM's warm-up in flight
         port = conns.settings.egress_proxy_port
         self.egress_environment = (
             proxy_environment(f"http://10.0.2.2:{port}") if port else "")
@@ -67,6 +69,7 @@ class Runner:
         waits on past the deadline and the kill's wait gets the connection closed."""
         where = address(vm)
         self.conns.remember(vm)
+        self.warmer.settle(vm.id)
         guard: Guard | None = None
         try:
             with self.conns.pool.lease(vm.id, where, timeout_s) as transport:
@@ -129,6 +132,7 @@ class Runner:
         line, stdin, timeout_s, limit = call.line, call.stdin, call.timeout_s, call.limit
         where = address(vm)
         self.conns.remember(vm)
+        self.warmer.settle(vm.id)
         deadline = time.monotonic() + timeout_s
         guard: Guard | None = None
         try:

@@ -1,0 +1,88 @@
+"""The warm-up that makes a guest's first exec cost what the next one does.
+
+Under TCG the first `rift-exec start` in a guest's life pays for QEMU translating
+the helper's code, its keeper's fork and the command's shell, about as much
+again as the exec itself; after a restore (a saved pool's hand-out, a fork) it
+pays it again, as the new QEMU process translated nothing yet. The warm-up runs
+one `rift-exec start` of `true` (in a folder of its own, removed after) on the
+connection the start left open: at a pool's fill, before its standby shell
+waits (the hand-out then finds the guest warm), and right after a restore's or
+a fork's answer, in the background. A call to that VM meanwhile waits for the
+warm-up to end (at most WARM_S) rather than pay for a new SSH login beside it.
+A guest without the helper (a qcow2 image) is left as it is. Everything here is
+bounded: the session by WARM_S, the connection by the watchdog past it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from hypervisor.exec_helper import GUEST_PATH
+from rift.domain.model import Vm
+from rift.guest.connections import FAILURES, GRACE_S, Connections
+from rift.guest.errors import GuestError
+from rift.guest.exec_view import EXECS_DIR
+from rift.guest.steps import address
+
+log = logging.getLogger("rift.guest.shell")
+
+WARM_S = 10.0  # the warm-up's session; a call waits no longer for it
+# `true` under the helper as an exec runs it (its keeper, its shell), then its folder
+# removed; `$$`, the login shell's pid, keeps racing warm-ups apart
+_FOLDER = f"{EXECS_DIR}/warm-up-$$"
+WARM_UP_LINE = (f"[ -x {GUEST_PATH} ] || exit 0; {GUEST_PATH} start {_FOLDER} 5 4096 "
+                f"{int(WARM_S * 500)} 4096 -- true >/dev/null 2>&1; rm -rf {_FOLDER}")
+
+
+class Warmer:
+    """Warm-ups of guests, and the calls' wait for one in flight."""
+
+    def __init__(self, conns: Connections) -> None:
+        self.conns = conns
+        self.lock = threading.Lock()
+        self.warming: dict[str, threading.Event] = {}  # vm id -> set when its warm-up ends
+
+    def warm(self, vm: Vm) -> float | None:
+        """Run the warm-up now on a pooled connection: its seconds, None when it
+        failed (logged; the first exec then pays what it would have)."""
+        began = time.monotonic()
+        deadline = began + WARM_S
+        try:
+            with self.conns.pool.lease(vm.id, address(vm), WARM_S) as transport, \
+                    self.conns.watchdog.guard(deadline + GRACE_S, transport.close):
+                collected = self.conns.session(transport, WARM_UP_LINE, None, deadline, 4096)
+        except (*FAILURES, GuestError) as exc:
+            log.info("warm-up of %s failed: %s", vm.id, exc)
+            return None
+        if collected.exit_code != 0:
+            log.info("warm-up of %s exited %s", vm.id, collected.exit_code)
+            return None
+        return time.monotonic() - began
+
+    def warm_later(self, vm: Vm) -> None:
+        """Warm `vm` up in the background; its calls wait for it (`settle`)."""
+        done = threading.Event()
+        with self.lock:
+            self.warming[vm.id] = done
+
+        def run() -> None:
+            try:
+                took = self.warm(vm)
+                if took is not None:
+                    log.info("guest %s warmed up in %.0f ms", vm.id, took * 1000)
+            finally:
+                with self.lock:
+                    if self.warming.get(vm.id) is done:
+                        del self.warming[vm.id]
+                done.set()
+
+        threading.Thread(target=run, daemon=True, name="rift-warm-up").start()
+
+    def settle(self, vm_id: str) -> None:
+        """Wait for `vm_id`'s warm-up in flight to end, at most WARM_S + GRACE_S."""
+        with self.lock:
+            done = self.warming.get(vm_id)
+        if done is not None:
+            done.wait(WARM_S + GRACE_S)
