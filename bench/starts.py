@@ -28,6 +28,9 @@ Needs libvirtd on qemu:///system (scripts/libvirt.sh). The images are the tests'
 cached ones (RIFT_TEST_CACHE, as scripts/test.sh sets it: /var/cache/rift-tests
 when it can be made; built when missing or stale). Progress goes to stderr.
 RIFT_BENCH_POOL_SAMPLES (default 20) sets the `debian` hand-outs.
+RIFT_BENCH_STARTS_ROWS picks the tables: `kinds` (above), `first` (bench/first_exec.py:
+the first command after a hand-out, restore, fork and wake, wake to first byte through
+an exposure, density with sleep) or `all` (the default).
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ import paramiko
 import pytest
 from mcp.client.session import ClientSession
 
-from bench import restore_floor
+from bench import first_exec, restore_floor
 from bench.common import print_table
 from bench.vms import qemu_rss_mib
+from hypervisor.base import GuestDomain
 from hypervisor.disks import make_overlay
 from hypervisor.domain_xml import build_domain_xml
 from hypervisor.image_files import ImageFiles, image_files
@@ -79,6 +83,9 @@ CALL_S = 300.0  # the HTTP client's timeout: a cold boot of `debian` under TCG
 BOOT_SAMPLES = 3
 RESTORE_SAMPLES = 5
 POOL_SAMPLES = int(os.environ.get("RIFT_BENCH_POOL_SAMPLES", "20"))
+# which tables: `kinds` (the start kinds against their floors), `first` (bench/first_exec.py:
+# the first command after each start, wake and density), or `all`
+ROWS = os.environ.get("RIFT_BENCH_STARTS_ROWS", "all")
 TINY_SAMPLES = 3  # tiny's hand-outs and restores: cheap, a few
 FLOOR_SAMPLES = 3
 FLOOR_EXECS = 20
@@ -317,9 +324,10 @@ def exec_floor(conn: libvirt.virConnect, image: ImageFiles, memory_mib: int, wor
     if image.disk is not None:
         overlay = work / f"{name}.qcow2"
         make_overlay(image.disk, overlay, 10 * 2**30)
-    spec = guest_spec(image, name=name, task_id="task_benchsts", vm_id="vm_benchsts",
-                      vcpus=1, memory_mib=memory_mib, domain_type=TCG, public_key_line=public,
-                      ssh_port=port, serial_log=serial, disk=overlay)
+    spec = guest_spec(image, GuestDomain(
+        name=name, task_id="task_benchsts", vm_id="vm_benchsts", vcpus=1,
+        memory_mib=memory_mib, domain_type=TCG, ssh_port=port, serial_log=serial),
+        public, disk=overlay)
     dom = conn.defineXML(build_domain_xml(spec))
     try:
         dom.create()
@@ -458,6 +466,14 @@ def main() -> int:
         print(f"\n## starts through MCP: skipped, {exc}")
         return 0
     images = {name: image_files(folder.parent, name) for name, folder in folders.items()}
+    if ROWS in ("all", "first"):
+        with tempfile.TemporaryDirectory(prefix="rift-bench-first-") as tmp:
+            first_exec.main(images, Path(tmp),
+                            lambda where, **kw: start_real_server(
+                                where, RIFT_VM_BOOT_TIMEOUT_S=str(BOOT_TIMEOUT_S), **kw),
+                            cleanup, wait_pool, rift_ok)
+        if ROWS == "first":
+            return 0
     began_load = load()
     progress(f"load average before: {began_load}")
     memory = Memory()
