@@ -51,8 +51,7 @@ MEMORY_MIB = {"tiny": 256, "debian": 512}
 FOLLOW_EXECS = 3
 SLEEP_AFTER_S = 2  # the sleepy task's; with a sweep every second it sleeps in ~4 s
 SERVER_ENV = {"RIFT_SWEEP_INTERVAL_S": "1", "RIFT_ACTIVITY_STEP_S": "1"}
-SAVE_DIR = Path("/var/lib/libvirt/qemu/save")
-HTTP_PORT = 8001
+SAVE_DIR, HTTP_PORT = Path("/var/lib/libvirt/qemu/save"), 8001
 KINDS = ("hand-out", "restore", "fork", "wake")
 
 
@@ -185,8 +184,7 @@ async def wakes(srv: Server, s: ClientSession, into: Firsts) -> None:
     await mcp_clients.call(s, "rift_task_close", handle=handle)
 
 
-def qemu_processes(domain: str) -> int:
-    """QEMU processes running for `domain` (0 when it sleeps)."""
+def qemu_processes(domain: str) -> int:  # those running for `domain`: 0 asleep
     found = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -230,7 +228,7 @@ def floor(image: ImageFiles, work: Path, into: Firsts) -> None:
         conn.close()
 
 
-def p50(values: list[float]) -> float:
+def p50(values: list[float]) -> float:  # nan where a phase measured nothing
     return statistics.median(values) if values else float("nan")
 
 
