@@ -8,12 +8,17 @@ mallory is root in one and does her worst, alice owns the other.
    key, which shows what the host's own load costs without Rift): p50 and p99
    while the server is quiet against while each hostile case runs, side by side
    in one run, each pair measured back to back (WINDOW_S each). During a case
-   two of mallory's callers keep calling `rift_vm_exec` on her VM, each pausing
-   PACE_S between calls (goal: alice's p99 within 1.5x quiet). The cases: a fake
-   exec helper that never reads its stdin (8 MiB sent each call), floods, never
-   exits, or prints a view line built for backtracking; a console flood; a new
-   SSH host key; a full root tmpfs; a fork bomb (last: her VM is destroyed after
-   it).
+   two of mallory's callers (bench.hostile_callers) keep calling `rift_vm_exec`
+   on her VM, each pausing PACE_S between calls, each a process of its own beside
+   the probe's on one MCP session as an agent's client keeps it (goal: alice's
+   p99 within 1.5x quiet).
+   The cases: her calls alone on a guest that does nothing hostile (what her
+   calling alone costs alice); a fake exec helper that never reads its stdin
+   (8 MiB sent each call), floods, never exits, or prints a view line built for
+   backtracking; a console flood; a new SSH host key; a full root tmpfs; a fork
+   bomb (last: her VM is destroyed after it). RIFT_BENCH_HOSTILE_CASES picks
+   some: comma-separated words, a case runs when its name contains one of them
+   (`fork,tmpfs,console`); all by default.
 2. The memory of `rift serve` (VmRSS, and its peak VmHWM) before and after a
    34 MiB JSON body sent with no token, to /mcp and to a REST route (goal: no
    growth past 64 MiB).
@@ -21,12 +26,11 @@ mallory is root in one and does her worst, alice owns the other.
 
 from __future__ import annotations
 
-import contextlib
+import os
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +39,12 @@ import httpx
 
 from bench.common import print_table
 from bench.execs import _open_raw, _raw
+from bench.hostile_callers import pressure
 from tests.support.hostile import FLOOR, KINDS, GuestRoot, Probe, Window, one_call, rss_mib
 from tests.support.servers import Server, real_vms_missing, start_real_server, stop_server
 from tests.support.witnesses import our_domains, remove_domain
 
 WINDOW_S = 15.0  # each quiet and each hostile window
-CALLERS = 2  # mallory's callers at once during a case
-PACE_S = 0.25  # each caller's pause between calls (her guest is the attack, not her rate)
 TARGET_P99 = 1.5
 BODY_MIB, TARGET_GROWTH_MIB = 34, 64.0
 
@@ -61,11 +64,10 @@ class Mallory:
     def root(self) -> GuestRoot:
         return GuestRoot(self.vm["ssh"]["port"], self.server.data_dir / "keys" / self.task_id)
 
-    def exec(self, command: str = "true", **args: Any) -> tuple[str | None, float]:
-        code, took, _ = one_call(self.server.url, self.token, "rift_vm_exec", 90,
-                                 handle=self.handle, vm_id=self.vm["id"], command=command,
-                                 wait_s=2, **args)
-        return code, took
+    def call_args(self, exec_args: dict[str, Any]) -> dict[str, Any]:
+        """One of her `rift_vm_exec` calls' arguments (`true` unless the case says)."""
+        return {"handle": self.handle, "vm_id": self.vm["id"], "command": "true",
+                "wait_s": 2, **exec_args}
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ def _fill(root: GuestRoot) -> None:
 
 
 CASES = [
+    Case("nothing hostile (her calls alone)", _nothing, _nothing, {}),
     Case("helper never reads 8 MiB stdin", lambda r: r.fake_helper("silent"),
          lambda r: r.real_helper(), {"command": "cat", "stdin": "x" * (8 << 20)}),
     Case("helper floods its output", lambda r: r.fake_helper("endless"),
@@ -104,28 +107,11 @@ CASES = [
 ]
 
 
-@contextlib.contextmanager
-def _pressure(mallory: Mallory, args: dict[str, Any]) -> Iterator[list[tuple[str | None,
-                                                                          float]]]:
-    """CALLERS threads calling `rift_vm_exec` on mallory's VM until the block ends
-    (and the calls in flight then have answered)."""
-    stop = threading.Event()
-    answers: list[tuple[str | None, float]] = []
-
-    def caller() -> None:
-        while not stop.is_set():
-            answers.append(mallory.exec(**args))
-            stop.wait(PACE_S)
-
-    threads = [threading.Thread(target=caller, daemon=True) for _ in range(CALLERS)]
-    for t in threads:
-        t.start()
-    try:
-        yield answers
-    finally:
-        stop.set()
-        for t in threads:  # the calls in flight end within their deadline
-            t.join(60)
+def _chosen() -> list[Case]:
+    """The cases RIFT_BENCH_HOSTILE_CASES names (all when it is unset or empty)."""
+    words = [w.strip() for w in os.environ.get("RIFT_BENCH_HOSTILE_CASES", "").split(",")
+             if w.strip()]
+    return [c for c in CASES if not words or any(w in c.name for w in words)]
 
 
 def _quiet_then(probe: Probe, mallory: Mallory, case: Case) -> tuple[Window, Window,
@@ -135,7 +121,8 @@ def _quiet_then(probe: Probe, mallory: Mallory, case: Case) -> tuple[Window, Win
     root = mallory.root()
     case.start(root)
     try:
-        with _pressure(mallory, case.exec_args) as answers, \
+        with pressure(mallory.server.url, mallory.token,
+                      mallory.call_args(case.exec_args)) as answers, \
                 probe.window(WINDOW_S) as hostile:
             pass
     finally:
@@ -217,7 +204,7 @@ def main() -> None:
             rows: list[tuple[str, ...]] = []
             theirs: list[tuple[str, ...]] = []
             try:
-                for case in CASES:
+                for case in _chosen():
                     progress(case.name)
                     quiet, hostile, answers = _quiet_then(probe, mallory, case)
                     rows += _rows(case.name, quiet, hostile)
