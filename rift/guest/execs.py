@@ -91,9 +91,12 @@ class ShellExecs:
 
     def exec_resize(self, vm: Vm, exec_id: str, rows: int, cols: int) -> None:
         """Give the terminal of exec `exec_id` (started with `pty`) a new size.
-        GuestExecError (`ended`) when it has no terminal."""
-        line = (f"[ -x {pty_helper.GUEST_PATH} ] || exit {NO_SUCH_EXEC}; "
-                + pty_helper.resize_command_line(_tty_file(exec_id), rows, cols))
+        GuestExecError (`ended`) when it has no terminal. A terminal just started
+        may not have written its name yet: its folder is looked at for up to 2 s."""
+        tty = _tty_file(exec_id)
+        line = (f"[ -x {pty_helper.GUEST_PATH} ] || exit {NO_SUCH_EXEC}; i=0; "
+                f"while [ ! -s {tty} ] && [ $i -lt 200 ]; do sleep 0.01; i=$((i+1)); done; "
+                + pty_helper.resize_command_line(tty, rows, cols))
         status, out = self.runner.helper(vm, HelperCall(
             line=line, timeout_s=HELPER_SLACK_S, view=False, limit=_SMALL_ANSWER))
         if status == NO_SUCH_EXEC:
