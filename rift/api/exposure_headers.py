@@ -1,6 +1,7 @@
 """What an exposure's proxy forwards and answers itself (SPEC §13): the client's
 headers as the guest gets them (never the hop-by-hop ones, nor what is Rift's:
-`Authorization`, `Cookie`, `Rift-Handle`), the sandbox a guest's page gets under
+`Authorization`, `Cookie`, `Rift-Handle`, `E2b-Traffic-Access-Token`), the sandbox a
+guest's page gets under
 Rift's own origin, and the plain answers the proxy gives, each with
 `Referrer-Policy: no-referrer` (the URL holds the exposure's secret).
 """
@@ -15,8 +16,9 @@ DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-
                       b"upgrade", b"host", b"expect", b"content-length"})
 SANDBOX = b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 # What the client sends for Rift, never for the guest: its API token, its cookies
-# (Rift's session; under a preview domain, a parent domain's), a task's handle.
-PRIVATE = frozenset({b"authorization", b"cookie", b"rift-handle"})
+# (Rift's session; under a preview domain, a parent domain's), a task's handle, an
+# E2B sandbox's traffic token (rift.e2b.ports).
+PRIVATE = frozenset({b"authorization", b"cookie", b"rift-handle", b"e2b-traffic-access-token"})
 # Every answer from an exposure: its URL (the secret in it) never leaves in a Referer.
 NO_REFERRER = (b"referrer-policy", b"no-referrer")
 

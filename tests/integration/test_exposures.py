@@ -266,13 +266,18 @@ def test_a_request_reaches_the_guest_port_with_its_path_body_and_forwarded_heade
                          port=GUEST_PORT)).exposure.url)
     caplog.set_level(logging.INFO)
     with httpx.Client(base_url=served.url, timeout=30) as client:
-        got = client.get(f"/x/{secret}/some/page?q=1", headers={"Cookie": "rift_session=abc"})
+        got = client.get(f"/x/{secret}/some/page?q=1", headers={
+            "Cookie": "rift_session=abc", "Rift-Handle": "task_x.y",
+            "E2b-Traffic-Access-Token": "rift_traffic_x", "X-Mine": "kept"})
         assert got.status_code == 200, got.text
         seen = got.json()
         assert (seen["path"], seen["method"]) == ("/some/page?q=1", "GET")
         assert seen["headers"]["host"] == f"localhost:{GUEST_PORT}"
         assert seen["headers"]["x-forwarded-host"] == f"127.0.0.1:{served.port}"
         assert "cookie" not in seen["headers"]  # Rift's own cookies stay with Rift
+        assert "rift-handle" not in seen["headers"]  # and the credentials sent for it
+        assert "e2b-traffic-access-token" not in seen["headers"]
+        assert seen["headers"]["x-mine"] == "kept"
         assert "set-cookie" not in got.headers  # nor may a guest set any on Rift's origin
         assert got.headers["content-security-policy"].startswith("sandbox")
         block, blocks = bytes(range(256)) * 256, 1600  # 100 MiB up, sent as it is made
