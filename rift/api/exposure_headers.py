@@ -1,9 +1,8 @@
 """What an exposure's proxy forwards and answers itself (SPEC §13): the client's
 headers as the guest gets them (never the hop-by-hop ones, nor what is Rift's:
 `Authorization`, `Cookie`, `Rift-Handle`, `E2b-Traffic-Access-Token`), the sandbox a
-guest's page gets under
-Rift's own origin, and the plain answers the proxy gives, each with
-`Referrer-Policy: no-referrer` (the URL holds the exposure's secret).
+guest's page gets under Rift's own origin, and the plain answers the proxy gives,
+each with `Referrer-Policy: no-referrer` (the URL holds the exposure's secret).
 """
 
 from __future__ import annotations
