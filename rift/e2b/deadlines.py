@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 
 from rift.api.state import AppState
-from rift.domain.errors import RiftError
+from rift.domain.errors import RiftError, StoreUnavailable
 from rift.domain.sandboxes import Sandbox
 from rift.e2b import sandboxes, shapes
 from rift.e2b.sandboxes import Registry
@@ -84,5 +84,7 @@ async def _sweep(state: AppState, registry: Registry) -> None:
         await anyio.sleep(EVERY_S)
         try:
             await anyio.to_thread.run_sync(end_due, state.deps, registry)
-        except Exception:  # a store hiccup: the next sweep tries again
+        except StoreUnavailable:  # said once per interval, without a traceback, as sweeps do
+            log.warning("e2b sandbox timeouts: skipped, the database did not answer")
+        except Exception:  # the next sweep tries again
             log.exception("e2b sandbox timeouts: the sweep failed")

@@ -180,7 +180,7 @@ def test_tools_list_shows_every_tool_with_a_strict_schema_and_annotations(server
         assert props["rift_task_list"]["status"]["enum"] == ["open", "closed", "all"]
         assert props["rift_vm_read_file"]["encoding"]["enum"] == ["utf-8", "base64"]
         assert set(props["rift_vm_exec"]) == {"handle", "vm_id", "command", "stdin", "timeout_s",
-                                              "wait_s"}
+                                              "wait_s", "pty"}
 
     run(scenario)
 
