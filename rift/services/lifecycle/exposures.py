@@ -3,13 +3,12 @@ proxy asks of them (`resolve`). An exposure makes one TCP port of a running VM
 reachable through Rift at a URL whose secret is its only key: the store keeps
 the secret's SHA-256 digest, so the URL is shown once, in expose's answer.
 Exposing a port again mints a new URL and ends the old one; destroying the VM
-(or closing its task) ends all of its exposures; a pause keeps them (they
-answer 503 until the VM is resumed); a fork starts with none."""
+(or closing its task) ends all of its exposures (`exposure_ends`); a pause keeps
+them (they answer 503 until the VM is resumed); a fork starts with none."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 
 from rift.contract.exposures import ExposureOut, VmPortIn
 from rift.contract.vms import VmOut
@@ -19,6 +18,7 @@ from rift.domain.records import Exposure
 from rift.domain.secrets import digest, is_exposure_secret, new_exposure_secret
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle, task_vm
+from rift.services.lifecycle.sleeps import awake
 from rift.services.ports import Tx
 from rift.services.read import views
 
@@ -42,9 +42,6 @@ def expose(deps: Deps, caller: Caller, cmd: VmPortIn) -> ExposureOut:
                                 "replaced": replaced is not None}))
         return made
 
-    # Imported here: teardown (which sleeps imports) imports this module for its ender.
-    from rift.services.lifecycle.sleeps import awake
-
     made = awake(deps, caller.label, lambda: in_write(deps.store, work))  # SPEC §17
     return ExposureOut(exposure=views.exposure(made, deps.exposure_urls.url(secret)))
 
@@ -65,12 +62,6 @@ def unexpose(deps: Deps, caller: Caller, cmd: VmPortIn) -> VmOut:
         return VmOut(vm=views.vm(tx, vm))
 
     return in_write(deps.store, work)
-
-
-def end_for_vm(tx: Tx, vm: Vm, now: datetime, actor: str) -> None:
-    """The VM ended (rift.services.lifecycle.teardown.vm_ended): its exposures end
-    with it, their URLs answering 404 from the commit on."""
-    tx.exposures.remove(vm.id)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import DESTROYABLE_VM_STATUSES, CloseReason, Task, Vm
 from rift.services.context import Deps
-from rift.services.lifecycle import exec_ends, exposures
+from rift.services.lifecycle import exec_ends, exposure_ends
 from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.ports import Tx
 
@@ -34,7 +34,7 @@ Ender = Callable[[Tx, Vm, datetime, str], None]
 # here and touches no other service.
 ENDERS: tuple[Ender, ...] = (
     exec_ends.end_for_vm,  # its running execs are lost
-    exposures.end_for_vm,  # its URLs answer 404 from the commit on
+    exposure_ends.end_for_vm,  # its URLs answer 404 from the commit on
 )
 
 
