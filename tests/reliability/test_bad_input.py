@@ -516,6 +516,8 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "stdin": st.text(CHARS, max_size=40),
     "data": st.text(CHARS, max_size=40),
     "content": st.text(CHARS, max_size=60),
+    "pty": st.fixed_dictionaries({"rows": mostly(90, st.integers(1, 60), st.integers(1, 1000)),
+                                  "cols": mostly(90, st.integers(1, 200), st.integers(1, 1000))}),
 }
 
 
@@ -536,7 +538,8 @@ def valid(name: str, field: Field) -> st.SearchStrategy[Any]:
 # for takeover, 50.
 GIVEN = {("rift_vm_destroy", "handle"): 60, ("rift_task_get", "handle"): 60,
          ("rift_task_close", "handle"): 60, ("rift_task_list", "after"): 30,
-         ("rift_task_new", "idempotency_key"): 30, ("rift_vm_new", "idempotency_key"): 30}
+         ("rift_task_new", "idempotency_key"): 30, ("rift_vm_new", "idempotency_key"): 30,
+         ("rift_vm_exec", "pty"): 20}
 
 
 def pick(draw: st.DrawFn, values: list[T] | tuple[T, ...], default: T) -> T:
