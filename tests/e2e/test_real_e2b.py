@@ -273,3 +273,8 @@ def test_metadata_and_end_outlive_a_restart_and_the_end_still_kills(
         time.sleep(0.5)
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sbx.sandbox_id, **opts)  # type: ignore[arg-type]
+    # Over at its end at once (above); its VM goes when the deadline sweep kills it.
+    while httpx.get(f"{srv.url}/api/v1/vms/vm_{sbx.sandbox_id}", timeout=10, headers={
+            "Authorization": f"Bearer {srv.token}"}).json()["vm"]["status"] != "destroyed":
+        assert time.monotonic() < deadline + 30, "its VM outlived its end"
+        time.sleep(0.5)
