@@ -8,8 +8,8 @@ a restart keeps them: a sweep each `EVERY_S`, started and stopped with the app
 same sandbox end it once (the task closes once; the other finds it gone).
 
 A sandbox made with `autoPause` (`on_timeout` `pause`) is not killed at its end:
-it is put to sleep (SPEC §17) by `sleep_at_end`, the hook issue #29 fills; until
-then its end is dropped and it runs on, ended by Rift's own rules for idle tasks.
+it is put to sleep (SPEC §17) by `sleep_at_end`, and any call that needs it wakes
+it.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from typing import Any
 
 import anyio
 
+from hypervisor.base import HypervisorError
 from rift.api.state import AppState
 from rift.domain.errors import RiftError, StoreUnavailable
 from rift.domain.sandboxes import Sandbox
 from rift.e2b import sandboxes, shapes
 from rift.e2b.sandboxes import Registry
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import sleeps
 
 EVERY_S = 1.0
 BATCH = 50
@@ -35,10 +37,19 @@ log = logging.getLogger("rift.e2b")
 
 
 def sleep_at_end(deps: Deps, record: Sandbox) -> None:
-    """Issue #29's hook: put the sandbox's VM to sleep. Until then: no end kept (and
-    the record goes when its VM is gone)."""
-    with deps.store.write() as tx:
+    """`autoPause`: the sandbox's VM goes to sleep at its end (SPEC §17: its next call
+    wakes it), and its end is dropped; a VM that cannot sleep now (paused, changing,
+    its host short of disk) runs on, ended by Rift's own rules for idle tasks. A VM
+    gone takes its record with it."""
+    with deps.store.read() as tx:
         vm = tx.vms.get(record.vm_id)
+    if vm is not None and vm.is_live:
+        try:
+            sleeps.sleep_vm(deps, record.vm_id, ACTOR, "the sandbox's end (autoPause)")
+        except HypervisorError as exc:  # libvirt refused the save: the VM runs on
+            log.warning("e2b sandbox end: could not sleep", extra={
+                "sandbox": shapes.sandbox_id(record.vm_id), "error": str(exc)})
+    with deps.store.write() as tx:
         if vm is None or not vm.is_live:
             tx.sandboxes.remove(record.vm_id)
         else:

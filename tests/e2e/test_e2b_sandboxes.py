@@ -142,20 +142,27 @@ def test_a_port_host_name_needs_the_sandboxs_traffic_token(door: Door) -> None:
     assert _port(door, host, sbx.traffic_access_token).status_code == 404
 
 
-def test_an_auto_paused_sandbox_outlives_its_end_until_sleep_takes_it(door: Door) -> None:
-    """`autoPause` is kept (the detail's `lifecycle`); until issue #29's sleep puts
-    such a sandbox to sleep at its end, the end passes and it runs on."""
+def test_an_auto_paused_sandbox_sleeps_at_its_end_and_a_call_wakes_it(door: Door) -> None:
+    """`autoPause` is kept (the detail's `lifecycle`); at its end the sandbox is not
+    killed but its VM sleeps (SPEC §17), still a live sandbox (its calls wake it)."""
     made = httpx.post(door.srv.url + "/e2b/v2/sandboxes", headers={"X-API-Key": door.srv.token},
                       json={"templateID": "base", "timeout": 1, "autoPause": True,
                             "autoResume": {"enabled": True}}, timeout=60)
     assert made.status_code == 201, made.text
     sandbox = made.json()["sandboxID"]
+    vm_url = f"{door.srv.url}/api/v1/vms/vm_{sandbox}"
+    rift = {"Authorization": f"Bearer {door.srv.token}"}
     try:
-        time.sleep(3)  # the sweep looks each second
+        deadline = time.monotonic() + 30  # the sweep looks each second
+        while httpx.get(vm_url, headers=rift, timeout=30).json()["vm"]["status"] != "sleeping":
+            assert time.monotonic() < deadline, "not asleep after its end"
+            time.sleep(0.5)
         detail = httpx.get(f"{door.srv.url}/e2b/sandboxes/{sandbox}", timeout=30,
                            headers={"X-API-Key": door.srv.token})
         assert detail.status_code == 200, detail.text
         assert detail.json()["state"] == "running"
         assert detail.json()["lifecycle"] == {"onTimeout": "pause", "autoResume": True}
+        vm = httpx.get(vm_url, headers=rift, timeout=30).json()["vm"]
+        assert vm["status"] == "sleeping", vm
     finally:
         Sandbox.kill(sandbox, **door.opts)
