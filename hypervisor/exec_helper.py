@@ -28,18 +28,24 @@ def build_inputs() -> str:
 def exec_helper(cache_dir: Path) -> Path:
     """The compiled helper, built into `cache_dir` unless a build of the same
     inputs is there. ImageError names what is missing (gcc, libc6-dev)."""
-    target = cache_dir / f"rift-exec-{build_inputs()[:16]}"
+    return compiled(SOURCE, cache_dir / f"rift-exec-{build_inputs()[:16]}")
+
+
+def compiled(source: Path, target: Path) -> Path:
+    """`source` compiled with CFLAGS to `target` unless `target` is there already
+    (named by the digest of what it is built from): built aside, then moved in."""
     if target.is_file():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, aside = tempfile.mkstemp(prefix=".rift-exec-", dir=cache_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    name = target.name.rsplit("-", 1)[0]
+    fd, aside = tempfile.mkstemp(prefix=f".{name}-", dir=target.parent)
     os.close(fd)
     try:
-        run_command(["gcc", *CFLAGS, "-o", aside, str(SOURCE)])
+        run_command(["gcc", *CFLAGS, "-o", aside, str(source)])
         os.chmod(aside, 0o755)  # noqa: S103 (a program every guest user runs)
         os.replace(aside, target)
     except ImageError as exc:
-        raise ImageError(f"cannot compile rift-exec: {exc} (apt-get install gcc libc6-dev)") \
+        raise ImageError(f"cannot compile {name}: {exc} (apt-get install gcc libc6-dev)") \
             from exc
     finally:
         Path(aside).unlink(missing_ok=True)

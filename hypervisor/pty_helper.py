@@ -7,13 +7,9 @@ source's digest: a guest holding an older build gets the new one beside it."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-from hypervisor.base import ImageError
-from hypervisor.commands import run_command
-from hypervisor.exec_helper import CFLAGS
+from hypervisor.exec_helper import CFLAGS, compiled
 from hypervisor.manifest import sha256
 
 SOURCE = Path(__file__).with_name("rift_pty.c")
@@ -24,22 +20,7 @@ GUEST_PATH = f"/usr/lib/rift/rift-pty-{DIGEST}"
 def pty_helper(cache_dir: Path) -> Path:
     """The compiled helper, built into `cache_dir` unless a build of this source is
     there. ImageError names what is missing (gcc, libc6-dev)."""
-    target = cache_dir / f"rift-pty-{DIGEST}"
-    if target.is_file():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, aside = tempfile.mkstemp(prefix=".rift-pty-", dir=cache_dir)
-    os.close(fd)
-    try:
-        run_command(["gcc", *CFLAGS, "-o", aside, str(SOURCE)])
-        os.chmod(aside, 0o755)  # noqa: S103 (a program every guest user runs)
-        os.replace(aside, target)
-    except ImageError as exc:
-        raise ImageError(f"cannot compile rift-pty: {exc} (apt-get install gcc libc6-dev)") \
-            from exc
-    finally:
-        Path(aside).unlink(missing_ok=True)
-    return target
+    return compiled(SOURCE, cache_dir / f"rift-pty-{DIGEST}")
 
 
 def run_command_line(rows: int, cols: int, tty_file: str, command: str) -> str:
