@@ -11,7 +11,6 @@ import json
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -19,23 +18,14 @@ import pytest
 from e2b import AuthenticationException, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import NotFoundException, SandboxException
 
-from tests.support.e2b import e2b_opts
-from tests.support.servers import Server, start_server, stop_server
-
-
-@dataclass
-class Door:
-    srv: Server
-    opts: dict[str, Any]
+from tests.support.e2b import Door, e2b_opts
+from tests.support.e2b import door as served
 
 
 @pytest.fixture(scope="module")
 def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
-    proc, srv = start_server(tmp_path_factory.mktemp("e2b-api"))
-    try:
-        yield Door(srv, e2b_opts(srv.url, srv.token))
-    finally:
-        stop_server(proc)
+    with served(tmp_path_factory.mktemp("e2b-api")) as made:
+        yield made
 
 
 def _api(door: Door, method: str, path: str, key: str | None = None,

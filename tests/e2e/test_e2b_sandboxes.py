@@ -10,33 +10,22 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
-from tests.support.e2b import e2b_opts
-from tests.support.servers import Server, start_server, stop_server
+from tests.support.e2b import Door
+from tests.support.e2b import door as served
 
 DOMAIN = "e2b.test"
 
 
-@dataclass
-class Door:
-    srv: Server
-    opts: dict[str, Any]
-
-
 @pytest.fixture(scope="module")
 def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
-    proc, srv = start_server(tmp_path_factory.mktemp("e2b-sandboxes"),
-                             RIFT_PREVIEW_DOMAIN=DOMAIN)
-    try:
-        yield Door(srv, e2b_opts(srv.url, srv.token))
-    finally:
-        stop_server(proc)
+    with served(tmp_path_factory.mktemp("e2b-sandboxes"), RIFT_PREVIEW_DOMAIN=DOMAIN) as made:
+        yield made
 
 
 def _ids(found: list[Any]) -> list[str]:
@@ -150,11 +139,9 @@ def test_an_auto_paused_sandbox_sleeps_at_its_end_and_a_call_wakes_it(door: Door
                             "autoResume": {"enabled": True}}, timeout=60)
     assert made.status_code == 201, made.text
     sandbox = made.json()["sandboxID"]
-    vm_url = f"{door.srv.url}/api/v1/vms/vm_{sandbox}"
-    rift = {"Authorization": f"Bearer {door.srv.token}"}
     try:
         deadline = time.monotonic() + 30  # the sweep looks each second
-        while httpx.get(vm_url, headers=rift, timeout=30).json()["vm"]["status"] != "sleeping":
+        while door.vm(sandbox)["status"] != "sleeping":
             assert time.monotonic() < deadline, "not asleep after its end"
             time.sleep(0.5)
         detail = httpx.get(f"{door.srv.url}/e2b/sandboxes/{sandbox}", timeout=30,
@@ -162,7 +149,6 @@ def test_an_auto_paused_sandbox_sleeps_at_its_end_and_a_call_wakes_it(door: Door
         assert detail.status_code == 200, detail.text
         assert detail.json()["state"] == "running"
         assert detail.json()["lifecycle"] == {"onTimeout": "pause", "autoResume": True}
-        vm = httpx.get(vm_url, headers=rift, timeout=30).json()["vm"]
-        assert vm["status"] == "sleeping", vm
+        assert door.vm(sandbox)["status"] == "sleeping"
     finally:
         Sandbox.kill(sandbox, **door.opts)

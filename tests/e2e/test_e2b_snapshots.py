@@ -9,7 +9,6 @@ dropped). What the guests see of it: tests/e2e/test_real_e2b_forks.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -17,38 +16,14 @@ import pytest
 from e2b import InvalidArgumentException, Sandbox, SandboxNetworkOpts
 from e2b.exceptions import SandboxException, SandboxNotFoundException
 
-from tests.support.e2b import e2b_opts
-from tests.support.servers import Server, start_server, stop_server
-
-
-@dataclass
-class Door:
-    srv: Server
-    opts: dict[str, Any]
-
-    def rest(self, path: str) -> dict[str, Any]:
-        answer = httpx.get(f"{self.srv.url}/api/v1/{path}", timeout=30,
-                           headers={"Authorization": f"Bearer {self.srv.token}"})
-        assert answer.status_code == 200, answer.text
-        found: dict[str, Any] = answer.json()
-        return found
-
-    def vm(self, sbx: Sandbox) -> dict[str, Any]:
-        vm: dict[str, Any] = self.rest(f"vms/vm_{sbx.sandbox_id}")["vm"]
-        return vm
-
-    def task(self, sbx: Sandbox) -> dict[str, Any]:
-        task: dict[str, Any] = self.rest(f"tasks/{self.vm(sbx)['task_id']}")["task"]
-        return task
+from tests.support.e2b import Door, e2b_opts
+from tests.support.e2b import door as served
 
 
 @pytest.fixture(scope="module")
 def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Door]:
-    proc, srv = start_server(tmp_path_factory.mktemp("e2b-snapshots"))
-    try:
-        yield Door(srv, e2b_opts(srv.url, srv.token))
-    finally:
-        stop_server(proc)
+    with served(tmp_path_factory.mktemp("e2b-snapshots")) as made:
+        yield made
 
 
 def test_a_snapshot_is_listed_by_sandbox_and_name_and_deleted_once(door: Door) -> None:

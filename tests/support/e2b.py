@@ -6,10 +6,15 @@ environment, so tests in one process can talk to several servers as several user
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.servers import cached_tiny
+import httpx
+
+from tests.support.servers import Server, cached_tiny, start_server, stop_server
 
 
 def e2b_opts(url: str, token: str) -> dict[str, Any]:
@@ -28,3 +33,39 @@ def own_tiny(data_dir: Path) -> Path:
     if not target.exists():
         shutil.copytree(cached_tiny(), target)
     return images
+
+
+@dataclass
+class Door:
+    """A `rift serve` on libvirt's test driver and the SDK's options for it, with
+    Rift's own REST views of what a sandbox is underneath."""
+
+    srv: Server
+    opts: dict[str, Any]
+
+    def rest(self, path: str) -> dict[str, Any]:
+        answer = httpx.get(f"{self.srv.url}/api/v1/{path}", timeout=30,
+                           headers={"Authorization": f"Bearer {self.srv.token}"})
+        assert answer.status_code == 200, answer.text
+        found: dict[str, Any] = answer.json()
+        return found
+
+    def vm(self, sandbox: Any) -> dict[str, Any]:
+        """The VM view of a sandbox (the SDK's object, or its id)."""
+        sandbox_id = sandbox if isinstance(sandbox, str) else sandbox.sandbox_id
+        vm: dict[str, Any] = self.rest(f"vms/vm_{sandbox_id}")["vm"]
+        return vm
+
+    def task(self, sandbox: Any) -> dict[str, Any]:
+        task: dict[str, Any] = self.rest(f"tasks/{self.vm(sandbox)['task_id']}")["task"]
+        return task
+
+
+@contextmanager
+def door(tmp: Path, **env: str) -> Iterator[Door]:
+    """A door served from a fresh data dir in `tmp`, `env` its extra settings."""
+    proc, srv = start_server(tmp, **env)
+    try:
+        yield Door(srv, e2b_opts(srv.url, srv.token))
+    finally:
+        stop_server(proc)
