@@ -152,10 +152,8 @@ class Envd(EnvdPart):
         `download_url`/`upload_url`); blocking."""
         if request.headers.get("x-access-token") or "signature" not in request.query_params:
             return call_of(self.deps, request)
-        with self.registry._lock:  # the handles this process answered (memory only)
-            held = list(self.registry._handles.items())
         sandbox, handle = uploads.signed_by(request.query_params, operation, time.time(),
-                                            held)
+                                            self.registry.held())
         return call_for(self.deps, handle, sandbox)
 
     async def signed(self, request: Request) -> Response:

@@ -74,6 +74,11 @@ class Registry:
         with self._lock:
             self._traffic[sandbox] = token
 
+    def held(self) -> list[tuple[str, str]]:
+        """(sandbox, handle) of each handle this process answered (memory only)."""
+        with self._lock:
+            return list(self._handles.items())
+
     def handle_of(self, sandbox: str) -> str | None:
         with self._lock:
             return self._handles.get(sandbox)
