@@ -20,6 +20,7 @@ import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rift.api.exposure_headers import header, refuse
+from rift.api.rebinding import vouched
 from rift.api.relays import Relay
 from rift.api.state import AppState
 from rift.api.websocket_relay import WebSocketRelay
@@ -64,8 +65,8 @@ class ExposureProxy:
         self.preview_domain = preview_domain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = (match(scope, self.preview_domain) if scope["type"] in ("http", "websocket")
-                 else None)
+        found = (match(scope, self.preview_domain)
+                 if scope["type"] in ("http", "websocket") and not vouched(scope) else None)
         if found is None:
             await self.app(scope, receive, send)
             return

@@ -66,6 +66,15 @@ def security_settings(hosts: list[str]) -> TransportSecuritySettings:
                                      allowed_hosts=hosts, allowed_origins=origins)
 
 
+VOUCHED = "rift_host_vouched"  # in a scope's state: a middleware before this one named the host
+
+
+def vouched(scope: Scope) -> bool:
+    """Whether a middleware in front (rift.e2b.ports' envd host names) already took
+    the request's `Host` as one of Rift's own: no exposure, no rebinding."""
+    return bool(scope.get("state", {}).get(VOUCHED))
+
+
 class RebindingGuard:
     """The SDK's Host and Origin check in front of every route but `/healthz`."""
 
@@ -75,7 +84,8 @@ class RebindingGuard:
         self.enabled = settings.enable_dns_rebinding_protection
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.enabled or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if not self.enabled or scope["type"] != "http" or scope["path"] in OPEN_PATHS \
+                or vouched(scope):
             await self.app(scope, receive, send)
             return
         refused = await self.check.validate_request(Request(scope), is_post=False)

@@ -9,6 +9,11 @@ sandbox allows public traffic (`network.allowPublicTraffic`, E2B's default) and
 the operator does too (RIFT_E2B_PUBLIC_PORTS, default off). A sandbox that is
 unknown, not the door's, or gone is one 404; a missing or wrong token 403 (as E2B
 answers).
+
+The envd port (49983, where E2B's SDK sends its data plane when no
+E2B_SANDBOX_URL is set) is not relayed to the guest: such a request is Rift's
+own envd routes (rift.e2b.envd, under `/e2b`) for that sandbox, as if it had come
+with its `E2b-Sandbox-Id` header; its access token is checked there.
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rift.api.exposure_headers import header, refuse
 from rift.api.exposures import relay_to
+from rift.api.rebinding import VOUCHED
 from rift.api.state import AppState
 from rift.domain.secrets import matches
 from rift.e2b import shapes
+from rift.e2b.gate import PREFIX
 from rift.services.context import Deps
 from rift.services.lifecycle.exposures import Target
 
 TOKEN_HEADER = b"e2b-traffic-access-token"
+ENVD_PORT = 49983  # envd's port in E2B's SDKs (ConnectionConfig.envd_port)
 _LABEL = re.compile(r"([0-9]{1,5})-([a-z2-7]{8})")
 
 
@@ -57,6 +65,19 @@ def reach(deps: Deps, sandbox: str, port: int, token: str | None,
     return Target(vm, port) if token and matches(token, record.traffic_digest) else 403
 
 
+def envd_scope(scope: Scope, sandbox: str) -> Scope:
+    """A request to `49983-<id>.<domain>` as the envd route under `/e2b` it names,
+    with the sandbox id as its `E2b-Sandbox-Id` (any such header sent is replaced).
+    Its `Host` is the operator's preview domain, so the DNS rebinding guard lets it
+    by (VOUCHED); envd's routes ask for the sandbox's access token, never a cookie."""
+    path = PREFIX + scope["path"]
+    raw = scope.get("raw_path") or scope["path"].encode()
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"e2b-sandbox-id"]
+    state = {**scope.get("state", {}), VOUCHED: True}
+    return {**scope, "path": path, "raw_path": PREFIX.encode() + raw, "state": state,
+            "headers": [*headers, (b"e2b-sandbox-id", sandbox.encode())]}
+
+
 class SandboxPorts:
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
@@ -69,6 +90,9 @@ class SandboxPorts:
             await self.app(scope, receive, send)
             return
         port, sandbox = found
+        if port == ENVD_PORT:
+            await self.app(envd_scope(scope, sandbox), receive, send)
+            return
         token = header(scope, TOKEN_HEADER).decode("latin-1") or None
         deps = self.state.deps
         target = await anyio.to_thread.run_sync(reach, deps, sandbox, port, token,

@@ -66,6 +66,16 @@ def test_rift_answers_tls_and_a_sandboxs_port_host_name_over_it(
         reached = httpx.get(host, timeout=10, headers={
             "e2b-traffic-access-token": sandbox["trafficAccessToken"]})
         assert reached.status_code == 502 and "guest" in reached.text
+        # envd's port is Rift's own envd routes for that sandbox (the SDK's data plane
+        # when no E2B_SANDBOX_URL is set): its access token, not the traffic token
+        envd = f"https://49983-{sandbox['sandboxID']}.{DOMAIN}:{port}/health"
+        access = {"X-Access-Token": sandbox["envdAccessToken"]}
+        assert httpx.get(envd, timeout=10, headers=access).status_code == 204
+        assert httpx.get(envd, timeout=10).status_code == 401
+        elsewhere = {**access, "E2b-Sandbox-Id": "abcd2345"}  # the host name wins
+        assert httpx.get(envd, timeout=10, headers=elsewhere).status_code == 204
+        gone = envd.replace(sandbox["sandboxID"], "abcd2345")
+        assert httpx.get(gone, timeout=10, headers=access).status_code == 502
     finally:
         httpx.delete(f"{url}/e2b/sandboxes/{sandbox['sandboxID']}",
                      headers={"X-API-Key": token}, timeout=60)
