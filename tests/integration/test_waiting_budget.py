@@ -17,6 +17,7 @@ import httpx
 import pytest
 import uvicorn
 
+from rift.api import rest
 from rift.app import create_app
 from rift.config import Settings
 from rift.contract import tools as c
@@ -159,7 +160,11 @@ def test_a_user_has_a_budget_of_waiting_calls_and_short_calls_never_wait_behind_
 
 
 def test_an_exec_stream_holds_a_place_until_it_ends_and_mcp_waits_share_the_budget(
-        wdeps: Deps, tmp_path: Path, release: threading.Event) -> None:
+        wdeps: Deps, tmp_path: Path, release: threading.Event,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a stream notices its client went away at its next keep-alive (each quiet
+    # STREAM_WAIT_S, 15 s): 1 s here, so the place comes back within a second
+    monkeypatch.setattr(rest, "STREAM_WAIT_S", 1)
     settings = Settings(data_dir=tmp_path, hypervisor_uri="fake:///local",
                         max_waiting_per_user=2)
     served = Served(wdeps, settings)
@@ -181,7 +186,7 @@ def test_an_exec_stream_holds_a_place_until_it_ends_and_mcp_waits_share_the_budg
                     "rate_limited"
                 poll = client.get(f"/api/v1/execs/{exec_id}", params={"wait_s": 5})
                 assert poll.status_code == 429
-        _until(lambda: waiting.held("alice") == 0)  # the client went away: given back
+        _until(lambda: waiting.held("alice") == 0, 5)  # the client went away: given back
 
         async def mcp_call() -> Any:
             async with mcp_session(served.url, token) as session:
