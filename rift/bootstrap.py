@@ -25,6 +25,7 @@ from rift.guest.connections import ShellSettings
 from rift.guest.host_files import RemoteFiles, host_disk
 from rift.guest.links import HostLinks
 from rift.guest.routes import Routes
+from rift.guest.trust import GuestCa, GuestCaError, load_guest_ca
 from rift.logs import setup_logging
 from rift.services.access import accounts
 from rift.services.context import Deps, ExposureUrls, GuestRuntime, Limits
@@ -78,6 +79,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     """Open the store (migrating it to the current schema) and the host pool,
     and make sure the `local` host exists."""
     setup_logging(settings.log_level)
+    guest_ca = guest_ca_of(settings)  # refused before anything starts
     url = settings.resolved_database_url()
     if migrate:
         upgrade(url)
@@ -111,7 +113,8 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
             ShellSettings(serial_dir=runtime.serial_dir,
                           egress_proxy_port=settings.egress_proxy_port or None,
                           console_cap_bytes=(settings.console_log_mib << 20
-                                             if settings.console_log_mib else None)),
+                                             if settings.console_log_mib else None),
+                          guest_ca=guest_ca),
             routes=Routes(links, host_uri),
             helper_binary=lambda: exec_helper(runtime.images_dir / ".cache" / "helpers")),
         runtime=runtime,
@@ -122,6 +125,17 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
                             settings.host_memory_mib)
     return deps
+
+
+def guest_ca_of(settings: Settings) -> GuestCa | None:
+    """RIFT_GUEST_CA_FILE's certificates, None when unset; `invalid_argument` naming
+    the setting when the file is missing or holds no PEM certificate."""
+    if settings.guest_ca_file is None:
+        return None
+    try:
+        return load_guest_ca(settings.guest_ca_file)
+    except GuestCaError as exc:
+        raise InvalidArgument("RIFT_GUEST_CA_FILE", str(exc)) from None
 
 
 def guest_runtime(settings: Settings, *, make_dirs: bool = True,

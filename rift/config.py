@@ -173,6 +173,13 @@ class Settings(BaseSettings):
         "loopback names, the address `rift serve` listens on (on `0.0.0.0`, this machine's "
         "host names) and `RIFT_PUBLIC_URL`'s host. Others get 421 (an `Origin` of another "
         "site: 403).")
+    guest_ca_file: Path | None = Field(
+        default=None, description="A PEM file of certificate authorities (one or more, "
+        "as a system bundle has them) every guest trusts besides its own: added to its "
+        "system bundle and `/usr/local/share/ca-certificates/` once its first login "
+        "succeeds (and a pooled VM's, a fork's at its start), for networks behind a "
+        "TLS-inspecting proxy. `rift serve` refuses a missing file or one with no PEM "
+        "certificate. Unset: guests keep their own.")
     log_level: str = Field(default="INFO", description="Log level of the JSON logs on stderr.")
 
     @model_validator(mode="after")

@@ -175,6 +175,7 @@ class SshLifecycle:
             self.life.reconnect(vm, host_key, timeout_s)
             logged_in = time.monotonic()
             line = self.life.refresh_identity(vm, mac)
+            self.life.trust.ensure(vm)  # a fork of a guest from before the setting
             log.info("fork identity", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
                 "refresh_ms": round((time.monotonic() - logged_in) * 1000, 1)})

@@ -30,6 +30,7 @@ from rift.guest.routes import Routes
 from rift.guest.run import Collected, Reading, collect, command_line, feed_stdin
 from rift.guest.scripts import hand_over_script
 from rift.guest.steps import left, wait
+from rift.guest.trust import GuestCa
 from rift.guest.watchdog import Guard, Watchdog
 
 log = logging.getLogger("rift.guest.shell")
@@ -56,6 +57,7 @@ class ShellSettings:
     # which QEMU's user network shows them at 10.0.2.2 (the host's loopback).
     egress_proxy_port: int | None = None
     console_cap_bytes: int | None = None  # the serial logs' cap (rift.guest.console)
+    guest_ca: GuestCa | None = None  # RIFT_GUEST_CA_FILE's certificates (rift.guest.trust)
 
 
 class Connections:

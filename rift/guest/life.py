@@ -29,6 +29,7 @@ from rift.guest.scripts import (
     in_standby,
 )
 from rift.guest.steps import address, left
+from rift.guest.trust import GuestTrust
 
 log = logging.getLogger("rift.guest.shell")
 
@@ -37,12 +38,15 @@ _LOGIN_RETRY_S = 0.5  # between SSH logins to a guest that prints no ready marke
 
 class ShellLife:
     """Boot waits, hand-overs, logins after restores, forks' identities. `keeper`
-    keeps the serial logs under their cap from the first boot wait on."""
+    keeps the serial logs under their cap from the first boot wait on; `trust`
+    gives guests the operator's certificate authorities."""
 
-    def __init__(self, runner: Runner, keeper: ConsoleKeeper | None = None) -> None:
+    def __init__(self, runner: Runner, keeper: ConsoleKeeper | None = None,
+                 trust: GuestTrust | None = None) -> None:
         self.runner = runner
         self.conns = runner.conns
         self.keeper = keeper
+        self.trust = trust or GuestTrust(runner, None)
 
     def connect_when_ready(self, vm: Vm, serial_log: Path, timeout_s: float, *,
                            markers: bool = True) -> None:
@@ -55,6 +59,7 @@ class ShellLife:
         try bounded, until one succeeds. The host key of the first login that
         succeeds is pinned; a failed try pins nothing (sshd may answer before
         cloud-init has installed the key, or with host keys it replaces).
+        Then the guest is given RIFT_GUEST_CA_FILE's certificates (rift.guest.trust).
         """
         deadline = time.monotonic() + timeout_s
         if self.keeper is not None:
@@ -98,6 +103,7 @@ class ShellLife:
                 time.sleep(0.1 if markers else _LOGIN_RETRY_S)
                 continue
             self.conns.pool.add(vm.id, where, transport)
+            self.trust.install(vm)
             return
 
     def standby(self, vm: Vm) -> None:
@@ -173,6 +179,7 @@ class ShellLife:
                 with self.conns.lock:
                     self.conns.task_of[vm.id] = task_id
                 self.conns.pool.add(vm.id, address(vm), transport)
+                self.trust.ensure(vm)  # a pooled VM from before this process
                 return
             transport.close()
             if status is not None:
@@ -185,6 +192,7 @@ class ShellLife:
                              vm_id=vm.id)
         with self.conns.lock:
             self.conns.task_of[vm.id] = task_id
+        self.trust.ensure(vm)
         # no standby shell: a restored guest, whose QEMU translated nothing of the
         # exec helper yet; warmed up after the answer (rift.guest.warm)
         self.runner.warmer.warm_later(vm)

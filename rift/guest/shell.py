@@ -26,6 +26,7 @@ from rift.guest.files import ShellFiles
 from rift.guest.life import ShellLife
 from rift.guest.routes import Routes
 from rift.guest.runner import Runner
+from rift.guest.trust import GuestTrust
 
 __all__ = ["ExecResult", "ShellSettings", "SshGuestShell"]
 
@@ -52,7 +53,8 @@ class SshGuestShell:
         self.runner = Runner(self.conns, helper_binary)
         self.files = ShellFiles(self.runner)
         self.execs = ShellExecs(self.runner)
-        self.life = ShellLife(self.runner, self.keeper)
+        self.trust = GuestTrust(self.runner, settings.guest_ca)
+        self.life = ShellLife(self.runner, self.keeper, self.trust)
 
     def connections(self, vm_id: str) -> int:
         """How many SSH connections to the VM are open now."""
@@ -61,6 +63,7 @@ class SshGuestShell:
     def close_vm(self, vm_id: str) -> None:
         """Close the VM's connections (calls in flight fail) and forget its host key."""
         self.conns.close_vm(vm_id)
+        self.trust.forget(vm_id)
 
     def close(self) -> None:
         if self.keeper is not None:
