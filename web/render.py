@@ -75,12 +75,21 @@ def usage_cell(vm: VmView, history: list[tuple[float, float | None, int | None]]
     return Markup("".join(parts))  # noqa: S704
 
 
+def sleeps(sleep_after_s: int, sleep: str) -> str:
+    """The Boxes page's `Sleeps` fact of a task (SPEC §17): when its quiet VMs sleep."""
+    if sleep_after_s == 0:
+        return "never"
+    when = f"after {timefmt.duration_words(sleep_after_s)} quiet"
+    return f"{when}, execs running or not" if sleep == "always" else f"{when} with no exec running"
+
+
 @cache
 def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                       auto_reload=False)
     env.globals.update(time_tag=timefmt.time_tag, size=size, usage_cell=usage_cell,
+                       sleeps=sleeps,
                        reasons=CLOSE_REASONS,
                        shown_statuses=DESTROYABLE_VM_STATUSES)
     return env

@@ -111,6 +111,10 @@ class TaskView(Output):
     created_at: str
     closed_at: str | None
     close_reason: Literal["closed", "idle", "operator"] | None
+    # SPEC §17: quiet this long, its running VMs sleep (its own, else the operator's
+    # RIFT_TASK_SLEEP_S; 0 never); `always` with execs running too, `idle` only without.
+    sleep_after_s: int
+    sleep: Literal["idle", "always"]
     vms: list[VmView]
     running_execs: int
     snapshots: list[SnapshotView]

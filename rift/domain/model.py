@@ -175,6 +175,10 @@ class Task:
     def is_held(self) -> bool:
         return self.status == "open" and self.secret_digest is not None
 
+    def sleeps_after_s(self, default: int) -> int:
+        """Its sleep time: its own, else `default` (RIFT_TASK_SLEEP_S); 0 never."""
+        return default if self.sleep_after_s is None else self.sleep_after_s
+
     # Lease and close transitions (SPEC §1). Each answers the task as it is after
     # the change, its lease generation moved on by one, and the event that records
     # it. The store saves the two in one transaction, the task with one

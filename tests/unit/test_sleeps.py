@@ -112,6 +112,26 @@ def test_sleep_after_s_is_per_task_and_0_never_sleeps(gdeps: Deps, clock: FakeCl
     assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, never) == "running"
 
 
+def test_the_task_view_and_the_boxes_page_show_when_its_vms_sleep(
+        gdeps: Deps, clock: FakeClock) -> None:
+    from rift.services.read import boxes
+    from web.render import live_region
+
+    shown = {}
+    for task in ({"sleep_after_s": 120, "sleep": "always"}, {"sleep_after_s": 0}, {}):
+        _, _, task_id = _vm(gdeps, **task)
+        view = task_now(gdeps, task_id)
+        shown[task_id] = (view.sleep_after_s, view.sleep)
+    assert list(shown.values()) == [(120, "always"), (0, "idle"), (900, "idle")]
+    html = live_region(boxes.read_page(gdeps, ALICE.user), clock.now(),
+                       {"mcp_url": "http://rift.test/mcp"})
+    facts = [html[html.index(f'id="{task_id}"'):][:1500] for task_id in shown]
+    said = [fact[fact.index('class="sleeps"'):].split("</dd>")[0] for fact in facts]
+    assert said == ['class="sleeps">after 2 minutes quiet, execs running or not',
+                    'class="sleeps">never',
+                    'class="sleeps">after 15 minutes quiet with no exec running']
+
+
 def test_rift_task_sleep_s_0_puts_nothing_to_sleep(make_deps: object, clock: FakeClock) -> None:
     deps = make_deps(task_sleep_s=0)  # type: ignore[operator]
     _, vm_id, _ = _vm(replace(deps, guests=fake_guests()))

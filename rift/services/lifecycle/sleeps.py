@@ -159,13 +159,8 @@ def _fail(deps: Deps, vm: Vm, uri: str | None, error: str, actor: str) -> None:
 
 # -- the sweep's part ----------------------------------------------------------------------
 
-def sleep_after_s(deps: Deps, task: Task) -> int:
-    """The task's sleep time: its own, else RIFT_TASK_SLEEP_S (0: never)."""
-    return deps.limits.task_sleep_s if task.sleep_after_s is None else task.sleep_after_s
-
-
 def _due(deps: Deps, task: Task, now: datetime) -> bool:
-    after = sleep_after_s(deps, task)
+    after = task.sleeps_after_s(deps.limits.task_sleep_s)
     step = deps.lease_rules.activity_step_s
     return (task.is_open and after > 0
             and task.last_activity_at + timedelta(seconds=after + step) <= now)

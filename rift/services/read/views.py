@@ -113,6 +113,7 @@ def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
         lease_quiet_at=iso(rules.lease_quiet_at(task)) if held else None,
         closes_at=iso(rules.closes_at(task)), created_at=iso(task.created_at) or "",
         closed_at=iso(task.closed_at), close_reason=task.close_reason,
+        sleep_after_s=task.sleeps_after_s(deps.limits.task_sleep_s), sleep=task.sleep,
         vms=[vm_of(v, exposed.get(v.id, ())) for v in have.vms],
         running_execs=have.running_execs,
         snapshots=[snapshot(s) for s in have.snapshots if s.state == "ready"])
