@@ -16,7 +16,7 @@ from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.services.background import reconcile, sweeps
 from rift.services.context import Deps
-from rift.services.lifecycle import execs, files, pauses, tasks, vms
+from rift.services.lifecycle import execs, files, forks, pauses, snapshots, tasks, vms
 from rift.services.read.views import task_now
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeExecs, FakeLifecycle, fake_guests
@@ -77,7 +77,7 @@ def test_a_task_quiet_for_its_sleep_time_puts_its_vm_to_sleep_and_an_exec_wakes_
     assert types.index("vm_slept") < types.index("vm_woke") < types.index("exec_started")
 
 
-def test_files_a_snapshot_and_an_expose_wake_a_sleeping_vm_too(
+def test_files_an_expose_a_snapshot_and_a_fork_wake_a_sleeping_vm_too(
         gdeps: Deps, clock: FakeClock) -> None:
     handle, vm_id, task_id = _vm(gdeps)
     calls = [
@@ -86,13 +86,16 @@ def test_files_a_snapshot_and_an_expose_wake_a_sleeping_vm_too(
         lambda: files.read(gdeps, ALICE, command(c.VmReadFileIn, handle=handle, vm_id=vm_id,
                            path="/tmp/a")),
         lambda: vms_expose(gdeps, handle, vm_id),
+        lambda: snapshots.make(gdeps, ALICE, command(c.VmSnapshotIn, handle=handle,
+                               vm_id=vm_id)),
+        lambda: forks.fork(gdeps, ALICE, command(c.VmForkIn, handle=handle, vm_id=vm_id)),
     ]
     for call in calls:
         clock.advance(QUIET_S)
         assert sweeps.sweep(gdeps).slept == [vm_id]
         call()
         assert _status(gdeps, vm_id) == "running"
-    assert event_types(gdeps, task_id).count("vm_woke") == 3
+    assert event_types(gdeps, task_id).count("vm_woke") == len(calls)
 
 
 def vms_expose(deps: Deps, handle: str, vm_id: str) -> None:
