@@ -142,6 +142,35 @@ class SnapshotNotFound(RiftError):
         )
 
 
+class VolumeNotFound(RiftError):
+    """An unknown volume id and another user's get the same answer: no probing."""
+
+    code = "volume_not_found"
+    status = 404
+
+    def __init__(self, volume_id: str) -> None:
+        super().__init__(
+            f"no volume {volume_id} of yours",
+            "rift_volume_list lists yours",
+            volume_id=volume_id,
+        )
+
+
+class VolumeBusy(RiftError):
+    """A volume another VM writes (or, for a writer, that any VM holds), or one
+    deleted, resized or cloned while attached: names the VM and task that hold it."""
+
+    code = "volume_busy"
+    status = 409
+
+    def __init__(self, volume_id: str, vm_id: str, task_id: str, doing: str) -> None:
+        super().__init__(
+            f"volume {volume_id} is attached to VM {vm_id} of task {task_id}; {doing}",
+            f"rift_vm_detach_volume detaches it from {vm_id} first",
+            volume_id=volume_id, vm_id=vm_id, task_id=task_id,
+        )
+
+
 class ExecNotFound(RiftError):
     """An unknown exec id and another task's get the same answer: no probing."""
 

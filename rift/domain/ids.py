@@ -1,4 +1,4 @@
-"""Identifiers: `task_` / `vm_` / `tok_` / `pool_` / `exec_` / `snap_` + 8 lowercase base32
+"""Identifiers: `task_` / `vm_` / `tok_` / `pool_` / `exec_` / `snap_` / `vol_` + 8 lowercase base32
 characters."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import secrets
 
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
-_ID_RE = re.compile(r"^(task|vm|tok|pool|exec|snap|exp)_[a-z2-7]{8}$")
+_ID_RE = re.compile(r"^(task|vm|tok|pool|exec|snap|exp|vol)_[a-z2-7]{8}$")
 
 
 def _random_suffix() -> str:
@@ -70,3 +70,11 @@ def is_snapshot_id(value: str) -> bool:
 
 def new_exposure_id() -> str:
     return f"exp_{_random_suffix()}"
+
+
+def new_volume_id() -> str:
+    return "vol_" + _random_suffix()
+
+
+def is_volume_id(value: str) -> bool:
+    return is_id(value, "vol")

@@ -19,6 +19,7 @@ from rift.store.sql_sandboxes import SqlSandboxes
 from rift.store.sql_snapshots import SqlSnapshots
 from rift.store.sql_tasks import SqlTasks
 from rift.store.sql_vms import SqlVms
+from rift.store.sql_volumes import SqlVolumes
 from rift.store.sql_web import SqlWeb
 
 
@@ -27,7 +28,8 @@ class SqlTx:
     ``writable`` is False inside ``store.read()``."""
 
     __slots__ = ("events", "execs", "exposures", "fleet", "hosts", "meta", "pool_vms", "pools",
-                 "rates", "sandboxes", "snapshots", "tasks", "tokens", "users", "vms", "web")
+                 "rates", "sandboxes", "snapshots", "tasks", "tokens", "users", "vms", "volumes",
+                 "web")
 
     def __init__(self, conn: Connection, *, writable: bool) -> None:
         self.tasks = SqlTasks(conn, writable=writable)
@@ -46,3 +48,4 @@ class SqlTx:
         self.snapshots = SqlSnapshots(conn, writable=writable)
         self.exposures = SqlExposures(conn, writable=writable)
         self.sandboxes = SqlSandboxes(conn, writable=writable)
+        self.volumes = SqlVolumes(conn, writable=writable)

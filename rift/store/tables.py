@@ -24,6 +24,7 @@ from rift.domain.model import Event, Exec, Task, Vm
 from rift.domain.pools import Pool, PoolVm
 from rift.domain.records import Exposure, Snapshot
 from rift.domain.sandboxes import Sandbox
+from rift.domain.volumes import Attachment, Volume
 from rift.store.timestamps import UtcDateTime
 
 NAMING_CONVENTION = {
@@ -328,3 +329,35 @@ e2b_sandboxes = Table(
     Index("ix_e2b_sandboxes_end_at", "end_at"),
 )
 E2B_SANDBOX_COLUMNS = tuple(e2b_sandboxes.c[f.name] for f in fields(Sandbox))
+
+# Volumes (migration 0017, SPEC §18): a user's disks, outliving tasks, and which VM
+# each is attached to. No foreign key from an attachment to its VM's task: the
+# attachment goes in the transaction that ends its VM.
+volumes = Table(
+    "volumes",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("owner", String, nullable=False),
+    Column("name", String, nullable=False),
+    Column("size_gib", Integer, nullable=False),
+    Column("host", String, nullable=False),
+    Column("state", String, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("parent_id", String, nullable=True),
+    Index("ux_volumes_owner_name", "owner", "name", unique=True),
+)
+volume_attachments = Table(
+    "volume_attachments",
+    metadata,
+    Column("volume_id", String, ForeignKey("volumes.id"), primary_key=True),
+    Column("vm_id", String, ForeignKey("vms.id"), primary_key=True),
+    Column("task_id", String, nullable=False),
+    Column("path", String, nullable=False),
+    Column("read_only", Boolean, nullable=False),
+    Column("target", String, nullable=False),
+    Column("state", String, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Index("ix_volume_attachments_vm_id", "vm_id"),
+)
+VOLUME_COLUMNS = tuple(volumes.c[f.name] for f in fields(Volume))
+ATTACHMENT_COLUMNS = tuple(volume_attachments.c[f.name] for f in fields(Attachment))

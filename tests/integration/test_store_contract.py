@@ -977,7 +977,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0016"
+    assert current_revision(empty_sql_url) == head_revision() == "0017"
 
 
 def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(
@@ -1215,3 +1215,47 @@ def test_migration_0016_gives_tasks_made_before_it_the_default_sleep(
     command.downgrade(alembic_config(empty_sql_url), "0015")
     assert current_revision(empty_sql_url) == "0015"
     upgrade(empty_sql_url)
+
+
+def test_volumes_save_by_state_keep_names_unique_per_owner_and_their_attachments(
+        store: Store) -> None:
+    from rift.domain.volumes import Attachment, Volume
+
+    task = a_task()
+    vm = a_vm(task)
+    insert(store, task, vm)
+    vol = Volume("vol_aaaaaaaa", "ada", "work", 4, "local", "making", T0)
+    with store.write() as tx:
+        tx.volumes.add(vol)
+        with pytest.raises(DuplicateKey):
+            tx.volumes.add(dataclasses.replace(vol, id="vol_bbbbbbbb"))
+        tx.volumes.add(dataclasses.replace(vol, id="vol_cccccccc", owner="bob"))
+        assert tx.volumes.save(vol.made(), vol)
+        assert not tx.volumes.save(vol.made(), vol)  # the row left `making`
+    ready = vol.made()
+    att = Attachment(vol.id, vm.id, task.id, "/data", False, "vdc", "attaching", at(1))
+    with store.write() as tx:
+        assert tx.volumes.get(vol.id, lock=True) == ready
+        assert [v.id for v in tx.volumes.of_owner("ada")] == [vol.id]
+        assert tx.volumes.gib_of_owner("ada") == 4
+        tx.volumes.attach(att)
+        with pytest.raises(DuplicateKey):
+            tx.volumes.attach(att)
+        with pytest.raises(MissingReference):
+            tx.volumes.attach(dataclasses.replace(att, vm_id="vm_zzzzzzzz"))
+        assert tx.volumes.save_attachment(att.attached(), att)
+        assert not tx.volumes.save_attachment(att.attached(), att)
+    with store.read() as tx:
+        assert tx.volumes.holders(vol.id) == [att.attached()]
+        assert tx.volumes.of_vms([vm.id, "vm_none0000"]) == {vm.id: [att.attached()],
+                                                           "vm_none0000": []}
+        with pytest.raises(ReadOnlyTransaction):
+            tx.volumes.detach(vm.id)
+    with store.write() as tx:
+        assert tx.volumes.detach(vm.id) == [att.attached()]
+        assert tx.volumes.holders(vol.id) == []
+        assert not tx.volumes.remove(vol)  # only while in the state it names (making)
+        deleting = ready.deleting()
+        assert tx.volumes.save(deleting, ready)
+        assert tx.volumes.remove(deleting.removed())
+        assert tx.volumes.get(vol.id) is None

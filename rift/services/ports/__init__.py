@@ -49,6 +49,7 @@ from rift.services.ports.repositories import (
     VmRepository,
     WebRepository,
 )
+from rift.services.ports.volumes import GuestMounts, VolumeFiles, VolumeRepository
 
 __all__ = [
     "ExecGone",
@@ -59,6 +60,7 @@ __all__ = [
     "GuestFiles",
     "GuestKeys",
     "GuestLifecycle",
+    "GuestMounts",
     "Guests",
     "HostFiles",
     "HostPool",
@@ -68,6 +70,8 @@ __all__ = [
     "PortClosed",
     "Store",
     "Tx",
+    "VolumeFiles",
+    "VolumeRepository",
 ]
 
 
@@ -107,6 +111,8 @@ class Tx(Protocol):
     def exposures(self) -> ExposureRepository: ...
     @property
     def sandboxes(self) -> SandboxRepository: ...
+    @property
+    def volumes(self) -> VolumeRepository: ...
 
 
 class Store(Protocol):

@@ -1,0 +1,134 @@
+"""Volumes (SPEC §18): a user's disk that outlives tasks, and its attachments to VMs.
+
+A volume belongs to a user (not a task), has a name unique per user, a size in
+GiB (a sparse qcow2 on its host with ext4 inside) and a host. It changes only by
+its methods, each answering the volume as it is after the change and refusing a
+state the change does not start from (`IllegalTransition`); the store saves the
+answer with one compare-and-set on the state it was read in
+(``tx.volumes.save(new, was)``)::
+
+    from       method              to          note
+    (none)     -                   making      its row first, then its file
+    making     made()              ready       its file is there
+    ready      grown(size_gib)     ready       grow only (shrinking is refused)
+    ready      deleting()          deleting    refused while attached (volume_busy)
+    making     removed()           (row goes)  its file could not be made
+    deleting   removed()           (row goes)  its file is gone
+
+An attachment is a volume plugged into one VM and mounted at `path` in its guest:
+``attaching`` (recorded before libvirt is asked) → ``attached`` → ``detaching`` →
+(row goes); a detach that fails is ``kept`` (``detaching`` → ``attached``). One VM
+may write a volume at a time; many may read one nobody writes
+(`check_attachable`). A VM's attachments end with it (detached, never deleted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Literal
+
+from rift.domain.errors import InvalidArgument, VolumeBusy, check_from
+
+VolumeState = Literal["making", "ready", "deleting"]
+AttachmentState = Literal["attaching", "attached", "detaching"]
+MAX_VOLUME_GIB = 1024  # sparse: the bound only keeps a guest from being promised a host's disk
+# Where a volume may not be mounted: the guest's own system (SPEC §18).
+FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/boot", "/usr", "/etc")
+# The guest's virtio disks a volume may take: vda and vdb are the VM's own (its
+# overlay, a cloud-init seed).
+TARGETS = tuple(f"vd{letter}" for letter in "cdefghijklmnopqrstuvwxyz")
+
+
+@dataclass(frozen=True)
+class Volume:
+    id: str
+    owner: str
+    name: str
+    size_gib: int
+    host: str
+    state: VolumeState
+    created_at: datetime
+    parent_id: str | None = None  # the volume it was cloned from
+
+    def made(self) -> Volume:
+        check_from("volume", self.id, self.state, ("making",), "made")
+        return replace(self, state="ready")
+
+    def grown(self, size_gib: int) -> Volume:
+        """The volume at `size_gib`: InvalidArgument for a shrink (never done)."""
+        check_from("volume", self.id, self.state, ("ready",), "grown")
+        if size_gib < self.size_gib:
+            raise InvalidArgument("size_gib", f"a volume only grows: {self.id} is "
+                                  f"{self.size_gib} GiB, more than {size_gib}")
+        return replace(self, size_gib=size_gib)
+
+    def deleting(self) -> Volume:
+        check_from("volume", self.id, self.state, ("ready",), "deleted")
+        return replace(self, state="deleting")
+
+    def removed(self) -> Volume:
+        check_from("volume", self.id, self.state, ("making", "deleting"), "removed")
+        return self
+
+
+@dataclass(frozen=True)
+class Attachment:
+    volume_id: str
+    vm_id: str
+    task_id: str
+    path: str
+    read_only: bool
+    target: str  # the guest's disk name (vdc, vdd, ...)
+    state: AttachmentState
+    created_at: datetime
+
+    def attached(self) -> Attachment:
+        check_from("attachment", self.volume_id, self.state, ("attaching",), "attached")
+        return replace(self, state="attached")
+
+    def detaching(self) -> Attachment:
+        check_from("attachment", self.volume_id, self.state, ("attached",), "detaching")
+        return replace(self, state="detaching")
+
+    def kept(self) -> Attachment:
+        """A detach that failed (the guest would not unmount, libvirt refused): attached."""
+        check_from("attachment", self.volume_id, self.state, ("detaching",), "kept")
+        return replace(self, state="attached")
+
+
+def mount_path(path: str) -> str:
+    """`path` normalized, or InvalidArgument: absolute, not `/`, not under the guest's
+    system folders (FORBIDDEN_ROOTS), no `..`."""
+    if not path.startswith("/"):
+        raise InvalidArgument("path", "must be absolute (start with /)")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise InvalidArgument("path", "must not contain ..")
+    if not parts:
+        raise InvalidArgument("path", "must not be / (the guest's root)")
+    normal = "/" + "/".join(parts)
+    for root in FORBIDDEN_ROOTS:
+        if normal == root or normal.startswith(root + "/"):
+            raise InvalidArgument("path", f"must not be under {root} (the guest's own system)")
+    if any(not (ch.isalnum() or ch in "/._-+@=,:") for ch in normal):
+        raise InvalidArgument("path", "letters, digits and / . _ - + @ = , : only")
+    return normal
+
+
+def check_attachable(volume: Volume, holders: list[Attachment], read_only: bool) -> None:
+    """VolumeBusy unless `volume` may be attached (`read_only` or not) beside the
+    attachments it has: one writer, or many readers and no writer."""
+    for held in holders:
+        if not read_only or not held.read_only:
+            doing = ("it has a writer" if not held.read_only
+                     else "a writer needs it attached nowhere else")
+            raise VolumeBusy(volume.id, held.vm_id, held.task_id, doing)
+
+
+def free_target(taken: list[str]) -> str:
+    """The first guest disk name a new attachment of a VM may take."""
+    for target in TARGETS:
+        if target not in taken:
+            return target
+    raise InvalidArgument("volume_id", f"a VM takes at most {len(TARGETS)} volumes")

@@ -1,0 +1,74 @@
+"""The volumes' ports (SPEC §18), all called by the volume use cases: their rows
+(``tx.volumes``), their files on a host (`VolumeFiles`) and their mounts in a
+guest (`GuestMounts`). A control plane without real guests has the null objects
+of rift.services.absent (no file is made, nothing is mounted)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from rift.domain.model import Vm
+from rift.domain.volumes import Attachment, Volume
+
+
+class VolumeRepository(Protocol):
+    """Volumes and their attachments. A volume's change is a domain transition
+    (`Volume.made`, `grown`, `deleting`, `removed`) saved with one compare-and-set
+    on the state it left; an attachment's likewise (`save_attachment`)."""
+
+    def add(self, volume: Volume) -> None:
+        """DuplicateKey("volumes", "name") when the owner has a volume of that name."""
+        ...
+    def get(self, volume_id: str, *, lock: bool = False) -> Volume | None: ...
+    def of_owner(self, owner: str) -> list[Volume]:
+        """Oldest first."""
+        ...
+    def gib_of_owner(self, owner: str) -> int:
+        """The sizes of the user's volumes, summed."""
+        ...
+    def save(self, volume: Volume, was: Volume) -> bool: ...
+    def remove(self, volume: Volume) -> bool:
+        """Delete the row while it is still in ``volume.state``."""
+        ...
+    def attach(self, attachment: Attachment) -> None:
+        """DuplicateKey when the volume is attached to that VM already."""
+        ...
+    def holders(self, volume_id: str) -> list[Attachment]: ...
+    def of_vms(self, vm_ids: Sequence[str]) -> dict[str, list[Attachment]]:
+        """Every asked VM id is a key (with ``[]`` when it has none), by guest disk."""
+        ...
+    def save_attachment(self, attachment: Attachment, was: Attachment) -> bool: ...
+    def detach(self, vm_id: str, volume_id: str | None = None) -> list[Attachment]:
+        """Delete the VM's attachment of `volume_id` (every one when None); answers them."""
+        ...
+
+
+class VolumeFiles(Protocol):
+    """The volumes' files on the host at `uri`: each a sparse qcow2 with ext4
+    inside (hypervisor.volume_files). OSError or ImageError when the host refuses."""
+
+    def path(self, uri: str, volume_id: str) -> str:
+        """Where the volume's file is on its host (what a domain's disk names)."""
+        ...
+    def make(self, uri: str, volume_id: str, size_gib: int) -> None: ...
+    def grow(self, uri: str, volume_id: str, size_gib: int) -> None: ...
+    def clone(self, uri: str, source_id: str, volume_id: str) -> None:
+        """A copy-on-write child of the source, in constant time; both stay writable."""
+        ...
+    def remove(self, uri: str, volume_id: str) -> None:
+        """Its file goes (and the frozen parents no other volume needs); absent is fine."""
+        ...
+
+
+class GuestMounts(Protocol):
+    """Mounting a hot-plugged volume in a running guest (GuestUnreachable when the
+    guest does not answer, InvalidArgument naming `path` when it refuses)."""
+
+    def mount(self, vm: Vm, serial: str, path: str, read_only: bool) -> None:
+        """Wait for the disk whose serial is `serial`, mount it (ext4) at `path`
+        (made when missing) and grow its file system to the disk when writable."""
+        ...
+    def unmount(self, vm: Vm, path: str) -> None:
+        """Write out what is cached and unmount `path` (not mounted: nothing)."""
+        ...
