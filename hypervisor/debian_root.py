@@ -3,7 +3,8 @@
 already uses (`debian_root`), and a copy of it set up for Rift's own init
 (`set_up`): no SSH host keys (each VM makes its own), sshd for keys only,
 Rift's second-stage init and a static busybox (whose `init` reaps orphans as
-PID 1) under /usr/lib/rift, and no apt caches.
+PID 1) under /usr/lib/rift, no apt caches, and E2B's user `user` (home
+/home/user, passwordless sudo; `python` is python3 by `python-is-python3`).
 
 The debootstrapped root is kept as debootstrap left it in
 `<cache>/roots/<key>/`, the key a digest of what made it (suite, mirror,
@@ -16,6 +17,7 @@ Nothing comes from anywhere but the package registry.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -31,7 +33,7 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 PACKAGES = (
     "python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates",
     "build-essential", "procps", "iproute2", "sudo", "openssh-server", "less",
-    "e2fsprogs", "netbase", "xz-utils",
+    "e2fsprogs", "netbase", "xz-utils", "python-is-python3",
 )
 ROOT_VERSION = 1
 ROOT_INIT = Path(__file__).with_name("debian_root_init.sh")
@@ -50,6 +52,20 @@ PrintMotd no
 PrintLastLog no
 """
 INITTAB = "::ctrlaltdel:/usr/lib/rift/busybox poweroff -f\n::shutdown:/bin/sync\n"
+# E2B's `base` has the user `user` (home /home/user, passwordless sudo), whom the
+# E2B door runs commands as (SPEC §16); Rift's own door stays root (SSH's user).
+USER = "user"
+USER_ID = 1000
+USER_HOME = "/home/user"
+USER_ENTRIES = {
+    "passwd": f"{USER}:x:{USER_ID}:{USER_ID}::{USER_HOME}:/bin/bash",
+    # `*`: no password to log in with; a change day (not 0) so PAM never asks for one
+    "shadow": f"{USER}:*:20000:0:99999:7:::",
+    "group": f"{USER}:x:{USER_ID}:",
+    "gshadow": f"{USER}:!::",
+}
+SUDOERS = f"# Written by Rift: E2B's user `{USER}` runs sudo without a password.\n" \
+          f"{USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
 
 
 def mirror() -> str:
@@ -76,7 +92,8 @@ def root_key(mirror_url: str) -> str:
 def set_up_digest(busybox: Path, helper: Path) -> str:
     """What `set_up` puts into a root, as a digest (a build input)."""
     return digest(json.dumps({"init": sha256(ROOT_INIT.read_bytes()), "sshd": SSHD_CONFIG,
-                              "inittab": INITTAB, "busybox": sha256(busybox.read_bytes()),
+                              "inittab": INITTAB, "user": USER_ENTRIES,
+                              "sudoers": SUDOERS, "busybox": sha256(busybox.read_bytes()),
                               "rift_exec": sha256(helper.read_bytes())},
                              sort_keys=True).encode())
 
@@ -148,6 +165,41 @@ def set_up(root: Path, busybox: Path, helper: Path) -> None:
                 else:
                     entry.unlink()
     (root / "var" / "lib" / "apt" / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    add_user(root)
+
+
+def add_user(root: Path) -> None:
+    """E2B's user: `user` (uid and gid 1000, in the group `sudo`), a home made
+    from /etc/skel and a sudoers rule without a password (files replaced, owners
+    and modes kept)."""
+    etc = root / "etc"
+    for name, entry in USER_ENTRIES.items():
+        lines = [line for line in (etc / name).read_text().splitlines()
+                 if not line.startswith(f"{USER}:")]
+        lines = [_with_member(line) if line.startswith("sudo:") else line for line in lines]
+        _replace(etc / name, "\n".join([*lines, entry]) + "\n")
+    _put(etc / "sudoers.d" / USER, SUDOERS.encode(), 0o440)
+    home = root / USER_HOME.lstrip("/")
+    if home.exists():
+        shutil.rmtree(home)
+    shutil.copytree(etc / "skel", home, symlinks=True, copy_function=shutil.copy2)
+    home.chmod(0o755)  # useradd's, as E2B makes `user`
+    for path in [home, *home.rglob("*")]:
+        os.lchown(path, USER_ID, USER_ID)
+
+
+def _with_member(line: str) -> str:
+    """A group line (`sudo:x:27:` or gshadow's `sudo:*::`) with USER among its members."""
+    members = [m for m in line.rsplit(":", 1)[1].split(",") if m]
+    return line.rsplit(":", 1)[0] + ":" + ",".join([*members, USER] if USER not in members
+                                                   else members)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Replace a file with `text`, keeping its mode and owner (it may be a hard link)."""
+    facts = path.stat()
+    _put(path, text.encode(), facts.st_mode & 0o7777)
+    os.chown(path, facts.st_uid, facts.st_gid)
 
 
 def _put(path: Path, data: bytes, mode: int = 0o644) -> None:

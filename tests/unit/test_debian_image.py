@@ -109,7 +109,8 @@ def test_a_debian_vm_on_the_test_driver_runs_at_once_with_512_mib_by_default(
 
 def test_the_root_has_what_agents_need() -> None:
     for package in ("python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates",
-                    "build-essential", "procps", "iproute2", "sudo", "openssh-server"):
+                    "build-essential", "procps", "iproute2", "sudo", "openssh-server",
+                    "python-is-python3"):
         assert package in PACKAGES
 
 
@@ -196,6 +197,14 @@ def test_the_set_up_copy_leaves_the_cached_root_as_debootstrap_left_it(tmp_path:
     (cached / "etc" / "hostname").write_text("debootstrap-host\n")
     (cached / "etc" / "ssh" / "ssh_host_ed25519_key").write_text("shared secret")
     (cached / "usr" / "share" / "doc" / "git").mkdir(parents=True)
+    etc = cached / "etc"
+    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (etc / "shadow").write_text("root:*:20000:0:99999:7:::\n")
+    (etc / "group").write_text("root:x:0:\nsudo:x:27:\n")
+    (etc / "gshadow").write_text("root:*::\nsudo:*::\n")
+    (etc / "sudoers.d").mkdir()
+    (etc / "skel").mkdir()
+    (etc / "skel" / ".profile").write_text("# ~/.profile\n")
     busybox = tmp_path / "busybox"
     busybox.write_bytes(b"\x7fELF")
     helper = tmp_path / "rift-exec"
@@ -211,3 +220,16 @@ def test_the_set_up_copy_leaves_the_cached_root_as_debootstrap_left_it(tmp_path:
     assert "PasswordAuthentication no" in (copy / "etc/ssh/sshd_config.d/60-rift.conf").read_text()
     assert os.access(copy / "usr" / "lib" / "rift" / "init", os.X_OK)
     assert os.access(copy / "usr" / "lib" / "rift" / "rift-exec", os.X_OK)
+    # E2B's user: uid 1000, in sudo, a home of its own, sudo without a password
+    assert (etc / "passwd").read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+    assert (etc / "group").read_text() == "root:x:0:\nsudo:x:27:\n"
+    assert (copy / "etc" / "passwd").read_text().splitlines()[-1] == \
+        "user:x:1000:1000::/home/user:/bin/bash"
+    assert "sudo:x:27:user" in (copy / "etc" / "group").read_text().splitlines()
+    assert "sudo:*::user" in (copy / "etc" / "gshadow").read_text().splitlines()
+    assert (copy / "etc" / "shadow").read_text().splitlines()[-1].startswith("user:*:20000:")
+    assert "user ALL=(ALL:ALL) NOPASSWD: ALL" in \
+        (copy / "etc" / "sudoers.d" / "user").read_text()
+    profile = copy / "home" / "user" / ".profile"
+    assert profile.read_text() == "# ~/.profile\n"
+    assert (profile.stat().st_uid, profile.parent.stat().st_uid) == (1000, 1000)
