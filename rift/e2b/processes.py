@@ -1,8 +1,10 @@
 """envd's `process.Process` service (Connect RPC, JSON codec) as Rift execs:
 
-- `Start` (server stream): `execs.start`; its output as `data` events (a keepalive
-  each quiet `STREAM_WAIT_S`) until the `end` event. `stdin: false` gives the
-  command an empty, closed stdin; `stdin: true` keeps it open for `SendInput`.
+- `Start` (server stream): `execs.start`, as the envd user the call names
+  (`user` by default, `root` when asked: rift.e2b.shapes.as_user); its output
+  as `data` events (a keepalive each quiet `STREAM_WAIT_S`) until the `end`
+  event. `stdin: false` gives the command an empty, closed stdin; `stdin: true`
+  keeps it open for `SendInput`.
 - `Connect` (server stream): a running exec's output from now on, to its end.
 - `List`: the sandbox's running execs; `SendSignal`: `execs.kill` (SIGTERM is
   TERM, anything else KILL); `SendInput`, `CloseStdin`: `execs.send_input`.
@@ -39,7 +41,7 @@ from rift.e2b.connect import (
     timeout_s,
     unary_request,
 )
-from rift.e2b.envd import Call, EnvdPart, call_of, fault_of
+from rift.e2b.envd import Call, EnvdPart, call_of, fault_of, user_of
 from rift.services.lifecycle import execs
 
 STREAM_WAIT_S = 15  # the longest quiet before a keepalive event
@@ -105,7 +107,7 @@ class Processes(EnvdPart):
                           headers=STREAM_HEADERS)
 
     def _started(self, call: Call, message: dict[str, Any], request: Request) -> ExecView:
-        line = self._command(message, call)
+        line = shapes.as_user(self._command(message, call), user_of(request))
         limit = timeout_s(request.headers.get("connect-timeout-ms"), MAX_EXEC_S, MAX_EXEC_S)
         size = terminals.size_of(message)
         stdin = None if message.get("stdin") is True or size else ""

@@ -108,6 +108,30 @@ def command_line(cmd: str, args: list[str], envs: dict[str, str], cwd: str | Non
     return prefix + "exec " + shlex.join([cmd, *args])
 
 
+DEFAULT_USER = "user"  # envd's default: E2B's `base` runs commands as `user`
+_USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+def as_user(line: str, user: str) -> str:
+    """`line` run as the envd user a call names: `root` as it is (Rift's exec is
+    root's); another user, when the guest has it, by `setpriv` with that user's
+    groups, `HOME`, `USER` and `LOGNAME`, starting in its home (envd's way, so a
+    relative `cwd` is under it). A guest without the default user (busybox
+    `tiny`) runs it as root; a guest without another user named fails it."""
+    if user == "root":
+        return line
+    if not _USER_NAME.fullmatch(user):
+        raise InvalidArgument("user", f"{user[:40]!r} is not a user name")
+    inner = shlex.quote('cd "$HOME" || exit 1; ' + line)
+    switch = (f"if h=$(getent passwd {user} 2>/dev/null | cut -d: -f6) && [ -n \"$h\" ] && "
+              f"command -v setpriv >/dev/null 2>&1; then exec setpriv --reuid={user} "
+              f"--regid={user} --init-groups env HOME=\"$h\" USER={user} LOGNAME={user} "
+              f"/bin/sh -c {inner}; fi; ")
+    if user == DEFAULT_USER:
+        return switch + line
+    return switch + f"echo 'user {user} not found in the sandbox' >&2; exit 1"
+
+
 def end_status(status: str, exit_code: int | None, signal: str | None) -> dict[str, Any]:
     """envd's EndEvent for an exec's end."""
     if exit_code is not None:

@@ -3,7 +3,11 @@ meant it: its environment, its folder, its quoting and its exit code."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+
+import pytest
 
 from rift.e2b import shapes
 
@@ -30,3 +34,19 @@ def test_a_missing_folder_ends_the_command_before_it_runs() -> None:
 def test_a_program_with_arguments_runs_as_given() -> None:
     ran = _run(shapes.command_line("printf", ["%s-%s", "a b", "$c"], {}, None))
     assert (ran.returncode, ran.stdout) == (0, "a b-$c")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="switching users takes root and setpriv")
+def test_a_command_runs_as_the_user_named_in_its_home_with_relative_cwd_under_it() -> None:
+    # `daemon` (home /usr/sbin) stands for the guest's `user` (the host has none); `..`
+    # is relative to its home
+    line = shapes.command_line("/bin/sh", ["-c", 'id -un; echo "$HOME $USER $LOGNAME"; pwd'],
+                               {"A": "x"}, "..")
+    ran = _run(shapes.as_user(line, "daemon"))
+    assert (ran.returncode, ran.stdout) == (0, "daemon\n/usr/sbin daemon daemon\n/usr\n")
+    as_root = _run(shapes.as_user(shapes.command_line("id", ["-u"], {}, None), "root"))
+    assert as_root.stdout == "0\n"
+    missing = _run(shapes.as_user("echo ran", "nobody-here"))
+    assert (missing.returncode, missing.stdout) == (1, "")
+    assert "user nobody-here not found" in missing.stderr

@@ -121,3 +121,17 @@ def test_a_guests_stat_line_is_an_entry_and_a_bad_one_is_left_out() -> None:
                 "41ed\tbig\tu\tg\t0\t-\t\t-\t/x",
                 "41ed\t1\tu\tg\t" + "9" * 40 + "\t-\t\t-\t/x"):
         assert entry(bad) is None, bad
+
+
+def test_a_process_runs_as_the_envd_user_the_call_names() -> None:
+    line = "exec ls"
+    assert shapes.as_user(line, "root") == line  # Rift's exec is root's already
+    default = shapes.as_user(line, "user")
+    assert "exec setpriv --reuid=user --regid=user --init-groups env HOME=\"$h\" USER=user " \
+        "LOGNAME=user /bin/sh -c 'cd \"$HOME\" || exit 1; exec ls'" in default
+    assert default.endswith("fi; exec ls")  # a guest without `user` (tiny): root's
+    other = shapes.as_user(line, "alice")
+    assert "--reuid=alice" in other and other.endswith("not found in the sandbox' >&2; exit 1")
+    for bad in ("Alice", "a b", "a;b", "", "-x", "a" * 40):
+        with pytest.raises(InvalidArgument):
+            shapes.as_user(line, bad)
