@@ -112,6 +112,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
             private_dir(settings.data_dir / "keys"),
             ShellSettings(serial_dir=runtime.serial_dir,
                           egress_proxy_port=settings.egress_proxy_port or None,
+                          helper_slack_s=settings.helper_slack_s,
                           console_cap_bytes=(settings.console_log_mib << 20
                                              if settings.console_log_mib else None),
                           guest_ca=guest_ca),

@@ -112,6 +112,11 @@ class Settings(BaseSettings):
         default=45, ge=0, le=600, description="How long `rift_vm_exec` waits for a "
         "command's end before it answers with the exec still `running` (below the 60 s "
         "some clients allow a call).")
+    helper_slack_s: float = Field(
+        default=15.0, ge=1, le=600, description="How long past its own wait a call to a "
+        "guest's exec helper (starting, reading, writing to or killing an exec) may take "
+        "for its SSH channel and process before it fails `guest_unreachable`: what a guest "
+        "that stalls its helper costs that call, and no other.")
     exec_output_mib: int = Field(
         default=16, ge=1, le=1024, description="How much of each stream of an exec the "
         "guest keeps (the newest bytes); a read from before starts at the oldest kept.")

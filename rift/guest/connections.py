@@ -50,6 +50,7 @@ class ShellSettings:
     output_cap: int = 1 * MIB
     file_cap: int = 16 * MIB
     file_timeout_s: float = 300.0
+    helper_slack_s: float = 15.0  # past an exec helper call's own wait (RIFT_HELPER_SLACK_S)
     window_bytes: int = 4 * MIB
     connections_per_vm: int = 4
     serial_dir: Path | None = None  # where `<vm id>.log` holds each guest's console

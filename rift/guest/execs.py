@@ -28,7 +28,6 @@ from rift.guest.exec_view import (
 from rift.guest.runner import HelperCall, Runner
 from rift.services.ports import ExecRead, ExecStart, GuestExec
 
-HELPER_SLACK_S = 15.0  # beyond a helper call's own wait: its channel and process
 _SMALL_ANSWER = 4096  # the most a helper's `input` or `kill` prints
 NO_PTY_HELPER = 97  # a terminal's start line's status in a guest without rift-pty
 
@@ -50,6 +49,12 @@ class ShellExecs:
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
+
+    @property
+    def slack_s(self) -> float:
+        """How long past its own wait a helper call may take (its channel and
+        process): RIFT_HELPER_SLACK_S."""
+        return self.runner.conns.settings.helper_slack_s
 
     def exec(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: int) -> ExecResult:
         started = time.monotonic()
@@ -81,7 +86,7 @@ class ShellExecs:
             line = f"[ -x {pty_helper.GUEST_PATH} ] || exit {NO_PTY_HELPER}; "
         call = HelperCall(
             line=line + start_command(replace(start, command=command)), stdin=start.stdin,
-            timeout_s=start.wait_ms / 1000 + HELPER_SLACK_S, view=True,
+            timeout_s=start.wait_ms / 1000 + self.slack_s, view=True,
             limit=view_size(start.max_bytes), also=(NO_PTY_HELPER,))
         status, data = self.runner.helper(vm, call)
         if status == NO_PTY_HELPER:
@@ -98,7 +103,7 @@ class ShellExecs:
                 f"while [ ! -s {tty} ] && [ $i -lt 200 ]; do sleep 0.01; i=$((i+1)); done; "
                 + pty_helper.resize_command_line(tty, rows, cols))
         status, out = self.runner.helper(vm, HelperCall(
-            line=line, timeout_s=HELPER_SLACK_S, view=False, limit=_SMALL_ANSWER))
+            line=line, timeout_s=self.slack_s, view=False, limit=_SMALL_ANSWER))
         if status == NO_SUCH_EXEC:
             raise GuestExecError(exec_id, "ended", vm_id=vm.id)
         if status != 0:
@@ -117,7 +122,7 @@ class ShellExecs:
         them, it ended, or `wait_ms` passed; GuestError past `deadline_s` (default:
         the wait and the helper's slack)."""
         line = read_command(read)
-        deadline_s = (read.wait_ms / 1000 + HELPER_SLACK_S if read.deadline_s is None
+        deadline_s = (read.wait_ms / 1000 + self.slack_s if read.deadline_s is None
                       else read.deadline_s)
         status, data = self.runner.helper(vm, HelperCall(
             line=line, timeout_s=deadline_s, view=True, limit=view_size(read.max_bytes)))
@@ -143,7 +148,7 @@ class ShellExecs:
         """Signal the exec's process group (TERM: KILL follows 5 s later in the guest).
         An exec that ended already is left as it is."""
         status, out = self.runner.helper(vm, HelperCall(
-            line=kill_command(exec_id, signal), timeout_s=HELPER_SLACK_S, view=False,
+            line=kill_command(exec_id, signal), timeout_s=self.slack_s, view=False,
             limit=_SMALL_ANSWER))
         if status not in (0, NO_SUCH_EXEC):
             raise GuestError(f"rift-exec kill failed (exit {status}): {out[-200:]!r}",
