@@ -113,6 +113,18 @@ class DomainSpec:
 
 
 @dataclass(frozen=True)
+class VolumeDisk:
+    """A volume as a running domain's disk (SPEC §18): its qcow2 file on the host,
+    the guest's disk name (`vdc`, ...), the serial the guest finds it by (the
+    volume id) and whether the guest may only read it."""
+
+    path: str
+    target: str
+    serial: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class DomainRecord:
     """One domain as a host reports it."""
 
@@ -270,6 +282,17 @@ class Hypervisor(Protocol):
         Its VM id, image and installation are kept; the running domain and its
         persistent definition both change, and `list_domains` shows the new task.
         """
+        ...
+
+    def attach_disk(self, name: str, disk: VolumeDisk) -> None:
+        """Hot-plug `disk` into the running domain, and into its definition, so a
+        pause or sleep keeps it (on a host with no guest behind its domains, the
+        test driver, nothing is plugged). HypervisorError(op="attach")."""
+        ...
+
+    def detach_disk(self, name: str, disk: VolumeDisk) -> None:
+        """Unplug `disk` from the domain and its definition; a domain without it (or
+        none at all) is fine. HypervisorError(op="detach")."""
         ...
 
     def stats(self) -> dict[str, DomainStats]:

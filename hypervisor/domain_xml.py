@@ -67,6 +67,9 @@ def build_domain_xml(spec: DomainSpec) -> str:
         _guest_parts(root, os_el, spec)
     return ET.tostring(root, encoding="unicode")
 
+# Root ports of a guest: its rng, disk and seed take three, volumes the rest.
+PCIE_ROOT_PORTS = 8
+
 
 def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
     """The parts of a real qemu/kvm guest: q35, kernel, rng, serial, user network."""
@@ -95,6 +98,7 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
     _process_label(root, spec)
     devices = ET.SubElement(root, "devices")
     ET.SubElement(devices, "controller", type="usb", model="none")
+    _root_ports(devices)
     ET.SubElement(devices, "memballoon", model="none")
     rng = ET.SubElement(devices, "rng", model="virtio")
     ET.SubElement(rng, "backend", model="random").text = "/dev/urandom"
@@ -128,6 +132,15 @@ def _guest_parts(root: ET.Element, os_el: ET.Element, spec: DomainSpec) -> None:
             "virtio-net-pci,netdev=n0,addr=0x10",
         ):
             ET.SubElement(commandline, "qemu:arg", value=value)
+
+
+def _root_ports(devices: ET.Element) -> None:
+    """PCIe root ports for the guest's devices and volumes hot-plugged later (SPEC §18):
+    q35's root bus takes none, and libvirt adds only as many as devices need."""
+    ET.SubElement(devices, "controller", type="pci", index="0", model="pcie-root")
+    for index in range(1, PCIE_ROOT_PORTS + 1):
+        ET.SubElement(devices, "controller", type="pci", index=str(index),
+                      model="pcie-root-port")
 
 
 def _cputune(root: ET.Element, spec: DomainSpec) -> None:

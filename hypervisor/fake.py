@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from hypervisor.base import DomainRecord, DomainSpec, DomainStats, HostInfo, HypervisorError
+from hypervisor.base import (
+    DomainRecord,
+    DomainSpec,
+    DomainStats,
+    HostInfo,
+    HypervisorError,
+    VolumeDisk,
+)
 from hypervisor.domain_xml import build_domain_xml, domain_xml_with_task
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
 
@@ -32,6 +39,7 @@ class FakeDomain:
     install: str | None = None  # a foreign domain's installation mark
     xml: str | None = None
     saved: bool = False  # stopped with a saved state (FakeHypervisor.save)
+    disks: dict[str, VolumeDisk] = field(default_factory=dict)  # hot-plugged, by serial
 
 
 class FakeHypervisor:
@@ -203,6 +211,23 @@ class FakeHypervisor:
                 return domain.xml
             assert domain.spec is not None
             return build_domain_xml(domain.spec)
+
+    def attach_disk(self, name: str, disk: VolumeDisk) -> None:
+        with self._lock:
+            dom = self._domain("attach", name)
+            if not dom.active:
+                raise HypervisorError("attach", f"domain '{name}' is not running")
+            dom.disks[disk.serial] = disk
+
+    def detach_disk(self, name: str, disk: VolumeDisk) -> None:
+        with self._lock:
+            self._touch("detach", name)
+            failures = self._failures.get("detach")
+            if failures:
+                raise HypervisorError("detach", failures.pop(0))
+            dom = self.domains.get(name)
+            if dom is not None:
+                dom.disks.pop(disk.serial, None)
 
     def stats(self) -> dict[str, DomainStats]:
         """Running domains use what `usage` says (tests set it), else nothing known."""

@@ -26,6 +26,7 @@ from hypervisor.base import (
     DomainStats,
     HostInfo,
     HypervisorError,
+    VolumeDisk,
 )
 from hypervisor.domain_xml import (
     RIFT_XMLNS,
@@ -37,6 +38,7 @@ from hypervisor.domain_xml import (
 from hypervisor.fork_xml import ForkDomain, fork_domain_xml
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.save_image import fork_copy_path, read_save_header, write_fork
+from hypervisor.volumes import disk_xml
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,9 @@ def _translated(op: str) -> Iterator[None]:
     except libvirt.libvirtError as exc:
         message = exc.get_error_message() or str(exc)
         raise HypervisorError(op, str(message), exc.get_error_code()) from exc
+
+
+_LIVE_AND_CONFIG = libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG
 
 
 class LibvirtHypervisor:
@@ -334,6 +339,31 @@ class LibvirtHypervisor:
             raise HypervisorError("set_owner", f"its saved state: {exc}") from exc
         with _translated("set_owner"):
             dom.managedSaveDefineXML(saved, 0)
+
+    def attach_disk(self, name: str, disk: VolumeDisk) -> None:
+        dom = self._domain("attach", name)
+        with _translated("attach"):
+            if not dom.isActive():
+                raise HypervisorError("attach", f"domain '{name}' is not running")
+            if str(self._connection().getType()).lower() == "test":
+                return  # no guest to plug it into: the test driver cannot hot-plug
+            dom.attachDeviceFlags(disk_xml(disk), _LIVE_AND_CONFIG)
+
+    def detach_disk(self, name: str, disk: VolumeDisk) -> None:
+        try:
+            dom = self._domain("detach", name)
+        except HypervisorError as err:
+            if err.code == libvirt.VIR_ERR_NO_DOMAIN:
+                return
+            raise
+        with _translated("detach"):
+            if str(self._connection().getType()).lower() == "test":
+                return
+            if f"<serial>{disk.serial}</serial>" not in str(dom.XMLDesc(
+                    libvirt.VIR_DOMAIN_XML_INACTIVE)) + str(dom.XMLDesc(0)):
+                return
+            flags = _LIVE_AND_CONFIG if dom.isActive() else libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            dom.detachDeviceFlags(disk_xml(disk), flags)
 
     def stats(self) -> dict[str, DomainStats]:
         conn = self._connection()

@@ -41,7 +41,7 @@ from hypervisor.packages import (
 
 BUILDER_VERSION = 1
 # Roots of the module set; their dependencies are loaded first, in order.
-MODULE_ROOTS = ("virtio_pci", "virtio_net", "virtio_rng")
+MODULE_ROOTS = ("virtio_pci", "virtio_net", "virtio_rng", "virtio_blk")  # virtio_blk: volumes
 INIT_SCRIPT = Path(__file__).with_name("guest_init.sh")
 
 

@@ -88,13 +88,14 @@ def test_modules_load_after_what_they_depend_on_and_built_ins_are_skipped(tmp_pa
     _module(tmp_path, "drivers/net/net_failover.ko", "failover")
     _module(tmp_path, "drivers/net/virtio_net.ko", "virtio_ring,virtio,net_failover")
     _module(tmp_path, "drivers/char/hw_random/virtio-rng.ko", "virtio,virtio_ring")
+    _module(tmp_path, "drivers/block/virtio_blk.ko", "virtio,virtio_ring")
     (tmp_path / "modules.builtin").write_text("kernel/drivers/virtio/virtio_pci_modern_dev.ko\n")
     order = [name for name, _ in module_order(tmp_path, MODULE_ROOTS)]
     assert sorted(order) == sorted(["virtio_ring", "virtio", "virtio_pci", "failover",
-                                    "net_failover", "virtio_net", "virtio_rng"])
+                                    "net_failover", "virtio_net", "virtio_rng", "virtio_blk"])
     for before, after in [("virtio_ring", "virtio"), ("virtio", "virtio_pci"),
                           ("failover", "net_failover"), ("net_failover", "virtio_net"),
-                          ("virtio", "virtio_rng")]:
+                          ("virtio", "virtio_rng"), ("virtio", "virtio_blk")]:
         assert order.index(before) < order.index(after)
 
 

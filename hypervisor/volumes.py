@@ -1,0 +1,138 @@
+"""Volumes on a host (SPEC §18): each a sparse qcow2 file with ext4 inside, in a
+folder of the data dir (`volumes/`), and the disk device XML that hot-plugs one.
+
+- **make**: a sparse raw file of the size, `mkfs.ext4` on it (lazy inode tables:
+  a few MiB written whatever the size), converted to qcow2 (holes kept), so the
+  guest mounts it as it is (no partition table).
+- **grow**: `qemu-img resize` of the file while no VM holds it; the ext4 inside
+  grows at its next writable mount, in the guest (`resize2fs` online).
+- **clone** in constant time: the source's file becomes a frozen parent (hard
+  links named at random under `parents/`, one per child, so a parent goes with
+  its last child), and the source and the clone each get a new empty overlay on
+  it. Writes of either never reach the other.
+- **remove**: the file goes, and each frozen parent whose last child it was.
+
+Only this machine's files are reached (hosts elsewhere: left for later).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from hypervisor.base import ImageError, VolumeDisk, elsewhere
+from hypervisor.commands import run_command
+
+GIB = 1 << 30
+PARENTS = "parents"
+_VOLUME_ID = re.compile(r"vol_[a-z2-7]{8}")
+VOLUME_TIMEOUT_S = 120
+
+
+def disk_xml(disk: VolumeDisk) -> str:
+    """The `<disk>` device of a volume: virtio, qcow2, its serial the volume id."""
+    root = ET.Element("disk", type="file", device="disk")
+    ET.SubElement(root, "driver", name="qemu", type="qcow2", discard="unmap")
+    ET.SubElement(root, "source", file=disk.path)
+    ET.SubElement(root, "target", dev=disk.target, bus="virtio")
+    ET.SubElement(root, "serial").text = disk.serial
+    if disk.read_only:
+        ET.SubElement(root, "readonly")
+    return ET.tostring(root, encoding="unicode")
+
+
+class VolumeFolder:
+    """The volumes' files in one folder of this machine, for the hosts whose libvirt
+    runs here (the engine's VolumeFiles port); ImageError for a host elsewhere."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def file(self, volume_id: str) -> Path:
+        if not _VOLUME_ID.fullmatch(volume_id):
+            raise ImageError(f"volume id {volume_id!r} cannot name a file")
+        return self.folder / f"{volume_id}.qcow2"
+
+    def path(self, uri: str, volume_id: str) -> str:
+        if elsewhere(uri):
+            raise ImageError(f"volumes live on hosts of this machine only, not {uri}")
+        return str(self.file(volume_id))
+
+    def make(self, uri: str, volume_id: str, size_gib: int) -> None:
+        target = Path(self.path(uri, volume_id))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        raw = self.folder / f".{volume_id}.raw"
+        partial = self.folder / f".{volume_id}.qcow2"
+        try:
+            with raw.open("wb") as f:
+                f.truncate(size_gib * GIB)
+            run_command(["mkfs.ext4", "-q", "-F", "-m", "0", "-E",
+                         "lazy_itable_init=1,lazy_journal_init=1,nodiscard", str(raw)],
+                        timeout_s=VOLUME_TIMEOUT_S)
+            run_command(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", str(raw),
+                         str(partial)], timeout_s=VOLUME_TIMEOUT_S)
+            partial.replace(target)
+        finally:
+            raw.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
+
+    def grow(self, uri: str, volume_id: str, size_gib: int) -> None:
+        run_command(["qemu-img", "resize", "-q", self.path(uri, volume_id),
+                     str(size_gib * GIB)], timeout_s=VOLUME_TIMEOUT_S)
+
+    def clone(self, uri: str, source_id: str, volume_id: str) -> None:
+        source, target = Path(self.path(uri, source_id)), self.file(volume_id)
+        parents = self.folder / PARENTS
+        parents.mkdir(parents=True, exist_ok=True)
+        for_source = parents / f"{secrets.token_hex(8)}.qcow2"
+        for_clone = parents / f"{secrets.token_hex(8)}.qcow2"
+        os.link(source, for_source)
+        os.link(source, for_clone)
+        size = str(_virtual_size(source))
+        fresh = self.folder / f".{source_id}.qcow2"
+        _overlay(for_clone, target, size)
+        _overlay(for_source, fresh, size)
+        fresh.replace(source)  # the source's old name now only under parents/, frozen
+        for parent in (for_source, for_clone):
+            os.chmod(parent, 0o444)
+
+    def remove(self, uri: str, volume_id: str) -> None:
+        _unlink_chain(Path(self.path(uri, volume_id)), self.folder / PARENTS)
+
+
+def _overlay(parent: Path, path: Path, size: str) -> None:
+    run_command(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(parent),
+                 str(path), size], timeout_s=VOLUME_TIMEOUT_S)
+
+
+def _info(path: Path) -> dict[str, object]:
+    out = run_command(["qemu-img", "info", "-U", "--output=json", str(path)],
+                      timeout_s=VOLUME_TIMEOUT_S)
+    info: dict[str, object] = json.loads(out)
+    return info
+
+
+def _virtual_size(path: Path) -> int:
+    return int(str(_info(path)["virtual-size"]))
+
+
+def _unlink_chain(path: Path, parents: Path) -> None:
+    """Remove `path`; when it was the last name of its file, its parent's link too
+    (and so on up the chain)."""
+    while True:
+        try:
+            links = path.stat().st_nlink
+        except FileNotFoundError:
+            return
+        backing = _info(path).get("backing-filename") if links == 1 else None
+        path.unlink(missing_ok=True)
+        if not isinstance(backing, str):
+            return
+        nxt = Path(backing)
+        if nxt.parent != parents:
+            return
+        path = nxt

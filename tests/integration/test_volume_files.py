@@ -1,0 +1,97 @@
+"""Volumes' files with the real tools (mkfs.ext4, qemu-img, qemu-io), no guest: a
+new volume is a sparse qcow2 holding ext4, a clone is a copy-on-write child in
+constant time whose writes never reach its source (nor the source's its), a
+volume grows, and a frozen parent goes with its last child."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hypervisor.base import ImageError, VolumeDisk
+from hypervisor.volumes import PARENTS, VolumeFolder, disk_xml
+
+pytestmark = pytest.mark.skipif(
+    any(shutil.which(tool) is None for tool in ("qemu-img", "qemu-io", "mkfs.ext4")),
+    reason="needs qemu-img, qemu-io and mkfs.ext4 (scripts/libvirt.sh installs them)")
+
+HERE = "qemu:///system"
+A, B, C = "vol_aaaaaaaa", "vol_bbbbbbbb", "vol_cccccccc"
+
+
+def _info(path: Path) -> dict[str, object]:
+    out = subprocess.run(["qemu-img", "info", "-U", "--output=json", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    info: dict[str, object] = json.loads(out)
+    return info
+
+
+def _io(path: Path, command: str) -> str:
+    """qemu-io's answer; a read's pattern check that fails says so (exit 1)."""
+    done = subprocess.run(["qemu-io", "-f", "qcow2", "-c", command, str(path)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0 or "Pattern verification failed" in done.stdout, done
+    return done.stdout
+
+
+def _has_ext4(path: Path) -> bool:
+    # ext4's superblock at 1024, its magic 0xEF53 at offset 56 of it
+    return "53 ef" in _io(path, "read -v 1080 2")
+
+
+def test_a_volume_is_sparse_ext4_and_its_clone_goes_its_own_way(tmp_path: Path) -> None:
+    folder = VolumeFolder(tmp_path / "volumes")
+    folder.make(HERE, A, 10)
+    a = Path(folder.path(HERE, A))
+    info = _info(a)
+    assert (info["format"], info["virtual-size"]) == ("qcow2", 10 << 30)
+    assert a.stat().st_blocks * 512 < 64 << 20  # sparse: a few MiB of ext4's own
+    assert _has_ext4(a)
+    _io(a, "write -P 0x61 512M 1M")
+
+    began = time.monotonic()
+    folder.clone(HERE, A, B)
+    took = time.monotonic() - began
+    b = Path(folder.path(HERE, B))
+    assert took < 2, took  # two links and two empty overlays, whatever the size
+    assert "Pattern verification failed" not in _io(b, "read -P 0x61 512M 1M")  # it sees it
+    _io(b, "write -P 0x62 512M 1M")
+    _io(a, "write -P 0x63 513M 1M")
+    assert "Pattern verification failed" not in _io(a, "read -P 0x61 512M 1M")
+    assert "Pattern verification failed" not in _io(b, "read -P 0x62 512M 1M")
+    assert "Pattern verification failed" in _io(b, "read -P 0x63 513M 1M")
+    parents = list((tmp_path / "volumes" / PARENTS).iterdir())
+    assert len(parents) == 2 and parents[0].stat().st_ino == parents[1].stat().st_ino
+
+    folder.grow(HERE, B, 12)
+    assert _info(b)["virtual-size"] == 12 << 30
+    folder.clone(HERE, B, C)  # a chain: C on B's frozen file on A's
+    folder.remove(HERE, A)
+    assert _has_ext4(Path(folder.path(HERE, C)))
+    folder.remove(HERE, B)
+    assert len(list((tmp_path / "volumes" / PARENTS).iterdir())) == 2  # C's chain
+    folder.remove(HERE, C)
+    assert list((tmp_path / "volumes" / PARENTS).iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "volumes").iterdir()) == [PARENTS]
+    folder.remove(HERE, C)  # absent is fine
+
+
+def test_a_volume_file_is_named_by_its_id_only_and_on_this_machine_only(
+        tmp_path: Path) -> None:
+    folder = VolumeFolder(tmp_path)
+    with pytest.raises(ImageError):
+        folder.path(HERE, "../vol_aaaaaaaa")
+    with pytest.raises(ImageError, match="this machine"):
+        folder.path("qemu+ssh://root@h2/system", A)
+
+
+def test_the_disk_xml_names_the_volume_as_its_serial_and_is_read_only_when_asked() -> None:
+    xml = disk_xml(VolumeDisk("/v/vol_aaaaaaaa.qcow2", "vdc", A, read_only=True))
+    assert "<serial>vol_aaaaaaaa</serial>" in xml and "<readonly />" in xml
+    assert "<target dev=\"vdc\" bus=\"virtio\" />" in xml
+    assert "readonly" not in disk_xml(VolumeDisk("/v/x.qcow2", "vdd", A))
