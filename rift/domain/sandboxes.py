@@ -4,9 +4,10 @@ is, so that a restart or another replica knows them (migration 0015).
 Never the sandbox's `envdAccessToken` (its task's handle) nor anything derived
 from it; of its `trafficAccessToken` only the SHA-256 digest. `on_timeout` and
 `auto_resume` are the create body's wishes (`autoPause`, `lifecycle`): at
-`end_at` the door kills the sandbox, or (`pause`) pauses it once issue #29's
-sleep is there to take that wish; `end_at` None means no end is kept (a sandbox
-paused at its end waits for a connect)."""
+`end_at` the door kills the sandbox, or (`pause`) puts its VM to sleep (SPEC
+§17), and any call that needs it wakes it (`auto_resume` is kept and shown, not
+yet enforced: a call wakes the VM either way); `end_at` None means no end is kept
+(a sandbox paused at its end waits for a connect)."""
 
 from __future__ import annotations
 
