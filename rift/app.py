@@ -26,8 +26,8 @@ from rift.api.guard import BodyGuard
 from rift.api.mcp.server import mount_mcp
 from rift.api.metrics import Metrics, door_of
 from rift.api.rebinding import RebindingGuard, allowed_hosts, security_settings
-from rift.api.rest import router
 from rift.api.state import AppState
+from rift.api.volume_routes import router  # REST's router, with the volumes' routes
 from rift.api.waiting import HeldStream
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings

@@ -14,17 +14,20 @@ from pathlib import Path
 from hypervisor import Hypervisor, open_hypervisor
 from hypervisor.base import QEMU_USER, CpuLimits
 from hypervisor.exec_helper import exec_helper
+from hypervisor.volumes import PARENTS, VolumeFolder
 from rift.catalog import DirectoryImages
 from rift.config import Settings
 from rift.domain.clock import Clock, SystemClock
 from rift.domain.errors import InvalidArgument
 from rift.domain.leases import LeaseRules
 from rift.domain.store_errors import DuplicateKey
-from rift.guest.adapter import ssh_guests
+from rift.guest.adapter import guests_of
 from rift.guest.connections import ShellSettings
 from rift.guest.host_files import RemoteFiles, host_disk
 from rift.guest.links import HostLinks
+from rift.guest.mounts import SshMounts
 from rift.guest.routes import Routes
+from rift.guest.shell import SshGuestShell
 from rift.guest.trust import GuestCa, GuestCaError, load_guest_ca
 from rift.logs import setup_logging
 from rift.services.access import accounts
@@ -98,6 +101,16 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
             found = tx.hosts.get(name)
         return found.uri if found is not None else None
 
+    shell = SshGuestShell(
+        private_dir(settings.data_dir / "keys"),
+        ShellSettings(serial_dir=runtime.serial_dir,
+                      egress_proxy_port=settings.egress_proxy_port or None,
+                      helper_slack_s=settings.helper_slack_s,
+                      console_cap_bytes=(settings.console_log_mib << 20
+                                         if settings.console_log_mib else None),
+                      guest_ca=guest_ca),
+        routes=Routes(links, host_uri),
+        helper_binary=lambda: exec_helper(runtime.images_dir / ".cache" / "helpers"))
     deps = Deps(
         exposure_urls=ExposureUrls(settings.public_url or ExposureUrls.public_url,
                                    settings.preview_domain),
@@ -108,21 +121,15 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         images=DirectoryImages(settings.data_dir / "images"),
         lease_rules=lease_rules_of(settings),
         limits=limits_of(settings),
-        guests=ssh_guests(
-            private_dir(settings.data_dir / "keys"),
-            ShellSettings(serial_dir=runtime.serial_dir,
-                          egress_proxy_port=settings.egress_proxy_port or None,
-                          helper_slack_s=settings.helper_slack_s,
-                          console_cap_bytes=(settings.console_log_mib << 20
-                                             if settings.console_log_mib else None),
-                          guest_ca=guest_ca),
-            routes=Routes(links, host_uri),
-            helper_binary=lambda: exec_helper(runtime.images_dir / ".cache" / "helpers")),
+        guests=guests_of(shell, links),
         runtime=runtime,
         default_image=settings.default_image,
         default_egress=settings.default_egress,
         host_files=RemoteFiles(links, runtime.serial_dir, runtime.vm_disks_dir),
+        volume_files=VolumeFolder(qemu_dir(settings.data_dir / "volumes")),
+        mounts=SshMounts(shell),
     )
+    qemu_dir(settings.data_dir / "volumes" / PARENTS)
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,
                             settings.host_memory_mib)
     return deps

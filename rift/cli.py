@@ -23,6 +23,7 @@ from rift.commands import (
 from rift.config import Settings
 from rift.domain.errors import RiftError
 from rift.services.context import Deps
+from rift.volume_commands import add_parser as add_volume_parser
 
 
 def served_url(host: str, port: int, tls: bool = False) -> str:
@@ -179,6 +180,8 @@ def parser() -> argparse.ArgumentParser:
     pc.add_argument("image")
     for x in (ps, pls, pc):
         x.set_defaults(run=cmd_pool)
+
+    add_volume_parser(sub)
 
     d = sub.add_parser("doctor", help="what works here and what to do about what does not")
     d.set_defaults(run=cmd_doctor)

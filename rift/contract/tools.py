@@ -1,7 +1,8 @@
 """Every tool, in the order `tools/list` shows them (`CONTRACTS`), and one namespace
 of every tool's models and contracts for the doors and tests that name many of them
 (`from rift.contract import tools as c`). Each tool's contract lives with its
-resource: `tasks`, `vms`, `snapshots` (and forks), `exposures`, `execs`, `files`;
+resource: `tasks`, `vms`, `snapshots` (and forks), `exposures`, `execs`, `files`,
+`volumes`;
 what a contract is, and the refusal body, in `tool`.
 
 Adding a field to a view or an input is one edit in its resource's module (and its
@@ -98,6 +99,29 @@ from rift.contract.vms import (
     VmNewIn,
     VmOut,
 )
+from rift.contract.volumes import (
+    VM_ATTACH_VOLUME,
+    VM_DETACH_VOLUME,
+    VOLUME_CLONE,
+    VOLUME_DELETE,
+    VOLUME_GET,
+    VOLUME_LIST,
+    VOLUME_NEW,
+    VOLUME_RESIZE,
+    AttachBody,
+    CloneBody,
+    ResizeBody,
+    VmAttachVolumeIn,
+    VmDetachVolumeIn,
+    VolumeCloneIn,
+    VolumeId,
+    VolumeIdIn,
+    VolumeListIn,
+    VolumeListOut,
+    VolumeNewIn,
+    VolumeOut,
+    VolumeResizeIn,
+)
 
 CONTRACTS: tuple[ToolContract, ...] = (
     TASK_NEW,
@@ -124,6 +148,14 @@ CONTRACTS: tuple[ToolContract, ...] = (
     VM_EXEC_LIST,
     VM_WRITE_FILE,
     VM_READ_FILE,
+    VM_ATTACH_VOLUME,
+    VM_DETACH_VOLUME,
+    VOLUME_NEW,
+    VOLUME_LIST,
+    VOLUME_GET,
+    VOLUME_DELETE,
+    VOLUME_RESIZE,
+    VOLUME_CLONE,
 )
 
 __all__ = [
@@ -135,7 +167,9 @@ __all__ = [
     "TASK_LIST",
     "TASK_NEW",
     "TASK_RELEASE",
+    "VM_ATTACH_VOLUME",
     "VM_DESTROY",
+    "VM_DETACH_VOLUME",
     "VM_EXEC",
     "VM_EXEC_GET",
     "VM_EXEC_INPUT",
@@ -152,6 +186,14 @@ __all__ = [
     "VM_SNAPSHOT_DELETE",
     "VM_UNEXPOSE",
     "VM_WRITE_FILE",
+    "VOLUME_CLONE",
+    "VOLUME_DELETE",
+    "VOLUME_GET",
+    "VOLUME_LIST",
+    "VOLUME_NEW",
+    "VOLUME_RESIZE",
+    "AttachBody",
+    "CloneBody",
     "EgressAllow",
     "Encoding",
     "ErrorBody",
@@ -172,6 +214,7 @@ __all__ = [
     "GuestPort",
     "PortBody",
     "Refusal",
+    "ResizeBody",
     "SnapshotBody",
     "SnapshotOut",
     "TakeoverBody",
@@ -189,7 +232,9 @@ __all__ = [
     "TaskOut",
     "TaskReleaseIn",
     "ToolContract",
+    "VmAttachVolumeIn",
     "VmDestroyIn",
+    "VmDetachVolumeIn",
     "VmExecGetIn",
     "VmExecIn",
     "VmExecInputIn",
@@ -207,4 +252,12 @@ __all__ = [
     "VmSnapshotIn",
     "VmWriteFileIn",
     "VmsOut",
+    "VolumeCloneIn",
+    "VolumeId",
+    "VolumeIdIn",
+    "VolumeListIn",
+    "VolumeListOut",
+    "VolumeNewIn",
+    "VolumeOut",
+    "VolumeResizeIn",
 ]

@@ -67,6 +67,37 @@ class ExposureView(Output):
     url: str
     created_at: str
 
+class VolumeMountView(Output):
+    """A volume attached to a VM (SPEC §18): where its guest mounts it, and whether
+    read-only."""
+
+    volume_id: str
+    path: str
+    read_only: bool
+
+
+class VolumeAttachmentView(Output):
+    """Where a volume is attached: the VM, its task, the path, read-only or not."""
+
+    vm_id: str
+    task_id: str
+    path: str
+    read_only: bool
+
+
+class VolumeView(Output):
+    """A user's volume (SPEC §18): ext4 on a sparse disk of `size_gib` on `host`,
+    kept until deleted; `parent_id` the volume it was cloned from."""
+
+    id: str
+    name: str
+    size_gib: int
+    host: str
+    created_at: str
+    parent_id: str | None
+    attached_to: list[VolumeAttachmentView]
+
+
 class VmView(Output):
     id: str
     task_id: str
@@ -86,6 +117,7 @@ class VmView(Output):
     woke: WokeView | None
     egress: Literal["open", "none"] | AllowView
     exposures: list[PortView]
+    volumes: list[VolumeMountView]
     stats: StatsView | None
 
 class SnapshotView(Output):

@@ -156,3 +156,33 @@ class NoRuntime:
 
     def disk_folders(self) -> list[Path]:
         return []
+
+
+class NoVolumeFiles:
+    """Without real guests no volume has a file: its size is only its row's."""
+
+    def path(self, uri: str, volume_id: str) -> str:
+        return f"memory:{volume_id}"
+
+    def make(self, uri: str, volume_id: str, size_gib: int) -> None:
+        return None
+
+    def grow(self, uri: str, volume_id: str, size_gib: int) -> None:
+        return None
+
+    def clone(self, uri: str, source_id: str, volume_id: str) -> None:
+        return None
+
+    def remove(self, uri: str, volume_id: str) -> None:
+        return None
+
+
+class NoGuestMounts:
+    """Without real guests there is no guest to mount a volume in (the test
+    driver's domains run none): the disk is plugged, nothing is mounted."""
+
+    def mount(self, vm: Vm, serial: str, path: str, read_only: bool) -> None:
+        return None
+
+    def unmount(self, vm: Vm, path: str) -> None:
+        return None

@@ -12,8 +12,22 @@ from typing import Protocol
 from rift.domain.clock import Clock
 from rift.domain.leases import LeaseRules
 from rift.domain.model import Egress
-from rift.services.absent import NoHostFiles, NoRuntime, no_guests
-from rift.services.ports import Guests, HostFiles, HostPool, ImageCatalog, Store
+from rift.services.absent import (
+    NoGuestMounts,
+    NoHostFiles,
+    NoRuntime,
+    NoVolumeFiles,
+    no_guests,
+)
+from rift.services.ports import (
+    GuestMounts,
+    Guests,
+    HostFiles,
+    HostPool,
+    ImageCatalog,
+    Store,
+    VolumeFiles,
+)
 
 
 @dataclass(frozen=True)
@@ -173,6 +187,10 @@ class Deps:
     default_egress: Egress = "open"  # of a `rift_vm_new` that names none (RIFT_DEFAULT_EGRESS)
     # a domain's files onto a host elsewhere; without SSH to hosts, nothing is put there
     host_files: HostFiles = field(default_factory=NoHostFiles)
+    # volumes' files on their hosts and their mounts in guests (SPEC §18); none unless
+    # rift.bootstrap wires them
+    volume_files: VolumeFiles = field(default_factory=NoVolumeFiles)
+    mounts: GuestMounts = field(default_factory=NoGuestMounts)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,14 @@ ROUTES: dict[str, tuple[str, str]] = {
     "rift_vm_exec_list": ("get", "/api/v1/vms/{vm_id}/execs"),
     "rift_vm_write_file": ("put", "/api/v1/vms/{vm_id}/files"),
     "rift_vm_read_file": ("get", "/api/v1/vms/{vm_id}/files"),
+    "rift_vm_attach_volume": ("post", "/api/v1/vms/{vm_id}/volumes"),
+    "rift_vm_detach_volume": ("delete", "/api/v1/vms/{vm_id}/volumes/{volume_id}"),
+    "rift_volume_new": ("post", "/api/v1/volumes"),
+    "rift_volume_list": ("get", "/api/v1/volumes"),
+    "rift_volume_get": ("get", "/api/v1/volumes/{volume_id}"),
+    "rift_volume_delete": ("delete", "/api/v1/volumes/{volume_id}"),
+    "rift_volume_resize": ("post", "/api/v1/volumes/{volume_id}/resize"),
+    "rift_volume_clone": ("post", "/api/v1/volumes/{volume_id}/clone"),
 }
 # Tools with a second route: between them, the routes carry every field.
 ALSO_ROUTES: dict[str, list[tuple[str, str]]] = {

@@ -27,6 +27,8 @@ from rift.services.lifecycle import (
     snapshots,
     tasks,
     vms,
+    volume_attach,
+    volumes,
 )
 from rift.services.ports.watch import Watch
 
@@ -97,7 +99,17 @@ def _vm_line(v: dict[str, Any]) -> str:
             f"{v['image']}, {v['vcpus']} vCPU, {v['memory_mib']} MiB")
     if v["ssh"]:
         line += f", ssh {v['ssh']['host']}:{v['ssh']['port']}"
+    for m in v["volumes"]:
+        ro = " (read-only)" if m["read_only"] else ""
+        line += f"; volume {m['volume_id']} at {m['path']}{ro}"
     return line + (f"; error: {v['error']}" if v["error"] else "")
+
+
+def _volume_line(v: dict[str, Any]) -> str:
+    where = ", ".join(f"{a['vm_id']} of {a['task_id']} at {a['path']}"
+                      + (" (read-only)" if a["read_only"] else "") for a in v["attached_to"])
+    return (f"volume {v['id']} {_q(v['name'])}: {v['size_gib']} GiB on {v['host']}; "
+            f"attached to {where or 'no VM'}")
 
 
 def _new(out: dict[str, Any]) -> str:
@@ -229,6 +241,16 @@ TOOLS: tuple[Tool, ...] = (
     Tool(c.VM_EXEC_LIST, execs.list_execs, _exec_list),
     Tool(c.VM_WRITE_FILE, files.write, lambda out: f"wrote {out['bytes']} bytes to {out['path']}"),
     Tool(c.VM_READ_FILE, files.read, _read),
+    Tool(c.VM_ATTACH_VOLUME, volume_attach.attach, _vm),
+    Tool(c.VM_DETACH_VOLUME, volume_attach.detach, _vm),
+    Tool(c.VOLUME_NEW, volumes.new, lambda out: _volume_line(out["volume"])),
+    Tool(c.VOLUME_LIST, volumes.list_volumes,
+         lambda out: "\n".join(_volume_line(v) for v in out["volumes"]) or "no volumes"),
+    Tool(c.VOLUME_GET, volumes.get, lambda out: _volume_line(out["volume"])),
+    Tool(c.VOLUME_DELETE, volumes.delete,
+         lambda out: f"deleted volume {out['volume']['id']} {_q(out['volume']['name'])}"),
+    Tool(c.VOLUME_RESIZE, volumes.resize, lambda out: _volume_line(out["volume"])),
+    Tool(c.VOLUME_CLONE, volumes.clone, lambda out: _volume_line(out["volume"])),
 )
 
 _BY_NAME = {tool.name: tool for tool in TOOLS}  # an index of the table, for calls by name

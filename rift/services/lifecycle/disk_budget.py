@@ -3,8 +3,9 @@ and what each host has left, against `RIFT_HOST_DISK_RESERVE_GIB`.
 
 Counted: each live VM's overlay as its host last measured it (the usage
 sample's `disk_used_bytes`; a guest that fills its disk raises it), the saved
-memory of a paused VM (its memory size: the file is at most that), and the
-bytes of the user's snapshots. A call that would add to it (a new VM, a fork, a
+memory of a paused VM (its memory size: the file is at most that), the
+bytes of the user's snapshots, and the whole size of each of the user's volumes
+(SPEC §18: sparse, but theirs to fill). A call that would add to it (a new VM, a fork, a
 snapshot, a pause) is refused with `quota_exceeded` once the user is at or past
 the budget; what is there already is never taken away.
 
@@ -27,7 +28,7 @@ MIB = 1 << 20
 
 
 def disk_used_bytes(tx: Tx, user: str) -> int:
-    used = tx.snapshots.bytes_of_owner(user)
+    used = tx.snapshots.bytes_of_owner(user) + tx.volumes.gib_of_owner(user) * GIB
     for vm in tx.fleet.live_of_owner(user):
         measured = usage.view(vm.stats) or {}
         used += int(measured.get("disk_used_bytes") or 0)
@@ -41,8 +42,18 @@ def check_disk_budget(deps: Deps, tx: Tx, user: str) -> None:
     limit_gib = deps.limits.max_disk_gib_per_user
     if disk_used_bytes(tx, user) >= limit_gib * GIB:
         raise QuotaExceeded(f"GiB of disk per user ({limit_gib}: overlays, paused VMs' "
-                            "memory, snapshots)", limit_gib,
+                            "memory, snapshots, volumes)", limit_gib,
                             "rift_vm_snapshot_delete or rift_vm_destroy")
+
+
+def check_volume_room(deps: Deps, tx: Tx, user: str, adding_gib: int) -> None:
+    """QuotaExceeded when `adding_gib` more of volume would take `user` past its
+    disk budget."""
+    limit_gib = deps.limits.max_disk_gib_per_user
+    if disk_used_bytes(tx, user) + adding_gib * GIB > limit_gib * GIB:
+        raise QuotaExceeded(f"GiB of disk per user ({limit_gib}: overlays, paused VMs' "
+                            "memory, snapshots, volumes)", limit_gib,
+                            "rift_volume_delete, rift_vm_snapshot_delete or rift_vm_destroy")
 
 
 def disk_floor_bytes(deps: Deps) -> int:

@@ -19,7 +19,7 @@ from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import DESTROYABLE_VM_STATUSES, CloseReason, Task, Vm
 from rift.services.context import Deps
-from rift.services.lifecycle import exec_ends, exposure_ends
+from rift.services.lifecycle import exec_ends, exposure_ends, volume_ends
 from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.ports import Tx
 
@@ -35,6 +35,7 @@ Ender = Callable[[Tx, Vm, datetime, str], None]
 ENDERS: tuple[Ender, ...] = (
     exec_ends.end_for_vm,  # its running execs are lost
     exposure_ends.end_for_vm,  # its URLs answer 404 from the commit on
+    volume_ends.end_for_vm,  # its volumes are detached, never deleted
 )
 
 
@@ -94,6 +95,7 @@ def destroy_vm(deps: Deps, vm: Vm, actor: str, details: dict[str, Any] | None = 
             return tx.vms.get(vm.id) or vm
     with deps.store.read() as tx:
         uri = host_uri(tx, vm.host)
+    volume_ends.before_end(deps, vm)  # its guest writes out what its volumes cached
     destroy_domain(deps, vm, uri)
     now = deps.clock.now()
     with deps.store.write() as tx:

@@ -27,6 +27,9 @@ from rift.contract.views import (
     StatsView,
     TaskView,
     VmView,
+    VolumeAttachmentView,
+    VolumeMountView,
+    VolumeView,
     WokeView,
 )
 from rift.domain import egress as egress_rules
@@ -34,6 +37,7 @@ from rift.domain import usage
 from rift.domain.clock import iso
 from rift.domain.model import Event, Exec, Task, Vm
 from rift.domain.records import Exposure, Snapshot
+from rift.domain.volumes import Attachment, Volume
 from rift.services.context import Deps
 from rift.services.ports import Tx
 
@@ -52,8 +56,9 @@ def _egress(egress: str) -> Literal["open", "none"] | AllowView:
     return AllowView.model_construct(allow=listed)
 
 
-def vm_of(vm: Vm, exposures: Sequence[Exposure] = ()) -> VmView:
-    """The VM as it is, with its exposed ports (never their URLs)."""
+def vm_of(vm: Vm, exposures: Sequence[Exposure] = (),
+          volumes: Sequence[Attachment] = ()) -> VmView:
+    """The VM as it is, with its exposed ports (never their URLs) and its volumes."""
     reachable = vm.status == "running" and vm.ssh_port is not None
     return VmView.model_construct(
         id=vm.id, task_id=vm.task_id, name=vm.name, image=vm.image, status=vm.status,
@@ -68,12 +73,24 @@ def vm_of(vm: Vm, exposures: Sequence[Exposure] = ()) -> VmView:
         egress=_egress(vm.egress),
         exposures=[PortView.model_construct(port=e.port, created_at=iso(e.created_at) or "")
                    for e in exposures],
+        volumes=[VolumeMountView.model_construct(volume_id=a.volume_id, path=a.path,
+                                                 read_only=a.read_only) for a in volumes],
         stats=_stats(vm.stats) if vm.status == "running" else None)
 
 
 def vm(tx: Tx, row: Vm) -> VmView:
-    """A VM's view, read in `tx` with its exposed ports."""
-    return vm_of(row, tx.exposures.of_vms([row.id])[row.id])
+    """A VM's view, read in `tx` with its exposed ports and its volumes."""
+    return vm_of(row, tx.exposures.of_vms([row.id])[row.id], tx.volumes.of_vms([row.id])[row.id])
+
+
+def volume(row: Volume, holders: Sequence[Attachment] = ()) -> VolumeView:
+    """A volume with where it is attached."""
+    return VolumeView.model_construct(
+        id=row.id, name=row.name, size_gib=row.size_gib, host=row.host,
+        created_at=iso(row.created_at) or "", parent_id=row.parent_id,
+        attached_to=[VolumeAttachmentView.model_construct(
+            vm_id=a.vm_id, task_id=a.task_id, path=a.path, read_only=a.read_only)
+            for a in holders])
 
 
 def exposure(made: Exposure, url: str) -> ExposureView:
@@ -99,12 +116,13 @@ class TaskParts:
     running_execs: int = 0
     snapshots: Sequence[Snapshot] = ()
     exposures: dict[str, list[Exposure]] | None = None
+    volumes: dict[str, list[Attachment]] | None = None
 
 
 def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
     rules, held = deps.lease_rules, task.is_held
     have = parts or TaskParts()
-    exposed = have.exposures or {}
+    exposed, mounted = have.exposures or {}, have.volumes or {}
     return TaskView.model_construct(
         id=task.id, name=task.name, owner=task.owner, status=task.status,
         holder=task.holder if held else None,
@@ -114,7 +132,7 @@ def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
         closes_at=iso(rules.closes_at(task)), created_at=iso(task.created_at) or "",
         closed_at=iso(task.closed_at), close_reason=task.close_reason,
         sleep_after_s=task.sleeps_after_s(deps.limits.task_sleep_s), sleep=task.sleep,
-        vms=[vm_of(v, exposed.get(v.id, ())) for v in have.vms],
+        vms=[vm_of(v, exposed.get(v.id, ()), mounted.get(v.id, ())) for v in have.vms],
         running_execs=have.running_execs,
         snapshots=[snapshot(s) for s in have.snapshots if s.state == "ready"])
 
@@ -124,7 +142,7 @@ def task(deps: Deps, tx: Tx, row: Task) -> TaskView:
     found = tx.vms.of_task(row.id)
     return task_of(deps, row, TaskParts(
         found, tx.execs.count_running([row.id])[row.id], tx.snapshots.of_task(row.id),
-        tx.exposures.of_vms([v.id for v in found])))
+        tx.exposures.of_vms([v.id for v in found]), tx.volumes.of_vms([v.id for v in found])))
 
 
 def task_now(deps: Deps, task_id: str) -> TaskView:
@@ -145,9 +163,10 @@ def tasks(deps: Deps, tx: Tx, page: Sequence[Task], *, open_parts: bool = True,
         return [task_of(deps, t, TaskParts(found.get(t.id, []))) for t in page]
     running = tx.execs.count_running(ids)
     snaps = tx.snapshots.of_tasks(ids)
-    exposed = tx.exposures.of_vms([v.id for t in page for v in found.get(t.id, [])])
+    vm_ids = [v.id for t in page for v in found.get(t.id, [])]
+    exposed, mounted = tx.exposures.of_vms(vm_ids), tx.volumes.of_vms(vm_ids)
     return [task_of(deps, t, TaskParts(found.get(t.id, []), running[t.id], snaps[t.id],
-                                       exposed)) for t in page]
+                                       exposed, mounted)) for t in page]
 
 
 def event(row: Event) -> EventView:

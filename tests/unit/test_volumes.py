@@ -1,0 +1,296 @@
+"""Volumes (SPEC §18) against fakes: the rows, the one-writer rule, the paths, the
+refusals, the disk budget, and what a VM's end does; the files and mounts are
+recorded by fakes of their ports, the disks plugged by the fake hypervisor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+import pytest
+
+from hypervisor.fake import FakeHypervisor
+from rift.contract import tools as c
+from rift.contract.base import command
+from rift.domain.errors import IllegalTransition, InvalidArgument, VolumeBusy
+from rift.domain.model import Vm
+from rift.domain.volumes import Attachment, Volume, check_attachable, mount_path
+from rift.services.context import Deps
+from rift.services.lifecycle import pauses, tasks, vms, volume_attach, volumes
+from tests.support.engine import ALICE, BOB, event_types, refused
+from tests.support.vm_rows import give_ssh_address
+
+NOW = datetime(2026, 12, 5, tzinfo=UTC)
+
+
+@dataclass
+class Files:
+    made: dict[str, int] = field(default_factory=dict)
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def path(self, uri: str, volume_id: str) -> str:
+        return f"/volumes/{volume_id}.qcow2"
+
+    def make(self, uri: str, volume_id: str, size_gib: int) -> None:
+        self.made[volume_id] = size_gib
+        self.calls.append(("make", volume_id))
+
+    def grow(self, uri: str, volume_id: str, size_gib: int) -> None:
+        self.made[volume_id] = size_gib
+        self.calls.append(("grow", volume_id))
+
+    def clone(self, uri: str, source_id: str, volume_id: str) -> None:
+        self.made[volume_id] = self.made[source_id]
+        self.calls.append(("clone", source_id, volume_id))
+
+    def remove(self, uri: str, volume_id: str) -> None:
+        self.made.pop(volume_id)
+        self.calls.append(("remove", volume_id))
+
+
+@dataclass
+class Mounts:
+    mounted: dict[tuple[str, str], tuple[str, bool]] = field(default_factory=dict)
+    refuse: bool = False
+
+    def mount(self, vm: Vm, serial: str, path: str, read_only: bool) -> None:
+        if self.refuse:
+            raise InvalidArgument("path", f"{path}: the guest could not mount the volume")
+        self.mounted[(vm.id, path)] = (serial, read_only)
+
+    def unmount(self, vm: Vm, path: str) -> None:
+        self.mounted.pop((vm.id, path), None)
+
+
+@pytest.fixture
+def vdeps(deps: Deps) -> Deps:
+    return replace(deps, volume_files=Files(), mounts=Mounts())
+
+
+def _vm(deps: Deps, caller: object = ALICE) -> tuple[str, str, str]:
+    opened = tasks.new(deps, caller, command(c.TaskNewIn))  # type: ignore[arg-type]
+    handle = str(opened.handle)
+    vm = vms.new(deps, caller, command(c.VmNewIn, handle=handle, image="tiny")).vm  # type: ignore[arg-type]
+    with deps.store.write() as tx:
+        give_ssh_address(tx, vm.id)  # a guest to mount in
+    return opened.task.id, handle, vm.id
+
+
+def _volume(deps: Deps, name: str = "work", size_gib: int = 4, caller: object = ALICE) -> str:
+    return volumes.new(deps, caller, command(c.VolumeNewIn, name=name,  # type: ignore[arg-type]
+                                             size_gib=size_gib)).volume.id
+
+
+def _attach(deps: Deps, handle: str, vm_id: str, volume_id: str, path: str = "/data",
+            read_only: bool = False, caller: object = ALICE) -> c.VmOut:
+    return volume_attach.attach(deps, caller, command(  # type: ignore[arg-type]
+        c.VmAttachVolumeIn, handle=handle, vm_id=vm_id, volume_id=volume_id, path=path,
+        read_only=read_only))
+
+
+def test_a_volume_is_made_listed_read_and_deleted_with_its_file(vdeps: Deps) -> None:
+    files: Files = vdeps.volume_files  # type: ignore[assignment]
+    made = volumes.new(vdeps, ALICE, command(c.VolumeNewIn, name="work", size_gib=4)).volume
+    assert made.id.startswith("vol_") and (made.name, made.size_gib, made.host) == (
+        "work", 4, "local")
+    assert files.made == {made.id: 4}
+    listed = volumes.list_volumes(vdeps, ALICE, command(c.VolumeListIn)).volumes
+    assert [v.id for v in listed] == [made.id]
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=made.id)).volume == made
+    assert volumes.list_volumes(vdeps, BOB, command(c.VolumeListIn)).volumes == []
+    volumes.delete(vdeps, ALICE, command(c.VolumeIdIn, volume_id=made.id))
+    assert files.made == {}
+    refused("volume_not_found", volumes.get, vdeps, ALICE,
+            command(c.VolumeIdIn, volume_id=made.id))
+
+
+def test_another_users_volume_is_not_found_as_an_unknown_one_is(vdeps: Deps) -> None:
+    vol = _volume(vdeps)
+    _, bob_handle, bob_vm = _vm(vdeps, BOB)
+    theirs = refused("volume_not_found", volumes.get, vdeps, BOB,
+                     command(c.VolumeIdIn, volume_id=vol))
+    unknown = refused("volume_not_found", volumes.get, vdeps, BOB,
+                      command(c.VolumeIdIn, volume_id="vol_aaaaaaaa"))
+    assert theirs.message.replace(vol, "X") == unknown.message.replace("vol_aaaaaaaa", "X")
+    refused("volume_not_found", volumes.delete, vdeps, BOB, command(c.VolumeIdIn, volume_id=vol))
+    refused("volume_not_found", _attach, vdeps, bob_handle, bob_vm, vol, caller=BOB)
+
+
+def test_a_name_is_unique_per_user(vdeps: Deps) -> None:
+    _volume(vdeps, "work")
+    err = refused("invalid_argument", _volume, vdeps, "work")
+    assert err.details["field"] == "name"
+    _volume(vdeps, "work", caller=BOB)
+
+
+def test_an_attached_volume_is_plugged_mounted_and_listed_on_the_vm(
+        vdeps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle, vm_id = _vm(vdeps)
+    vol = _volume(vdeps)
+    vm = _attach(vdeps, handle, vm_id, vol, "/work/repo/").vm
+    assert [(m.volume_id, m.path, m.read_only) for m in vm.volumes] == [
+        (vol, "/work/repo", False)]
+    disk = local_hv.domains[f"rift-{vm_id}"].disks[vol]
+    assert (disk.path, disk.target, disk.read_only) == (f"/volumes/{vol}.qcow2", "vdc", False)
+    mounts: Mounts = vdeps.mounts  # type: ignore[assignment]
+    assert mounts.mounted == {(vm_id, "/work/repo"): (vol, False)}
+    got = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume
+    assert [(a.vm_id, a.task_id, a.path) for a in got.attached_to] == [
+        (vm_id, task_id, "/work/repo")]
+    assert event_types(vdeps, task_id)[-1] == "volume_attached"
+    assert [m.volume_id for m in vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)
+                                         ).vm.volumes] == [vol]
+    task = tasks.get(vdeps, ALICE, command(c.TaskGetIn, handle=handle)).task
+    assert [m.volume_id for m in task.vms[0].volumes] == [vol]
+
+
+def test_one_writer_or_many_readers(vdeps: Deps) -> None:
+    vol, shared = _volume(vdeps, "a"), _volume(vdeps, "b")
+    task_1, h1, vm_1 = _vm(vdeps)
+    _, h2, vm_2 = _vm(vdeps)
+    _attach(vdeps, h1, vm_1, vol)
+    second = refused("volume_busy", _attach, vdeps, h2, vm_2, vol)
+    assert (second.details["vm_id"], second.details["task_id"]) == (vm_1, task_1)
+    assert vm_1 in second.message and task_1 in second.message
+    refused("volume_busy", _attach, vdeps, h2, vm_2, vol, read_only=True)
+    _attach(vdeps, h1, vm_1, shared, "/shared", read_only=True)
+    _attach(vdeps, h2, vm_2, shared, "/shared", read_only=True)
+    refused("volume_busy", _attach, vdeps, h2, vm_2, vol, "/other")
+    writer = _vm(vdeps)
+    refused("volume_busy", _attach, vdeps, writer[1], writer[2], shared, "/s")
+
+
+def test_paths_must_be_absolute_and_outside_the_guests_system(vdeps: Deps) -> None:
+    _, handle, vm_id = _vm(vdeps)
+    vol = _volume(vdeps)
+    for bad in ("/", "//", "/proc", "/sys/x", "/dev/vdc", "/boot", "/usr/local", "/etc",
+                "/etc/x", "/data/../etc", "/a b", "/./"):
+        err = refused("invalid_argument", _attach, vdeps, handle, vm_id, vol, bad)
+        assert err.details["field"] == "path", bad
+    with pytest.raises(Exception, match="absolute"):
+        command(c.VmAttachVolumeIn, handle=handle, vm_id=vm_id, volume_id=vol, path="data")
+    assert mount_path("/usrdata/./x/") == "/usrdata/x"
+    _attach(vdeps, handle, vm_id, vol, "/usrdata")
+
+
+def test_a_paused_vm_is_not_running_and_nothing_is_plugged(
+        vdeps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle, vm_id = _vm(vdeps)
+    vol = _volume(vdeps)
+    pauses.pause(vdeps, ALICE, command(c.VmHeldIn, handle=handle, vm_id=vm_id))
+    refused("vm_not_running", _attach, vdeps, handle, vm_id, vol)
+    assert local_hv.domains[f"rift-{vm_id}"].disks == {}
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.attached_to \
+        == []
+
+
+def test_delete_while_attached_names_the_vm_and_the_detach(vdeps: Deps,
+                                                          local_hv: FakeHypervisor) -> None:
+    task_id, handle, vm_id = _vm(vdeps)
+    vol = _volume(vdeps)
+    _attach(vdeps, handle, vm_id, vol)
+    err = refused("volume_busy", volumes.delete, vdeps, ALICE,
+                  command(c.VolumeIdIn, volume_id=vol))
+    assert "rift_vm_detach_volume" in err.hint and vm_id in err.message
+    vm = volume_attach.detach(vdeps, ALICE, command(c.VmDetachVolumeIn, handle=handle,
+                                                    vm_id=vm_id, volume_id=vol)).vm
+    assert vm.volumes == [] and local_hv.domains[f"rift-{vm_id}"].disks == {}
+    assert (vdeps.mounts.mounted == {})  # type: ignore[attr-defined]
+    assert event_types(vdeps, task_id)[-1] == "volume_detached"
+    again = volume_attach.detach(vdeps, ALICE, command(c.VmDetachVolumeIn, handle=handle,
+                                                       vm_id=vm_id, volume_id=vol)).vm
+    assert again.volumes == []
+    volumes.delete(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol))
+
+
+def test_destroy_and_close_detach_and_never_delete(vdeps: Deps) -> None:
+    task_id, handle, vm_id = _vm(vdeps)
+    vol = _volume(vdeps)
+    _attach(vdeps, handle, vm_id, vol)
+    vms.destroy(vdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=vm_id))
+    assert (vdeps.mounts.mounted == {})  # type: ignore[attr-defined]  # unmounted first
+    assert "volume_detached" in event_types(vdeps, task_id)
+    got = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume
+    assert got.attached_to == []
+    _, handle_2, vm_2 = _vm(vdeps)
+    _attach(vdeps, handle_2, vm_2, vol)
+    tasks.close(vdeps, ALICE, command(c.TaskCloseIn, handle=handle_2))
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.attached_to \
+        == []
+    assert vol in vdeps.volume_files.made  # type: ignore[attr-defined]
+
+
+def test_a_failed_mount_unplugs_the_disk_and_leaves_no_attachment(
+        vdeps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle, vm_id = _vm(vdeps)
+    vol = _volume(vdeps)
+    vdeps.mounts.refuse = True  # type: ignore[attr-defined]
+    refused("invalid_argument", _attach, vdeps, handle, vm_id, vol)
+    assert local_hv.domains[f"rift-{vm_id}"].disks == {}
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.attached_to \
+        == []
+    local_hv.fail_next("attach", "internal error: unable to execute QEMU command")
+    vdeps.mounts.refuse = False  # type: ignore[attr-defined]
+    refused("hypervisor_error", _attach, vdeps, handle, vm_id, vol)
+    _attach(vdeps, handle, vm_id, vol)
+
+
+def test_a_volume_grows_only_and_only_while_detached(vdeps: Deps) -> None:
+    vol = _volume(vdeps, size_gib=4)
+    err = refused("invalid_argument", volumes.resize, vdeps, ALICE,
+                  command(c.VolumeResizeIn, volume_id=vol, size_gib=3))
+    assert err.details["field"] == "size_gib"
+    grown = volumes.resize(vdeps, ALICE, command(c.VolumeResizeIn, volume_id=vol, size_gib=6))
+    assert grown.volume.size_gib == 6 and vdeps.volume_files.made[vol] == 6  # type: ignore[attr-defined]
+    _, handle, vm_id = _vm(vdeps)
+    _attach(vdeps, handle, vm_id, vol)
+    refused("volume_busy", volumes.resize, vdeps, ALICE,
+            command(c.VolumeResizeIn, volume_id=vol, size_gib=8))
+
+
+def test_a_clone_is_a_new_volume_of_its_parent_refused_while_written(vdeps: Deps) -> None:
+    vol = _volume(vdeps, size_gib=4)
+    made = volumes.clone(vdeps, ALICE, command(c.VolumeCloneIn, volume_id=vol,
+                                               name="copy")).volume
+    assert (made.parent_id, made.size_gib, made.name) == (vol, 4, "copy")
+    assert ("clone", vol, made.id) in vdeps.volume_files.calls  # type: ignore[attr-defined]
+    _, handle, vm_id = _vm(vdeps)
+    _attach(vdeps, handle, vm_id, vol)
+    refused("volume_busy", volumes.clone, vdeps, ALICE,
+            command(c.VolumeCloneIn, volume_id=vol, name="other"))
+
+
+def test_volume_bytes_count_against_the_disk_budget(make_deps: object) -> None:
+    deps = replace(make_deps(max_disk_gib_per_user=10), volume_files=Files(),  # type: ignore[operator]
+                   mounts=Mounts())
+    vol = _volume(deps, "a", 8)
+    err = refused("quota_exceeded", _volume, deps, "b", 3)
+    assert err.details["limit"] == 10
+    refused("quota_exceeded", volumes.clone, deps, ALICE,
+            command(c.VolumeCloneIn, volume_id=vol, name="c"))
+    refused("quota_exceeded", volumes.resize, deps, ALICE,
+            command(c.VolumeResizeIn, volume_id=vol, size_gib=11))
+    _volume(deps, "b", 2)
+    _volume(deps, "b", 2, caller=BOB)
+
+
+def test_the_state_machines_refuse_what_they_do_not_start_from() -> None:
+    vol = Volume("vol_aaaaaaaa", "alice", "w", 4, "local", "making", NOW)
+    ready = vol.made()
+    assert ready.state == "ready" and ready.grown(5).size_gib == 5
+    with pytest.raises(IllegalTransition):
+        ready.made()
+    with pytest.raises(IllegalTransition):
+        vol.deleting()
+    assert ready.deleting().removed().state == "deleting"
+    with pytest.raises(IllegalTransition):
+        ready.removed()
+    att = Attachment("vol_aaaaaaaa", "vm_aaaaaaaa", "task_aaaaaaaa", "/d", False, "vdc",
+                     "attaching", NOW)
+    with pytest.raises(IllegalTransition):
+        att.detaching()
+    done = att.attached()
+    assert done.detaching().kept() == done
+    with pytest.raises(VolumeBusy):
+        check_attachable(ready, [done], read_only=True)
+    check_attachable(ready, [replace(done, read_only=True)], read_only=True)
