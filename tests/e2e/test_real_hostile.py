@@ -39,7 +39,8 @@ pytestmark = [
 ]
 
 WAIT_S = 2  # mallory's exec wait: her call's deadline is this and the helper's slack
-SLACK_S = 15  # rift.guest.shell's _HELPER_SLACK_S: a helper call's deadline past its wait
+SLACK_S = 5  # the server's RIFT_HELPER_SLACK_S here (15 by default): a helper call's
+# deadline past its wait, which a stalled helper costs mallory's call
 DEADLINE_S = WAIT_S + SLACK_S + 5  # generous under TCG
 PROBE_BOUND_S = 5.0  # alice's slowest call while mallory does her worst (minutes, unfixed)
 GROWTH_MIB = 64  # what a flooding guest may cost `rift serve` in memory at most
@@ -82,6 +83,7 @@ async def _task_and_vm(url: str, token: str, name: str) -> tuple[str, str, dict[
 
 
 REAL = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": str(DEBIAN_BOOT_S),
+                         "RIFT_HELPER_SLACK_S": str(SLACK_S),
                          "RIFT_SWEEP_INTERVAL_S": str(SWEEP_S),
                          "RIFT_CONSOLE_LOG_MIB": str(CONSOLE_LOG_MIB)})
 
