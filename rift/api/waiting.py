@@ -81,17 +81,26 @@ class Waiting:
                                                   abandon_on_cancel=abandon_on_cancel)
 
     async def iterate(self, items: Iterator[T]) -> AsyncIterator[T]:
-        """A blocking iterator's items, each fetched on the waiting calls' threads."""
+        """A blocking iterator's items, each fetched on the waiting calls' threads.
+        A generator left early (its client went) is closed on those threads too: its
+        `finally` may call the guest (an E2B watch kills its watcher), which must
+        not hold the event loop and every other call with it."""
         def step() -> tuple[bool, T | None]:
             for item in items:
                 return True, item
             return False, None
 
-        while True:
-            more, item = await anyio.to_thread.run_sync(step, limiter=self.limiter)
-            if not more:
-                return
-            yield item  # type: ignore[misc]  # a T whenever `more`
+        try:
+            while True:
+                more, item = await anyio.to_thread.run_sync(step, limiter=self.limiter)
+                if not more:
+                    return
+                yield item  # type: ignore[misc]  # a T whenever `more`
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(close, limiter=self.limiter)
 
 
 class HeldStream(StreamingResponse):
