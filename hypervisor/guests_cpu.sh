@@ -8,12 +8,19 @@
 # counts when the CPU is short: a guest alone on a host keeps its whole speed.
 # virtlogd, which writes the consoles of guests whose qemu.conf leaves
 # stdio_handler at "logd" (a flooded console is its work), joins the guests'
-# group, in a child of its own. With systemd the hypervisor role gives
-# machine.slice the same weight instead.
+# group, in a child of its own that weighs as one guest (LOGD_WEIGHT, the
+# <cputune><shares> Rift gives each guest by default, RIFT_VM_CPU_WEIGHT): at
+# cgroup v1's default (1024) it weighed as two guests, and a guest flooding its
+# console slowed its neighbours through it (docs/benchmarks.md, issue #26).
+# With systemd the hypervisor role gives machine.slice the same weight instead.
 #
-#   guests_cpu.sh [WEIGHT]    WEIGHT on cgroup v2's scale (1-10000, 100 = a
+#   guests_cpu.sh [WEIGHT [LOGD_WEIGHT]]
+#                             WEIGHT on cgroup v2's scale (1-10000, 100 = a
 #                             process's own), default 10; cgroup v1's cpu.shares
-#                             get WEIGHT * 1024 / 100, as systemd's CPUWeight does
+#                             get WEIGHT * 1024 / 100, as systemd's CPUWeight does.
+#                             LOGD_WEIGHT: virtlogd's group within the guests'
+#                             (cpu.shares on v1, cpu.weight on v2, as libvirt
+#                             writes a guest's <shares>), default 512
 #
 # GUESTS_CPU_ROOT (default /sys/fs/cgroup), GUESTS_CPU_LIBVIRTD_PID (default: the
 # running libvirtd's) and GUESTS_CPU_VIRTLOGD_PIDS (default: the running
@@ -22,6 +29,7 @@
 set -eu
 
 WEIGHT=${1:-10}
+LOGD_WEIGHT=${2:-512}
 ROOT=${GUESTS_CPU_ROOT:-/sys/fs/cgroup}
 PID=${GUESTS_CPU_LIBVIRTD_PID-$(pgrep -o -x libvirtd || true)}
 LOGDS=${GUESTS_CPU_VIRTLOGD_PIDS-$(pgrep -x virtlogd || true)}
@@ -41,7 +49,9 @@ if [ -f "$ROOT/cpu/cpu.shares" ]; then  # cgroup v1 (cpu alone or cpu,cpuacct)
   machine=$base/machine
   mkdir -p "$machine/rift-virtlogd"
   echo $((WEIGHT * 1024 / 100)) > "$machine/cpu.shares"
+  echo "$LOGD_WEIGHT" > "$machine/rift-virtlogd/cpu.shares"
   echo "guests_cpu: $machine/cpu.shares = $(cat "$machine/cpu.shares")"
+  echo "guests_cpu: $machine/rift-virtlogd/cpu.shares = $LOGD_WEIGHT"
 elif grep -qw cpu "$ROOT/cgroup.controllers" 2>/dev/null; then  # cgroup v2
   base=$ROOT$(placement '^0::')
   machine=$base/machine
@@ -49,7 +59,9 @@ elif grep -qw cpu "$ROOT/cgroup.controllers" 2>/dev/null; then  # cgroup v2
   mkdir -p "$machine/rift-virtlogd"
   grep -qw cpu "$machine/cgroup.subtree_control" || echo +cpu > "$machine/cgroup.subtree_control"
   echo "$WEIGHT" > "$machine/cpu.weight"
+  echo "$LOGD_WEIGHT" > "$machine/rift-virtlogd/cpu.weight"
   echo "guests_cpu: $machine/cpu.weight = $(cat "$machine/cpu.weight")"
+  echo "guests_cpu: $machine/rift-virtlogd/cpu.weight = $LOGD_WEIGHT"
 else
   echo "guests_cpu: no cpu cgroup controller under $ROOT: guests weigh as any process"
   exit 0

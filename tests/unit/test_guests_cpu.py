@@ -31,6 +31,8 @@ def test_cgroup_v1_gets_shares_of_the_weight_and_virtlogd_in_the_guests_group(
     machine = tmp_path / "cpu" / "machine"
     assert (machine / "cpu.shares").read_text() == "102\n"  # 10 * 1024 / 100, as systemd
     assert (machine / "rift-virtlogd" / "cgroup.procs").read_text() == "42\n"  # each written
+    # virtlogd weighs as one guest (RIFT_VM_CPU_WEIGHT's default), not cgroup v1's 1024
+    assert (machine / "rift-virtlogd" / "cpu.shares").read_text() == "512\n"
     assert (tmp_path / "cpu" / "cpu.shares").read_text() == "1024\n"  # the root untouched
     assert "cpu.shares = 102" in said and "virtlogd (41)" in said and "virtlogd (42)" in said
 
@@ -41,10 +43,11 @@ def test_cgroup_v2_enables_cpu_and_sets_the_weight(tmp_path: Path) -> None:
     machine = tmp_path / "machine"
     machine.mkdir()
     (machine / "cgroup.subtree_control").write_text("cpu\n")
-    run(tmp_path, "25", virtlogd="7")
+    run(tmp_path, "25", "300", virtlogd="7")
     assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu\n"  # was off: enabled
     assert (machine / "cgroup.subtree_control").read_text() == "cpu\n"  # was on: left
     assert (machine / "cpu.weight").read_text() == "25\n"
+    assert (machine / "rift-virtlogd" / "cpu.weight").read_text() == "300\n"  # as asked
     assert (machine / "rift-virtlogd" / "cgroup.procs").read_text() == "7\n"
 
 
