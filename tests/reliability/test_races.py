@@ -33,7 +33,7 @@ from tests.support.replicas import SHARED_URI, shared_domains, shared_host_missi
 from tests.support.servers import Server, start_server, stop_server
 
 CLIENTS = 20
-ATTACH_ROUNDS = campaign.scale(40, 100)
+ATTACH_ROUNDS = campaign.scale(20, 100)
 CLOSE_ROUNDS = campaign.scale(25, 200)
 TAKEOVER_CLIENTS = 6
 TAKEOVER_STEPS = campaign.scale(40, 300)  # per client
