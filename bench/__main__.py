@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark and print its table; `python -m bench NAME ...`
 runs only those named (engine, mcp, vms, boxes, scale, starts, execs, forks,
-exposures, hosts, hostile)."""
+exposures, hosts, hostile, e2b)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 def benches() -> dict[str, Callable[[], object]]:
     from bench import (
         boxes,
+        e2b,
         engine,
         execs,
         exposures,
@@ -26,7 +27,7 @@ def benches() -> dict[str, Callable[[], object]]:
     return {"engine": engine.main, "mcp": mcp.main, "vms": vms.main, "boxes": boxes.main,
             "scale": scale.main, "starts": starts.main, "execs": execs.main,
             "forks": forks.main, "exposures": exposures.main, "hosts": hosts.main,
-            "hostile": hostile.main}
+            "hostile": hostile.main, "e2b": e2b.main}
 
 
 def main(argv: list[str]) -> int:
