@@ -182,6 +182,24 @@ def test_a_sleeping_vm_holds_only_its_disk_and_wakes_only_when_its_host_has_room
     assert _exec(gdeps, handle, vm_id) == "exited"
 
 
+def test_a_host_holds_more_open_tasks_than_its_memory_could_run_each_woken_by_its_call(
+        gdeps: Deps, clock: FakeClock) -> None:
+    made = []
+    for _ in range(6):  # 6 x 10,000 MiB open on a host of 32 GiB: at most 3 run at once
+        made.append(_vm(gdeps, memory_mib=10000))
+        clock.advance(QUIET_S)
+        assert sweeps.sweep(gdeps).slept == [made[-1][1]]
+    for handle, vm_id, _ in made:  # each in turn: the others quiet again, asleep
+        assert _exec(gdeps, handle, vm_id) == "exited"
+        assert _status(gdeps, vm_id) == "running"
+        clock.advance(QUIET_S)
+        assert sweeps.sweep(gdeps).slept == [vm_id]
+    assert {_status(gdeps, vm_id) for _, vm_id, _ in made} == {"sleeping"}
+    for handle, vm_id, _ in made[:3]:  # three calls at once: three awake, ...
+        assert _exec(gdeps, handle, vm_id) == "exited"
+    refused("no_capacity", lambda: _exec(gdeps, made[3][0], made[3][1]))  # ... a fourth not
+
+
 def test_racing_calls_wake_a_vm_once(gdeps: Deps, clock: FakeClock) -> None:
     handle, vm_id, task_id = _vm(gdeps)
     clock.advance(QUIET_S)
