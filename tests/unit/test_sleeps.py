@@ -195,7 +195,7 @@ def test_a_host_holds_more_open_tasks_than_its_memory_could_run_each_woken_by_it
         clock.advance(QUIET_S)
         assert sweeps.sweep(gdeps).slept == [vm_id]
     assert {_status(gdeps, vm_id) for _, vm_id, _ in made} == {"sleeping"}
-    for handle, vm_id, _ in made[:3]:  # three calls at once: three awake, ...
+    for handle, vm_id, _ in made[:3]:  # three awake at once, ...
         assert _exec(gdeps, handle, vm_id) == "exited"
     refused("no_capacity", lambda: _exec(gdeps, made[3][0], made[3][1]))  # ... a fourth not
 
