@@ -294,3 +294,14 @@ def test_the_state_machines_refuse_what_they_do_not_start_from() -> None:
     with pytest.raises(VolumeBusy):
         check_attachable(ready, [done], read_only=True)
     check_attachable(ready, [replace(done, read_only=True)], read_only=True)
+
+
+def test_a_volume_goes_to_a_host_of_this_machine_that_takes_vms(vdeps: Deps) -> None:
+    from rift.services.operator import hosts
+
+    hosts.add_host(vdeps, "aaa-elsewhere", "qemu+ssh://root@h2/system?no_verify=1",
+                   hosts.HostSize(4, 4096))
+    assert volumes.new(vdeps, ALICE, command(c.VolumeNewIn, name="w", size_gib=1)
+                       ).volume.host == "local"
+    hosts.drain_host(vdeps, "local")
+    refused("no_capacity", _volume, vdeps, "other")

@@ -18,7 +18,13 @@ from contextlib import suppress
 from hypervisor.base import HypervisorError, VolumeDisk
 from rift.contract.vms import VmOut
 from rift.contract.volumes import VmAttachVolumeIn, VmDetachVolumeIn
-from rift.domain.errors import HypervisorFailed, InvalidArgument, RiftError, VolumeNotFound
+from rift.domain.errors import (
+    HypervisorFailed,
+    InvalidArgument,
+    RiftError,
+    VolumeBusy,
+    VolumeNotFound,
+)
 from rift.domain.model import NewEvent, Vm
 from rift.domain.volumes import Attachment, check_attachable, free_target, mount_path
 from rift.services.context import Caller, Deps
@@ -60,8 +66,9 @@ def attach(deps: Deps, caller: Caller, cmd: VmAttachVolumeIn) -> VmOut:
             raise InvalidArgument("volume_id", f"{volume.id} is on host {volume.host}, "
                                   f"{vm.id} on {vm.host}")
         holders = tx.volumes.holders(volume.id)
-        if any(held.vm_id == vm.id for held in holders):
-            raise InvalidArgument("volume_id", f"{volume.id} is attached to {vm.id} already")
+        for held in holders:
+            if held.vm_id == vm.id:
+                raise VolumeBusy(volume.id, vm.id, task.id, "it is attached to that VM already")
         check_attachable(volume, holders, cmd.read_only)
         mine = tx.volumes.of_vms([vm.id])[vm.id]
         if any(att.path == path for att in mine):

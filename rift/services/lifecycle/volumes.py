@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypervisor.base import ImageError
+from hypervisor.base import ImageError, elsewhere
 from rift.contract.volumes import (
     VolumeCloneIn,
     VolumeIdIn,
@@ -26,7 +26,7 @@ from rift.contract.volumes import (
 from rift.domain.errors import (
     HypervisorFailed,
     InvalidArgument,
-    NoCapacity,
+    NoVolumeHost,
     VolumeBusy,
     VolumeNotFound,
 )
@@ -55,11 +55,12 @@ def host_uri(tx: Tx, host: str) -> str:
 
 
 def _volume_host(tx: Tx) -> str:
-    """Where a new volume goes: the first host taking new VMs (by name)."""
+    """Where a new volume goes: the first host (by name) of this machine taking new
+    VMs (volumes on hosts elsewhere are left for later)."""
     for host in sorted(tx.hosts.all(), key=lambda h: h.name):
-        if not host.drained and host.unreachable_since is None:
+        if not host.drained and host.unreachable_since is None and not elsewhere(host.uri):
             return host.name
-    raise NoCapacity(1, 0, 0, 0)
+    raise NoVolumeHost()
 
 
 def _files(step: Callable[[], None]) -> None:
