@@ -35,6 +35,7 @@ import struct
 import subprocess
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -178,6 +179,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         # few enough that aimed VM creations meet that quota now and then.
         RIFT_RATE_TASK_NEW_PER_H="1000000", RIFT_RATE_VM_NEW_PER_H="1000000",
         RIFT_MAX_OPEN_TASKS="1000", RIFT_MAX_VMS_PER_TASK=str(MAX_VMS_PER_TASK),
+        # Volumes (up to 1024 GiB each, sparse) would fill the disk budget and refuse the
+        # fuzz its VMs: quota_exceeded has tests of its own (tests/unit/test_volumes.py).
+        RIFT_MAX_DISK_GIB_PER_USER="100000000",
         # 50 live pages of one user at once vanish here (the waiting budget has tests of
         # its own: tests/integration/test_waiting_budget.py).
         RIFT_MAX_WAITING_PER_USER="1000")
@@ -253,6 +257,7 @@ class View:
     closed: tuple[str, ...]
     gone: tuple[str, ...]  # destroyed VMs
     snapshots: tuple[tuple[str, str], ...] = ()  # (ready snapshot, its task)
+    volumes: tuple[tuple[str, int], ...] = ()  # the fuzzer's volumes and sizes, oldest first
 
 
 def _remember(seen: list[str], value: str, keep: int = 50) -> None:
@@ -268,6 +273,7 @@ class Pool:
     closes tasks when it has too many (their VMs would fill the host)."""
 
     MOST, KEEP = 12, 4  # open tasks: tidied above MOST, down to the KEEP newest held
+    VOLUMES = 6  # volumes: the oldest deleted above this many
 
     def __init__(self, door: Door) -> None:
         self.door = door
@@ -279,6 +285,8 @@ class Pool:
         self.closed: list[str] = []
         self.gone: list[str] = []
         self.snapshots: dict[str, str] = {}
+        self.volumes: dict[str, int] = {}  # id: GiB
+        self.made = 0  # volumes the pool made (their names)
 
     def call(self, tool: str, **args: Any) -> Outcome:
         out, error = self.door.call(tool, args)
@@ -309,6 +317,12 @@ class Pool:
                                 if task in self.held), (None, None))
             if vm_id is not None and task is not None:
                 self.call("rift_vm_snapshot", handle=self.held[task], vm_id=vm_id)
+        # (one attached stays, until its VM goes)
+        for volume_id in list(self.volumes)[: -self.VOLUMES]:
+            self.call("rift_volume_delete", volume_id=volume_id)
+        if len(self.volumes) < 2:
+            self.made += 1
+            self.call("rift_volume_new", name=f"aimed at {self.made}", size_gib=1)
 
     def sweep(self) -> None:
         """Close every open task but the newest held ones (a test's last step)."""
@@ -329,7 +343,7 @@ class Pool:
     def view(self) -> View:
         return View(tuple(self.held.items()), tuple(self.unheld), tuple(self.vms.items()),
                     tuple(self.stale), tuple(self.closed), tuple(self.gone),
-                    tuple(self.snapshots.items()))
+                    tuple(self.snapshots.items()), tuple(self.volumes.items()))
 
     # what the answers tell
 
@@ -364,11 +378,20 @@ class Pool:
                 self.snapshots.pop(snapshot["id"], None)
             else:
                 self.snapshots[snapshot["id"]] = snapshot["task_id"]
+        self._volume(tool, out.get("volume"))
+
+    def _volume(self, tool: str, volume: Any) -> None:
+        if isinstance(volume, dict):
+            self.volumes.pop(volume["id"], None)
+            if tool != "rift_volume_delete":
+                self.volumes[volume["id"]] = volume["size_gib"]
 
     def _refused(self, tool: str, args: dict[str, Any], error: dict[str, Any]) -> None:
         code, task_id, handle = error.get("code"), error.get("task_id"), args.get("handle")
         if code == "snapshot_not_found":
             self.snapshots.pop(str(args.get("snapshot_id")), None)
+        if code == "volume_not_found":
+            self.volumes.pop(str(args.get("volume_id")), None)
         if not isinstance(task_id, str):
             if code == "quota_exceeded" and tool in (
                     "rift_vm_new", "rift_vm_fork", "rift_vm_snapshot") and isinstance(handle, str):
@@ -427,6 +450,7 @@ TASK_IDS = st.text(BASE32, min_size=8, max_size=8).map("task_".__add__)
 VM_IDS = st.text(BASE32, min_size=8, max_size=8).map("vm_".__add__)
 EXEC_IDS = st.text(BASE32, min_size=8, max_size=8).map("exec_".__add__)
 SNAPSHOT_IDS = st.text(BASE32, min_size=8, max_size=8).map("snap_".__add__)
+VOLUME_IDS = st.text(BASE32, min_size=8, max_size=8).map("vol_".__add__)
 UNKNOWN_HANDLE = "task_aaaaaaaa." + "A" * 43  # well formed; its task is no one's
 CHARS = st.characters(codec="utf-8", exclude_characters="\x00")  # no NUL, no lone surrogate
 TEXT = st.text(CHARS, min_size=1, max_size=40)
@@ -516,6 +540,7 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "stdin": st.text(CHARS, max_size=40),
     "data": st.text(CHARS, max_size=40),
     "content": st.text(CHARS, max_size=60),
+    "size_gib": mostly(90, st.integers(1, 4), st.integers(1, 1024)),  # volumes
     "pty": st.fixed_dictionaries({"rows": mostly(90, st.integers(1, 60), st.integers(1, 1000)),
                                   "cols": mostly(90, st.integers(1, 200), st.integers(1, 1000))}),
 }
@@ -558,6 +583,7 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View,
     VM) or an id no one has."""
     required = required_of(tool_name)
     unknown_task, unknown_vm, unknown_snapshot = draw(TASK_IDS), draw(VM_IDS), draw(SNAPSHOT_IDS)
+    unknown_volume = draw(VOLUME_IDS)
 
     def vms_of(task: str) -> list[str]:
         return [vm for vm, owner in view.vms if owner == task]
@@ -577,7 +603,17 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View,
             "after": other(task, [unknown_task]),
             "vm_id": other(vm, [v for v, _ in view.vms], view.gone, [unknown_vm]),
             "exec_id": draw(EXEC_IDS),  # the test driver runs no exec: none is known
-            "snapshot_id": other(snapshot, [s for s, _ in view.snapshots], [unknown_snapshot])}
+            "snapshot_id": other(snapshot, [s for s, _ in view.snapshots], [unknown_snapshot]),
+            "volume_id": other(pick(draw, [v for v, _ in view.volumes], unknown_volume),
+                               [unknown_volume])}
+    if tool_name == "rift_vm_attach_volume":  # mostly where a volume may be mounted (its own)
+        real["path"] = draw(mostly(80, st.just(f"/mnt/{real['volume_id']}"), VALID["path"]))
+    if tool_name in ("rift_volume_new", "rift_volume_clone"):  # names are unique per user
+        real["name"] = f"{draw(TEXT)[:30]} {uuid.uuid4().hex[:8]}"
+    if tool_name == "rift_volume_resize":  # mostly a growth (a shrink is invalid_argument)
+        now = dict(view.volumes).get(real["volume_id"], 1)
+        real["size_gib"] = draw(mostly(85, st.integers(now, min(1024, now + 8)),
+                                       st.integers(1, 1024)))
     args: dict[str, Any] = {}
     for name, spec in fields_of(tool_name).items():
         usually = {"handle": 95, "takeover": 80}.get(name, 50)
@@ -603,6 +639,8 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View,
 def hypothesis_runs(runs: dict[str, tuple[int, Callable[[st.DataObject], None]]]) -> None:
     """One Hypothesis run per kind of case: name → (examples, probe)."""
     for examples, probe in runs.values():
+        if not examples:
+            continue
         settings(max_examples=examples, deadline=None, database=None,
                  suppress_health_check=list(HealthCheck))(given(data=st.data())(probe))()
 
@@ -613,12 +651,14 @@ def split(examples: int) -> tuple[int, int]:
     return aimed_cases, examples - aimed_cases
 
 
-def assert_engine_reached(tally: Tally, target: str, tool_name: str) -> None:
+def assert_engine_reached(tally: Tally, target: str, tool_name: str,
+                          takes_input: bool = True) -> None:
     endings = tally.by_target[target]
     assert tally.reached(target) >= LEAST_REACHED, (target, dict(endings))
     if tool_name not in GUEST_TOOLS:
         assert endings[SUCCESS] > 0, (target, dict(endings))
-    assert endings[INVALID] > 0, (target, dict(endings))
+    if takes_input:  # (an operation that takes none has no wrong input)
+        assert endings[INVALID] > 0, (target, dict(endings))
 
 
 # -- 1a. Hypothesis over every MCP tool's input ----------------------------------------------
@@ -731,13 +771,22 @@ ROUTES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "rift_vm_exec_list": ("GET", "/api/v1/vms/{vm_id}/execs", ("status",)),
     "rift_vm_write_file": ("PUT", "/api/v1/vms/{vm_id}/files", ("path",)),
     "rift_vm_read_file": ("GET", "/api/v1/vms/{vm_id}/files", ("path", "encoding")),
+    "rift_vm_attach_volume": ("POST", "/api/v1/vms/{vm_id}/volumes", ()),
+    "rift_vm_detach_volume": ("DELETE", "/api/v1/vms/{vm_id}/volumes/{volume_id}", ()),
+    "rift_volume_new": ("POST", "/api/v1/volumes", ()),
+    "rift_volume_list": ("GET", "/api/v1/volumes", ()),
+    "rift_volume_get": ("GET", "/api/v1/volumes/{volume_id}", ()),
+    "rift_volume_delete": ("DELETE", "/api/v1/volumes/{volume_id}", ()),
+    "rift_volume_resize": ("POST", "/api/v1/volumes/{volume_id}/resize", ()),
+    "rift_volume_clone": ("POST", "/api/v1/volumes/{volume_id}/clone", ()),
 }
 TOOL_OF = {f"{method} {path}": tool for tool, (method, path, _) in ROUTES.items()} | {
     "GET /api/v1/execs/{exec_id}/stream": "rift_vm_exec_get",  # the same read, as events
     "POST /api/v1/vms/{vm_id}/fork": "rift_vm_fork"}  # a fork of a running VM
 BODIES = {"rift_task_new", "rift_task_attach", "rift_task_close", "rift_vm_new", "rift_vm_exec",
           "rift_vm_write_file", "rift_vm_exec_input", "rift_vm_exec_kill", "rift_vm_snapshot",
-          "rift_vm_fork", "rift_vm_expose"}
+          "rift_vm_fork", "rift_vm_expose", "rift_vm_attach_volume", "rift_volume_new",
+          "rift_volume_resize", "rift_volume_clone"}
 
 
 def rest_case(operation: Any, tool: str, args: dict[str, Any], fallback_task: str) -> Any:
@@ -757,6 +806,8 @@ def rest_case(operation: Any, tool: str, args: dict[str, Any], fallback_task: st
         path["exec_id"] = rest.pop("exec_id")
     if "{snapshot_id}" in template:
         path["snapshot_id"] = rest.pop("snapshot_id", "snap_aaaaaaaa")
+    if "{volume_id}" in template:
+        path["volume_id"] = rest.pop("volume_id", "vol_aaaaaaaa")
     if "{port}" in template:
         path["port"] = rest.pop("port", 1)
     if template.endswith("/stream"):
@@ -880,18 +931,19 @@ def test_no_rest_operation_answers_an_internal_error(
         rest.pool.observe(tool_name, args, out, error)
 
     aimed_cases, fuzz_cases = split(EXAMPLES_PER_OPERATION)
+    # An operation that takes nothing (GET /volumes) has no wrong input to draw.
+    wrong = fuzz_cases // 2 if op.path_parameters or op.query or op.body else 0
     try:
         hypothesis_runs({
             "aimed": (aimed_cases, lambda data: probe(data, None)),
-            "schemathesis, positive": (fuzz_cases - fuzz_cases // 2,
-                                       lambda data: probe(data, positive)),
-            "schemathesis, negative": (fuzz_cases // 2, lambda data: probe(data, negative))})
+            "schemathesis, positive": (fuzz_cases - wrong, lambda data: probe(data, positive)),
+            "schemathesis, negative": (wrong, lambda data: probe(data, negative))})
     finally:
         REST_TALLY.add(tally)
         rest.pool.sweep()
     assert tally.cases >= min(10, EXAMPLES_PER_OPERATION), tally
     assert internal_errors(server) == errors_before, "the server logged an internal error"
-    assert_engine_reached(tally, operation, tool_name)
+    assert_engine_reached(tally, operation, tool_name, takes_input=bool(wrong))
 
 
 @pytest.mark.parametrize("door", ["MCP", "REST"])
