@@ -13,8 +13,9 @@ fills included), with one command over the connection just opened:
   Python's ssl and urllib) reads; a block from before is replaced, not doubled
   (`update-ca-certificates` would cost seconds under TCG);
 - where the guest had that bundle (the Debian family), `/etc/pip.conf` names it
-  as pip's `cert` unless the file exists already, for pips in venvs whose own
-  certifi would not know the operator's authority;
+  as pip's `cert` unless the file exists already, for a pip whose own certifi
+  would not know the operator's authority (Debian's patched pip reads the system
+  bundle; one upgraded from PyPI in a venv does not);
 - a guest with `update-ca-trust` (the Red Hat family) gets them as an anchor too.
 
 The guest keeps the digest of what it was given in `/etc/rift/guest-ca.sha256`;
