@@ -50,3 +50,21 @@ def test_a_command_runs_as_the_user_named_in_its_home_with_relative_cwd_under_it
     missing = _run(shapes.as_user("echo ran", "nobody-here"))
     assert (missing.returncode, missing.stdout) == (1, "")
     assert "user nobody-here not found" in missing.stderr
+
+
+
+def test_without_bash_the_execs_own_shell_runs_the_script_and_the_switch_leaves_nothing(
+        ) -> None:
+    # a guest without /bin/bash (busybox `tiny`) is played by naming a bash that is not
+    # there: the exec's own sh runs the script (no second shell), as `sh -c` would,
+    # and the user switch's variables are gone before it
+    script = 'echo "[$h$n$d]" "$A"; (exit 3)'
+    line = shapes.as_user(shapes.command_line("/bin/bash", ["-l", "-c", script],
+                                              {"A": "a b"}, "/tmp"), shapes.DEFAULT_USER)
+    assert "[ -x /bin/bash ]" in line
+    for bash in ("/bin/bash", "/no/such/bash"):
+        ran = _run(line.replace("[ -x /bin/bash ]", f"[ -x {bash} ]"))
+        assert (ran.returncode, ran.stdout) == (3, "[] a b\n"), (bash, ran.stderr)
+    missing = _run(shapes.as_user(shapes.command_line("/bin/sh", ["-c", "echo ran"], {}, None),
+                                  "nobody-here-either"))
+    assert (missing.returncode, missing.stdout) == (1, "")
