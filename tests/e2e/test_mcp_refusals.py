@@ -72,6 +72,14 @@ def test_every_refusal_reachable_on_the_test_driver(server: Server) -> None:
                 assert error["field"] == field, (tool, args, error)
 
             vm = (await call(s, "rift_vm_new", handle=handle))["vm"]
+            await no("volume_not_found", "rift_volume_get", volume_id="vol_aaaaaaaa")
+            vol = (await call(s, "rift_volume_new", name="refusals", size_gib=1))["volume"]
+            error = await no("invalid_argument", "rift_vm_attach_volume", handle=handle,
+                             vm_id=vm["id"], volume_id=vol["id"], path="/etc/data")
+            assert error["field"] == "path", error
+            await call(s, "rift_vm_attach_volume", handle=handle, vm_id=vm["id"],
+                       volume_id=vol["id"], path="/data")
+            await no("volume_busy", "rift_volume_delete", volume_id=vol["id"])
             await no("guest_unreachable", "rift_vm_exec", handle=handle, vm_id=vm["id"],
                      command="true")
             await no("exec_not_found", "rift_vm_exec_get", handle=handle,
@@ -81,6 +89,7 @@ def test_every_refusal_reachable_on_the_test_driver(server: Server) -> None:
             await no("snapshot_not_found", "rift_vm_fork", handle=handle,
                      snapshot_id="snap_aaaaaaaa")
             await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])
+            await call(s, "rift_volume_delete", volume_id=vol["id"])  # detached with its VM
             error = await no("vm_not_running", "rift_vm_exec", handle=handle, vm_id=vm["id"],
                              command="true")
             assert error["vm_status"] == "destroyed"
