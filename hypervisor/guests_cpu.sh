@@ -12,6 +12,9 @@
 # <cputune><shares> Rift gives each guest by default, RIFT_VM_CPU_WEIGHT): at
 # cgroup v1's default (1024) it weighed as two guests, and a guest flooding its
 # console slowed its neighbours through it (docs/benchmarks.md, issue #26).
+# virtlogd also runs as SCHED_BATCH (chrt -b), where chrt is: it wakes for each
+# byte a flooding guest writes, and a batch task's wakeup never preempts the
+# thread running (another guest's vCPU); its writes wait for its turn instead.
 # With systemd the hypervisor role gives machine.slice the same weight instead.
 #
 #   guests_cpu.sh [WEIGHT [LOGD_WEIGHT]]
@@ -23,9 +26,10 @@
 #                             writes a guest's <shares>), default 512
 #
 # GUESTS_CPU_ROOT (default /sys/fs/cgroup), GUESTS_CPU_LIBVIRTD_PID (default: the
-# running libvirtd's) and GUESTS_CPU_VIRTLOGD_PIDS (default: the running
-# virtlogd's) let the tests run it against folders of their own. Prints
-# where it set what; exits 0 with a note where there is no cpu controller.
+# running libvirtd's), GUESTS_CPU_VIRTLOGD_PIDS (default: the running
+# virtlogd's) and GUESTS_CPU_CHRT (default chrt) let the tests run it against
+# folders and processes of their own. Prints where it set what; exits 0 with a
+# note where there is no cpu controller.
 set -eu
 
 WEIGHT=${1:-10}
@@ -33,6 +37,7 @@ LOGD_WEIGHT=${2:-512}
 ROOT=${GUESTS_CPU_ROOT:-/sys/fs/cgroup}
 PID=${GUESTS_CPU_LIBVIRTD_PID-$(pgrep -o -x libvirtd || true)}
 LOGDS=${GUESTS_CPU_VIRTLOGD_PIDS-$(pgrep -x virtlogd || true)}
+CHRT=${GUESTS_CPU_CHRT:-chrt}
 
 # placement PATTERN: libvirtd's own cgroup in the hierarchy whose /proc line
 # matches PATTERN ("/" when libvirtd does not run: libvirt starts from its own).
@@ -70,4 +75,7 @@ fi
 for pid in $LOGDS; do
   echo "$pid" > "$machine/rift-virtlogd/cgroup.procs"
   echo "guests_cpu: virtlogd ($pid) in $machine/rift-virtlogd"
+  if command -v "$CHRT" >/dev/null 2>&1 && "$CHRT" -b -a -p 0 "$pid" >/dev/null; then
+    echo "guests_cpu: virtlogd ($pid) runs as SCHED_BATCH"
+  fi
 done

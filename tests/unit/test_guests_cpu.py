@@ -14,9 +14,19 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hypervisor" / "guests_cpu.sh"
 
 
+def fake_chrt(folder: Path) -> Path:
+    """A chrt that writes down its arguments (never the real one on the tests' pids)."""
+    chrt = folder / "chrt"
+    chrt.write_text(f'#!/bin/sh\necho "$*" >> {folder / "chrt.calls"}\n')
+    chrt.chmod(0o755)
+    return chrt
+
+
 def run(cgroups: Path, *args: str, virtlogd: str = "41 42") -> str:
-    env = {**os.environ, "GUESTS_CPU_ROOT": str(cgroups),
-           "GUESTS_CPU_LIBVIRTD_PID": "", "GUESTS_CPU_VIRTLOGD_PIDS": virtlogd}
+    bin_dir = cgroups.parent / f"{cgroups.name}-bin"
+    bin_dir.mkdir(exist_ok=True)
+    env = {**os.environ, "GUESTS_CPU_ROOT": str(cgroups), "GUESTS_CPU_LIBVIRTD_PID": "",
+           "GUESTS_CPU_VIRTLOGD_PIDS": virtlogd, "GUESTS_CPU_CHRT": str(fake_chrt(bin_dir))}
     done = subprocess.run(["sh", str(SCRIPT), *args], env=env, capture_output=True,
                           text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
@@ -35,6 +45,10 @@ def test_cgroup_v1_gets_shares_of_the_weight_and_virtlogd_in_the_guests_group(
     assert (machine / "rift-virtlogd" / "cpu.shares").read_text() == "512\n"
     assert (tmp_path / "cpu" / "cpu.shares").read_text() == "1024\n"  # the root untouched
     assert "cpu.shares = 102" in said and "virtlogd (41)" in said and "virtlogd (42)" in said
+    # each virtlogd runs as SCHED_BATCH, all its threads: its wakeups preempt no guest
+    calls = (tmp_path.parent / f"{tmp_path.name}-bin" / "chrt.calls").read_text()
+    assert calls == "-b -a -p 0 41\n-b -a -p 0 42\n"
+    assert "virtlogd (42) runs as SCHED_BATCH" in said
 
 
 def test_cgroup_v2_enables_cpu_and_sets_the_weight(tmp_path: Path) -> None:
@@ -68,7 +82,7 @@ def test_the_guests_group_sits_beside_libvirtds_own(tmp_path: Path) -> None:
                 if line.split(":")[1] in ("cpu", "cpu,cpuacct", "cpuacct,cpu")), None)
     if own is None:
         pytest.skip("this machine has no cgroup v1 cpu hierarchy to read a placement from")
-    env = {**os.environ, "GUESTS_CPU_ROOT": str(tmp_path),
+    env = {**os.environ, "GUESTS_CPU_ROOT": str(tmp_path), "GUESTS_CPU_CHRT": "false",
            "GUESTS_CPU_LIBVIRTD_PID": str(os.getpid()), "GUESTS_CPU_VIRTLOGD_PIDS": ""}
     subprocess.run(["sh", str(SCRIPT)], env=env, check=True, timeout=30, capture_output=True)
     expected = tmp_path / "cpu" / own.strip("/") / "machine" / "cpu.shares"
