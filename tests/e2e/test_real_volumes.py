@@ -1,8 +1,9 @@
 """Volumes on real guests (SPEC §18), through the official MCP SDK client: a file
-and a folder with their modes written in a volume in one task's `tiny` VM, the
-task closed (its VM destroyed, the volume detached, never deleted), the volume
-attached read-only to a VM of another task and read back there, the busy and
-bad-input refusals, and the hot-plug and mount each within a second or so."""
+and a folder with their modes written in a volume in one task's `tiny` VM (paused
+and resumed with it attached), the task closed (its VM destroyed, the volume
+detached, never deleted), the volume attached read-only to a VM of another task
+and read back there, the busy and bad-input refusals, and the hot-plug and mount
+each within a second or so."""
 
 from __future__ import annotations
 
@@ -62,6 +63,9 @@ def test_a_volume_keeps_files_and_modes_from_one_task_to_the_next(real: Server) 
             assert mounted.split()[2] == "ext4" and mounted.split()[3].startswith("rw"), mounted
             await call(s, "rift_vm_write_file", handle=handle_a, vm_id=vm_a,
                        path="/work/notes.txt", content="kept across tasks\n", mode=0o640)
+            await call(s, "rift_vm_pause", handle=handle_a, vm_id=vm_a)  # keeps it attached
+            resumed = (await call(s, "rift_vm_resume", handle=handle_a, vm_id=vm_a))["vm"]
+            assert [m["volume_id"] for m in resumed["volumes"]] == [vol["id"]], resumed
             await _sh(s, handle_a, vm_a, "mkdir /work/secret && chmod 0700 /work/secret && "
                       "echo x > /work/secret/key && chmod 0600 /work/secret/key")
 
