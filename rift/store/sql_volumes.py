@@ -100,6 +100,11 @@ class SqlVolumes(SqlRepository):
             found[attachment.vm_id].append(attachment)
         return found
 
+    def unsettled(self) -> list[Attachment]:
+        query = (select(*ATTACHMENT_COLUMNS).where(_att.c.state != "attached")
+                 .order_by(_att.c.created_at, _att.c.vm_id))
+        return [_attachment_of(row) for row in self._conn.execute(query)]
+
     def save_attachment(self, attachment: Attachment, was: Attachment) -> bool:
         self._writing("save_attachment")
         return self._conn.execute(_att.update().where(

@@ -33,6 +33,7 @@ from rift.services.lifecycle.pauses import settle_change
 from rift.services.lifecycle.pool_filler import stale_pool_vms
 from rift.services.lifecycle.sleeps import settle_sleep
 from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, vm_ended
+from rift.services.lifecycle.volume_settle import settle_attachments
 from rift.services.ports import Tx
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
@@ -54,6 +55,7 @@ class ReconcileReport:
     destroys_finished: list[str] = field(default_factory=list)
     pool_vms_removed: list[str] = field(default_factory=list)
     changes_settled: list[str] = field(default_factory=list)  # pauses and resumes
+    attachments_settled: list[str] = field(default_factory=list)  # cut attaches, detaches
     # Each host's domain names as listed, and when the listing began.
     listed: dict[str, tuple[set[str], datetime]] = field(default_factory=dict)
 
@@ -61,7 +63,7 @@ class ReconcileReport:
         return bool(self.orphans_destroyed or self.vanished or self.interrupted
                     or self.unreachable or self.lost or self.stopped or self.disks_removed
                     or self.destroys_finished or self.pool_vms_removed
-                    or self.changes_settled)
+                    or self.changes_settled or self.attachments_settled)
 
 
 def _pool_ids(deps: Deps) -> set[str]:
@@ -341,6 +343,7 @@ def reconcile(deps: Deps) -> ReconcileReport:
     for host in hosts:
         reconcile_host(deps, host.name, host.uri, report)
     report.pool_vms_removed = stale_pool_vms(deps, report.listed)
+    report.attachments_settled = settle_attachments(deps)
     remove_dead_disks(deps, report)
     if report:
         deps.log.info("reconciled", extra={
@@ -350,7 +353,8 @@ def reconcile(deps: Deps) -> ReconcileReport:
             "interrupted": len(report.interrupted), "unreachable": report.unreachable,
             "lost": len(report.lost),
             "pool_vms_removed": len(report.pool_vms_removed),
-            "changes_settled": len(report.changes_settled)})
+            "changes_settled": len(report.changes_settled),
+            "attachments_settled": len(report.attachments_settled)})
     return report
 
 

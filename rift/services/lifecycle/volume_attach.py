@@ -97,11 +97,19 @@ def attach(deps: Deps, caller: Caller, cmd: VmAttachVolumeIn) -> VmOut:
             tx.volumes.detach(vm.id, att.volume_id)
         raise
     with deps.store.write() as tx:
-        if tx.volumes.save_attachment(att.attached(), att):
+        won = tx.volumes.save_attachment(att.attached(), att)
+        if won:
             tx.events.add(NewEvent(att.task_id, "volume_attached", deps.clock.now(),
                                    caller.label, _details(att)))
-        current = tx.vms.get(vm.id) or vm
-        return VmOut(vm=views.vm(tx, current))
+    if not won:  # a sweep took it for a cut attach (rift.services.lifecycle.volume_settle)
+        with suppress(RiftError):
+            mounts_of(deps, vm).unmount(vm, path)
+        with suppress(HypervisorError):
+            hypervisor.detach_disk(vm.domain_name, disk)
+        raise HypervisorFailed(f"the attach of {att.volume_id} took longer than "
+                               "RIFT_VM_CREATING_GRACE_S and was undone", host=vm.host)
+    with deps.store.read() as tx:
+        return VmOut(vm=views.vm(tx, tx.vms.get(vm.id) or vm))
 
 
 def detach(deps: Deps, caller: Caller, cmd: VmDetachVolumeIn) -> VmOut:

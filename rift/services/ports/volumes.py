@@ -38,6 +38,10 @@ class VolumeRepository(Protocol):
     def of_vms(self, vm_ids: Sequence[str]) -> dict[str, list[Attachment]]:
         """Every asked VM id is a key (with ``[]`` when it has none), by guest disk."""
         ...
+    def unsettled(self) -> list[Attachment]:
+        """Attachments `attaching` or `detaching` (a change under way, or one a crash
+        cut), oldest first."""
+        ...
     def save_attachment(self, attachment: Attachment, was: Attachment) -> bool: ...
     def detach(self, vm_id: str, volume_id: str | None = None) -> list[Attachment]:
         """Delete the VM's attachment of `volume_id` (every one when None); answers them."""
