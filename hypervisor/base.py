@@ -269,11 +269,16 @@ class Hypervisor(Protocol):
         stays). HypervisorError(op="restore") when libvirt refuses."""
         ...
 
-    def fork_state(self, path: str, spec: DomainSpec) -> None:
+    def fork_state(self, path: str, spec: DomainSpec) -> list[VolumeDisk]:
         """Define and start a new domain, `spec`'s name, id, task, disk, serial log
         and SSH port, from the memory in a `save_state` file of another domain (on
         a host with no guest behind its domains, the test driver, it is created as
-        `spec` says). The source's file stays; on failure nothing is left defined."""
+        `spec` says). The source's file stays; on failure nothing is left defined.
+
+        Answers the volumes' disks (SPEC §18) the new domain holds, as the saved
+        state had them: a read-only one on the volume's file, read-only; a writable
+        one on a stand-in of its own (an empty file the volume's size, so no two
+        domains write a volume), for the caller to unplug and remove."""
         ...
 
     def set_owner(self, name: str, task_id: str) -> None:

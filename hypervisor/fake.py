@@ -59,6 +59,7 @@ class FakeHypervisor:
         self._failures: dict[str, list[str]] = {}  # op -> messages of its next calls
         self.version = FAKE_VERSIONS  # what versions() answers; tests change it
         self.states: dict[str, str] = {}  # save_state file -> the domain it saved
+        self.state_disks: dict[str, dict[str, VolumeDisk]] = {}  # the volumes each held
         self.usage: dict[str, DomainStats] = {}  # what stats() answers per domain
         self.peers: Callable[[str], FakeHypervisor] | None = None  # migrate()'s other ends
 
@@ -154,6 +155,7 @@ class FakeHypervisor:
                                       "domain is not running")
             domain.active = False
             self.states[path] = name
+            self.state_disks[path] = dict(domain.disks)
 
     def restore_state(self, path: str) -> None:
         with self._lock:
@@ -169,7 +171,7 @@ class FakeHypervisor:
                 raise HypervisorError("restore", f"domain '{name}' is already active")
             domain.active = True
 
-    def fork_state(self, path: str, spec: DomainSpec) -> None:
+    def fork_state(self, path: str, spec: DomainSpec) -> list[VolumeDisk]:
         with self._lock:
             failures = self._failures.get("fork")
             if failures:
@@ -177,7 +179,13 @@ class FakeHypervisor:
                 raise HypervisorError("fork", failures.pop(0))
             if path not in self.states:
                 raise HypervisorError("fork", f"cannot read the saved state {path}")
+            held = [disk if disk.read_only else replace(
+                disk, path=f"{path}.stand-in-{spec.name}-{disk.target}")
+                for disk in self.state_disks.get(path, {}).values()]
         self.create(spec)
+        with self._lock:
+            self.domains[spec.name].disks = {disk.serial: disk for disk in held}
+        return held
 
     def set_owner(self, name: str, task_id: str) -> None:
         with self._lock:

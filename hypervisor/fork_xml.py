@@ -12,6 +12,7 @@ import uuid as uuid_module
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
 
+from hypervisor.base import VolumeDisk
 from hypervisor.domain_xml import QEMU_XMLNS, RIFT_XMLNS, parse_rift_mark
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
@@ -27,6 +28,8 @@ _DISK_EL = re.compile(r"<disk\s[^>]*>.*?</disk>", re.DOTALL)
 _CHARDEV_EL = re.compile(r"<(?P<tag>serial|console)\s[^>]*\btype=([\"'])file\2[^>]*>.*?</(?P=tag)>",
                          re.DOTALL)
 _SOURCE_TAG = re.compile(r"<source\s[^>]*>")
+_VOLUME_SERIAL = re.compile(r"<serial>(vol_[a-z2-7]{8})</serial>")
+_ATTR = r"""\s{}\s*=\s*(["'])(.*?)\1"""
 
 
 @dataclass(frozen=True)
@@ -228,3 +231,50 @@ def _check_fork_result(xml: str, fork: ForkDomain,
     )
     if not ok:
         raise ValueError("the domain XML could not be rewritten")
+
+
+def volume_disks(xml: str) -> list[VolumeDisk]:
+    """The volumes (SPEC §18) a domain XML holds: each file `<disk>` whose serial is a
+    volume id, with its source, target and whether it is read-only. ValueError for
+    one without a source file or a target."""
+    found = []
+    for element in _DISK_EL.finditer(xml):
+        body = element.group(0)
+        serial = _VOLUME_SERIAL.search(body)
+        if serial is None:
+            continue
+        source = _SOURCE_TAG.search(body)
+        path = re.search(_ATTR.format("file"), source.group(0)) if source else None
+        target = re.search(r"<target\s[^>]*>", body)
+        dev = re.search(_ATTR.format("dev"), target.group(0)) if target else None
+        if path is None or dev is None:
+            raise ValueError(f"the disk of volume {serial.group(1)} has no source file or target")
+        found.append(VolumeDisk(path.group(2), dev.group(2), serial.group(1),
+                                re.search(r"<readonly\s*/>", body) is not None))
+    return found
+
+
+def with_volume_sources(xml: str, sources: dict[str, str]) -> str:
+    """`xml` with the source file of the disk of each volume (by serial) in `sources`
+    made the path it maps to; every other byte kept. ValueError when one of them is
+    not a disk of the XML, or a path is not absolute."""
+    out, last = [], 0
+    missing = set(sources)
+    for element in _DISK_EL.finditer(xml):
+        body = element.group(0)
+        serial = _VOLUME_SERIAL.search(body)
+        if serial is None or serial.group(1) not in sources:
+            continue
+        new = sources[serial.group(1)]
+        if not new.startswith("/") or _NOT_XML.search(new):
+            raise ValueError(f"a volume's source must be an absolute path, not {new!r}")
+        source = _only(list(_SOURCE_TAG.finditer(body)), "sources in a volume's disk")
+        new_source = _replace_attr(source.group(0), "file", new, "a volume disk's source")
+        out.append(xml[last:element.start()])
+        out.append(_splice(body, source.start(), source.end(), new_source))
+        last = element.end()
+        missing.discard(serial.group(1))
+    if missing:
+        raise ValueError(f"the domain XML holds no disk of {sorted(missing)}")
+    out.append(xml[last:])
+    return "".join(out)

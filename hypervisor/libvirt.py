@@ -26,6 +26,7 @@ from hypervisor.base import (
     DomainStats,
     HostInfo,
     HypervisorError,
+    ImageError,
     VolumeDisk,
 )
 from hypervisor.domain_xml import (
@@ -35,10 +36,15 @@ from hypervisor.domain_xml import (
     parse_rift_mark,
     rift_mark_with_task,
 )
-from hypervisor.fork_xml import ForkDomain, fork_domain_xml
+from hypervisor.fork_xml import ForkDomain, fork_domain_xml, volume_disks, with_volume_sources
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
-from hypervisor.save_image import fork_copy_path, read_save_header, write_fork
-from hypervisor.volumes import disk_xml
+from hypervisor.save_image import (
+    fork_copy_path,
+    read_save_header,
+    stand_in_path,
+    write_fork,
+)
+from hypervisor.volumes import disk_xml, make_stand_in
 
 log = logging.getLogger(__name__)
 
@@ -248,13 +254,13 @@ class LibvirtHypervisor:
         with _translated("restore"):
             conn.restore(path)
 
-    def fork_state(self, path: str, spec: DomainSpec) -> None:
+    def fork_state(self, path: str, spec: DomainSpec) -> list[VolumeDisk]:
         conn = self._connection()
         with _translated("fork"):
             driver = str(conn.getType()).lower()
         if driver == "test":  # no guest memory to carry: a domain like any other
             self.create(spec)
-            return
+            return []
         try:
             saved = read_save_header(path, self.disk)
             if spec.serial_log is None or spec.ssh_port is None:
@@ -263,7 +269,14 @@ class LibvirtHypervisor:
                 name=spec.name, uuid=str(uuid.uuid4()), vm_id=spec.vm_id, task_id=spec.task_id,
                 disk=spec.disk, serial_log=spec.serial_log, ssh_port=spec.ssh_port,
                 seed=spec.seed))
-        except (OSError, ValueError) as exc:
+            held = volume_disks(xml)
+            stand_ins: dict[str, str] = {}
+            for disk in held:  # a volume written: never opened by two domains for writing
+                if not disk.read_only:
+                    stand_ins[disk.serial] = stand_in_path(path, spec.name, disk.target)
+                    make_stand_in(disk.path, stand_ins[disk.serial])
+            xml = with_volume_sources(xml, stand_ins)
+        except (OSError, ValueError, ImageError) as exc:
             raise HypervisorError("fork", f"the saved state cannot be forked: {exc}") from exc
         forked = fork_copy_path(path, spec.name)
         try:
@@ -283,9 +296,15 @@ class LibvirtHypervisor:
                 except HypervisorError as cleanup:
                     log.error("could not undo a failed fork of %s: %s", spec.name, cleanup)
                 raise
+        except BaseException:
+            for stand_in in stand_ins.values():
+                with contextlib.suppress(OSError):
+                    self.disk.remove(stand_in)
+            raise
         finally:
             with contextlib.suppress(OSError):
                 self.disk.remove(forked)
+        return [replace(d, path=stand_ins.get(d.serial, d.path)) for d in held]
 
     def set_owner(self, name: str, task_id: str) -> None:
         dom = self._domain("set_owner", name)

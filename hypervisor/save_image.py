@@ -78,6 +78,12 @@ def fork_copy_path(state_path: str, domain_name: str) -> str:
     return os.path.join(os.path.dirname(state_path), f"{FORK_PREFIX}{domain_name}.save")
 
 
+def stand_in_path(state_path: str, domain_name: str, target: str) -> str:
+    """Where a fork's stand-in for a writable volume's disk goes (hypervisor.volumes.
+    make_stand_in): beside the saved state, gone with the snapshot's folder at the latest."""
+    return os.path.join(os.path.dirname(state_path), f".stand-in-{domain_name}-{target}.qcow2")
+
+
 def read_save_header(path: str | os.PathLike[str], disk: HostDisk = LOCAL_DISK) -> SaveImage:
     """The header, XML and cookie of the save file at `path` (on `disk`: this
     machine's, or a host's elsewhere).

@@ -104,6 +104,13 @@ class VolumeFolder:
         _unlink_chain(Path(self.path(uri, volume_id)), self.folder / PARENTS)
 
 
+def make_stand_in(volume_path: str, path: str) -> None:
+    """An empty qcow2 at `path` the size of the volume at `volume_path`: what a fork's
+    domain holds in place of a volume it does not get (SPEC §18), until unplugged."""
+    run_command(["qemu-img", "create", "-q", "-f", "qcow2", path,
+                 str(_virtual_size(Path(volume_path)))], timeout_s=VOLUME_TIMEOUT_S)
+
+
 def _overlay(parent: Path, path: Path, size: str) -> None:
     run_command(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(parent),
                  str(path), size], timeout_s=VOLUME_TIMEOUT_S)

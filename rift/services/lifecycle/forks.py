@@ -42,6 +42,7 @@ from rift.domain.secrets import Handle
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_disk
+from rift.services.lifecycle.fork_volumes import carry
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on, mac_of
 from rift.services.lifecycle.launch import SSH_HOST, Start, fail_start, pick_ssh_port, running
 from rift.services.lifecycle.leases import check_handle, in_write, parse_handle
@@ -172,7 +173,7 @@ def _start_fork(deps: Deps, caller: Caller, start: Start, snap: Snapshot,
     try:
         spec = _fork_spec(deps, kind, start, snap, hv.disk)
         steps.done("files")
-        hv.fork_state(state_path(deps, snap.id), spec)
+        held = hv.fork_state(state_path(deps, snap.id), spec)
         steps.done("restore")
     except (HypervisorError, ImageError, HypervisorFailed, OSError) as exc:
         kind.clean_up(vm.id)
@@ -191,6 +192,12 @@ def _start_fork(deps: Deps, caller: Caller, start: Start, snap: Snapshot,
                 destroy_domain(deps, vm, uri)
             return fail_start(deps, caller, vm, f"the fork did not answer: {exc.message}")
         steps.done("identity")
+    try:
+        carry(deps, caller.label, start, held, snap.vm_id)  # SPEC §18: read-only volumes only
+    except HypervisorFailed as exc:
+        with suppress(HypervisorFailed):
+            destroy_domain(deps, vm, uri)
+        return fail_start(deps, caller, vm, f"the fork could not start: {exc.message}")
     deps.log.info("vm forked", extra={"vm_id": vm.id, "snapshot_id": snap.id, **steps.ms})
     return running(deps, caller, start, "fork",
                    {"from": {"snapshot_id": snap.id, "vm_id": snap.vm_id}})

@@ -1,0 +1,126 @@
+"""Volumes through forks, pauses and sleeps (SPEC §18): a fork's VMs get the source's
+read-only volumes and not its writable ones, whose disks the fork's saved-state
+XML takes on a stand-in; a paused or sleeping VM keeps its volumes. Against the
+fake hypervisor (which keeps each saved state's disks) and pure XML."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+
+import pytest
+
+from hypervisor.base import VolumeDisk
+from hypervisor.fake import FakeHypervisor
+from hypervisor.fork_xml import volume_disks, with_volume_sources
+from hypervisor.volumes import disk_xml
+from rift.contract import tools as c
+from rift.contract.base import command
+from rift.services.context import Deps
+from rift.services.lifecycle import pauses, sleeps, snapshots, vms, volume_attach, volumes
+from rift.services.lifecycle.forks import fork
+from tests.support.engine import ALICE, event_types
+from tests.unit.test_save_image import SAVED_XML
+from tests.unit.test_save_image import fork as fork_xml
+from tests.unit.test_volumes import Files, Mounts, _attach, _vm, _volume
+
+WRITTEN = VolumeDisk("/var/lib/rift/volumes/vol_aaaaaaaa.qcow2", "vdc", "vol_aaaaaaaa")
+READ = VolumeDisk("/var/lib/rift/volumes/vol_bbbbbbbb.qcow2", "vdd", "vol_bbbbbbbb", True)
+
+
+@pytest.fixture
+def vdeps(deps: Deps) -> Deps:
+    return replace(deps, volume_files=Files(), mounts=Mounts())
+
+
+def _with_volumes(xml: str) -> str:
+    """A saved XML as libvirt writes it for a domain with two hot-plugged volumes."""
+    plugged = "".join(disk_xml(d).replace("</disk>", "<address type='pci' domain='0x0000' "
+                                          f"bus='0x0{n}' slot='0x00' function='0x0'/></disk>")
+                      for n, d in ((5, WRITTEN), (6, READ)))
+    return xml.replace("    <controller type='usb'", plugged + "\n    <controller type='usb'")
+
+
+def test_a_saved_xml_with_volumes_forks_with_each_volume_disk_as_it_was() -> None:
+    out = fork_xml(_with_volumes(SAVED_XML))
+    assert volume_disks(SAVED_XML) == []
+    assert volume_disks(out) == [WRITTEN, READ]  # the fork's vda rewrite leaves them
+    stand_in = "/var/lib/rift/snapshots/snap_x/.stand-in-rift-vm_fork0001-vdc.qcow2"
+    swapped = with_volume_sources(out, {WRITTEN.serial: stand_in})
+    assert volume_disks(swapped) == [replace(WRITTEN, path=stand_in), READ]
+    assert [line for line in swapped.splitlines() if line not in out.splitlines()] != []
+    assert len(swapped.splitlines()) == len(out.splitlines())
+    root = ET.fromstring(swapped)  # noqa: S314 - our own test XML
+    sources = [d.find("source").get("file") for d in root.iterfind("devices/disk")]  # type: ignore[union-attr]
+    assert sources == ["/var/lib/rift/disks/vm_fork0001.qcow2", stand_in, READ.path]
+    with pytest.raises(ValueError, match="no disk"):
+        with_volume_sources(out, {"vol_cccccccc": stand_in})
+    with pytest.raises(ValueError, match="absolute"):
+        with_volume_sources(out, {WRITTEN.serial: "relative.qcow2"})
+
+
+def test_a_fork_gets_the_read_only_volumes_and_not_the_writable_ones(
+        vdeps: Deps, local_hv: FakeHypervisor) -> None:
+    task_id, handle, vm_id = _vm(vdeps)
+    written, shared = _volume(vdeps, "written"), _volume(vdeps, "shared")
+    _attach(vdeps, handle, vm_id, written, "/work")
+    _attach(vdeps, handle, vm_id, shared, "/data", read_only=True)
+    made = fork(vdeps, ALICE, command(c.VmForkIn, handle=handle, vm_id=vm_id, count=2)).vms
+    assert [v.status for v in made] == ["running", "running"]
+    for forked in made:
+        view = vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=forked.id)).vm
+        assert [(m.volume_id, m.path, m.read_only) for m in view.volumes] == [
+            (shared, "/data", True)]
+        assert list(local_hv.domains[f"rift-{forked.id}"].disks) == [shared]
+    source = vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert [(m.volume_id, m.read_only) for m in source.volumes] == [
+        (written, False), (shared, True)]
+    assert set(local_hv.domains[f"rift-{vm_id}"].disks) == {written, shared}
+    got = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=written)).volume
+    assert [a.vm_id for a in got.attached_to] == [vm_id]  # still one writer
+    readers = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=shared)).volume
+    assert sorted(a.vm_id for a in readers.attached_to) == sorted([vm_id, *(v.id for v in made)])
+    assert event_types(vdeps, task_id).count("volume_attached") == 2 + 2
+
+
+def test_a_fork_from_a_snapshot_drops_a_read_only_volume_its_source_no_longer_holds(
+        vdeps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle, vm_id = _vm(vdeps)
+    shared = _volume(vdeps, "shared")
+    _attach(vdeps, handle, vm_id, shared, "/data", read_only=True)
+    snap = snapshots.make(vdeps, ALICE, command(c.VmSnapshotIn, handle=handle,
+                                                vm_id=vm_id)).snapshot.id
+    volume_attach.detach(vdeps, ALICE, command(c.VmDetachVolumeIn, handle=handle, vm_id=vm_id,
+                                               volume_id=shared))
+    made = fork(vdeps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap)).vms
+    assert made[0].status == "running" and made[0].volumes == []
+    assert local_hv.domains[f"rift-{made[0].id}"].disks == {}  # no disk no row knows
+
+
+def test_a_refused_unplug_fails_the_fork_and_takes_its_domain_down(
+        vdeps: Deps, local_hv: FakeHypervisor) -> None:
+    _, handle, vm_id = _vm(vdeps)
+    _attach(vdeps, handle, vm_id, _volume(vdeps), "/work")
+    local_hv.fail_next("detach", "internal error: unable to execute QEMU command")
+    made = fork(vdeps, ALICE, command(c.VmForkIn, handle=handle, vm_id=vm_id)).vms
+    assert made[0].status == "failed" and "unplugged" in (made[0].error or "")
+    assert f"rift-{made[0].id}" not in local_hv.domains
+
+
+def test_pause_and_sleep_keep_the_volumes_attached(vdeps: Deps,
+                                                   local_hv: FakeHypervisor) -> None:
+    _, handle, vm_id = _vm(vdeps)
+    vol = _volume(vdeps)
+    _attach(vdeps, handle, vm_id, vol, "/work")
+    held = command(c.VmHeldIn, handle=handle, vm_id=vm_id)
+    paused = pauses.pause(vdeps, ALICE, held).vm
+    assert paused.status == "paused" and [m.volume_id for m in paused.volumes] == [vol]
+    assert vol in local_hv.domains[f"rift-{vm_id}"].disks  # in the saved domain
+    assert [m.volume_id for m in pauses.resume(vdeps, ALICE, held).vm.volumes] == [vol]
+    assert sleeps.sleep_vm(vdeps, vm_id, "test", "quiet")
+    asleep = vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert asleep.status == "sleeping" and [m.volume_id for m in asleep.volumes] == [vol]
+    sleeps.wake(vdeps, vm_id, "test")
+    awake = vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert awake.status == "running" and [m.volume_id for m in awake.volumes] == [vol]
+    assert vol in local_hv.domains[f"rift-{vm_id}"].disks
