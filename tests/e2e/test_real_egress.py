@@ -39,6 +39,7 @@ from tests.support.servers import (
     free_port,
     real_vms_missing,
 )
+from tests.support.soak import SOAK, long_form
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -237,7 +238,7 @@ def _isolation_loaded(data_dir: Path) -> None:
         + isolation.stderr.strip())
 
 
-REAL = RealSettings(debian=True, env={"RIFT_EGRESS_DENY": DENIED_CIDR,
+REAL = RealSettings(debian=SOAK, env={"RIFT_EGRESS_DENY": DENIED_CIDR,
                                       "RIFT_VM_BOOT_TIMEOUT_S": "90",
                                       # what VMs use, sampled often enough to be seen here
                                       "RIFT_STATS_INTERVAL_S": "2",
@@ -353,6 +354,94 @@ def _refusals(srv: Server) -> dict[str, float]:
     return found
 
 
+# In `tiny` (busybox: no curl, no python3; its static wget cannot look names up): a
+# request to the proxy its environment names, by nc; prints the answer's status line
+# and its last line.
+ASK = ("p=${{http_proxy#http://}}; printf '{request}' | nc -w 10 ${{p%:*}} ${{p##*:}} 2>&1 "
+       "| sed -n '1p;$p'")
+
+
+def _ask(url: str, host: str) -> str:
+    return ASK.format(request=f"GET {url} HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n")
+
+
+def test_an_allowlisted_tiny_guest_reaches_a_listed_name_through_the_proxy_and_nothing_else(
+        real: Server, beyond: str) -> None:
+    """The short form of the `debian` test below (make soak): a `tiny` guest with an
+    allowlist is told the proxy, which takes it to a listed name and refuses another
+    name, a Host that disagrees and the host itself; around the proxy the firewall
+    refuses it; what it used is sampled. (The proxy's CONNECT and SNI checks:
+    tests/integration/test_egress_proxy.py; pip, git and apt: the long form.)"""
+    before, counted_before = _refusals(real), _counters()
+    rift_port = int(real.url.rsplit(":", 1)[1])
+    out: dict[str, str] = {}
+    used: dict[str, Any] = {}
+    allow = {"allow": ["beyond.rift.test", "192.0.2.0/24"]}
+    checks = {
+        "listed": _ask("http://beyond.rift.test:8080/hello.txt", "beyond.rift.test:8080"),
+        "environment": "echo $http_proxy $https_proxy",
+        "other name": _ask("http://other.rift.test:8080/", "other.rift.test:8080"),
+        "host header": _ask("http://beyond.rift.test:8080/", "evil.rift.test"),
+        "host itself": _ask(f"http://10.0.2.2:{rift_port}/healthz", f"10.0.2.2:{rift_port}"),
+        "direct": FETCH.format(address=BEYOND, port=8080, path="hello.txt"),
+        "host direct": FETCH.format(address="10.0.2.2", port=rift_port, path="healthz"),
+    }
+
+    async def scenario() -> None:
+        async with mcp_session(real.url, real.token) as s:
+            handle = (await call(s, "rift_task_new", name="allowlist"))["handle"]
+            for bad, why in (({"allow": ["no such name!"]}, "neither a name"),
+                             ({"allow": [f"h{i}.example" for i in range(65)]}, "64"),
+                             ({"allow": []}, "allow")):
+                err = await refused(s, "invalid_argument", "rift_vm_new", handle=handle,
+                                    image="tiny", egress=bad)
+                assert "egress" in json.dumps(err) and why in json.dumps(err), err
+            vm = (await call(s, "rift_vm_new", handle=handle, image="tiny", egress=allow))["vm"]
+            assert vm["status"] == "running", vm
+            assert vm["egress"] == {"allow": sorted(allow["allow"])}, vm
+            for label, command in checks.items():
+                done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
+                                  command=command, timeout_s=60, wait_s=60)
+                out[label] = (done["stdout"] + done["stderr"]).strip()
+            # a background exec names the proxy too
+            started = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
+                                 command="sleep 1; " + _ask("http://beyond.rift.test:8080/",
+                                                            "beyond.rift.test:8080"),
+                                 timeout_s=60, wait_s=30)
+            out["background"] = started["stdout"].strip()
+            for _ in range(30):
+                stats = (await call(s, "rift_vm_get", vm_id=vm["id"]))["vm"]["stats"]
+                if stats and stats["cpu_pct"] is not None and (stats["net_rx_bytes"] or 0) > 0:
+                    break
+                await anyio.sleep(1)
+            used.update(stats or {})
+            await call(s, "rift_task_close", handle=handle)
+
+    run(scenario, LIMIT_S)
+    print(f"\nwhat the allowlisted tiny guest got: {out}")
+    after, counted = _refusals(real), _counters()
+    status, body = out["listed"].splitlines()
+    assert status.split()[1] == "200" and body == "hello from beyond", out
+    assert out["environment"] == "http://10.0.2.2:3128 http://10.0.2.2:3128", out
+    assert out["background"].splitlines()[-1] == "beyond", out
+    for label in ("other name", "host header", "host itself"):
+        assert out[label].startswith("HTTP/1.1 403"), (label, out)
+    for label in ("direct", "host direct"):
+        assert "beyond" not in out[label] and '"status"' not in out[label], out
+        assert "refused" in out[label] or "reset" in out[label].lower(), out
+    grew = {reason: after.get(reason, 0) - before.get(reason, 0) for reason in after}
+    print(f"refusals counted in /metrics: {grew}")
+    assert grew["not_listed"] >= 1 and grew["host_mismatch"] >= 1, grew  # other name; host
+    assert grew["connect"] >= 2, grew  # direct, host direct
+    assert counted["proxied_connect"] - counted_before["proxied_connect"] >= 2
+    print(f"what it used: {used}")
+    assert 0 <= used["cpu_pct"] <= 100 and used["memory_used_mib"] > 10, used
+    assert used["net_rx_bytes"] > 0 and used["net_tx_bytes"] > 0, used
+
+
+@long_form("test_an_allowlisted_tiny_guest_reaches_a_listed_name_through_the_proxy_and_"
+           "nothing_else; the proxy's CONNECT and SNI checks: tests/integration/"
+           "test_egress_proxy.py; pip, git, gcc and apt in `debian`: test_real_debian.py")
 def test_an_allowlisted_debian_guest_reaches_listed_names_through_the_proxy_and_nothing_else(
         real: Server, beyond: str, tmp_path: Path) -> None:
     before, counted_before = _refusals(real), _counters()
