@@ -5,8 +5,9 @@ and `E2B_API_KEY` pointed at a `rift serve` on real `debian` guests (https, with
 a CA the test makes, `SSL_CERT_FILE` trusting it and the `get_host` domain
 resolved to the server by a plugin of the suite's pytest). Every test
 passes, or docs/e2b.md lists it with why Rift answers otherwise; a listed test that
-now passes must leave the list. About 6 minutes here, so `make soak` runs it while
-issue #28 brings the rest in (docs/e2b.md has where it stands)."""
+now passes must leave the list. About 12 minutes here, so `make soak` runs it (run
+alone: `RIFT_SOAK=1 ... --timeout=3600`, past pytest's default 300 s) while issue
+#28 brings the rest in (docs/e2b.md has where it stands)."""
 
 from __future__ import annotations
 
