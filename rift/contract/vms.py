@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
 
 from rift.contract.base import (
     MAX_DISK_GIB,
@@ -20,11 +21,15 @@ from rift.contract.base import (
     VmId,
     Whole,
 )
+from rift.contract.base import Path as GuestPath
 from rift.contract.tasks import TakeoverBody
 from rift.contract.tool import HELD, ToolContract
 from rift.contract.views import VmView
 from rift.domain.egress import MAX_ENTRIES as MAX_EGRESS_ENTRIES
+from rift.domain.ids import is_volume_id
 from rift.domain.model import DEFAULT_DISK_GIB
+
+MAX_START_VOLUMES = 8  # PCIe root ports a guest has for volumes at most (domain_xml)
 
 
 class EgressAllow(Input):
@@ -32,6 +37,27 @@ class EgressAllow(Input):
         min_length=1, max_length=MAX_EGRESS_ENTRIES, description=(
             "Names (pypi.org), wildcards (*.github.com: the names below github.com) and "
             "CIDRs (10.0.0.0/8) the guest may reach; at most 64."))]
+
+
+def _volume_id(value: str) -> str:
+    if not is_volume_id(value):
+        raise PydanticCustomError("volume_id", "a volume id is vol_ and 8 lowercase base32 "
+                                  "characters")
+    return value
+
+
+VolumeId = Annotated[str, AfterValidator(_volume_id), Field(
+    description="A volume id (`vol_` + 8 characters), from rift_volume_new.",
+    json_schema_extra={"pattern": "^vol_[a-z2-7]{8}$"})]
+
+
+class AttachBody(Input):
+    volume_id: VolumeId
+    path: Annotated[GuestPath, Field(description=(
+        "Where the guest mounts it: absolute, not /, not under /proc, /sys, /dev, /boot, "
+        "/usr or /etc (made when missing)."))]
+    read_only: Annotated[bool, Field(description=(
+        "Mounted read-only: many VMs may read a volume that no VM writes."))] = False
 
 
 class VmNewBody(Input):
@@ -50,6 +76,9 @@ class VmNewBody(Input):
         "only those names and CIDRs, over HTTP and HTTPS through Rift's proxy (the guest's "
         "http_proxy and https_proxy name it). Whichever, nothing on its host but Rift's own "
         "offers. Enforced outside the guest."))] | None = None
+    volumes: Annotated[list[AttachBody], Field(max_length=MAX_START_VOLUMES, description=(
+        "Volumes to attach once it runs (each as rift_vm_attach_volume takes it); one that "
+        "cannot be attached refuses the call and leaves no VM."))] = []
     idempotency_key: Key | None = None
 
 
@@ -82,7 +111,8 @@ VM_NEW = ToolContract(
     "Make a VM in the handle's task; answers once it is running and its guest answers, "
     "or failed.",
     (*HELD, "invalid_argument", "image_not_found", "quota_exceeded", "rate_limited",
-     "no_capacity", "idempotency_conflict"), VmNewIn, VmOut, idempotent=True, slow=True)
+     "no_capacity", "idempotency_conflict", "volume_not_found", "volume_busy"), VmNewIn,
+    VmOut, idempotent=True, slow=True)
 
 
 VM_GET = ToolContract(

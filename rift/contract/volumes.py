@@ -6,28 +6,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
-from pydantic_core import PydanticCustomError
+from pydantic import Field
 
 from rift.contract.base import HandleText, Input, Name, Output, VmId, Whole
-from rift.contract.base import Path as GuestPath
 from rift.contract.tool import HELD, ToolContract
 from rift.contract.views import VolumeView
-from rift.contract.vms import VmOut
-from rift.domain.ids import is_volume_id
+from rift.contract.vms import AttachBody, VmOut, VolumeId
 from rift.domain.volumes import MAX_VOLUME_GIB
 
-
-def _volume_id(value: str) -> str:
-    if not is_volume_id(value):
-        raise PydanticCustomError("volume_id", "a volume id is vol_ and 8 lowercase base32 "
-                                  "characters")
-    return value
-
-
-VolumeId = Annotated[str, AfterValidator(_volume_id), Field(
-    description="A volume id (`vol_` + 8 characters), from rift_volume_new.",
-    json_schema_extra={"pattern": "^vol_[a-z2-7]{8}$"})]
 SizeGib = Annotated[int, Field(ge=1, le=MAX_VOLUME_GIB, description=(
     "Its size in GiB (sparse: it takes on disk what is written; counted whole against "
     "your disk budget).")), Whole]
@@ -60,15 +46,6 @@ class CloneBody(Input):
 
 class VolumeCloneIn(CloneBody):
     volume_id: VolumeId
-
-
-class AttachBody(Input):
-    volume_id: VolumeId
-    path: Annotated[GuestPath, Field(description=(
-        "Where the guest mounts it: absolute, not /, not under /proc, /sys, /dev, /boot, "
-        "/usr or /etc (made when missing)."))]
-    read_only: Annotated[bool, Field(description=(
-        "Mounted read-only: many VMs may read a volume that no VM writes."))] = False
 
 
 class VmAttachVolumeIn(AttachBody):

@@ -40,6 +40,7 @@ from rift.services.lifecycle.leases import (
 )
 from rift.services.lifecycle.tasks import request_digest
 from rift.services.lifecycle.teardown import destroy_vm
+from rift.services.lifecycle.vm_volumes import attach_at_start, check, check_paths
 from rift.services.ports import Tx
 from rift.services.ports.watch import Watch
 from rift.services.read import views
@@ -102,6 +103,7 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
     image = cmd.image if cmd.image is not None else deps.default_image
     vcpus, memory_mib, disk_gib, pooled_disk_gib = _sizes(deps, image, cmd)
     chosen = _egress(deps.default_egress if cmd.egress is None else cmd.egress)
+    check_paths(cmd.volumes)
     digest = request_digest(task=parsed.task_id, name=name, image=image, vcpus=vcpus,
                             memory_mib=memory_mib, disk_gib=disk_gib, egress=chosen)
 
@@ -134,6 +136,7 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
             check_image(deps, kind, image, host.uri)
             port = kind.ssh_port(lambda: pick_ssh_port(tx, host.name))
             vm_id = new_vm_id()
+        check(tx, caller, cmd.volumes, host.name)  # SPEC §18: refused before the start
         vm = Vm(id=vm_id, task_id=task.id, owner=caller.user, name=name or vm_id, image=image,
                 status="creating", host=host.name, vcpus=vcpus, memory_mib=memory_mib,
                 disk_gib=disk_gib, created_at=now, idempotency_key=idempotency_key,
@@ -160,8 +163,9 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
         started = start_taken(deps, caller, Start(vm, uri, called), kind, taken)
         # Its replacement starts only now: a boot beside the hand-over would slow it.
         deps.observers.pools_changed()
-        return VmOut(vm=views.vm_of(started))
-    return VmOut(vm=views.vm_of(launch(deps, caller, Start(vm, uri, called), kind)))
+    else:
+        started = launch(deps, caller, Start(vm, uri, called), kind)
+    return attach_at_start(deps, caller, cmd, started) or VmOut(vm=views.vm_of(started))
 
 
 def _tell(watch: Watch | None, vm: Vm, taken: Taken | None) -> None:
