@@ -1243,7 +1243,9 @@ def test_volumes_save_by_state_keep_names_unique_per_owner_and_their_attachments
             tx.volumes.attach(att)
         with pytest.raises(MissingReference):
             tx.volumes.attach(dataclasses.replace(att, vm_id="vm_zzzzzzzz"))
+        assert tx.volumes.unsettled() == [att]  # attaching: a change under way or cut
         assert tx.volumes.save_attachment(att.attached(), att)
+        assert tx.volumes.unsettled() == []
         assert not tx.volumes.save_attachment(att.attached(), att)
     with store.read() as tx:
         assert tx.volumes.holders(vol.id) == [att.attached()]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hypervisor.base import ImageError, VolumeDisk
-from hypervisor.volumes import PARENTS, VolumeFolder, disk_xml
+from hypervisor.volumes import PARENTS, VolumeFolder, disk_xml, make_stand_in
 
 pytestmark = pytest.mark.skipif(
     any(shutil.which(tool) is None for tool in ("qemu-img", "qemu-io", "mkfs.ext4")),
@@ -95,3 +95,15 @@ def test_the_disk_xml_names_the_volume_as_its_serial_and_is_read_only_when_asked
     assert "<serial>vol_aaaaaaaa</serial>" in xml and "<readonly />" in xml
     assert "<target dev=\"vdc\" bus=\"virtio\" />" in xml
     assert "readonly" not in disk_xml(VolumeDisk("/v/x.qcow2", "vdd", A))
+
+
+def test_a_forks_stand_in_is_an_empty_qcow2_the_volumes_size(tmp_path: Path) -> None:
+    folder = VolumeFolder(tmp_path / "volumes")
+    folder.make(HERE, A, 3)
+    _io(Path(folder.path(HERE, A)), "write -P 0x5a 0 1M")
+    stand_in = tmp_path / ".stand-in-rift-vm_fork0001-vdc.qcow2"
+    make_stand_in(folder.path(HERE, A), str(stand_in))
+    info = _info(stand_in)
+    assert (info["format"], info["virtual-size"]) == ("qcow2", 3 << 30)
+    assert "backing-filename" not in info  # nothing of the volume reaches it
+    assert "Pattern verification failed" in _io(stand_in, "read -P 0x5a 0 1M")
