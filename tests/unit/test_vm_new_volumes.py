@@ -10,8 +10,9 @@ import pytest
 from hypervisor.fake import FakeHypervisor
 from rift.contract import tools as c
 from rift.contract.base import command
+from rift.contract.operator import PoolSetIn
 from rift.services.context import Deps
-from rift.services.lifecycle import tasks, vms, volumes
+from rift.services.lifecycle import pool_filler, pools, tasks, vms, volumes
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.unit.test_volumes import Files, Mounts, _attach, _vm, _volume
 
@@ -88,3 +89,18 @@ def test_an_attach_refused_after_the_start_destroys_the_new_vm(
     for vol in (first, second):
         got = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume
         assert got.attached_to == []
+
+
+def test_a_vm_handed_out_from_a_pool_gets_its_volumes(vdeps: Deps,
+                                                      local_hv: FakeHypervisor) -> None:
+    pools.set_pool(vdeps, command(PoolSetIn, image="tiny", running=1))
+    while pool_filler.refill(vdeps, "test-filler"):
+        pass
+    with vdeps.store.read() as tx:
+        (pooled,) = tx.pool_vms.all()
+    _, handle = _task(vdeps)
+    work = _volume(vdeps, "work")
+    vm = _new(vdeps, handle, [{"volume_id": work, "path": "/work"}]).vm
+    assert vm.id == pooled.id and vm.start is not None and vm.start.kind == "pool"
+    assert [(m.volume_id, m.path) for m in vm.volumes] == [(work, "/work")]
+    assert work in local_hv.domains[f"rift-{vm.id}"].disks
