@@ -5,9 +5,8 @@ Never the sandbox's `envdAccessToken` (its task's handle) nor anything derived
 from it; of its `trafficAccessToken` only the SHA-256 digest. `on_timeout` and
 `auto_resume` are the create body's wishes (`autoPause`, `lifecycle`): at
 `end_at` the door kills the sandbox, or (`pause`) puts its VM to sleep (SPEC
-§17), and any call that needs it wakes it (`auto_resume` is kept and shown, not
-yet enforced: a call wakes the VM either way); `end_at` None means no end is kept
-(a sandbox paused at its end waits for a connect)."""
+§17) and drops `end_at`: None means asleep since its end, E2B's `paused`, woken
+by `connect`, or with `auto_resume` by its traffic too (rift.e2b.asleep)."""
 
 from __future__ import annotations
 

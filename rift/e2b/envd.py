@@ -37,7 +37,7 @@ from rift.domain.errors import (
     Unauthorized,
     VmNotFound,
 )
-from rift.e2b import sandboxes, shapes, uploads
+from rift.e2b import asleep, sandboxes, shapes, uploads
 from rift.e2b.connect import (
     CODES,
     ConnectFault,
@@ -81,6 +81,7 @@ def call_for(deps: Deps, token: str | None, sandbox: str) -> Call:
         task = tx.tasks.get(handle.task_id)
     if task is None:
         raise Unauthorized()
+    asleep.admit(deps, vm_id)  # a sandbox paused at its end: autoResume decides
     label = task.holder if task.holder and task.holder.startswith("e2b:") else "e2b:envd"
     return Call(Caller(task.owner, label), token, vm_id, sandbox)
 
@@ -286,7 +287,10 @@ class Envd(EnvdPart):
             over = await self.state.waiting.run(None, sandboxes.ended, self.deps, vm.id)
         except RiftError as err:
             return files_refusal(err)
-        if over or vm.status != "running" or vm.task_id != parse_handle(call.handle).task_id:
+        # a sleeping VM is a running sandbox (any call wakes it); one paused at its end
+        # without autoResume was refused by call_of
+        if over or vm.status not in ("running", "sleeping") or \
+                vm.task_id != parse_handle(call.handle).task_id:
             return JSONResponse(shapes.error_body(502, "The sandbox was not found"),
                                 status_code=502)
         return Response(status_code=204)

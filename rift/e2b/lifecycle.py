@@ -6,7 +6,9 @@ as engine use cases. Blocking: the routes run these in worker threads.
   token label) the handle it already holds, so the clients share the lease;
   by anyone else (another token's label, or after an MCP agent's takeover) a
   takeover (`rift_task_attach` with `takeover`: its event recorded, the previous
-  holder's next call refused naming the new one). A paused sandbox is resumed.
+  holder's next call refused naming the new one). A paused sandbox is resumed,
+  one asleep since its end (`autoPause`, rift.e2b.asleep) woken, and its end
+  starts again (the timeout given, else E2B's default).
 - **pause** (`POST /sandboxes/{id}/pause`): `rift_vm_pause` with the sandbox's
   handle (the holder's, or taken over as connect does); 409 when already paused.
 
@@ -24,8 +26,9 @@ from rift.contract import tools as c
 from rift.contract.views import VmView
 from rift.domain.errors import RiftError, VmNotRunning
 from rift.domain.secrets import digest
+from rift.e2b.asleep import state_of
 from rift.e2b.sandboxes import (
-    LIVE,
+    DEFAULT_TIMEOUT_S,
     Registry,
     answer,
     ends,
@@ -35,7 +38,7 @@ from rift.e2b.sandboxes import (
     timeout_of,
 )
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import leases, pauses, tasks
+from rift.services.lifecycle import leases, pauses, sleeps, tasks
 
 
 def held_handle(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
@@ -76,12 +79,15 @@ def connect(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
     timeout = body.get("timeout")
     vm = live_vm(deps, caller, sandbox)
     handle = held_handle(deps, registry, caller, sandbox, vm)
-    resumed = LIVE[vm.status] == "paused"
-    if resumed:
+    record = stored(deps, vm.id)
+    resumed = state_of(vm.status, record) == "paused"
+    if vm.status == "paused":
         pauses.resume(deps, caller, c.VmHeldIn(handle=handle, vm_id=vm.id))
+    elif resumed:  # asleep since its end: it has no end until this one
+        sleeps.wake(deps, vm.id, caller.label)
+        timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
     if timeout is not None:
         ends(deps, caller, vm, timeout_of(timeout), longer_only=True)
-    record = stored(deps, vm.id)
     template = record.template if record is not None else vm.image
     return (answer(registry, sandbox, template, handle,
                    traffic_token(deps, registry, sandbox, vm.id)), resumed)
@@ -90,7 +96,7 @@ def connect(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
 def pause(deps: Deps, registry: Registry, caller: Caller, sandbox: str,
           _body: dict[str, Any]) -> None:
     vm = live_vm(deps, caller, sandbox)
-    if LIVE[vm.status] == "paused":  # 409, as E2B answers (the SDK's `False`)
+    if state_of(vm.status, stored(deps, vm.id)) == "paused":  # 409, as E2B answers
         raise VmNotRunning(vm.id, vm.status)
     handle = held_handle(deps, registry, caller, sandbox, vm)
     pauses.pause(deps, caller, c.VmHeldIn(handle=handle, vm_id=vm.id))

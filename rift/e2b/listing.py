@@ -26,6 +26,7 @@ from rift.domain.errors import InvalidArgument, VmNotFound
 from rift.domain.model import Vm
 from rift.domain.sandboxes import Sandbox
 from rift.e2b import shapes
+from rift.e2b.asleep import state_of
 from rift.e2b.sandboxes import LIVE, Registry, live_vm, stored
 from rift.services.context import Caller, Deps
 
@@ -60,7 +61,7 @@ def _detail(sandbox: str, seen: Seen, record: Sandbox | None) -> dict[str, Any]:
               "clientID": shapes.CLIENT_ID, "startedAt": started,
               "endAt": shapes.iso(end) or started,
               "cpuCount": vcpus, "memoryMB": memory_mib, "diskSizeMB": disk_gib * 1024,
-              "state": LIVE[status], "envdVersion": shapes.ENVD_VERSION,
+              "state": state_of(status, record), "envdVersion": shapes.ENVD_VERSION,
               "metadata": dict(record.metadata) if record else {}}
     if record is not None:
         detail["lifecycle"] = {"onTimeout": record.on_timeout,
@@ -128,7 +129,7 @@ def _key(record: Sandbox) -> tuple[int, str]:
 
 
 def _fits(record: Sandbox, vm: Vm | None, want: Wanted, now: datetime) -> bool:
-    return (vm is not None and vm.status in LIVE and LIVE[vm.status] in want.states
+    return (vm is not None and vm.status in LIVE and state_of(vm.status, record) in want.states
             and (record.end_at is None or record.end_at > now)
             and all(record.metadata.get(k) == v for k, v in want.metadata.items())
             and (want.template is None or want.template == record.template)

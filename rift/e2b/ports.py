@@ -28,7 +28,8 @@ from rift.api.exposures import relay_to
 from rift.api.rebinding import VOUCHED
 from rift.api.state import AppState
 from rift.domain.secrets import matches
-from rift.e2b import shapes
+from rift.e2b import asleep, shapes
+from rift.e2b.asleep import SandboxPaused
 from rift.e2b.gate import PREFIX
 from rift.services.context import Deps
 from rift.services.lifecycle.exposures import Target
@@ -60,6 +61,10 @@ def reach(deps: Deps, sandbox: str, port: int, token: str | None,
         vm = tx.vms.get(vm_id) if vm_id and record else None
     if record is None or vm is None or not vm.is_live:
         return 404
+    try:
+        asleep.admit(deps, vm.id)
+    except SandboxPaused:
+        return 502
     if record.public_traffic and public_ports:
         return Target(vm, port)
     return Target(vm, port) if token and matches(token, record.traffic_digest) else 403
@@ -99,6 +104,8 @@ class SandboxPorts:
                                                 settings.e2b_public_ports)
         if isinstance(target, int):
             text = {404: f"no sandbox {sandbox[:8]!r} of the E2B door",
+                    502: f"sandbox {sandbox[:8]!r} is paused (autoResume off): "
+                         "Sandbox.connect resumes it",
                     403: "this sandbox's ports need its trafficAccessToken in the "
                          "e2b-traffic-access-token header"}[target]
             await refuse(scope, send, target, text)

@@ -131,24 +131,74 @@ def test_a_port_host_name_needs_the_sandboxs_traffic_token(door: Door) -> None:
     assert _port(door, host, sbx.traffic_access_token).status_code == 404
 
 
-def test_an_auto_paused_sandbox_sleeps_at_its_end_and_a_call_wakes_it(door: Door) -> None:
-    """`autoPause` is kept (the detail's `lifecycle`); at its end the sandbox is not
-    killed but its VM sleeps (SPEC §17), still a live sandbox (its calls wake it)."""
+def _auto_paused(door: Door, auto_resume: bool) -> dict[str, Any]:
+    """A sandbox made with `autoPause` and a 1 s timeout, once its VM sleeps."""
     made = httpx.post(door.srv.url + "/e2b/v2/sandboxes", headers={"X-API-Key": door.srv.token},
                       json={"templateID": "base", "timeout": 1, "autoPause": True,
-                            "autoResume": {"enabled": True}}, timeout=60)
+                            "autoResume": {"enabled": auto_resume}}, timeout=60)
     assert made.status_code == 201, made.text
-    sandbox = made.json()["sandboxID"]
+    deadline = time.monotonic() + 30  # the sweep looks each second
+    while door.vm(made.json()["sandboxID"])["status"] != "sleeping":
+        assert time.monotonic() < deadline, "not asleep after its end"
+        time.sleep(0.5)
+    return made.json()  # type: ignore[no-any-return]
+
+
+def _detail(door: Door, sandbox: str) -> dict[str, Any]:
+    got = httpx.get(f"{door.srv.url}/e2b/sandboxes/{sandbox}", timeout=30,
+                    headers={"X-API-Key": door.srv.token})
+    assert got.status_code == 200, got.text
+    return got.json()  # type: ignore[no-any-return]
+
+
+def _health(door: Door, made: dict[str, Any]) -> int:
+    return httpx.get(door.srv.url + "/e2b/health", timeout=30, headers={
+        "E2b-Sandbox-Id": made["sandboxID"],
+        "X-Access-Token": made["envdAccessToken"]}).status_code
+
+
+def test_an_auto_paused_sandbox_without_auto_resume_sleeps_at_its_end_until_connect(
+        door: Door) -> None:
+    """`autoPause`: at its end the sandbox is not killed but its VM sleeps (SPEC §17),
+    E2B's `paused`: without `autoResume` its traffic is refused 502 (is_running False,
+    no wake) until `connect` wakes it and gives it an end again."""
+    made = _auto_paused(door, auto_resume=False)
+    sandbox = made["sandboxID"]
     try:
-        deadline = time.monotonic() + 30  # the sweep looks each second
-        while door.vm(sandbox)["status"] != "sleeping":
-            assert time.monotonic() < deadline, "not asleep after its end"
-            time.sleep(0.5)
-        detail = httpx.get(f"{door.srv.url}/e2b/sandboxes/{sandbox}", timeout=30,
-                           headers={"X-API-Key": door.srv.token})
-        assert detail.status_code == 200, detail.text
-        assert detail.json()["state"] == "running"
-        assert detail.json()["lifecycle"] == {"onTimeout": "pause", "autoResume": True}
-        assert door.vm(sandbox)["status"] == "sleeping"
+        detail = _detail(door, sandbox)
+        assert detail["state"] == "paused"
+        assert detail["lifecycle"] == {"onTimeout": "pause", "autoResume": False}
+        listed = httpx.get(door.srv.url + "/e2b/v2/sandboxes?state=paused", timeout=30,
+                           headers={"X-API-Key": door.srv.token}).json()
+        assert sandbox in [s["sandboxID"] for s in listed]
+        assert _health(door, made) == 502
+        read = httpx.get(door.srv.url + "/e2b/files?path=/etc/hostname", timeout=30, headers={
+            "E2b-Sandbox-Id": sandbox, "X-Access-Token": made["envdAccessToken"]})
+        assert read.status_code == 502 and "Sandbox.connect" in read.text
+        assert door.vm(sandbox)["status"] == "sleeping"  # nothing woke it
+        resumed = httpx.post(f"{door.srv.url}/e2b/sandboxes/{sandbox}/connect", timeout=60,
+                             headers={"X-API-Key": door.srv.token}, json={})
+        assert resumed.status_code == 201, resumed.text
+        assert door.vm(sandbox)["status"] == "running"
+        detail = _detail(door, sandbox)
+        assert detail["state"] == "running" and detail["endAt"] > detail["startedAt"]
+    finally:
+        Sandbox.kill(sandbox, **door.opts)
+
+
+def test_an_auto_paused_sandbox_with_auto_resume_is_woken_by_its_traffic(door: Door) -> None:
+    """With `autoResume`, a data-plane call reaches the sandbox paused at its end: its
+    end starts again (E2B's default timeout) and the call wakes its VM."""
+    made = _auto_paused(door, auto_resume=True)
+    sandbox = made["sandboxID"]
+    try:
+        assert _detail(door, sandbox)["state"] == "paused"
+        assert _health(door, made) == 204  # its traffic is let in
+        detail = _detail(door, sandbox)
+        assert detail["state"] == "running" and detail["endAt"] > detail["startedAt"]
+        read = httpx.get(door.srv.url + "/e2b/files?path=/etc/hostname", timeout=60, headers={
+            "E2b-Sandbox-Id": sandbox, "X-Access-Token": made["envdAccessToken"]})
+        assert read.status_code != 502, read.text  # no guest on the test driver: not 200
+        assert door.vm(sandbox)["status"] == "running"  # the call woke it
     finally:
         Sandbox.kill(sandbox, **door.opts)
