@@ -124,3 +124,31 @@ def test_every_door_makes_attaches_and_deletes_the_same_volumes(
         assert not Path(settings.data_dir, "volumes", f"{vol['id']}.qcow2").exists()
         others = client.get("/api/v1/volumes", headers=rest).json()["volumes"]
         assert [(v["name"], v["parent_id"]) for v in others] == [("copy", vol["id"])]
+
+
+def test_rift_vm_new_attaches_volumes_at_both_doors(settings: Settings, deps: Deps) -> None:
+    accounts.add_user(deps, "ada", "correct horse battery")
+    token = accounts.new_token(deps, "ada").token.value
+    rest = {"Authorization": f"Bearer {token}"}
+    with TestClient(create_app(settings, deps), base_url="http://127.0.0.1") as client:
+        work, data = (client.post("/api/v1/volumes", headers=rest, json={
+            "name": name, "size_gib": 1}).json()["volume"]["id"] for name in ("work", "data"))
+        opened = client.post("/api/v1/tasks", headers=rest, json={}).json()
+        task_id, handle = opened["task"]["id"], opened["handle"]
+        held = rest | {"Rift-Handle": handle}
+        made = client.post(f"/api/v1/tasks/{task_id}/vms", headers=held, json={
+            "volumes": [{"volume_id": work, "path": "/work"}]})
+        assert made.status_code in (200, 201), made.text
+        assert made.json()["vm"]["volumes"] == [
+            {"volume_id": work, "path": "/work", "read_only": False}]
+        busy = _mcp(client, token, "rift_vm_new", {"handle": handle, "volumes": [
+            {"volume_id": data, "path": "/data", "read_only": True},
+            {"volume_id": work, "path": "/work"}]})
+        assert busy["isError"] is True
+        assert busy["structuredContent"]["error"]["code"] == "volume_busy"
+        shown = _mcp(client, token, "rift_vm_new", {"handle": handle, "volumes": [
+            {"volume_id": data, "path": "/data", "read_only": True}]})["structuredContent"]
+        assert shown["vm"]["volumes"] == [{"volume_id": data, "path": "/data",
+                                           "read_only": True}]
+        vms = client.get(f"/api/v1/tasks/{task_id}", headers=held).json()["task"]["vms"]
+        assert len(vms) == 2  # the refused call left no VM
