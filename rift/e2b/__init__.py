@@ -10,6 +10,7 @@ The contract, as read for this door:
 
 Modules: `shapes` (ids, answers, commands: pure), `connect` (the Connect protocol's
 framing), `sandboxes` (the control plane's engine calls), `listing` (its reads: detail,
-lists, metrics), `deadlines` (ends kept from the store), `envd` (the data plane),
+lists, metrics), `deadlines` (ends kept from the store), `asleep` (a sandbox asleep
+since its end: `paused`, and who may wake it), `envd` (the data plane),
 `routes` (the Starlette routes mounted at `/e2b`).
 """
