@@ -20,9 +20,12 @@ from rift.services.context import Deps
 from rift.services.lifecycle import pauses, sleeps, snapshots, vms, volume_attach, volumes
 from rift.services.lifecycle.forks import fork
 from tests.support.engine import ALICE, event_types
-from tests.unit.test_save_image import SAVED_XML
-from tests.unit.test_save_image import fork as fork_xml
-from tests.unit.test_volumes import Files, Mounts, _attach, _vm, _volume
+from tests.support.saved_xml import SAVED_XML
+from tests.support.saved_xml import fork as fork_xml
+from tests.support.volumes import Files, Mounts
+from tests.support.volumes import attach as _attach
+from tests.support.volumes import new_vm as _vm
+from tests.support.volumes import new_volume as _volume
 
 WRITTEN = VolumeDisk("/var/lib/rift/volumes/vol_aaaaaaaa.qcow2", "vdc", "vol_aaaaaaaa")
 READ = VolumeDisk("/var/lib/rift/volumes/vol_bbbbbbbb.qcow2", "vdd", "vol_bbbbbbbb", True)

@@ -18,7 +18,10 @@ from rift.services.background import reconcile
 from rift.services.context import Deps
 from rift.services.lifecycle import pauses, volumes
 from tests.support.engine import ALICE, event_types, refused
-from tests.unit.test_volumes import Files, Mounts, _attach, _vm, _volume
+from tests.support.volumes import Files, Mounts
+from tests.support.volumes import attach as _attach
+from tests.support.volumes import new_vm as _vm
+from tests.support.volumes import new_volume as _volume
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ recorded by fakes of their ports, the disks plugged by the fake hypervisor."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -12,80 +12,22 @@ import pytest
 from hypervisor.fake import FakeHypervisor
 from rift.contract import tools as c
 from rift.contract.base import command
-from rift.domain.errors import IllegalTransition, InvalidArgument, VolumeBusy
-from rift.domain.model import Vm
+from rift.domain.errors import IllegalTransition, VolumeBusy
 from rift.domain.volumes import Attachment, Volume, check_attachable, mount_path
 from rift.services.context import Deps
 from rift.services.lifecycle import pauses, tasks, vms, volume_attach, volumes
 from tests.support.engine import ALICE, BOB, event_types, refused
-from tests.support.vm_rows import give_ssh_address
+from tests.support.volumes import Files, Mounts
+from tests.support.volumes import attach as _attach
+from tests.support.volumes import new_vm as _vm
+from tests.support.volumes import new_volume as _volume
 
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
-
-
-@dataclass
-class Files:
-    made: dict[str, int] = field(default_factory=dict)
-    calls: list[tuple[str, ...]] = field(default_factory=list)
-
-    def path(self, uri: str, volume_id: str) -> str:
-        return f"/volumes/{volume_id}.qcow2"
-
-    def make(self, uri: str, volume_id: str, size_gib: int) -> None:
-        self.made[volume_id] = size_gib
-        self.calls.append(("make", volume_id))
-
-    def grow(self, uri: str, volume_id: str, size_gib: int) -> None:
-        self.made[volume_id] = size_gib
-        self.calls.append(("grow", volume_id))
-
-    def clone(self, uri: str, source_id: str, volume_id: str) -> None:
-        self.made[volume_id] = self.made[source_id]
-        self.calls.append(("clone", source_id, volume_id))
-
-    def remove(self, uri: str, volume_id: str) -> None:
-        self.made.pop(volume_id)
-        self.calls.append(("remove", volume_id))
-
-
-@dataclass
-class Mounts:
-    mounted: dict[tuple[str, str], tuple[str, bool]] = field(default_factory=dict)
-    refuse: bool = False
-
-    def mount(self, vm: Vm, serial: str, path: str, read_only: bool) -> None:
-        if self.refuse:
-            raise InvalidArgument("path", f"{path}: the guest could not mount the volume")
-        self.mounted[(vm.id, path)] = (serial, read_only)
-
-    def unmount(self, vm: Vm, path: str) -> None:
-        self.mounted.pop((vm.id, path), None)
 
 
 @pytest.fixture
 def vdeps(deps: Deps) -> Deps:
     return replace(deps, volume_files=Files(), mounts=Mounts())
-
-
-def _vm(deps: Deps, caller: object = ALICE) -> tuple[str, str, str]:
-    opened = tasks.new(deps, caller, command(c.TaskNewIn))  # type: ignore[arg-type]
-    handle = str(opened.handle)
-    vm = vms.new(deps, caller, command(c.VmNewIn, handle=handle, image="tiny")).vm  # type: ignore[arg-type]
-    with deps.store.write() as tx:
-        give_ssh_address(tx, vm.id)  # a guest to mount in
-    return opened.task.id, handle, vm.id
-
-
-def _volume(deps: Deps, name: str = "work", size_gib: int = 4, caller: object = ALICE) -> str:
-    return volumes.new(deps, caller, command(c.VolumeNewIn, name=name,  # type: ignore[arg-type]
-                                             size_gib=size_gib)).volume.id
-
-
-def _attach(deps: Deps, handle: str, vm_id: str, volume_id: str, path: str = "/data",
-            read_only: bool = False, caller: object = ALICE) -> c.VmOut:
-    return volume_attach.attach(deps, caller, command(  # type: ignore[arg-type]
-        c.VmAttachVolumeIn, handle=handle, vm_id=vm_id, volume_id=volume_id, path=path,
-        read_only=read_only))
 
 
 def test_a_volume_is_made_listed_read_and_deleted_with_its_file(vdeps: Deps) -> None:
