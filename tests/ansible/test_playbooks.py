@@ -343,6 +343,9 @@ def write_inventory(fleet: dict[str, Path], work: Path) -> tuple[Path, Path]:
                                    "RIFT_TASK_IDLE_S": 7200, "RIFT_SWEEP_INTERVAL_S": 2},
         "hypervisor_vcpus": 8,
         "hypervisor_memory_mib": 4096,
+        # The role's KVM check boots a guest on each hypervisor (about 10 s under TCG):
+        # make soak's; make test runs its script in test_kvm_probe_says_kvm_or_tcg_...
+        "hypervisor_kvm_check": SOAK,
     }))
     return inventory, extra
 
