@@ -564,7 +564,7 @@ def valid(name: str, field: Field) -> st.SearchStrategy[Any]:
 GIVEN = {("rift_vm_destroy", "handle"): 60, ("rift_task_get", "handle"): 60,
          ("rift_task_close", "handle"): 60, ("rift_task_list", "after"): 30,
          ("rift_task_new", "idempotency_key"): 30, ("rift_vm_new", "idempotency_key"): 30,
-         ("rift_vm_exec", "pty"): 20}
+         ("rift_vm_exec", "pty"): 20, ("rift_vm_new", "volumes"): 20}
 
 
 def pick(draw: st.DrawFn, values: list[T] | tuple[T, ...], default: T) -> T:
@@ -608,6 +608,9 @@ def aimed(draw: st.DrawFn, tool_name: str, view: View,
                                [unknown_volume])}
     if tool_name == "rift_vm_attach_volume":  # mostly where a volume may be mounted (its own)
         real["path"] = draw(mostly(80, st.just(f"/mnt/{real['volume_id']}"), VALID["path"]))
+    if tool_name == "rift_vm_new":  # now and then with one of the fuzzer's volumes
+        real["volumes"] = [{"volume_id": real["volume_id"], "path": f"/mnt/{real['volume_id']}",
+                            "read_only": draw(st.booleans())}]
     if tool_name in ("rift_volume_new", "rift_volume_clone"):  # names are unique per user
         real["name"] = f"{draw(TEXT)[:30]} {uuid.uuid4().hex[:8]}"
     if tool_name == "rift_volume_resize":  # mostly a growth (a shrink is invalid_argument)
