@@ -127,3 +127,19 @@ def test_pause_and_sleep_keep_the_volumes_attached(vdeps: Deps,
     awake = vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
     assert awake.status == "running" and [m.volume_id for m in awake.volumes] == [vol]
     assert vol in local_hv.domains[f"rift-{vm_id}"].disks
+
+
+def test_a_domain_started_from_a_saved_state_gets_none_of_its_volumes(
+        vdeps: Deps, local_hv: FakeHypervisor) -> None:
+    """An image of a snapshot (DomainSpec.restore_from): its VMs hold no volume."""
+    _, handle, vm_id = _vm(vdeps)
+    _attach(vdeps, handle, vm_id, _volume(vdeps, "w"), "/work")
+    _attach(vdeps, handle, vm_id, _volume(vdeps, "r"), "/data", read_only=True)
+    source = local_hv.domains[f"rift-{vm_id}"]
+    local_hv.save_state(source.name, "/snapshots/snap_x/state")
+    assert source.spec is not None
+    local_hv.create(replace(source.spec, name="rift-vm_imaged01", vm_id="vm_imaged01",
+                            restore_from="/snapshots/snap_x/state"))
+    assert local_hv.domains["rift-vm_imaged01"].active
+    assert local_hv.domains["rift-vm_imaged01"].disks == {}
+    assert len(local_hv.state_disks["/snapshots/snap_x/state"]) == 2  # the state keeps them
