@@ -12,10 +12,7 @@ import datetime
 import hashlib
 import http.server
 import json
-import os
-import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +22,7 @@ import anyio
 import httpx
 import pytest
 
+from tests.support import netns
 from tests.support.guest_packages import (
     DEB_GREETING,
     WHEEL_GREETING,
@@ -33,6 +31,7 @@ from tests.support.guest_packages import (
     make_wheel,
 )
 from tests.support.mcp_clients import call, mcp_session, refused, run
+from tests.support.netns import namespace, serving, wait_listening
 from tests.support.real_guests import RealSettings
 from tests.support.servers import (
     Server,
@@ -77,32 +76,6 @@ def serve(address: str, port: int, text: str) -> http.server.HTTPServer:
     server.text = text  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
-
-
-def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.fail(f"ip {' '.join(args)}: {done.stderr.strip()} (a network namespace is "
-                    "how this test stands for the networks beyond the host)")
-
-
-# The namespace's server: the files of a folder over HTTP on 8080 and HTTPS on 8443.
-_SERVE = """
-import http.server, ssl, sys, threading
-root, cert, key, address = sys.argv[1:5]
-class Files(http.server.SimpleHTTPRequestHandler):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, directory=root, **kwargs)
-    def log_message(self, *args):
-        pass
-plain = http.server.ThreadingHTTPServer((address, 8080), Files)
-tls = http.server.ThreadingHTTPServer((address, 8443), Files)
-context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-context.load_cert_chain(cert, key)
-tls.socket = context.wrap_socket(tls.socket, server_side=True)
-threading.Thread(target=tls.serve_forever, daemon=True).start()
-plain.serve_forever()
-"""
 
 
 def _certificate(folder: Path, names: list[str]) -> tuple[Path, Path]:
@@ -174,42 +147,19 @@ def beyond(site: Path) -> Iterator[str]:
     """The site's server in a network namespace of its own, reached over a veth pair
     at BEYOND (8080 and 8443), and named in this host's /etc/hosts as BEYOND_NAMES
     (so the egress proxy, which resolves names on the host, finds it)."""
-    ns = f"rift-egress-{os.getpid()}"
-    host_end, ns_end = f"rfe{os.getpid() % 100000}h", f"rfe{os.getpid() % 100000}n"
     hosts = Path("/etc/hosts")
     hosts_before = hosts.read_text()
     cert, key = _certificate(site.parent, BEYOND_NAMES)
-    _ip("netns", "add", ns)
-    proc = None
-    try:
-        _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
-        _ip("link", "set", ns_end, "netns", ns)
-        _ip("addr", "add", "10.213.0.1/30", "dev", host_end)
-        _ip("link", "set", host_end, "up")
-        _ip("-n", ns, "addr", "add", f"{BEYOND}/30", "dev", ns_end)
-        _ip("-n", ns, "link", "set", ns_end, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", _SERVE,
-                                 str(site), str(cert), str(key), BEYOND])
+    with namespace("egress", "10.213.0.1/30", [f"{BEYOND}/30"]) as ns, \
+            serving(ns, netns.FILES, str(site), str(cert), str(key), BEYOND):
         for port in (8080, 8443):
-            for _ in range(100):
-                try:
-                    with socket.create_connection((BEYOND, port), timeout=1):
-                        break
-                except OSError:
-                    threading.Event().wait(0.1)
-            else:
-                pytest.fail(f"the namespace's server did not listen on {port}")
-        hosts.write_text(hosts_before.rstrip("\n") + f"\n{BEYOND} {' '.join(BEYOND_NAMES)}"
-                         "  # rift tests\n")
-        yield f"{BEYOND}:8080"
-    finally:
-        hosts.write_text(hosts_before)
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+            wait_listening(BEYOND, port)
+        try:
+            hosts.write_text(hosts_before.rstrip("\n") + f"\n{BEYOND} {' '.join(BEYOND_NAMES)}"
+                             "  # rift tests\n")
+            yield f"{BEYOND}:8080"
+        finally:
+            hosts.write_text(hosts_before)
 
 
 def _host_address() -> str:
@@ -566,23 +516,10 @@ def deny_targets() -> Iterator[list[str]]:
     """Listeners in a network namespace of the test's own at ALLOWED, OPERATOR_DENIED
     (inside RIFT_EGRESS_DENY) and LINK_LOCAL, each answering `at <address>` on 8080;
     each answers this host (the test) before any guest asks."""
-    ns = f"rift-deny-{os.getpid()}"
-    host_end, ns_end = f"rfd{os.getpid() % 100000}h", f"rfd{os.getpid() % 100000}n"
-    _ip("netns", "add", ns)
-    proc = None
-    try:
-        _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
-        _ip("link", "set", ns_end, "netns", ns)
-        _ip("addr", "add", "10.213.7.1/24", "dev", host_end)
-        _ip("link", "set", host_end, "up")
-        _ip("route", "add", f"{LINK_LOCAL}/32", "dev", host_end)
-        for address in (f"{ALLOWED}/24", f"{OPERATOR_DENIED}/24", f"{LINK_LOCAL}/32"):
-            _ip("-n", ns, "addr", "add", address, "dev", ns_end)
-        _ip("-n", ns, "link", "set", ns_end, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c",
-                                 _SAYS_ADDRESS])
-        targets = [ALLOWED, OPERATOR_DENIED, LINK_LOCAL]
+    targets = [ALLOWED, OPERATOR_DENIED, LINK_LOCAL]
+    with namespace("deny", "10.213.7.1/24",
+                   [f"{ALLOWED}/24", f"{OPERATOR_DENIED}/24", f"{LINK_LOCAL}/32"],
+                   routes=(f"{LINK_LOCAL}/32",)) as ns, serving(ns, _SAYS_ADDRESS):
         for address in targets:
             for _ in range(100):
                 try:
@@ -594,14 +531,6 @@ def deny_targets() -> Iterator[list[str]]:
             else:
                 pytest.fail(f"the namespace's server did not answer at {address}")
         yield targets
-    finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-        subprocess.run(["ip", "route", "del", f"{LINK_LOCAL}/32"], capture_output=True,
-                       check=False)
-        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
 def test_an_open_guest_is_refused_link_local_and_the_operators_deny_list_and_reaches_the_rest(

@@ -12,11 +12,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import os
-import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +25,10 @@ from cryptography.x509.oid import NameOID
 from mcp.client.session import ClientSession
 
 from rift.guest.trust import DIGEST_PATH, load_guest_ca
+from tests.support import netns
 from tests.support.guest_packages import WHEEL_GREETING, WHEEL_MODULE, make_wheel
 from tests.support.mcp_clients import call, mcp_session, run
+from tests.support.netns import namespace, serving, wait_listening
 from tests.support.real_guests import RealSettings, Rig
 from tests.support.servers import Server, real_vms_missing, wait_until
 
@@ -86,28 +83,6 @@ def _pki(folder: Path) -> tuple[Path, Path, Path]:
     return files
 
 
-_SERVE = """
-import http.server, ssl, sys
-root, cert, key, address = sys.argv[1:5]
-class Files(http.server.SimpleHTTPRequestHandler):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, directory=root, **kwargs)
-    def log_message(self, *args):
-        pass
-tls = http.server.ThreadingHTTPServer((address, 8443), Files)
-context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-context.load_cert_chain(cert, key)
-tls.socket = context.wrap_socket(tls.socket, server_side=True)
-tls.serve_forever()
-"""
-
-
-def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.fail(f"ip {' '.join(args)}: {done.stderr.strip()}")
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The HTTPS site in a namespace of its own (a page and a pip index of the test
@@ -121,34 +96,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (root / "simple" / WHEEL_MODULE / wheel.name).write_bytes(wheel.read_bytes())
     (root / "simple" / WHEEL_MODULE / "index.html").write_text(
         f'<a href="{wheel.name}">{wheel.name}</a>\n')
-    ns, host_end = f"rift-ca-{os.getpid()}", f"rfc{os.getpid() % 100000}h"
-    ns_end = f"rfc{os.getpid() % 100000}n"
-    _ip("netns", "add", ns)
-    proc = None
-    try:
-        _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
-        _ip("link", "set", ns_end, "netns", ns)
-        _ip("addr", "add", "10.213.31.1/30", "dev", host_end)
-        _ip("link", "set", host_end, "up")
-        _ip("-n", ns, "addr", "add", f"{SITE}/30", "dev", ns_end)
-        _ip("-n", ns, "link", "set", ns_end, "up")
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", _SERVE,
-                                 str(root), str(cert), str(key), SITE])
-        for _ in range(100):
-            try:
-                with socket.create_connection((SITE, 8443), timeout=1):
-                    break
-            except OSError:
-                threading.Event().wait(0.1)
-        else:
-            pytest.fail("the namespace's HTTPS server did not listen")
+    with namespace("ca", "10.213.31.1/30", [f"{SITE}/30"]) as ns, \
+            serving(ns, netns.FILES, str(root), str(cert), str(key), SITE):
+        wait_listening(SITE, 8443)
         yield ca
-    finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
 # Three TLS clients of a debian guest, each fetching from the site.
