@@ -33,13 +33,11 @@ import shlex
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rift.domain.model import Vm
 from rift.guest.errors import GuestError
-
-if TYPE_CHECKING:
-    from rift.guest.runner import Runner
+from rift.guest.run import Collected
 
 GUEST_CA_PATH = "/usr/local/share/ca-certificates/rift-guest-ca.crt"
 BUNDLE_PATH = "/etc/ssl/certs/ca-certificates.crt"
@@ -125,11 +123,18 @@ def install_script(digest: str, root: str = "") -> str:
     return f"RIFT_CA_DIGEST={shlex.quote(digest)} r={shlex.quote(root)}\n{body}"
 
 
+class Runs(Protocol):
+    """What installing needs of rift.guest.runner.Runner: one command run in a guest."""
+
+    def run(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: float,
+            out_cap: int) -> Collected: ...
+
+
 class GuestTrust:
     """Installs `ca` in guests over `runner`, and remembers which VMs of this
     process have it (by VM id, whose files go with the VM)."""
 
-    def __init__(self, runner: Runner, ca: GuestCa | None) -> None:
+    def __init__(self, runner: Runs, ca: GuestCa | None) -> None:
         self.runner = runner
         self.ca = ca
         self._lock = threading.Lock()
