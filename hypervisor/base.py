@@ -6,6 +6,7 @@ Nothing here imports libvirt; `hypervisor.libvirt` is the real adapter and
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -328,3 +329,13 @@ class Hypervisor(Protocol):
     def close(self) -> None:
         """Let go of the connection; a later call opens it again."""
         ...
+
+
+def unplug_volumes(hv: Hypervisor, name: str, held: list[VolumeDisk]) -> None:
+    """A VM started from a saved state (an image of a snapshot) gets none of the
+    volumes the state held (SPEC §18): each is unplugged, a stand-in removed."""
+    for disk in held:
+        hv.detach_disk(name, disk)
+        if not disk.read_only:
+            with contextlib.suppress(OSError):
+                hv.disk.remove(disk.path)

@@ -9,7 +9,6 @@ running domain and restore starts only a saved one, and no capacity is checked
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from hypervisor.base import (
     HostInfo,
     HypervisorError,
     VolumeDisk,
+    unplug_volumes,
 )
 from hypervisor.domain_xml import build_domain_xml, domain_xml_with_task
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
@@ -101,7 +101,7 @@ class FakeHypervisor:
     def create(self, spec: DomainSpec) -> None:
         if spec.restore_from is not None:
             held = self.fork_state(spec.restore_from, replace(spec, restore_from=None))
-            self._unplug_volumes(spec.name, held)
+            unplug_volumes(self, spec.name, held)
             return
         xml = build_domain_xml(spec)
         with self._lock:
@@ -221,15 +221,6 @@ class FakeHypervisor:
                 return domain.xml
             assert domain.spec is not None
             return build_domain_xml(domain.spec)
-
-    def _unplug_volumes(self, name: str, held: list[VolumeDisk]) -> None:
-        """A VM started from a saved state (an image of a snapshot) gets none of the
-        volumes the state held (SPEC §18): each is unplugged, a stand-in removed."""
-        for disk in held:
-            self.detach_disk(name, disk)
-            if not disk.read_only:
-                with contextlib.suppress(OSError):
-                    self.disk.remove(disk.path)
 
     def attach_disk(self, name: str, disk: VolumeDisk) -> None:
         with self._lock:

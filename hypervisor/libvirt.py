@@ -28,6 +28,7 @@ from hypervisor.base import (
     HypervisorError,
     ImageError,
     VolumeDisk,
+    unplug_volumes,
 )
 from hypervisor.domain_xml import (
     RIFT_XMLNS,
@@ -164,7 +165,7 @@ class LibvirtHypervisor:
     def create(self, spec: DomainSpec) -> None:
         if spec.restore_from is not None:
             held = self.fork_state(spec.restore_from, replace(spec, restore_from=None))
-            self._unplug_volumes(spec.name, held)
+            unplug_volumes(self, spec.name, held)
             return
         if spec.proxied and spec.qemu_uid is None:
             spec = replace(spec, qemu_uid=self.qemu_uid())
@@ -359,15 +360,6 @@ class LibvirtHypervisor:
             raise HypervisorError("set_owner", f"its saved state: {exc}") from exc
         with _translated("set_owner"):
             dom.managedSaveDefineXML(saved, 0)
-
-    def _unplug_volumes(self, name: str, held: list[VolumeDisk]) -> None:
-        """A VM started from a saved state (an image of a snapshot) gets none of the
-        volumes the state held (SPEC §18): each is unplugged, a stand-in removed."""
-        for disk in held:
-            self.detach_disk(name, disk)
-            if not disk.read_only:
-                with contextlib.suppress(OSError):
-                    self.disk.remove(disk.path)
 
     def attach_disk(self, name: str, disk: VolumeDisk) -> None:
         dom = self._domain("attach", name)
