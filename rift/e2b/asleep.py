@@ -23,6 +23,7 @@ from rift.domain.sandboxes import Sandbox
 from rift.e2b import shapes
 from rift.e2b.sandboxes import DEFAULT_TIMEOUT_S, LIVE
 from rift.services.context import Deps
+from rift.services.ports import Tx
 
 
 class SandboxPaused(VmNotRunning):
@@ -48,17 +49,23 @@ def state_of(status: str, record: Sandbox | None) -> str:
     return "paused" if paused(status, record) else LIVE[status]
 
 
-def admit(deps: Deps, vm_id: str) -> None:
-    """Before a data-plane call or a port's request reaches an auto-paused sandbox:
-    with `autoResume` its end starts again (the call then wakes its VM, as any call
-    wakes a sleeping one), without it `SandboxPaused`. Anything else passes."""
-    with deps.store.read() as tx:
-        record = tx.sandboxes.get(vm_id)
-        vm: Vm | None = tx.vms.get(vm_id) if record is not None else None
-    if vm is None or not paused(vm.status, record):
+def paused_in(tx: Tx, vm_id: str) -> Sandbox | None:
+    """The sandbox's record when it is asleep since its end, read in the caller's
+    transaction (no read of its own on every data-plane call); else None."""
+    record = tx.sandboxes.get(vm_id)
+    vm: Vm | None = tx.vms.get(vm_id) if record is not None else None
+    return record if vm is not None and paused(vm.status, record) else None
+
+
+def admit(deps: Deps, record: Sandbox | None) -> None:
+    """Before a data-plane call or a port's request reaches a sandbox asleep since its
+    end (`record`, from `paused_in`; None passes): with `autoResume` its end starts
+    again (the call then wakes its VM, as any call wakes a sleeping one), without
+    it `SandboxPaused`."""
+    if record is None:
         return
-    assert record is not None
     if not record.auto_resume:
-        raise SandboxPaused(vm_id)
+        raise SandboxPaused(record.vm_id)
     with deps.store.write() as tx:
-        tx.sandboxes.set_end(vm_id, deps.clock.now() + timedelta(seconds=DEFAULT_TIMEOUT_S))
+        tx.sandboxes.set_end(record.vm_id,
+                             deps.clock.now() + timedelta(seconds=DEFAULT_TIMEOUT_S))

@@ -79,9 +79,10 @@ def call_for(deps: Deps, token: str | None, sandbox: str) -> Call:
         raise VmNotFound(sandbox[:40] or "(no E2b-Sandbox-Id header)")
     with deps.store.read() as tx:
         task = tx.tasks.get(handle.task_id)
+        paused = asleep.paused_in(tx, vm_id)
     if task is None:
         raise Unauthorized()
-    asleep.admit(deps, vm_id)  # a sandbox paused at its end: autoResume decides
+    asleep.admit(deps, paused)  # a sandbox paused at its end: autoResume decides
     label = task.holder if task.holder and task.holder.startswith("e2b:") else "e2b:envd"
     return Call(Caller(task.owner, label), token, vm_id, sandbox)
 

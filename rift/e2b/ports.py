@@ -62,7 +62,7 @@ def reach(deps: Deps, sandbox: str, port: int, token: str | None,
     if record is None or vm is None or not vm.is_live:
         return 404
     try:
-        asleep.admit(deps, vm.id)
+        asleep.admit(deps, record if asleep.paused(vm.status, record) else None)
     except SandboxPaused:
         return 502
     if record.public_traffic and public_ports:
