@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from mcp.client.session import ClientSession
 
 from tests.support import netns
 from tests.support.guest_packages import (
@@ -315,6 +316,23 @@ def _ask(url: str, host: str) -> str:
     return ASK.format(request=f"GET {url} HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n")
 
 
+async def _allowlisted(s: ClientSession, image: str,
+                       allow: dict[str, list[str]]) -> tuple[str, dict[str, Any]]:
+    """A task and its VM of `image` with the allowlist `allow`, after the allowlists
+    rift_vm_new refuses (a bad name, 65 names, none) were refused."""
+    handle = (await call(s, "rift_task_new", name="allowlist"))["handle"]
+    for bad, why in (({"allow": ["no such name!"]}, "neither a name"),
+                     ({"allow": [f"h{i}.example" for i in range(65)]}, "64"),
+                     ({"allow": []}, "allow")):
+        err = await refused(s, "invalid_argument", "rift_vm_new", handle=handle,
+                            image=image, egress=bad)
+        assert "egress" in json.dumps(err) and why in json.dumps(err), err
+    vm = (await call(s, "rift_vm_new", handle=handle, image=image, egress=allow))["vm"]
+    assert vm["status"] == "running", vm
+    assert vm["egress"] == {"allow": sorted(allow["allow"])}, vm
+    return handle, vm
+
+
 def test_an_allowlisted_tiny_guest_reaches_a_listed_name_through_the_proxy_and_nothing_else(
         real: Server, beyond: str) -> None:
     """The short form of the `debian` test below (make soak): a `tiny` guest with an
@@ -339,16 +357,7 @@ def test_an_allowlisted_tiny_guest_reaches_a_listed_name_through_the_proxy_and_n
 
     async def scenario() -> None:
         async with mcp_session(real.url, real.token) as s:
-            handle = (await call(s, "rift_task_new", name="allowlist"))["handle"]
-            for bad, why in (({"allow": ["no such name!"]}, "neither a name"),
-                             ({"allow": [f"h{i}.example" for i in range(65)]}, "64"),
-                             ({"allow": []}, "allow")):
-                err = await refused(s, "invalid_argument", "rift_vm_new", handle=handle,
-                                    image="tiny", egress=bad)
-                assert "egress" in json.dumps(err) and why in json.dumps(err), err
-            vm = (await call(s, "rift_vm_new", handle=handle, image="tiny", egress=allow))["vm"]
-            assert vm["status"] == "running", vm
-            assert vm["egress"] == {"allow": sorted(allow["allow"])}, vm
+            handle, vm = await _allowlisted(s, "tiny", allow)
             for label, command in checks.items():
                 done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
                                   command=command, timeout_s=60, wait_s=60)
@@ -434,16 +443,7 @@ def test_an_allowlisted_debian_guest_reaches_listed_names_through_the_proxy_and_
 
     async def scenario() -> None:
         async with mcp_session(real.url, real.token) as s:
-            handle = (await call(s, "rift_task_new", name="allowlist"))["handle"]
-            for bad, why in (({"allow": ["no such name!"]}, "neither a name"),
-                             ({"allow": [f"h{i}.example" for i in range(65)]}, "64"),
-                             ({"allow": []}, "allow")):
-                err = await refused(s, "invalid_argument", "rift_vm_new", handle=handle,
-                                    image="debian", egress=bad)
-                assert "egress" in json.dumps(err) and why in json.dumps(err), err
-            vm = (await call(s, "rift_vm_new", handle=handle, image="debian", egress=allow))["vm"]
-            assert vm["status"] == "running", vm
-            assert vm["egress"] == {"allow": sorted(allow["allow"])}, vm
+            handle, vm = await _allowlisted(s, "debian", allow)
             for path, text in (("/root/tunnel.py", TUNNEL), ("/root/dns.py", DNS)):
                 await call(s, "rift_vm_write_file", handle=handle, vm_id=vm["id"], path=path,
                            content=text)
