@@ -8,7 +8,10 @@ event before it is printed.
   mapped as fsnotify maps it for envd (create and moved-to CREATE, modify WRITE,
   attrib CHMOD, delete and delete-self REMOVE, moved-from and move-self RENAME;
   one inotify event may print several lines); under a recursive watch each
-  directory, and each one made later, is watched too.
+  directory, and each one made later, is watched too; what a new directory
+  already holds when its watch is armed is told as CREATE (and WRITE for a
+  file that is not empty) once: inotify's own events for it, queued before the
+  queue next runs dry, are dropped.
 - `POLLING` elsewhere (busybox `tiny`: no python3, no inotifyd): `find` and
   `stat` every 0.5 s and at each token, compared with the last look by `awk`: a
   new entry CREATE (and WRITE for a regular file that is not empty); a regular
@@ -30,27 +33,37 @@ W={}
 def add(p):
  w=L.inotify_add_watch(fd,p.encode(),0xfc6)
  if w>=0:W[w]=p
-def tree(p):
+S=set()
+def tell(t,p):
+ k=(t,p)
+ if k in S:S.discard(k);return 0
+ print(t+'\\t'+os.path.relpath(p,root));return 1
+def tree(p,new=0):
  add(p)
  if rec:
   for d,ds,fs in os.walk(p):
    for x in ds:add(os.path.join(d,x))
+   if new:
+    for x in ds+fs:
+     q=os.path.join(d,x);print('CREATE\\t'+os.path.relpath(q,root));S.add(('CREATE',q))
+     try:z=x in fs and os.path.getsize(q)
+     except OSError:z=0
+     if z:print('WRITE\\t'+os.path.relpath(q,root));S.add(('WRITE',q))
 tree(root)
 print('ready',flush=True)
 T=((0x180,'CREATE'),(0x840,'RENAME'),(0x4,'CHMOD'),(0x2,'WRITE'),(0x600,'REMOVE'))
 def drain():
  while 1:
   try:b=os.read(fd,65536)
-  except BlockingIOError:return
+  except BlockingIOError:S.clear();return
   i=0
   while i+16<=len(b):
    w,m,c,n=struct.unpack_from('iIII',b,i);nm=b[i+16:i+16+n].rstrip(b'\\0');i+=16+n
    d=W.get(w)
    if d is None:continue
    p=os.path.join(d,nm.decode(errors='replace')) if nm else d
-   for bit,t in T:
-    if m&bit:print(t+'\\t'+os.path.relpath(p,root))
-   if rec and m&0x40000000 and m&0x180:tree(p)
+   told=[tell(t,p) for bit,t in T if m&bit]
+   if rec and m&0x40000000 and m&0x180 and any(told):tree(p,1)
    if m&0x8000:W.pop(w,None)
   sys.stdout.flush()
 while 1:

@@ -177,6 +177,21 @@ def test_the_inotify_watcher_reports_as_envds_fsnotify_does(tmp_path: Path) -> N
     assert flat == [("CREATE", "top.txt"), ("WRITE", "top.txt")]  # d/g: not watched
 
 
+def test_what_a_new_directory_holds_before_its_watch_is_armed_is_told_once(
+        tmp_path: Path) -> None:
+    # inotify cannot watch a directory before it exists: what lands in it first is
+    # found by a look when its watch is armed, and told once, whichever came first
+    for trial in range(5):
+        seen = _watch("python3", tmp_path, True,
+                      f"mkdir -p {trial}/a/b/c; echo x > {trial}/a/b/c/f; : > {trial}/a/e")
+        assert sorted(seen) == [("CREATE", f"{trial}"), ("CREATE", f"{trial}/a"),
+                                ("CREATE", f"{trial}/a/b"), ("CREATE", f"{trial}/a/b/c"),
+                                ("CREATE", f"{trial}/a/b/c/f"), ("CREATE", f"{trial}/a/e"),
+                                ("WRITE", f"{trial}/a/b/c/f")], seen
+        assert seen.index(("CREATE", f"{trial}/a/b/c/f")) < seen.index(
+            ("WRITE", f"{trial}/a/b/c/f"))
+
+
 @pytest.mark.skipif(BUSYBOX is None, reason="busybox is not installed")
 def test_the_polling_watcher_reports_what_changed_between_two_looks(tmp_path: Path) -> None:
     (tmp_path / "old.txt").write_text("x")
