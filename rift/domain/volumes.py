@@ -32,6 +32,9 @@ from rift.domain.errors import InvalidArgument, VolumeBusy, check_from
 
 VolumeState = Literal["making", "ready", "deleting"]
 AttachmentState = Literal["attaching", "attached", "detaching"]
+# The meta key each change of a volume sets (a new token): part of the Boxes page's
+# change mark, as volumes belong to no task and append no task event.
+MARK_KEY = "volumes_changed"
 MAX_VOLUME_GIB = 1024  # sparse: the bound only keeps a guest from being promised a host's disk
 # Where a volume may not be mounted: the guest's own system (SPEC §18).
 FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev", "/boot", "/usr", "/etc")

@@ -11,6 +11,7 @@ whole size: it may fill) count against the user's disk budget (§15,
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 
 from hypervisor.base import ImageError, elsewhere
@@ -32,7 +33,7 @@ from rift.domain.errors import (
 )
 from rift.domain.ids import new_volume_id
 from rift.domain.store_errors import DuplicateKey
-from rift.domain.volumes import Volume
+from rift.domain.volumes import MARK_KEY, Volume
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.disk_budget import check_volume_room
 from rift.services.ports import Tx
@@ -63,6 +64,12 @@ def _volume_host(tx: Tx) -> str:
     raise NoVolumeHost()
 
 
+def moved(tx: Tx) -> None:
+    """Tell the Boxes pages a volume changed (a new token under MARK_KEY); a swap lost
+    to another change moved the mark all the same."""
+    tx.meta.swap(MARK_KEY, tx.meta.get(MARK_KEY), secrets.token_hex(6))
+
+
 def _files(step: Callable[[], None]) -> None:
     try:
         step()
@@ -81,6 +88,7 @@ def _made(deps: Deps, row: Volume, make: Callable[[], None]) -> Volume:
     ready = row.made()
     with deps.store.write() as tx:
         tx.volumes.save(ready, row)
+        moved(tx)
     return ready
 
 
@@ -137,6 +145,7 @@ def delete(deps: Deps, caller: Caller, cmd: VolumeIdIn) -> VolumeOut:
     _files(lambda: deps.volume_files.remove(uri, found.id))
     with deps.store.write() as tx:
         tx.volumes.remove(gone.removed())
+        moved(tx)
     return VolumeOut(volume=views.volume(found))
 
 
@@ -153,6 +162,7 @@ def resize(deps: Deps, caller: Caller, cmd: VolumeResizeIn) -> VolumeOut:
         # the file grows inside the transaction: the row locked, no attach meanwhile
         _files(lambda: deps.volume_files.grow(uri, found.id, grown.size_gib))
         tx.volumes.save(grown, found)
+        moved(tx)
     return VolumeOut(volume=views.volume(grown))
 
 

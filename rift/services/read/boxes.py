@@ -1,5 +1,6 @@
 """What the Boxes page reads: one person's open tasks (newest activity first)
-with their VMs, their recently closed tasks, and the store's change mark.
+with their VMs, their recently closed tasks, their volumes (SPEC §18) with where
+each is attached, and the store's change mark.
 
 Tasks and VMs come out as the task views of SPEC §3 (the same fields the REST
 and MCP doors show), so the page can show nothing an agent could not read:
@@ -12,7 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from rift.contract.views import TaskView
+from rift.contract.views import TaskView, VolumeView
 from rift.domain import usage
 from rift.services.context import Deps
 from rift.services.read import views
@@ -32,6 +33,8 @@ class BoxesPage:
     # Running VMs' recent (when, CPU %, memory MiB) samples, for the page's charts.
     usage: dict[str, list[tuple[float, float | None, int | None]]] = field(
         default_factory=dict)
+    # The person's volumes, oldest first, each with the VMs that hold it.
+    volumes: list[VolumeView] = field(default_factory=list)
 
     @property
     def version(self) -> str:
@@ -56,11 +59,14 @@ def read_page(deps: Deps, user: str) -> BoxesPage:
         open_views = views.tasks(deps, tx, opened)
         closed_views = views.tasks(deps, tx, closed, open_parts=False)
         vms = tx.vms.of_tasks([t.id for t in opened])
+        volume_views = [views.volume(v, tx.volumes.holders(v.id))
+                        for v in tx.volumes.of_owner(user) if v.state == "ready"]
     drawn = {vm.id: usage.history(vm.stats) for t in opened for vm in vms.get(t.id, [])
              if vm.status == "running" and vm.stats}
-    shown = [[v.model_dump() for v in open_views], [v.model_dump() for v in closed_views]]
+    shown = [[v.model_dump() for v in open_views], [v.model_dump() for v in closed_views],
+             [v.model_dump() for v in volume_views]]
     blob = json.dumps([*shown, len(found) > OPEN_MAX, drawn],
                       sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     return BoxesPage(user, open_views, closed_views, len(found) > OPEN_MAX, mark, digest,
-                     drawn)
+                     usage=drawn, volumes=volume_views)
