@@ -107,3 +107,32 @@ def test_a_vm_handed_out_from_a_pool_gets_its_volumes(vdeps: Deps,
     assert vm.id == pooled.id and vm.start is not None and vm.start.kind == "pool"
     assert [(m.volume_id, m.path) for m in vm.volumes] == [(work, "/work")]
     assert work in local_hv.domains[f"rift-{vm.id}"].disks
+
+
+def test_a_new_vm_goes_to_its_volumes_host_and_takes_a_pooled_vm_only_from_there(
+        vdeps: Deps, local_hv: FakeHypervisor) -> None:
+    from rift.services.operator import hosts
+
+    work = _volume(vdeps, "work")  # on `local`, the first host by name
+    hosts.add_host(vdeps, "zzz", "fake:///zzz", hosts.HostSize(64, 1_000_000))  # most room
+    _, handle = _task(vdeps)
+    assert vms.new(vdeps, ALICE, command(c.VmNewIn, handle=handle, image="tiny")).vm.host \
+        == "zzz"  # placement's own choice
+    pools.set_pool(vdeps, command(PoolSetIn, image="tiny", running=1))
+    while pool_filler.refill(vdeps, "test-filler"):
+        pass
+    with vdeps.store.read() as tx:
+        assert [p.host for p in tx.pool_vms.all()] == ["zzz"]
+    vm = _new(vdeps, handle, [{"volume_id": work, "path": "/work"}]).vm
+    assert (vm.host, vm.start.kind if vm.start else None) == ("local", "boot")
+    assert [m.volume_id for m in vm.volumes] == [work]
+    hosts.drain_host(vdeps, "local")  # a second volume lands on zzz
+    there = _volume(vdeps, "there")
+    hosts.drain_host(vdeps, "local", drained=False)
+    pooled = _new(vdeps, handle, [{"volume_id": there, "path": "/there"}]).vm
+    assert (pooled.host, pooled.start.kind if pooled.start else None) == ("zzz", "pool")
+    vms.destroy(vdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=vm.id))
+    vms.destroy(vdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=pooled.id))
+    split = refused("invalid_argument", _new, vdeps, handle, [
+        {"volume_id": work, "path": "/work"}, {"volume_id": there, "path": "/there"}])
+    assert split.details["field"] == "volumes" and "local" in split.message

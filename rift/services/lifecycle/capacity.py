@@ -4,6 +4,7 @@ pooled VMs hold (a saved pool VM holds only disk), for placement and for pools."
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from hypervisor.base import elsewhere
 from hypervisor.placement import HostLoad, choose_host, largest_free
@@ -37,16 +38,26 @@ def host_loads(tx: Tx, without: Collection[str] = ()) -> tuple[dict[str, Host], 
     return hosts, loads
 
 
-def place(tx: Tx, vcpus: int, memory_mib: int, here_only: bool = False,
+@dataclass(frozen=True)
+class Where:
+    """Which hosts a new VM may go to: with `here_only`, one on this machine (a guest
+    with an egress allowlist reaches the networks through the egress proxy of the
+    `rift serve` beside it); with `host`, that one (its volumes', SPEC §18)."""
+
+    here_only: bool = False
+    host: str | None = None
+
+
+def place(tx: Tx, vcpus: int, memory_mib: int, where: Where = Where(),
           low_disk: Mapping[str, int] | None = None) -> Host:
-    """The host a new VM of that size goes to (with `here_only`, one on this machine:
-    a guest with an egress allowlist reaches the networks through the egress proxy
-    of the `rift serve` beside it), leaving out the hosts in `low_disk` (name: free
-    bytes, under their floor); NoCapacity with the largest room left when none
-    fits, HostDiskFull when only disk is short."""
+    """The host a new VM of that size goes to, among those `where` allows, leaving
+    out the hosts in `low_disk` (name: free bytes, under their floor); NoCapacity
+    with the largest room left when none fits, HostDiskFull when only disk is short."""
     hosts, loads = host_loads(tx)
-    if here_only:
+    if where.here_only:
         loads = [load for load in loads if not elsewhere(hosts[load.name].uri)]
+    if where.host is not None:
+        loads = [load for load in loads if load.name == where.host]
     low = low_disk or {}
     chosen = choose_host([load for load in loads if load.name not in low], vcpus, memory_mib)
     if chosen is None:

@@ -35,12 +35,13 @@ class Taken:
     kind: StartKind  # pool or restore
 
 
-def take(tx: Tx, image: str, vcpus: int, memory_mib: int) -> Taken | None:
-    """Take a pooled VM of that image and size for a new VM row: a running one
-    first, else a saved one whose host has room to restore it; None when the pools
-    have none. (Pooled VMs have the default disk, or their image's fixed one: a VM
-    asking for another boots, and its caller asks no pool.) The take is a
-    compare-and-set: a racing caller takes another."""
+def take(tx: Tx, image: str, vcpus: int, memory_mib: int,
+         only: str | None = None) -> Taken | None:
+    """Take a pooled VM of that image and size for a new VM row (with `only`, one on
+    that host): a running one first, else a saved one whose host has room to restore
+    it; None when the pools have none. (Pooled VMs have the default disk, or their
+    image's fixed one: a VM asking for another boots, and its caller asks no pool.)
+    The take is a compare-and-set: a racing caller takes another."""
     sources: tuple[tuple[PoolVmState, PoolGoal, StartKind], ...] = (
         ("ready", "running", "pool"), ("saved", "saved", "restore"))
     found = {state: tx.pool_vms.candidates(image, vcpus, memory_mib, (state,))
@@ -52,7 +53,7 @@ def take(tx: Tx, image: str, vcpus: int, memory_mib: int) -> Taken | None:
     for state, goal, kind in sources:
         for pvm in found[state]:
             load = usable.get(pvm.host)
-            if load is None or pvm.goal != goal:
+            if load is None or pvm.goal != goal or only not in (None, pvm.host):
                 continue
             if kind == "restore" and room(load, vcpus, memory_mib) < 1:
                 continue

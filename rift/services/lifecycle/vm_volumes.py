@@ -5,7 +5,8 @@ each through `rift_vm_attach_volume`'s use case.
 What would refuse an attach is refused before anything starts (`check`, in the
 transaction that records the VM): two of the list at one path or of one volume
 (`invalid_argument`), a volume not the caller's (`volume_not_found`), one held
-as the one-writer rule forbids (`volume_busy`), one on another host. A refusal
+as the one-writer rule forbids (`volume_busy`), volumes on two hosts. The VM is
+placed on its volumes' host (`volumes_host`; a pooled VM only from there). A refusal
 after the start (a volume taken meanwhile, a guest that would not mount it)
 destroys the new VM and answers that refusal: all or none.
 """
@@ -31,6 +32,18 @@ def check_paths(wanted: list[AttachBody]) -> None:
         raise InvalidArgument("volumes", "two volumes at one path")
     if len({w.volume_id for w in wanted}) != len(wanted):
         raise InvalidArgument("volumes", "a volume listed twice")
+
+
+def volumes_host(tx: Tx, caller: Caller, wanted: list[AttachBody]) -> str | None:
+    """The host the new VM goes to: its volumes' (None when it asks for none);
+    `invalid_argument` for volumes on two hosts, `volume_not_found` for one not the
+    caller's."""
+    found = {owned_volume(tx, caller, w.volume_id).host: w.volume_id for w in wanted}
+    if len(found) > 1:
+        named = ", ".join(f"{vol} on {host}" for host, vol in sorted(found.items()))
+        raise InvalidArgument("volumes", f"a VM runs on one host, its volumes on several "
+                              f"({named})")
+    return next(iter(found), None)
 
 
 def check(tx: Tx, caller: Caller, wanted: list[AttachBody], host: str) -> None:

@@ -17,7 +17,7 @@ from rift.domain.ids import new_vm_id
 from rift.domain.model import DEFAULT_DISK_GIB, Egress, NewEvent, Task, Vm, default_memory_mib
 from rift.domain.store_errors import DuplicateKey
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle.capacity import place
+from rift.services.lifecycle.capacity import Where, place
 from rift.services.lifecycle.disk_budget import check_disk_budget, disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on
 from rift.services.lifecycle.handouts import Taken, start_taken, take
@@ -40,7 +40,7 @@ from rift.services.lifecycle.leases import (
 )
 from rift.services.lifecycle.tasks import request_digest
 from rift.services.lifecycle.teardown import destroy_vm
-from rift.services.lifecycle.vm_volumes import attach_at_start, check, check_paths
+from rift.services.lifecycle.vm_volumes import attach_at_start, check, check_paths, volumes_host
 from rift.services.ports import Tx
 from rift.services.ports.watch import Watch
 from rift.services.read import views
@@ -122,7 +122,8 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
         _check_vm_budget(deps, tx, caller, task, now)
         # Pooled VMs were made `open`: their network cannot change once they run.
         # Pooled VMs have their image's usual disk: another size boots.
-        taken = (take(tx, image, vcpus, memory_mib)
+        at = volumes_host(tx, caller, cmd.volumes)  # SPEC §18: on its volumes' host
+        taken = (take(tx, image, vcpus, memory_mib, only=at)
                  if chosen == "open" and disk_gib == pooled_disk_gib else None)
         if taken is not None:  # a pooled VM: its host, id and SSH port come with it
             host = tx.hosts.get(taken.vm.host)
@@ -130,7 +131,7 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
             kind = kind_on(deps, host.uri, image)
             vm_id, port = taken.vm.id, taken.vm.ssh_port
         else:
-            host = place(tx, vcpus, memory_mib, here_only=egress_rules.proxied(chosen),
+            host = place(tx, vcpus, memory_mib, Where(egress_rules.proxied(chosen), at),
                          low_disk=deps.disk_room.low(disk_floor_bytes(deps)))
             kind = kind_on(deps, host.uri, image)
             check_image(deps, kind, image, host.uri)
