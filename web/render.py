@@ -30,6 +30,15 @@ def size(vcpus: int, memory_mib: int) -> str:
     return f"{vcpus} vCPU · {memory}" if vcpus == 1 else f"{vcpus} vCPUs · {memory}"
 
 
+def used(used_bytes: int | None) -> str:
+    """A volume's used bytes as sampled on its host: MiB below a GiB, else GiB."""
+    if used_bytes is None:
+        return "–"
+    if used_bytes < 1 << 30:
+        return f"{used_bytes / (1 << 20):.0f} MiB"
+    return f"{used_bytes / (1 << 30):.1f} GiB"
+
+
 SPARK_W, SPARK_H = 60, 16
 
 
@@ -88,7 +97,7 @@ def environment() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                       auto_reload=False)
-    env.globals.update(time_tag=timefmt.time_tag, size=size, usage_cell=usage_cell,
+    env.globals.update(time_tag=timefmt.time_tag, size=size, usage_cell=usage_cell, used=used,
                        sleeps=sleeps,
                        reasons=CLOSE_REASONS,
                        shown_statuses=DESTROYABLE_VM_STATUSES)

@@ -87,7 +87,8 @@ class VolumeAttachmentView(Output):
 
 class VolumeView(Output):
     """A user's volume (SPEC §18): ext4 on a sparse disk of `size_gib` on `host`,
-    kept until deleted; `parent_id` the volume it was cloned from."""
+    kept until deleted; `parent_id` the volume it was cloned from; `used_bytes` what
+    it takes on its host, as last sampled (null before the first sample)."""
 
     id: str
     name: str
@@ -96,6 +97,7 @@ class VolumeView(Output):
     created_at: str
     parent_id: str | None
     attached_to: list[VolumeAttachmentView]
+    used_bytes: int | None
 
 
 class VmView(Output):

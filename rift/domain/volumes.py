@@ -53,6 +53,9 @@ class Volume:
     state: VolumeState
     created_at: datetime
     parent_id: str | None = None  # the volume it was cloned from
+    # What its file and the frozen parents it reads take on its host, as last sampled
+    # (None before the first sample, or on a host whose files are not reached).
+    used_bytes: int | None = None
 
     def made(self) -> Volume:
         check_from("volume", self.id, self.state, ("making",), "made")

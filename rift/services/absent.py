@@ -176,6 +176,9 @@ class NoVolumeFiles:
     def remove(self, uri: str, volume_id: str) -> None:
         return None
 
+    def used_bytes(self, uri: str, volume_id: str) -> int | None:
+        return None
+
 
 class NoGuestMounts:
     """Without real guests there is no guest to mount a volume in (the test

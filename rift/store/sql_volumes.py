@@ -56,6 +56,11 @@ class SqlVolumes(SqlRepository):
                  .order_by(volumes.c.created_at, volumes.c.id))
         return [_volume_of(row) for row in self._conn.execute(query)]
 
+    def on_host(self, host: str) -> list[Volume]:
+        query = (select(*VOLUME_COLUMNS).where(volumes.c.host == host)
+                 .order_by(volumes.c.created_at, volumes.c.id))
+        return [_volume_of(row) for row in self._conn.execute(query)]
+
     def gib_of_owner(self, owner: str) -> int:
         query = select(func.coalesce(func.sum(volumes.c.size_gib), 0)).where(
             volumes.c.owner == owner)
@@ -63,6 +68,12 @@ class SqlVolumes(SqlRepository):
 
     def save(self, volume: Volume, was: Volume) -> bool:
         return self._save(volumes, volume, was, ["state"])
+
+    def record_used(self, volume_id: str, used_bytes: int) -> bool:
+        self._writing("record_used")
+        return self._conn.execute(volumes.update().where(
+            volumes.c.id == volume_id, volumes.c.state == "ready").values(
+            used_bytes=used_bytes)).rowcount == 1
 
     def remove(self, volume: Volume) -> bool:
         self._writing("remove")

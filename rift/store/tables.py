@@ -344,6 +344,7 @@ volumes = Table(
     Column("state", String, nullable=False),
     Column("created_at", UtcDateTime, nullable=False),
     Column("parent_id", String, nullable=True),
+    Column("used_bytes", BigInteger, nullable=True),  # migration 0018
     Index("ux_volumes_owner_name", "owner", "name", unique=True),
 )
 volume_attachments = Table(

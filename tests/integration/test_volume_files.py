@@ -107,3 +107,21 @@ def test_a_forks_stand_in_is_an_empty_qcow2_the_volumes_size(tmp_path: Path) -> 
     assert (info["format"], info["virtual-size"]) == ("qcow2", 3 << 30)
     assert "backing-filename" not in info  # nothing of the volume reaches it
     assert "Pattern verification failed" in _io(stand_in, "read -P 0x5a 0 1M")
+
+
+def test_used_bytes_counts_what_is_written_and_the_parents_a_clone_reads(
+        tmp_path: Path) -> None:
+    folder = VolumeFolder(tmp_path / "volumes")
+    assert folder.used_bytes(HERE, A) is None  # no file yet
+    folder.make(HERE, A, 10)
+    empty = folder.used_bytes(HERE, A)
+    assert empty is not None and 0 < empty < 64 << 20  # ext4's own, not the 10 GiB
+    _io(Path(folder.path(HERE, A)), "write -P 0x61 512M 32M")  # past ext4's own
+    written = folder.used_bytes(HERE, A)
+    assert written is not None and written - empty >= 32 << 20
+    folder.clone(HERE, A, B)
+    own = Path(folder.path(HERE, B)).stat().st_blocks * 512
+    assert own < 4 << 20  # an empty overlay …
+    assert folder.used_bytes(HERE, B) == own + written  # … on the parent it reads
+    with pytest.raises(ImageError, match="this machine"):
+        folder.used_bytes("qemu+ssh://root@h2/system", A)

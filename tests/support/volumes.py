@@ -19,6 +19,10 @@ from tests.support.vm_rows import give_ssh_address
 class Files:
     made: dict[str, int] = field(default_factory=dict)
     calls: list[tuple[str, ...]] = field(default_factory=list)
+    used: dict[str, int] = field(default_factory=dict)  # what used_bytes answers
+
+    def used_bytes(self, uri: str, volume_id: str) -> int | None:
+        return self.used.get(volume_id)
 
     def path(self, uri: str, volume_id: str) -> str:
         return f"/volumes/{volume_id}.qcow2"

@@ -13,6 +13,7 @@ import pytest
 from rift.contract import tools as c
 from rift.contract.base import command
 from rift.domain.clock import FakeClock
+from rift.services.background.usage import sample_usage
 from rift.services.context import Deps
 from rift.services.lifecycle import volumes
 from rift.services.read import boxes
@@ -38,7 +39,7 @@ def _row(html: str, volume_id: str) -> str:
 
 def _cells(row: str) -> dict[str, str]:
     """Each cell's text by its column (data-h), tags stripped."""
-    found = re.findall(r'<td data-h="([^"]+)">(.*?)</td>', row, re.S)
+    found = re.findall(r'<td data-h="([^"]+)"[^>]*>(.*?)</td>', row, re.S)
     return {name: re.sub(r"<[^>]+>", "", text).strip() for name, text in found}
 
 
@@ -68,6 +69,7 @@ def test_the_page_lists_each_volume_its_size_and_who_holds_it_how(
         f"{vm_2} in {task_2} at /models, read-only")
     assert _cells(_row(html, idle))["Attached to"] == "nowhere"
     assert _cells(_row(html, idle))["Host"] == "local"
+    assert _cells(_row(html, idle))["Used"] == "–"  # not sampled yet
     assert "&lt;b&gt;cache&lt;/b&gt;" in _row(html, idle)  # a name is text, never markup
     assert "bobs" not in html
     assert 'id="volumes-h"' not in _page(vdeps, clock.now(), "carol")  # none: no section
@@ -99,3 +101,24 @@ def test_each_change_of_a_volume_moves_the_mark_and_the_page(vdeps: Deps) -> Non
     _volume(vdeps, "theirs", 1, caller=BOB)
     page = boxes.read_page(vdeps, ALICE.user)
     assert page.mark != seen[-1].mark and page.digest == seen[-1].digest
+
+
+def test_used_bytes_are_sampled_with_usage_and_shown_once_known(
+        vdeps: Deps, clock: FakeClock) -> None:
+    files: Files = vdeps.volume_files  # type: ignore[assignment]
+    small, big, unknown = (_volume(vdeps, "small", 1), _volume(vdeps, "big", 10),
+                           _volume(vdeps, "unknown", 1))
+    files.used = {small: 6 << 20, big: 3 << 29}
+    before = boxes.read_page(vdeps, ALICE.user)
+    sample_usage(vdeps, 60)
+    page = boxes.read_page(vdeps, ALICE.user)
+    assert page.mark != before.mark
+    assert {v.id: v.used_bytes for v in page.volumes} == {
+        small: 6 << 20, big: 3 << 29, unknown: None}
+    html = live_region(page, clock.now(), CONNECT)
+    assert [_cells(_row(html, v))["Used"] for v in (small, big, unknown)] == [
+        "6 MiB", "1.5 GiB", "–"]
+    got = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=big)).volume
+    assert got.used_bytes == 3 << 29  # rift_volume_get says it too
+    sample_usage(vdeps, 60)  # nothing changed: nothing written, the mark stays
+    assert boxes.read_page(vdeps, ALICE.user).mark == page.mark

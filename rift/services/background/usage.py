@@ -4,7 +4,8 @@ process's resident memory, its disk's allocation) and, at most once a sweep
 interval, the guest's own network counters (/proc/net/dev: QEMU's user network
 has no host-side interface that libvirt could count). Each VM's figures go
 into its row (rift.domain.usage), which the VM view, /metrics and the Boxes
-page read. Every replica may sample: the last write wins, and each is whole.
+page read; each host's volumes have their used bytes read too (volume_usage).
+Every replica may sample: the last write wins, and each is whole.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rift.domain import usage
 from rift.domain.errors import RiftError
 from rift.domain.model import Vm
 from rift.services.background.bounded import per_vm
+from rift.services.background.volume_usage import sample_volumes
 from rift.services.context import Deps
 from rift.services.lifecycle.disk_budget import sample_host_disk
 
@@ -28,6 +30,7 @@ def sample_usage(deps: Deps, net_every_s: float) -> int:
     sampled = 0
     for host in hosts:
         sample_host_disk(deps, host.name, deps.hosts.hypervisor(host.uri).disk)
+        sample_volumes(deps, host)
         with deps.store.read() as tx:
             running = [vm for vm in tx.fleet.live_on_host(host.name)
                        if vm.status == "running" and vm.change is None]

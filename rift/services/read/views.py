@@ -88,7 +88,7 @@ def volume(row: Volume, holders: Sequence[Attachment] = ()) -> VolumeView:
     return VolumeView.model_construct(
         id=row.id, name=row.name, size_gib=row.size_gib, host=row.host,
         created_at=iso(row.created_at) or "", parent_id=row.parent_id,
-        attached_to=[VolumeAttachmentView.model_construct(
+        used_bytes=row.used_bytes, attached_to=[VolumeAttachmentView.model_construct(
             vm_id=a.vm_id, task_id=a.task_id, path=a.path, read_only=a.read_only)
             for a in holders])
 
