@@ -88,7 +88,9 @@ class VolumeAttachmentView(Output):
 class VolumeView(Output):
     """A user's volume (SPEC §18): ext4 on a sparse disk of `size_gib` on `host`,
     kept until deleted; `parent_id` the volume it was cloned from; `used_bytes` what
-    it takes on its host, as last sampled (null before the first sample)."""
+    it takes on its host, as last sampled (null before the first sample);
+    `host_unreachable_since` set while its host does not answer (past
+    RIFT_HOST_LOST_S the VMs that held it failed; the volume waits for its host)."""
 
     id: str
     name: str
@@ -98,6 +100,7 @@ class VolumeView(Output):
     parent_id: str | None
     attached_to: list[VolumeAttachmentView]
     used_bytes: int | None
+    host_unreachable_since: str | None
 
 
 class VmView(Output):

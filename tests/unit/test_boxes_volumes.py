@@ -122,3 +122,14 @@ def test_used_bytes_are_sampled_with_usage_and_shown_once_known(
     assert got.used_bytes == 3 << 29  # rift_volume_get says it too
     sample_usage(vdeps, 60)  # nothing changed: nothing written, the mark stays
     assert boxes.read_page(vdeps, ALICE.user).mark == page.mark
+
+
+def test_the_page_says_when_a_volumes_host_does_not_answer(vdeps: Deps,
+                                                           clock: FakeClock) -> None:
+    from rift.services.background.reconcile import mark_unreachable
+
+    vol = _volume(vdeps)
+    assert "unreachable" not in _row(_page(vdeps, clock.now()), vol)
+    mark_unreachable(vdeps, "local", "connection refused")
+    assert _cells(_row(_page(vdeps, clock.now()), vol))["Host"].startswith(
+        "local unreachable since")

@@ -12,6 +12,7 @@ import pytest
 from hypervisor.fake import FakeHypervisor
 from rift.contract import tools as c
 from rift.contract.base import command
+from rift.domain.clock import FakeClock, iso
 from rift.domain.errors import IllegalTransition, VolumeBusy
 from rift.domain.volumes import Attachment, Volume, check_attachable, mount_path
 from rift.services.context import Deps
@@ -247,3 +248,38 @@ def test_a_volume_goes_to_a_host_of_this_machine_that_takes_vms(vdeps: Deps) -> 
                        ).volume.host == "local"
     hosts.drain_host(vdeps, "local")
     refused("no_capacity", _volume, vdeps, "other")
+
+
+def test_a_volume_says_its_host_is_unreachable_and_keeps_its_host_from_removal(
+        vdeps: Deps, clock: FakeClock) -> None:
+    from rift.services.background.reconcile import mark_reachable, mark_unreachable
+    from rift.services.operator import hosts
+
+    vol = _volume(vdeps)
+    mark_unreachable(vdeps, "local", "connection refused")
+    got = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume
+    assert got.host_unreachable_since == iso(clock.now())
+    (listed,) = volumes.list_volumes(vdeps, ALICE, command(c.VolumeListIn)).volumes
+    assert listed.host_unreachable_since == got.host_unreachable_since
+    mark_reachable(vdeps, "local")
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)
+                       ).volume.host_unreachable_since is None
+    kept = refused("invalid_argument", hosts.remove_host, vdeps, "local")
+    assert "1 volumes" in kept.message and "rift_volume_delete" in kept.message
+
+
+def test_drain_move_leaves_a_vm_holding_volumes_where_it_is_and_says_why(
+        vdeps: Deps) -> None:
+    from rift.services.operator import hosts
+    from rift.services.operator.moves import drain_and_move
+
+    hosts.add_host(vdeps, "far", "fake:///far", hosts.HostSize(64, 1_000_000))  # most room
+    _, handle, holder = _vm(vdeps)
+    _, _, free = _vm(vdeps)
+    vol = _volume(vdeps)  # on far too: the first host by name
+    _attach(vdeps, handle, holder, vol)
+    report = drain_and_move(vdeps, "far")
+    assert report.moved == [(free, "local")] and not report.failed
+    ((stayed, why),) = report.stayed
+    assert stayed == holder and vol in why and "rift_vm_detach_volume" in why
+    assert vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=holder)).vm.host == "far"

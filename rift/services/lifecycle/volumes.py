@@ -118,14 +118,14 @@ def list_volumes(deps: Deps, caller: Caller, cmd: VolumeListIn) -> VolumeListOut
     """`rift_volume_list`: the caller's volumes, oldest first."""
     with deps.store.read() as tx:
         rows = [v for v in tx.volumes.of_owner(caller.user) if v.state == "ready"]
-        return VolumeListOut(volumes=[views.volume(v, tx.volumes.holders(v.id)) for v in rows])
+        return VolumeListOut(volumes=[views.volume_now(tx, v) for v in rows])
 
 
 def get(deps: Deps, caller: Caller, cmd: VolumeIdIn) -> VolumeOut:
     """`rift_volume_get`."""
     with deps.store.read() as tx:
         found = owned_volume(tx, caller, cmd.volume_id)
-        return VolumeOut(volume=views.volume(found, tx.volumes.holders(found.id)))
+        return VolumeOut(volume=views.volume_now(tx, found))
 
 
 def _check_unheld(tx: Tx, volume: Volume, doing: str, *, writers_only: bool = False) -> None:

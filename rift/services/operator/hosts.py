@@ -173,6 +173,11 @@ def remove_host(deps: Deps, name: str) -> None:
             raise InvalidArgument("name", f"host {name!r} still keeps {kept} snapshots; "
                                   "they go with their tasks: rift host drain it and wait for "
                                   "them to close")
+        volumes = tx.volumes.on_host(name)
+        if volumes:
+            raise InvalidArgument("name", f"host {name!r} still keeps {len(volumes)} volumes "
+                                  "(their files are there); they go only with "
+                                  "rift_volume_delete (rift volume list --user USER)")
         pooled = [m for m in tx.pool_vms.all() if m.host == name]
         if pooled:
             raise InvalidArgument("name", f"host {name!r} still keeps {len(pooled)} pooled VMs; "

@@ -13,7 +13,8 @@ All or nothing before anything moves: every running VM of the host gets a
 destination with room first (the other hosts that are active and answer),
 else the drain is refused (`no_capacity`, naming the largest room) and nothing
 moves. A migration that fails leaves that VM running where it was (libvirt's
-own rollback); the others still move.
+own rollback); the others still move. A VM holding volumes stays (a volume's
+file does not move yet, SPEC §18), and the report says why.
 """
 
 from __future__ import annotations
@@ -66,19 +67,28 @@ def plan_moves(deps: Deps, source: str, vms: list[Vm]) -> dict[str, str]:
     return planned
 
 
+def _why_stays(vm: Vm, volumes: list[str]) -> str:
+    if egress_rules.proxied(vm.egress):
+        return ("its egress is an allowlist: its egress proxy serves the control plane's "
+                "own host only and would not follow it")
+    if vm.status == "running" and volumes:
+        return (f"it holds volumes ({', '.join(volumes)}), whose files stay on this host: "
+                "rift_vm_detach_volume them to move it")
+    return f"{vm.status}: only running VMs move"
+
+
 def drain_and_move(deps: Deps, name: str) -> MoveReport:
     """Drain host `name` (it takes no new VMs) and move its running VMs elsewhere."""
     with deps.store.read() as tx:
         host = tx.hosts.get(name)
         live = tx.fleet.live_on_host(name) if host is not None else []
+        held = tx.volumes.of_vms([vm.id for vm in live])
     if host is None:
         raise InvalidArgument("name", f"no host {name!r} (rift host list)")
     running = [vm for vm in live if vm.status == "running" and vm.change is None
-               and not egress_rules.proxied(vm.egress)]
-    report = MoveReport(stayed=[
-        (vm.id, "its egress is an allowlist: its egress proxy serves the control "
-                "plane's own host only and would not follow it" if egress_rules.proxied(vm.egress)
-         else f"{vm.status}: only running VMs move") for vm in live if vm not in running])
+               and not egress_rules.proxied(vm.egress) and not held[vm.id]]
+    report = MoveReport(stayed=[(vm.id, _why_stays(vm, [a.volume_id for a in held[vm.id]]))
+                                for vm in live if vm not in running])
     planned = plan_moves(deps, name, running)
     drain_host(deps, name)
     for vm in running:

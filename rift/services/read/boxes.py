@@ -59,7 +59,7 @@ def read_page(deps: Deps, user: str) -> BoxesPage:
         open_views = views.tasks(deps, tx, opened)
         closed_views = views.tasks(deps, tx, closed, open_parts=False)
         vms = tx.vms.of_tasks([t.id for t in opened])
-        volume_views = [views.volume(v, tx.volumes.holders(v.id))
+        volume_views = [views.volume_now(tx, v)
                         for v in tx.volumes.of_owner(user) if v.state == "ready"]
     drawn = {vm.id: usage.history(vm.stats) for t in opened for vm in vms.get(t.id, [])
              if vm.status == "running" and vm.stats}

@@ -35,7 +35,7 @@ from rift.contract.views import (
 from rift.domain import egress as egress_rules
 from rift.domain import usage
 from rift.domain.clock import iso
-from rift.domain.model import Event, Exec, Task, Vm
+from rift.domain.model import Event, Exec, Host, Task, Vm
 from rift.domain.records import Exposure, Snapshot
 from rift.domain.volumes import Attachment, Volume
 from rift.services.context import Deps
@@ -83,14 +83,22 @@ def vm(tx: Tx, row: Vm) -> VmView:
     return vm_of(row, tx.exposures.of_vms([row.id])[row.id], tx.volumes.of_vms([row.id])[row.id])
 
 
-def volume(row: Volume, holders: Sequence[Attachment] = ()) -> VolumeView:
-    """A volume with where it is attached."""
+def volume(row: Volume, holders: Sequence[Attachment] = (), host: Host | None = None
+           ) -> VolumeView:
+    """A volume with where it is attached, and whether its host answers."""
     return VolumeView.model_construct(
         id=row.id, name=row.name, size_gib=row.size_gib, host=row.host,
         created_at=iso(row.created_at) or "", parent_id=row.parent_id,
-        used_bytes=row.used_bytes, attached_to=[VolumeAttachmentView.model_construct(
+        used_bytes=row.used_bytes,
+        host_unreachable_since=iso(host.unreachable_since) if host is not None else None,
+        attached_to=[VolumeAttachmentView.model_construct(
             vm_id=a.vm_id, task_id=a.task_id, path=a.path, read_only=a.read_only)
             for a in holders])
+
+
+def volume_now(tx: Tx, row: Volume) -> VolumeView:
+    """A volume's view read in `tx`: its attachments and its host's state."""
+    return volume(row, tx.volumes.holders(row.id), tx.hosts.get(row.host))
 
 
 def exposure(made: Exposure, url: str) -> ExposureView:
