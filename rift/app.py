@@ -38,6 +38,7 @@ from rift.guest.egress_deny import EgressDeny
 from rift.proxy.guests import GuestsOnThisHost
 from rift.proxy.server import EgressProxy
 from rift.scheduler import PoolFiller, start_scheduler
+from rift.services.access import accounts
 from rift.services.background.heartbeat import resume
 from rift.services.background.sweeps import sweep
 from rift.services.context import Caller, Deps
@@ -88,6 +89,13 @@ class AccessLog:
                                        "ms": round((time.perf_counter() - start) * 1000, 1)})
 
 
+def _before_calls(engine: Deps) -> None:
+    """Before any call is taken: finish closes a crash cut off, then reconcile; and
+    what the first login needs, so that it is no slower than the next."""
+    sweep(engine)
+    accounts.prepare_logins()
+
+
 def create_app(settings: Settings, deps: Deps | None = None,
                listen_host: str | None = None) -> FastAPI:
     """The app; `listen_host` is the address `rift serve` binds (a name it answers to)."""
@@ -101,8 +109,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
         engine = deps if deps is not None else await anyio.to_thread.run_sync(
             build_deps, settings)
         await anyio.to_thread.run_sync(resume, engine, settings.sweep_interval_s)
-        # Before any call is taken: finish closes a crash cut off, then reconcile.
-        await anyio.to_thread.run_sync(sweep, engine)
+        await anyio.to_thread.run_sync(_before_calls, engine)
         state.start(engine)
         proxy = None
         # What egress `open` refuses besides the host (SPEC §15): each host's deny sets.

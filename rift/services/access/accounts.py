@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from dataclasses import dataclass
@@ -17,7 +18,19 @@ from rift.services.context import Caller, Deps
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _HASHER = PasswordHasher()  # argon2id with the library's RFC 9106 low-memory profile
-_DUMMY_HASH = _HASHER.hash("rift: a password no one has")
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """What an unknown user's password is checked against (as long to check as a known
+    one's). Made once, not at import (each `rift` command would pay 0.1 s for it):
+    `rift serve` makes it before it takes a call (prepare_logins)."""
+    return _HASHER.hash("rift: a password no one has")
+
+
+def prepare_logins() -> None:
+    """Make what the first login needs, so that it takes no longer than the next."""
+    _dummy_hash()
 
 
 def _check_name(name: str) -> str:
@@ -52,7 +65,7 @@ def verify_password(deps: Deps, name: str, password: str) -> bool:
     so the answer's time says nothing about which names exist."""
     with deps.store.read() as tx:
         user = tx.users.get(name)
-    stored = user.password_hash if user and user.password_hash else _DUMMY_HASH
+    stored = user.password_hash if user and user.password_hash else _dummy_hash()
     try:
         ok = _HASHER.verify(stored, password)
     except (VerificationError, InvalidHashError):
