@@ -159,10 +159,12 @@ class SshLifecycle:
             began = time.monotonic()
             self.life.reconnect(vm, None, timeout_s)
             logged_in = time.monotonic()
-            self.life.set_clock(vm, time.time())  # now, after the login took its time
+            # now, after the login took its time; the guest warmed up in the same session
+            warmed = self.life.set_clock_and_warm(vm, time.time())
             log.info("guest resumed", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
-                "clock_ms": round((time.monotonic() - logged_in) * 1000, 1)})
+                "clock_and_warm_up_ms": round((time.monotonic() - logged_in) * 1000, 1),
+                "warmed": warmed})
 
         _call(vm, call)
 

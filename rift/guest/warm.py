@@ -6,9 +6,12 @@ again as the exec itself; after a restore (a saved pool's hand-out, a fork) it
 pays it again, as the new QEMU process translated nothing yet. The warm-up runs
 one `rift-exec start` of `true` (in a folder of its own, removed after) on the
 connection the start left open: at a pool's fill, before its standby shell
-waits (the hand-out then finds the guest warm), and right after a restore's or
-a fork's answer, in the background. A call to that VM meanwhile waits for the
-warm-up to end (at most WARM_S) rather than pay for a new SSH login beside it.
+waits (the hand-out then finds the guest warm), right after a restore's or
+a fork's answer, in the background (a call to that VM meanwhile waits for the
+warm-up to end, at most WARM_S, rather than pay for a new SSH login beside it),
+and after the login that follows a wake, a resume or a snapshot, in the session
+that sets the guest's clock, before the call that woke it goes on
+(rift.guest.life.ShellLife.set_clock_and_warm).
 A guest without the helper (a qcow2 image) is left as it is. Everything here is
 bounded: the session by WARM_S, the connection by the watchdog past it.
 """
@@ -29,11 +32,13 @@ from rift.guest.steps import address
 log = logging.getLogger("rift.guest.shell")
 
 WARM_S = 10.0  # the warm-up's session; a call waits no longer for it
-# `true` under the helper as an exec runs it (its keeper, its shell), then its folder
-# removed; `$$`, the login shell's pid, keeps racing warm-ups apart
+# `true` under the helper as an exec runs it (its keeper, its shell), WARMED printed when
+# it did, then its folder removed; `$$`, the login shell's pid, keeps racing warm-ups apart
 _FOLDER = f"{EXECS_DIR}/warm-up-$$"
+WARMED = "warmed"
 WARM_UP_LINE = (f"[ -x {GUEST_PATH} ] || exit 0; {GUEST_PATH} start {_FOLDER} 5 4096 "
-                f"{int(WARM_S * 500)} 4096 -- true >/dev/null 2>&1; rm -rf {_FOLDER}")
+                f"{int(WARM_S * 500)} 4096 -- true >/dev/null 2>&1 && echo {WARMED}; "
+                f"rm -rf {_FOLDER}")
 
 
 class Warmer:

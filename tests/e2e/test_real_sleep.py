@@ -2,7 +2,8 @@
 client: a running exec keeps its VM awake; once it ends and the task is quiet for
 its `sleep_after_s`, the VM sleeps (its domain stopped with its saved state); the
 next exec wakes it and answers, and an exec's output, a file written and the
-guest's clock are as they should be after the wake."""
+guest's clock are as they should be after the wake, whose login warmed the guest
+up in the session that set its clock."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mcp.client.session import ClientSession
 
 from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.real_guests import RealSettings
-from tests.support.servers import REAL_URI, Server, real_vms_missing
+from tests.support.servers import REAL_URI, Server, log_lines, real_vms_missing
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -85,6 +86,10 @@ def test_a_quiet_tiny_vm_sleeps_and_its_next_exec_wakes_it_with_all_it_had(
             warm_s = time.monotonic() - began
             woke = await _vm(s, vm_id)
             assert woke["status"] == "running" and woke["woke"]["ms"] > 0, woke
+            # the wake's login set the clock and ran the exec helper in one session
+            resumed = [line for line in log_lines(real.log)
+                       if line.get("msg") == "guest resumed" and line.get("vm_id") == vm_id]
+            assert [line.get("warmed") for line in resumed] == [True], resumed
             again = await call(s, "rift_vm_exec_get", handle=handle,
                                exec_id=first["exec_id"])  # its output, kept in the guest
             assert again["stdout"] == "before-sleep\n", again

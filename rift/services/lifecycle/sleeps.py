@@ -16,10 +16,12 @@ stays awake unless its task says `sleep: "always"`.
 
 A wake is one compare-and-set (sleeping → sleeping, `waking`): of calls racing
 on one VM (threads or replicas), one wakes it and the others wait for it to run
-(`wake`). The waker restores the domain, logs in again and sets the guest's
-clock, then records `vm_woke` with how long that took (the view's `woke`). A
-wake that fails leaves nothing running: the domain is destroyed, the VM `failed`
-with its event, and the call answers `guest_unreachable` with the reason.
+(`wake`). The waker restores the domain, logs in again, and sets the guest's
+clock and warms it up in one session (its connection left open for the call that
+woke it: rift.guest.life), then records `vm_woke` with how long that took (the
+view's `woke`). A wake that fails leaves nothing running: the domain is
+destroyed, the VM `failed` with its event, and the call answers
+`guest_unreachable` with the reason.
 Reconciliation settles a sleep or wake a crash cut short (rift.services.lifecycle.
 pauses.settle_change).
 """
