@@ -16,8 +16,8 @@
 
 RIFT_BENCH_FIRST_IMAGE (default `tiny`) picks the image, RIFT_BENCH_FIRST_SAMPLES
 (default 3) the samples of each kind, RIFT_BENCH_FIRST_THINK_S (default 1) the pause
-between a start's answer and its first exec (an agent's model reads the answer
-first; 0 sends it at once). Progress goes to stderr.
+between a start's answer and its first exec (an agent's model reads it first; 0 sends
+it at once), RIFT_BENCH_FIRST_KINDS=wake only the floor and the wakes. Progress: stderr.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ SLEEP_AFTER_S = 2  # the sleepy task's; with a sweep every second it sleeps in ~
 SERVER_ENV = {"RIFT_SWEEP_INTERVAL_S": "1", "RIFT_ACTIVITY_STEP_S": "1"}
 SAVE_DIR, HTTP_PORT = Path("/var/lib/libvirt/qemu/save"), 8001
 KINDS = ("hand-out", "restore", "fork", "wake")
+WAKES_ONLY = os.environ.get("RIFT_BENCH_FIRST_KINDS") == "wake"
 
 
 def progress(text: str) -> None:
@@ -77,8 +78,7 @@ class Firsts:
 
 
 async def timed(call: Awaitable[Any]) -> tuple[float, Any]:
-    began = time.perf_counter()
-    got = await call
+    began, got = time.perf_counter(), await call
     return time.perf_counter() - began, got
 
 
@@ -162,13 +162,13 @@ async def wakes(srv: Server, s: ClientSession, into: Firsts) -> None:
         if http.get(url).text != "awake\n":
             raise RuntimeError("the exposure does not answer")
         for n in range(SAMPLES):
-            into.running_rss_mib.append(qemu_rss_mib(domain)[0])
             await until_status(s, vm_id, "sleeping", 60)
             into.asleep_processes.append(qemu_processes(domain))
             into.save_mib.append((SAVE_DIR / f"{domain}.save").stat().st_size / 2**20)
             took = await exec_s(s, handle, vm_id)  # wakes it
             into.woke_ms.append(float((await vm_view(s, vm_id))["woke"]["ms"]))
             follow = [await exec_s(s, handle, vm_id) for _ in range(FOLLOW_EXECS)]
+            into.running_rss_mib.append(qemu_rss_mib(domain)[0])  # awake: a call just now
             into.first_s["wake"].append(took)
             into.open_s["wake"].append(statistics.median(follow))
             progress(f"wake #{n + 1}: exec that wakes {ms(took)} (woke.ms "
@@ -200,15 +200,16 @@ def qemu_processes(domain: str) -> int:  # those running for `domain`: 0 asleep
 async def rift_side(srv: Server, into: Firsts, wait_pool: Callable[..., None],
                     rift_ok: Callable[..., None]) -> None:
     async with mcp_clients.mcp_session(srv.url, srv.token, "rift-bench-first") as s:
-        handle = (await mcp_clients.call(s, "rift_task_new", name="bench first"))["handle"]
-        source = (await mcp_clients.call(s, "rift_vm_new", handle=handle, image=IMAGE,
-                                         memory_mib=MEMORY_MIB[IMAGE]))["vm"]["id"]
-        await exec_s(s, handle, source)
-        await forks(s, handle, source, into)
-        await mcp_clients.call(s, "rift_vm_destroy", handle=handle, vm_id=source)
-        await pooled(srv, s, handle, into, "running", wait_pool, rift_ok)
-        await pooled(srv, s, handle, into, "saved", wait_pool, rift_ok)
-        await mcp_clients.call(s, "rift_task_close", handle=handle)
+        if not WAKES_ONLY:
+            handle = (await mcp_clients.call(s, "rift_task_new", name="bench first"))["handle"]
+            source = (await mcp_clients.call(s, "rift_vm_new", handle=handle, image=IMAGE,
+                                             memory_mib=MEMORY_MIB[IMAGE]))["vm"]["id"]
+            await exec_s(s, handle, source)
+            await forks(s, handle, source, into)
+            await mcp_clients.call(s, "rift_vm_destroy", handle=handle, vm_id=source)
+            await pooled(srv, s, handle, into, "running", wait_pool, rift_ok)
+            await pooled(srv, s, handle, into, "saved", wait_pool, rift_ok)
+            await mcp_clients.call(s, "rift_task_close", handle=handle)
         await wakes(srv, s, into)
 
 
