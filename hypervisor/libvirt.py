@@ -380,11 +380,21 @@ class LibvirtHypervisor:
         with _translated("detach"):
             if str(self._connection().getType()).lower() == "test":
                 return
-            if f"<serial>{disk.serial}</serial>" not in str(dom.XMLDesc(
-                    libvirt.VIR_DOMAIN_XML_INACTIVE)) + str(dom.XMLDesc(0)):
-                return
-            flags = _LIVE_AND_CONFIG if dom.isActive() else libvirt.VIR_DOMAIN_AFFECT_CONFIG
-            dom.detachDeviceFlags(disk_xml(disk), flags)
+            # The running domain and its definition each unplug the disk they hold
+            # with that serial, under the target they hold it at: a live unplug the
+            # guest finished late, or a definition written apart, may leave one
+            # without it, or with it at another target.
+            sides = [(libvirt.VIR_DOMAIN_AFFECT_CONFIG,
+                      str(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)))]
+            if dom.isActive():
+                sides.insert(0, (libvirt.VIR_DOMAIN_AFFECT_LIVE, str(dom.XMLDesc(0))))
+            for flag, xml in sides:
+                try:
+                    held = [d for d in volume_disks(xml) if d.serial == disk.serial]
+                except ValueError as exc:
+                    raise HypervisorError("detach", f"{name}: {exc}") from exc
+                for found in held:
+                    dom.detachDeviceFlags(disk_xml(found), flag)
 
     def stats(self) -> dict[str, DomainStats]:
         conn = self._connection()
