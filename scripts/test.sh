@@ -18,4 +18,25 @@ if [ -z "${RIFT_TEST_CACHE:-}" ] && mkdir -p /var/cache/rift-tests 2>/dev/null; 
 fi
 # Every run ends with its slowest tests (where make test's time goes; a later
 # --durations on the command line wins).
-.venv/bin/python -m pytest --durations=40 "$@"
+if [ $# -gt 0 ] || [ "${RIFT_TEST_SERIAL:-}" = 1 ]; then
+  exec .venv/bin/python -m pytest --durations=40 "$@"
+fi
+# The whole suite: the Ansible roles' test (two minutes of apt, pip and a fleet of
+# chroots in network namespaces of its own) runs beside the first part of the rest,
+# the tests that time nothing: the browser's and the doors' on the test driver.
+# The tests that time an answer, and the real guests, come after it has ended.
+first=(tests/browser tests/e2e/test_e2b_*.py tests/e2e/test_mcp_*.py tests/e2e/test_rest.py
+       tests/e2e/test_operator_token.py)
+ansible_log=$(mktemp /tmp/rift-ansible-tests.XXXXXX)
+.venv/bin/python -m pytest -p no:cacheprovider --durations=5 tests/ansible \
+  >"$ansible_log" 2>&1 &
+ansible=$!
+status=0
+.venv/bin/python -m pytest --durations=20 "${first[@]}" || status=$?
+wait "$ansible" || status=$((status ? status : $?))
+echo "---- tests/ansible, run beside the tests above ----"
+cat "$ansible_log"
+rm -f "$ansible_log"
+.venv/bin/python -m pytest --durations=40 --ignore=tests/ansible \
+  "${first[@]/#/--ignore=}" tests || status=$((status ? status : $?))
+exit "$status"
