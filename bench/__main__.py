@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark and print its table; `python -m bench NAME ...`
 runs only those named (engine, mcp, vms, boxes, scale, starts, execs, forks,
-exposures, hosts, hostile, e2b)."""
+exposures, hosts, hostile, e2b, volumes)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,14 @@ def benches() -> dict[str, Callable[[], object]]:
         scale,
         starts,
         vms,
+        volumes,
     )
 
     return {"engine": engine.main, "mcp": mcp.main, "vms": vms.main, "boxes": boxes.main,
             "scale": scale.main, "starts": starts.main, "execs": execs.main,
             "forks": forks.main, "exposures": exposures.main, "hosts": hosts.main,
-            "hostile": hostile.main, "e2b": e2b.main}
+            "hostile": hostile.main, "e2b": e2b.main,
+            "volumes": volumes.main}
 
 
 def main(argv: list[str]) -> int:
