@@ -126,10 +126,16 @@ def test_used_bytes_are_sampled_with_usage_and_shown_once_known(
 
 def test_the_page_says_when_a_volumes_host_does_not_answer(vdeps: Deps,
                                                            clock: FakeClock) -> None:
-    from rift.services.background.reconcile import mark_unreachable
+    from rift.services.background.reconcile import mark_reachable, mark_unreachable
 
     vol = _volume(vdeps)
     assert "unreachable" not in _row(_page(vdeps, clock.now()), vol)
+    before = boxes.read_page(vdeps, ALICE.user).mark
     mark_unreachable(vdeps, "local", "connection refused")
+    assert boxes.read_page(vdeps, ALICE.user).mark != before  # open pages read again
     assert _cells(_row(_page(vdeps, clock.now()), vol))["Host"].startswith(
         "local unreachable since")
+    before = boxes.read_page(vdeps, ALICE.user).mark
+    mark_reachable(vdeps, "local")
+    assert boxes.read_page(vdeps, ALICE.user).mark != before
+    assert "unreachable" not in _row(_page(vdeps, clock.now()), vol)

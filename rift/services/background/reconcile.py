@@ -34,6 +34,7 @@ from rift.services.lifecycle.pool_filler import stale_pool_vms
 from rift.services.lifecycle.sleeps import settle_sleep
 from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, vm_ended
 from rift.services.lifecycle.volume_settle import settle_attachments
+from rift.services.lifecycle.volumes import moved
 from rift.services.ports import Tx
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
@@ -274,6 +275,7 @@ def mark_unreachable(deps: Deps, host: str, error: str) -> None:
         if current is None or current.unreachable_since is not None:
             return
         tx.hosts.save(current.unreachable(now, error), current)
+        moved(tx)  # its volumes' views say so: the Boxes pages read again
         for vm in tx.fleet.live_on_host(host):
             if vm.error is None:
                 _note(tx, vm, note)
@@ -318,6 +320,7 @@ def mark_reachable(deps: Deps, host: str) -> None:
         current = tx.hosts.get(host, lock=True)
         if current is not None and current.unreachable_since is not None:
             tx.hosts.save(current.reachable(), current)
+            moved(tx)
         for vm in tx.fleet.live_on_host(host):
             if vm.error is not None and vm.error.startswith(_unreachable_note(host)):
                 _note(tx, vm, None)
