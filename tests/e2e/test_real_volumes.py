@@ -1,9 +1,9 @@
 """Volumes on real guests (SPEC §18), through the official MCP SDK client: a file
 and a folder with their modes written in a volume in one task's `tiny` VM (paused
 and resumed with it attached), the task closed (its VM destroyed, the volume
-detached, never deleted), the volume attached read-only to a VM of another task
-and read back there, the busy and bad-input refusals, and the hot-plug and mount
-each within a second or so."""
+detached, never deleted), a VM of another task started with the volume read-only
+(`volumes` on `rift_vm_new`) and the files read back there, the busy and
+bad-input refusals, and the hot-plug and mount within a second or so."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def test_a_volume_keeps_files_and_modes_from_one_task_to_the_next(real: Server) 
         async with mcp_session(real.url, real.token, "claude-code") as s:
             vol = (await call(s, "rift_volume_new", name="work", size_gib=2))["volume"]
             task_a, handle_a, vm_a = await _vm(s, "writer")
-            task_b, handle_b, vm_b = await _vm(s, "reader")
+            reader = await call(s, "rift_task_new", name="reader")
+            task_b, handle_b = reader["task"]["id"], reader["handle"]
 
             vm, seconds = await _attach(s, handle_a, vm_a, volume_id=vol["id"], path="/work")
             took.append(seconds)
@@ -69,15 +70,16 @@ def test_a_volume_keeps_files_and_modes_from_one_task_to_the_next(real: Server) 
             await _sh(s, handle_a, vm_a, "mkdir /work/secret && chmod 0700 /work/secret && "
                       "echo x > /work/secret/key && chmod 0600 /work/secret/key")
 
-            busy = await refused(s, "volume_busy", "rift_vm_attach_volume", handle=handle_b,
-                                 vm_id=vm_b, volume_id=vol["id"], path="/work",
-                                 read_only=True)
+            # refused before a VM starts (rift_vm_new's volumes): no guest is booted
+            busy = await refused(s, "volume_busy", "rift_vm_new", handle=handle_b,
+                                 image="tiny", volumes=[{"volume_id": vol["id"],
+                                                         "path": "/work", "read_only": True}])
             assert (busy["vm_id"], busy["task_id"]) == (vm_a, task_a), busy
             gone = await refused(s, "volume_busy", "rift_volume_delete", volume_id=vol["id"])
             assert "rift_vm_detach_volume" in gone["hint"], gone
-            bad = await refused(s, "invalid_argument", "rift_vm_attach_volume",
-                                handle=handle_b, vm_id=vm_b, volume_id=vol["id"],
-                                path="/etc/work")
+            bad = await refused(s, "invalid_argument", "rift_vm_new", handle=handle_b,
+                                image="tiny", volumes=[{"volume_id": vol["id"],
+                                                        "path": "/etc/work"}])
             assert bad["field"] == "path", bad
 
             closed = await call(s, "rift_task_close", handle=handle_a)
@@ -85,10 +87,12 @@ def test_a_volume_keeps_files_and_modes_from_one_task_to_the_next(real: Server) 
             kept = (await call(s, "rift_volume_get", volume_id=vol["id"]))["volume"]
             assert kept["attached_to"] == [] and kept["size_gib"] == 2, kept
 
-            vm, seconds = await _attach(s, handle_b, vm_b, volume_id=vol["id"],
-                                        path="/mnt/work", read_only=True)
-            took.append(seconds)
-            assert vm["volumes"][0]["read_only"] is True, vm
+            vm = (await call(s, "rift_vm_new", handle=handle_b, image="tiny", volumes=[
+                {"volume_id": vol["id"], "path": "/mnt/work", "read_only": True}]))["vm"]
+            assert vm["status"] == "running", vm
+            assert vm["volumes"] == [{"volume_id": vol["id"], "path": "/mnt/work",
+                                      "read_only": True}], vm
+            vm_b = vm["id"]
             read = await call(s, "rift_vm_read_file", handle=handle_b, vm_id=vm_b,
                               path="/mnt/work/notes.txt")
             assert read["content"] == "kept across tasks\n", read
