@@ -7,9 +7,10 @@ only, at 10.214.13.2, no host of the fleet).
 What is checked: `rift host drain hv11 --move` refuses to move a `debian` VM
 while hv11's client certificate is another CA's (hv12's QEMU refuses the TLS
 handshake) and, in make soak, while hv11 has no certificate at all, and each time
-the VM runs on hv11 as before; with hv11's own certificates it moves to hv12, its counter exec counting
-on and the file written on its disk read back there from the disk; the stream
-went to hv12's migration ports; those ports answer hv11 but not the stranger
+the VM runs on hv11 as before; with hv11's own certificates it moves to hv12,
+its counter exec counting on and the file written on its disk read back there
+from the disk; the stream went to hv12's migration ports; those ports answer
+hv11 but not the stranger
 (hv12's fleet set, the drop counted as `migration_refused`)."""
 
 from __future__ import annotations
