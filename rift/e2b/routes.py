@@ -5,7 +5,8 @@
   `/sandboxes`), `GET /v2/sandboxes` (and `/sandboxes`), `GET` and `DELETE
   /sandboxes/{id}`, `POST /sandboxes/{id}/timeout`, `POST /v2/sandboxes/{id}/connect`
   (and `/sandboxes/{id}/connect`, `/resume`), `POST /sandboxes/{id}/pause`
-  (rift.e2b.lifecycle), `GET /sandboxes/{id}/metrics`; refusals in E2B's shape
+  (rift.e2b.lifecycle), `GET /sandboxes/{id}/metrics`, `GET /sandboxes/{id}/logs`
+  and `/v2/sandboxes/{id}/logs` (rift.e2b.logs); refusals in E2B's shape
   `{"code": <status>, "message": "<Rift's message (code: hint)>"}`.
 - the data plane (rift.e2b.envd): `/process.Process/*`, `/filesystem.Filesystem/*`,
   `/files`, `/health`.
@@ -29,7 +30,7 @@ from starlette.types import Scope
 from rift.api.guard import MAX_BODY
 from rift.api.state import AppState
 from rift.domain.errors import InvalidArgument, RiftError
-from rift.e2b import lifecycle, listing, sandboxes, shapes
+from rift.e2b import lifecycle, listing, logs, sandboxes, shapes
 from rift.e2b.deadlines import with_deadlines
 from rift.e2b.envd import Envd
 from rift.e2b.filesystem import Filesystem
@@ -118,6 +119,19 @@ class Api:
         except RiftError as err:
             return refusal(err)
 
+    async def logs(self, request: Request) -> Response:
+        return await self._logs(request, logs.logs_v1)
+
+    async def logs_v2(self, request: Request) -> Response:
+        return await self._logs(request, logs.logs_v2)
+
+    async def _logs(self, request: Request, read: Callable[..., Any]) -> Response:
+        try:
+            return JSONResponse(await self._call(request, read, request.path_params["sandbox"],
+                                                 dict(request.query_params)))
+        except RiftError as err:
+            return refusal(err)
+
     async def kill(self, request: Request) -> Response:
         try:
             await self._call(request, sandboxes.kill, request.path_params["sandbox"],
@@ -173,6 +187,8 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
         Route("/sandboxes/{sandbox}", api.info, methods=["GET"]),
         Route("/sandboxes/{sandbox}", api.kill, methods=["DELETE"]),
         Route("/sandboxes/{sandbox}/metrics", api.metrics, methods=["GET"]),
+        Route("/sandboxes/{sandbox}/logs", api.logs, methods=["GET"]),
+        Route("/v2/sandboxes/{sandbox}/logs", api.logs_v2, methods=["GET"]),
         Route("/sandboxes/{sandbox}/timeout", api.timeout, methods=["POST"]),
         Route("/v2/sandboxes/{sandbox}/connect", api.connect, methods=["POST"]),
         Route("/sandboxes/{sandbox}/connect", api.connect, methods=["POST"]),

@@ -202,3 +202,51 @@ def test_an_auto_paused_sandbox_with_auto_resume_is_woken_by_its_traffic(door: D
         assert door.vm(sandbox)["status"] == "running"  # the call woke it
     finally:
         Sandbox.kill(sandbox, **door.opts)
+
+
+def test_a_sandboxs_logs_are_its_tasks_events_through_e2bs_own_api_client(
+        door: Door) -> None:
+    """E2B's generated API client (the SDK's, as its CLI's `sandbox logs` calls it):
+    v1 from `start` on, v2 forward or backward from a cursor, by level and search;
+    another user's sandbox the same 404 as an unknown one; a bad query a 400."""
+    from e2b.api.client.api.sandboxes import (
+        get_sandboxes_sandbox_id_logs as v1,
+    )
+    from e2b.api.client.api.sandboxes import (
+        get_v_2_sandboxes_sandbox_id_logs as v2,
+    )
+    from e2b.api.client.models import LogLevel, LogsDirection
+    from e2b.connection_config import ConnectionConfig
+    from e2b.sandbox_sync.paginator import get_api_client
+
+    client = get_api_client(ConnectionConfig(**door.opts))
+    sbx = Sandbox.create(timeout=60, **door.opts)
+    try:
+        sbx.pause()  # an event after the sandbox's start
+        old = v1.sync(sbx.sandbox_id, client=client)
+        new = v2.sync(sbx.sandbox_id, client=client)
+        assert old is not None and new is not None
+        types = [entry.fields["type"] for entry in old.log_entries]
+        assert types[0] == "opened" and "vm_running" in types and types[-1] == "vm_paused", types
+        assert [line.line for line in old.logs] == [e.message for e in old.log_entries]
+        assert all(e.level == LogLevel.INFO for e in old.log_entries)
+        assert [e.message for e in new.logs] == [e.message for e in old.log_entries]
+        last = old.log_entries[-1].timestamp
+        later = int(last.timestamp() * 1000) + 1
+        assert v1.sync(sbx.sandbox_id, client=client, start=later).log_entries == []
+        back = v2.sync(sbx.sandbox_id, client=client, direction=LogsDirection.BACKWARD,
+                       limit=2)
+        assert back is not None and [e.message for e in back.logs] == [
+            e.message for e in reversed(old.log_entries)][:2]
+        found = v2.sync(sbx.sandbox_id, client=client, search="vm_paused")
+        assert found is not None and [e.fields["type"] for e in found.logs] == ["vm_paused"]
+        errors = v2.sync(sbx.sandbox_id, client=client, level=LogLevel.ERROR)
+        assert errors is not None and errors.logs == []
+        other = get_api_client(ConnectionConfig(**{**door.opts, "api_key": door.srv.new_token(
+            "eve", "eve's logs")}))
+        for sandbox in (sbx.sandbox_id, "zzzzzzzz"):
+            assert v1.sync_detailed(sandbox, client=other).status_code == 404
+            assert v2.sync_detailed(sandbox, client=other).status_code == 404
+        assert v2.sync_detailed(sbx.sandbox_id, client=client, limit=5000).status_code == 400
+    finally:
+        Sandbox.kill(sbx.sandbox_id, **door.opts)
