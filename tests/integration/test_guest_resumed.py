@@ -8,40 +8,27 @@ from __future__ import annotations
 
 import logging
 import shlex
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import paramiko
 import pytest
 
-from rift.domain.model import Vm
 from rift.guest import ShellSettings, SshGuestShell, key_for_task
 from rift.guest.adapter import guests_of
 from rift.guest.warm import WARM_UP_LINE, WARMED
+from tests.support.ssh_servers import LoopbackGuest, serving, vm_at
 
 
-@dataclass
-class Guest(paramiko.ServerInterface):
+@dataclass(eq=False)
+class Guest(LoopbackGuest):
     """A guest's SSH server that answers every command with exit 0 and keeps what
-    it was asked to run, and how many logins it took."""
+    it was asked to run."""
 
     commands: list[str] = field(default_factory=list)
-    logins: int = 0
-
-    def check_channel_request(self, kind: str, chanid: int) -> int:
-        return int(paramiko.common.OPEN_SUCCEEDED)
-
-    def get_allowed_auths(self, username: str) -> str:
-        return "publickey"
-
-    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
-        self.logins += 1
-        return int(paramiko.common.AUTH_SUCCESSFUL)
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         # the login shell's line: a pid header, then `eval '<the command>'`
@@ -62,28 +49,9 @@ class Guest(paramiko.ServerInterface):
 
 @pytest.fixture
 def guest() -> Iterator[tuple[Guest, int]]:
-    made, listener = Guest(), socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    transports: list[paramiko.Transport] = []
-    host_key = paramiko.ECDSAKey.generate()
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            transport = paramiko.Transport(conn)
-            transport.add_server_key(host_key)
-            transports.append(transport)
-            transport.start_server(server=made)
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield made, listener.getsockname()[1]
-    listener.close()
-    for transport in transports:
-        transport.close()
+    made = Guest()
+    with serving(made) as port:
+        yield made, port
 
 
 def test_a_wake_logs_in_once_sets_the_clock_and_warms_up_in_one_session_and_stays_open(
@@ -92,9 +60,7 @@ def test_a_wake_logs_in_once_sets_the_clock_and_warms_up_in_one_session_and_stay
     caplog.set_level(logging.INFO, logger="rift")
     key_for_task(tmp_path, "task_resumed")
     shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=5.0))
-    vm = Vm(id="vm_resumed01", task_id="task_resumed", owner="alice", name="r", image="tiny",
-            status="running", host="local", vcpus=1, memory_mib=256,
-            created_at=datetime.now(UTC), ssh_host="127.0.0.1", ssh_port=port)
+    vm = vm_at(port, "resumed01", "task_resumed")
     try:
         before = time.time()
         guests_of(shell).lifecycle.resumed(vm, 10.0)

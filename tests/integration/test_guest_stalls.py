@@ -11,8 +11,8 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import paramiko
@@ -21,6 +21,7 @@ import pytest
 from rift.domain.model import Vm
 from rift.guest import GuestError, ShellSettings, SshGuestShell, key_for_task
 from rift.services.ports import ExecRead
+from tests.support.ssh_servers import LoopbackGuest, serving, vm_at
 
 READ_A = ExecRead(exec_id="exec_a", max_bytes=4096)
 VIEW = (b"rift-exec state=ended code=0 signal=-1 timed_out=0 killed=0 stdin=closed "
@@ -28,22 +29,12 @@ VIEW = (b"rift-exec state=ended code=0 signal=-1 timed_out=0 killed=0 stdin=clos
         b"err_len=0\nok")
 
 
-@dataclass
-class Guest(paramiko.ServerInterface):
+@dataclass(eq=False)
+class Guest(LoopbackGuest):
     """One fake guest's SSH server; `mode` says how its exec requests go."""
 
     mode: str
     released: threading.Event = field(default_factory=threading.Event)
-    port: int = 0
-
-    def check_channel_request(self, kind: str, chanid: int) -> int:
-        return int(paramiko.common.OPEN_SUCCEEDED)
-
-    def get_allowed_auths(self, username: str) -> str:
-        return "publickey"
-
-    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
-        return int(paramiko.common.AUTH_SUCCESSFUL)
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         if self.mode == "silent":
@@ -69,47 +60,20 @@ class Guest(paramiko.ServerInterface):
             return
 
 
-def _serve(guest: Guest, listener: socket.socket, host_key: paramiko.PKey,
-           transports: list[paramiko.Transport]) -> None:
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        transport = paramiko.Transport(conn)
-        transport.add_server_key(host_key)
-        transports.append(transport)
-        transport.start_server(server=guest)
-
-
 @pytest.fixture
-def guests() -> Iterator[dict[str, Guest]]:
-    key = paramiko.RSAKey.generate(2048)
+def guests() -> Iterator[dict[str, Vm]]:
+    """A VM row for each kind of guest, its server listening until the test ends."""
     made: dict[str, Guest] = {}
-    listeners: list[socket.socket] = []
-    transports: list[paramiko.Transport] = []
-    for mode in ("silent", "deaf", "flood", "catastrophic", "fine"):
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        guest = Guest(mode, port=listener.getsockname()[1])
-        threading.Thread(target=_serve, args=(guest, listener, key, transports),
-                         daemon=True).start()
-        made[mode] = guest
-        listeners.append(listener)
-    yield made
-    for guest in made.values():
-        guest.released.set()
-    for listener in listeners:
-        listener.close()
-    for transport in transports:
-        transport.close()
-
-
-def _vm(name: str, port: int) -> Vm:
-    return Vm(id=f"vm_{name}", task_id="task_stalls", owner="alice", name=name, image="tiny",
-              status="running", host="local", vcpus=1, memory_mib=256,
-              created_at=datetime.now(UTC), ssh_host="127.0.0.1", ssh_port=port)
+    with ExitStack() as stack:
+        vms = {}
+        for mode in ("silent", "deaf", "flood", "catastrophic", "fine"):
+            made[mode] = Guest(mode)
+            vms[mode] = vm_at(stack.enter_context(serving(made[mode])), mode, "task_stalls")
+        try:
+            yield vms
+        finally:
+            for guest in made.values():
+                guest.released.set()
 
 
 @pytest.fixture
@@ -130,42 +94,41 @@ def _fails_within(seconds: float, call: object, match: str | None = None) -> flo
 
 
 def test_an_exec_request_never_answered_ends_at_the_deadline(
-        guests: dict[str, Guest], shell: SshGuestShell) -> None:
-    vm = _vm("silent", guests["silent"].port)
+        guests: dict[str, Vm], shell: SshGuestShell) -> None:
+    vm = guests["silent"]
     took = _fails_within(4.0, lambda: shell.execs.exec_input(vm, "exec_a", b"x", eof=True),
                          "within")
     assert took >= 1.0  # the deadline (1 s) and the watchdog's grace, not at once
 
 
 def test_input_a_guest_never_reads_ends_at_the_deadline(
-        guests: dict[str, Guest], shell: SshGuestShell) -> None:
-    vm = _vm("deaf", guests["deaf"].port)
+        guests: dict[str, Vm], shell: SshGuestShell) -> None:
+    vm = guests["deaf"]
     _fails_within(4.0, lambda: shell.execs.exec_input(vm, "exec_a", b"x" * (8 << 20), eof=True))
 
 
 def test_a_flood_is_cut_at_the_answers_size(
-        guests: dict[str, Guest], shell: SshGuestShell) -> None:
-    vm = _vm("flood", guests["flood"].port)
+        guests: dict[str, Vm], shell: SshGuestShell) -> None:
+    vm = guests["flood"]
     _fails_within(2.0, lambda: shell.execs.exec_kill(vm, "exec_a", "TERM"), "more than")
     _fails_within(5.0, lambda: shell.execs.exec_read(vm, READ_A),
                   "more than")
 
 
 def test_a_catastrophic_view_is_refused_at_once(
-        guests: dict[str, Guest], shell: SshGuestShell) -> None:
-    vm = _vm("catastrophic", guests["catastrophic"].port)
+        guests: dict[str, Vm], shell: SshGuestShell) -> None:
+    vm = guests["catastrophic"]
     _fails_within(2.0, lambda: shell.execs.exec_read(vm, READ_A),
                   "no view")
 
 
 def test_stalled_guests_make_no_other_vm_wait(
-        guests: dict[str, Guest], shell: SshGuestShell) -> None:
+        guests: dict[str, Vm], shell: SshGuestShell) -> None:
     outcomes: list[BaseException | None] = []
 
     def stalled_call(mode: str) -> None:
         try:
-            shell.execs.exec_input(_vm(mode, guests[mode].port), "exec_a", b"x" * (8 << 20),
-                             eof=True)
+            shell.execs.exec_input(guests[mode], "exec_a", b"x" * (8 << 20), eof=True)
             outcomes.append(None)
         except BaseException as exc:
             outcomes.append(exc)
@@ -174,7 +137,7 @@ def test_stalled_guests_make_no_other_vm_wait(
                for mode in ("silent", "deaf") for _ in range(3)]
     for thread in stalled:
         thread.start()
-    fine = _vm("fine", guests["fine"].port)
+    fine = guests["fine"]
     answered: list[float] = []
     while any(thread.is_alive() for thread in stalled):
         began = time.monotonic()
@@ -195,7 +158,7 @@ def test_a_guest_that_accepts_and_never_speaks_ssh_fails_at_the_connect_timeout(
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)  # the kernel accepts; nothing ever answers
-        vm = _vm("mute", listener.getsockname()[1])
+        vm = vm_at(listener.getsockname()[1], "mute", "task_stalls")
         try:
             _fails_within(4.0, lambda: quiet.execs.exec_input(vm, "exec_a", b"x", eof=True))
         finally:
