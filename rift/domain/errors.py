@@ -142,6 +142,24 @@ class SnapshotNotFound(RiftError):
         )
 
 
+class BuildFailed(RiftError):
+    """A recipe line the builder cannot take (before any VM starts), or a step that
+    failed in its VM (its exit code and the tail of its output) (SPEC §19)."""
+
+    code = "build_failed"
+    status = 422
+
+    def __init__(self, why: str, line: int | None = None, *, exit_code: int | None = None,
+                 output: str | None = None, build_id: str | None = None) -> None:
+        where = f"line {line}: " if line is not None else ""
+        super().__init__(
+            f"{where}{why}",
+            "mend the recipe (or its context) and build again: rift image build NAME "
+            "--recipe FILE; rift image build-log BUILD_ID shows the whole log",
+            line=line, exit_code=exit_code, output=output, build_id=build_id,
+        )
+
+
 class VolumeNotFound(RiftError):
     """An unknown volume id and another user's get the same answer: no probing."""
 
