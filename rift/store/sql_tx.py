@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from rift.store.sql_accounts import SqlTokens, SqlUsers
+from rift.store.sql_builds import SqlBuilds, SqlOwnedImages
 from rift.store.sql_events import SqlEvents
 from rift.store.sql_execs import SqlExecs
 from rift.store.sql_exposures import SqlExposures
@@ -27,9 +28,9 @@ class SqlTx:
     """Implements the engine's ``Tx`` port over one SQLAlchemy connection;
     ``writable`` is False inside ``store.read()``."""
 
-    __slots__ = ("events", "execs", "exposures", "fleet", "hosts", "meta", "pool_vms", "pools",
-                 "rates", "sandboxes", "snapshots", "tasks", "tokens", "users", "vms", "volumes",
-                 "web")
+    __slots__ = ("builds", "events", "execs", "exposures", "fleet", "hosts", "meta",
+                 "owned_images", "pool_vms", "pools", "rates", "sandboxes", "snapshots", "tasks",
+                 "tokens", "users", "vms", "volumes", "web")
 
     def __init__(self, conn: Connection, *, writable: bool) -> None:
         self.tasks = SqlTasks(conn, writable=writable)
@@ -49,3 +50,5 @@ class SqlTx:
         self.exposures = SqlExposures(conn, writable=writable)
         self.sandboxes = SqlSandboxes(conn, writable=writable)
         self.volumes = SqlVolumes(conn, writable=writable)
+        self.builds = SqlBuilds(conn, writable=writable)
+        self.owned_images = SqlOwnedImages(conn, writable=writable)

@@ -20,6 +20,7 @@ from sqlalchemy import (
     false,
 )
 
+from rift.domain.builds import Build, OwnedImage
 from rift.domain.model import Event, Exec, Task, Vm
 from rift.domain.pools import Pool, PoolVm
 from rift.domain.records import Exposure, Snapshot
@@ -362,3 +363,38 @@ volume_attachments = Table(
 )
 VOLUME_COLUMNS = tuple(volumes.c[f.name] for f in fields(Volume))
 ATTACHMENT_COLUMNS = tuple(volume_attachments.c[f.name] for f in fields(Attachment))
+
+# Builds (migration 0019, SPEC §19): one row per build with its log; the images
+# (and hidden layers) builds made, with their owner and whether they are published.
+builds = Table(
+    "builds",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("image", String, nullable=False),
+    Column("owner", String, nullable=False),
+    Column("host", String, nullable=False),
+    Column("state", String, nullable=False),
+    Column("recipe", Text, nullable=False),
+    Column("no_cache", Boolean, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("ended_at", UtcDateTime, nullable=True),
+    Column("log", Text, nullable=False),
+    Column("error", Text, nullable=True),
+    Column("steps", Integer, nullable=False),
+    Column("cached", Integer, nullable=False),
+    Index("ix_builds_owner_created_at", "owner", "created_at"),
+    Index("ix_builds_state", "state"),
+)
+owned_images = Table(
+    "owned_images",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("owner", String, nullable=False),
+    Column("kind", String, nullable=False),
+    Column("published", Boolean, nullable=False),
+    Column("build_id", String, nullable=True),
+    Column("layer_key", String, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+)
+BUILD_COLUMNS = tuple(builds.c[f.name] for f in fields(Build))
+OWNED_IMAGE_COLUMNS = tuple(owned_images.c[f.name] for f in fields(OwnedImage))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from rift.services.ports.builds import BuildRepository, OwnedImageRepository
 from rift.services.ports.guest import (
     ExecGone,
     ExecRead,
@@ -113,6 +114,10 @@ class Tx(Protocol):
     def sandboxes(self) -> SandboxRepository: ...
     @property
     def volumes(self) -> VolumeRepository: ...
+    @property
+    def builds(self) -> BuildRepository: ...
+    @property
+    def owned_images(self) -> OwnedImageRepository: ...
 
 
 class Store(Protocol):
