@@ -11,6 +11,7 @@ The contract, as read for this door:
 Modules: `shapes` (ids, answers, commands: pure), `connect` (the Connect protocol's
 framing), `sandboxes` (the control plane's engine calls), `listing` (its reads: detail,
 lists, metrics), `deadlines` (ends kept from the store), `asleep` (a sandbox asleep
-since its end: `paused`, and who may wake it), `envd` (the data plane),
+since its end: `paused`, and who may wake it), `volumes` and `volume_mounts`
+(E2B's `Volume` API and `volumeMounts`, as Rift's volumes), `envd` (the data plane),
 `routes` (the Starlette routes mounted at `/e2b`).
 """

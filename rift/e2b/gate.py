@@ -6,7 +6,8 @@ read. rift.api.gate's `TokenGate` runs it for every request under `/e2b`.
 - The data plane (envd's RPCs and `/files`): `X-Access-Token` must hold the task
   of the sandbox it names, checked as the engine checks a handle (a stale one is
   refused naming the holder, its event recorded), or for `/files` a URL signed
-  with that token (checked by the route); `/health` asks nothing.
+  with that token (checked by the route); `/health` asks nothing, nor E2B's volume
+  content API (answered 501).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ STREAMS = ("/process.Process/Start", "/process.Process/Connect",
            "/filesystem.Filesystem/WatchDir")  # server streams: refused in the stream
 DATA_PLANE = (*RPCS, "/files")
 OPEN = ("/health",)
+# Calls the door answers 501 whoever asks: E2B's volume content API, whose bearer is a
+# volume token and no API key (rift.e2b.volume_routes).
+NOT_SERVED = ("/volumecontent/",)
 CALLER_KEY = "rift_e2b_caller"  # in the request's state
 
 
@@ -57,7 +61,7 @@ async def first_check(state: AppState, scope: Scope) -> Response | None:
     path = scope["path"][len(PREFIX):]
     headers = Headers(scope=scope)
     try:
-        if path in OPEN or _signed(path, headers, scope):
+        if path in OPEN or path.startswith(NOT_SERVED) or _signed(path, headers, scope):
             return None
         if path.startswith(DATA_PLANE):
             try:

@@ -28,6 +28,7 @@ from rift.domain.sandboxes import Sandbox
 from rift.e2b import shapes
 from rift.e2b.asleep import state_of
 from rift.e2b.sandboxes import LIVE, Registry, live_vm, stored
+from rift.e2b.volume_mounts import mounted
 from rift.services.context import Caller, Deps
 
 MAX_LIST = 100
@@ -51,7 +52,8 @@ class Seen:
                    shapes.iso(vm.ready_at or vm.created_at))
 
 
-def _detail(sandbox: str, seen: Seen, record: Sandbox | None) -> dict[str, Any]:
+def _detail(sandbox: str, seen: Seen, record: Sandbox | None,
+            mounts: list[dict[str, str]]) -> dict[str, Any]:
     status, vcpus, memory_mib, disk_gib = seen.status, seen.vcpus, seen.memory_mib, \
         seen.disk_gib
     template = record.template if record else seen.image
@@ -62,7 +64,7 @@ def _detail(sandbox: str, seen: Seen, record: Sandbox | None) -> dict[str, Any]:
               "endAt": shapes.iso(end) or started,
               "cpuCount": vcpus, "memoryMB": memory_mib, "diskSizeMB": disk_gib * 1024,
               "state": state_of(status, record), "envdVersion": shapes.ENVD_VERSION,
-              "metadata": dict(record.metadata) if record else {}}
+              "metadata": dict(record.metadata) if record else {}, "volumeMounts": mounts}
     if record is not None:
         detail["lifecycle"] = {"onTimeout": record.on_timeout,
                                "autoResume": record.auto_resume}
@@ -76,7 +78,9 @@ def info(deps: Deps, registry: Registry, caller: Caller, sandbox: str) -> dict[s
     if record is not None and record.end_at is not None and \
             record.end_at <= deps.clock.now():
         raise VmNotFound(vm.id)  # over at its end (its kill may be under way)
-    return _detail(sandbox, Seen.of(vm), record)
+    with deps.store.read() as tx:
+        mounts = mounted(tx, [vm.id])[vm.id]
+    return _detail(sandbox, Seen.of(vm), record, mounts)
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,7 @@ def listing(deps: Deps, registry: Registry, caller: Caller, query: dict[str, str
     with deps.store.read() as tx:
         found = [(record, vm) for record in tx.sandboxes.of_owner(caller.user)
                  for vm in [tx.vms.get(record.vm_id)] if _fits(record, vm, want, now)]
+        mounts = mounted(tx, [record.vm_id for record, _ in found])
     if want.newest_first:
         found.reverse()
     if want.after is not None:
@@ -150,7 +155,7 @@ def listing(deps: Deps, registry: Registry, caller: Caller, query: dict[str, str
         found = [(r, vm) for r, vm in found
                  if (_key(r) < after if want.newest_first else _key(r) > after)]
     page, rest = found[:want.limit], found[want.limit:]
-    listed = [_detail(shapes.sandbox_id(vm.id), Seen.of(vm), record)
+    listed = [_detail(shapes.sandbox_id(vm.id), Seen.of(vm), record, mounts[vm.id])
               for record, vm in page if vm is not None]
     if not rest:
         return listed, None

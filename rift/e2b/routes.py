@@ -6,7 +6,8 @@
   /sandboxes/{id}`, `POST /sandboxes/{id}/timeout`, `POST /v2/sandboxes/{id}/connect`
   (and `/sandboxes/{id}/connect`, `/resume`), `POST /sandboxes/{id}/pause`
   (rift.e2b.lifecycle), `GET /sandboxes/{id}/metrics`, `GET /sandboxes/{id}/logs`
-  and `/v2/sandboxes/{id}/logs` (rift.e2b.logs); refusals in E2B's shape
+  and `/v2/sandboxes/{id}/logs` (rift.e2b.logs), `/volumes` (rift.e2b.volume_routes);
+  refusals in E2B's shape
   `{"code": <status>, "message": "<Rift's message (code: hint)>"}`.
 - the data plane (rift.e2b.envd): `/process.Process/*`, `/filesystem.Filesystem/*`,
   `/files`, `/health`.
@@ -38,6 +39,7 @@ from rift.e2b.gate import CALLER_KEY, PREFIX
 from rift.e2b.processes import Processes
 from rift.e2b.sandboxes import Registry
 from rift.e2b.snapshot_routes import SnapshotApi
+from rift.e2b.volume_routes import VolumeApi
 from rift.e2b.watches import Watches
 
 STREAMS = ("/filesystem.Filesystem/WatchDir",)
@@ -214,6 +216,7 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
         Route("/files", envd.write, methods=["POST"]),
         Route("/health", envd.health, methods=["GET"]),
         *SnapshotApi(api, refusal).routes(),  # snapshots, forks, network (rift.e2b.snapshots)
+        *VolumeApi(api, refusal).routes(),  # volumes (rift.e2b.volumes)
         Route("/{rest:path}", api.not_served, methods=everything),
     ]
 

@@ -24,6 +24,7 @@ from typing import Any
 from rift.contract import tools as c
 from rift.contract.base import command
 from rift.contract.views import VmView
+from rift.contract.vms import AttachBody
 from rift.domain.errors import (
     HypervisorFailed,
     InvalidArgument,
@@ -34,6 +35,7 @@ from rift.domain.errors import (
 from rift.domain.sandboxes import Sandbox
 from rift.domain.secrets import digest
 from rift.e2b import shapes
+from rift.e2b import volume_mounts as e2b_volumes
 from rift.e2b.forking import names_snapshot, start_fork
 from rift.e2b.network import egress_of
 from rift.services.access import accounts
@@ -163,15 +165,17 @@ def _template_of(body: dict[str, Any]) -> str:
 
 
 def _start_vm(deps: Deps, caller: Caller, template: str, egress: object,
-              ) -> tuple[str, VmView]:
-    """A task of its own and the sandbox's VM in it: (the task's handle, the VM)."""
+              mounts: list[AttachBody]) -> tuple[str, VmView]:
+    """A task of its own and the sandbox's VM in it, with its volumes mounted: (the
+    task's handle, the VM)."""
     opened = tasks.new(deps, caller, command(c.TaskNewIn, name=TASK_PREFIX + template))
     handle = opened.handle
     close = command(c.TaskCloseIn, handle=handle)
     image = None if template == "base" else template
     try:
         vm = vms.new(deps, caller, command(c.VmNewIn, handle=handle, name="sandbox",
-                                           image=image, egress=egress)).vm
+                                           image=image, egress=egress,
+                                           volumes=mounts or None)).vm
     except BaseException:
         tasks.close(deps, caller, close)
         raise
@@ -193,8 +197,12 @@ def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
     on_timeout, auto_resume = lifecycle_of(body)
     shapes.command_line("true", [], envs, None)  # names checked before anything is made
     egress = egress_of(body)  # E2B's network rules as Rift's egress (rift.e2b.network)
-    handle, vm = (start_fork(deps, caller, template, TASK_PREFIX + template, egress)
-                  if names_snapshot(template) else _start_vm(deps, caller, template, egress))
+    mounts = e2b_volumes.mounts_of(deps, caller, body)  # volumeMounts, by name
+    if names_snapshot(template):
+        handle, vm = start_fork(deps, caller, template, TASK_PREFIX + template, egress)
+        vm = e2b_volumes.attach_to_fork(deps, caller, handle, vm, mounts)
+    else:
+        handle, vm = _start_vm(deps, caller, template, egress, mounts)
     sandbox, traffic = shapes.sandbox_id(vm.id), new_traffic_token()
     now = deps.clock.now()
     record = Sandbox(vm.id, caller.user, vm.task_id, template, now,

@@ -250,3 +250,51 @@ def test_a_sandboxs_logs_are_its_tasks_events_through_e2bs_own_api_client(
         assert v2.sync_detailed(sbx.sandbox_id, client=client, limit=5000).status_code == 400
     finally:
         Sandbox.kill(sbx.sandbox_id, **door.opts)
+
+
+def test_volumes_through_e2bs_own_volume_api_and_volume_mounts(door: Door) -> None:
+    """E2B's `Volume` (create, list, get, connect, destroy) are Rift's volumes of the
+    key's user; `volume_mounts` on create attach them to the sandbox's VM (by name),
+    its detail answers them; a delete while attached is 409 naming the VM; the
+    sandbox's kill detaches, never deletes; another user's volume is an unknown one;
+    the content API is 501."""
+    from e2b import Volume
+    from e2b.exceptions import NotFoundException, SandboxException, VolumeException
+
+    vol = Volume.create("e2b-data", **door.opts)
+    assert vol.volume_id.startswith("vol_") and vol.name == "e2b-data"
+    rift_view = door.rest(f"volumes/{vol.volume_id}")["volume"]
+    assert (rift_view["name"], rift_view["size_gib"]) == ("e2b-data", 10)
+    listed = Volume.list(**door.opts)
+    assert [(v.volume_id, v.name) for v in listed if v.name == "e2b-data"] == \
+        [(vol.volume_id, "e2b-data")]
+    assert Volume.connect(vol.volume_id, **door.opts).name == "e2b-data"
+    with pytest.raises(VolumeException):
+        Volume.create("e2b-data", **door.opts)  # names are unique per user: 400
+    with pytest.raises(SandboxException, match="volume_not_found"):  # 404
+        Sandbox.create(volume_mounts={"/data": "no-such-volume"}, timeout=60, **door.opts)
+    sbx = Sandbox.create(volume_mounts={"/data": vol}, timeout=60, **door.opts)
+    try:
+        assert sbx.get_info().volume_mounts == [{"name": "e2b-data", "path": "/data"}]
+        listed_sbx = Sandbox.list(**door.opts).next_items()
+        assert [s.volume_mounts for s in listed_sbx if s.sandbox_id == sbx.sandbox_id] == \
+            [[{"name": "e2b-data", "path": "/data"}]]
+        assert door.vm(sbx)["volumes"] == [
+            {"volume_id": vol.volume_id, "path": "/data", "read_only": False}]
+        with pytest.raises(VolumeException) as busy:
+            Volume.destroy(vol.volume_id, **door.opts)
+        assert "volume_busy" in str(busy.value) and f"vm_{sbx.sandbox_id}" in str(busy.value)
+    finally:
+        sbx.kill()
+    assert door.rest(f"volumes/{vol.volume_id}")["volume"]["attached_to"] == []
+    other = {**door.opts, "api_key": door.srv.new_token("mallory", "mallory's volumes")}
+    with pytest.raises(NotFoundException):
+        Volume.get_info(vol.volume_id, **other)
+    assert Volume.destroy(vol.volume_id, **other) is False  # 404: not hers
+    content = httpx.get(f"{door.srv.url}/e2b/volumecontent/{vol.volume_id}/dir",
+                        params={"path": "/"}, headers={"Authorization": f"Bearer {vol.token}"},
+                        timeout=30)
+    assert content.status_code == 501 and "volumeMounts" in content.text
+    assert Volume.destroy(vol.volume_id, **door.opts) is True
+    assert Volume.destroy(vol.volume_id, **door.opts) is False
+    assert Volume.destroy("not-a-volume", **door.opts) is False

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2b import InvalidArgumentException, Sandbox, SandboxNetworkOpts
+from e2b import InvalidArgumentException, Sandbox, SandboxNetworkOpts, Volume
 from e2b.exceptions import SandboxException, SandboxNotFoundException
 
 from tests.support.e2b import Door, e2b_opts
@@ -68,9 +68,16 @@ def test_a_sandbox_from_a_snapshot_is_a_task_of_its_own_and_outlives_its_source(
         source_task = door.task(sbx)["id"]
         sbx.kill()  # its task stays open for its snapshot
         assert door.rest(f"tasks/{source_task}")["task"]["status"] == "open"
-        again = Sandbox.create(snap.snapshot_id, **door.opts)
-        assert door.vm(again)["start"]["kind"] == "fork"
+        vol = Volume.create("fork-data", **door.opts)  # volumeMounts: attached to the fork
+        again = Sandbox.create(snap.snapshot_id, volume_mounts={"/data": vol}, **door.opts)
+        forked = door.vm(again)
+        assert forked["start"]["kind"] == "fork" and forked["volumes"] == [
+            {"volume_id": vol.volume_id, "path": "/data", "read_only": False}]
         again.kill()
+        with pytest.raises(SandboxException, match="invalid_argument"):  # a path refused
+            Sandbox.create(snap.snapshot_id, volume_mounts={"/etc": vol}, **door.opts)
+        assert door.rest(f"volumes/{vol.volume_id}")["volume"]["attached_to"] == []
+        assert Volume.destroy(vol.volume_id, **door.opts)
         assert Sandbox.delete_snapshot(snap.snapshot_id, **door.opts) is True
         assert door.rest(f"tasks/{source_task}")["task"]["status"] == "closed"  # kept for none
         with pytest.raises(SandboxException):  # the snapshot is gone
