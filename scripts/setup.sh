@@ -7,7 +7,8 @@ set -euo pipefail
 . "$(dirname "$0")/apt.sh"
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(pkg-config libvirt-dev gcc libc6-dev python3-dev python3-venv tini postgresql chromium openssh-server debootstrap)
+APT_PACKAGES=(pkg-config libvirt-dev gcc libc6-dev python3-dev python3-venv tini postgresql chromium openssh-server debootstrap
+  python3-ipykernel)  # python3-ipykernel: tests/unit/test_code_server.py runs the guest's kernel server
 [ "${RIFT_SETUP_NO_POSTGRES:-}" = 1 ] && APT_PACKAGES=("${APT_PACKAGES[@]/postgresql}")
 
 ensure_packages setup "${APT_PACKAGES[@]}"
