@@ -19,6 +19,8 @@ a hidden image (`layer-<key>`) that only its owner's builds start from.
 
 from __future__ import annotations
 
+import base64
+import secrets
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Literal
@@ -82,6 +84,11 @@ class OwnedImage:
 
     def publish(self) -> OwnedImage:
         return replace(self, published=True)
+
+
+def new_build_id() -> str:
+    """`build_` + 8 lowercase base32 characters, as rift.domain.ids makes ids."""
+    return "build_" + base64.b32encode(secrets.token_bytes(5)).decode("ascii").lower()
 
 
 def layer_name(key: str) -> str:

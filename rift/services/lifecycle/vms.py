@@ -8,7 +8,6 @@ from rift.contract.vms import VmDestroyIn, VmGetIn, VmNewIn, VmOut
 from rift.domain import egress as egress_rules
 from rift.domain.errors import (
     IdempotencyConflict,
-    ImageNotFound,
     InvalidArgument,
     QuotaExceeded,
     VmNotFound,
@@ -21,6 +20,7 @@ from rift.services.lifecycle.capacity import Where, place
 from rift.services.lifecycle.disk_budget import check_disk_budget, disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on
 from rift.services.lifecycle.handouts import Taken, start_taken, take
+from rift.services.lifecycle.image_access import check_visible
 from rift.services.lifecycle.launch import (
     SSH_HOST,
     Start,
@@ -116,9 +116,7 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
                 if existing.request_digest != digest:
                     raise IdempotencyConflict("rift_vm_new")
                 return existing, None, None, None, True
-        known = deps.images.names()
-        if image not in known:
-            raise ImageNotFound(image, sorted(known))
+        check_visible(deps, tx, caller, image)  # SPEC §19: a built image is its owner's
         _check_vm_budget(deps, tx, caller, task, now)
         # Pooled VMs were made `open`: their network cannot change once they run.
         # Pooled VMs have their image's usual disk: another size boots.

@@ -6,10 +6,12 @@ rift.services.lifecycle.guest_kinds.SnapshotGuest starts its VMs). A plain
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hypervisor.base import ImageError, elsewhere
-from hypervisor.qcow2 import KIND_KERNEL, image_kind
+from hypervisor.manifest import sha256_file
+from hypervisor.qcow2 import KIND_KERNEL, MANIFEST, image_kind
 from hypervisor.qcow2 import remove_image as remove_image_files
 from hypervisor.snapshot_image import (
     KIND_SNAPSHOT,
@@ -88,3 +90,39 @@ def add_image_from_snapshot(deps: Deps, cmd: ImageFromSnapshotIn) -> Path:
     deps.log.info("image added from a snapshot", extra={
         "image": name, "snapshot_id": snap.id, "from_image": snap.image})
     return made
+
+
+class FolderLayers:
+    """The LayerFiles port of builds (SPEC §19) over the images folder: layers and
+    built images are snapshot images; a built image is a standalone copy of its
+    last layer (its disk flattened), so layers can go without breaking it."""
+
+    def __init__(self, images_dir: Path) -> None:
+        self.images_dir = images_dir
+
+    def exists(self, name: str) -> bool:
+        try:
+            snapshot_image(self.images_dir, name)
+        except ImageError:
+            return False
+        return True
+
+    def identity(self, image: str) -> str:
+        manifest = self.images_dir / image / MANIFEST
+        return sha256_file(manifest) if manifest.is_file() else ""
+
+    def image_from(self, layer: str, name: str) -> None:
+        made = snapshot_image(self.images_dir, layer)
+        facts = json.loads((self.images_dir / layer / MANIFEST).read_text())
+        source = SnapshotSource(
+            snapshot_id=str(facts["source"]["snapshot_id"]), image=layer,
+            origin_kind=made.origin_kind, state=made.state, disk=made.disk, key=made.key,
+            host_key=made.host_key, vcpus=made.vcpus, memory_mib=made.memory_mib,
+            disk_gib=made.disk_gib)
+        if (self.images_dir / name).exists():
+            remove_image_files(self.images_dir, name)
+        add_snapshot_image(self.images_dir, name, source)
+
+    def remove(self, name: str) -> None:
+        if (self.images_dir / name).exists():
+            remove_image_files(self.images_dir, name)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from rift.contract.builds import BuildView, ImageView
 from rift.contract.views import (
     AllowView,
     EventView,
@@ -34,6 +35,7 @@ from rift.contract.views import (
 )
 from rift.domain import egress as egress_rules
 from rift.domain import usage
+from rift.domain.builds import Build, OwnedImage
 from rift.domain.clock import iso
 from rift.domain.model import Event, Exec, Host, Task, Vm
 from rift.domain.records import Exposure, Snapshot
@@ -211,3 +213,18 @@ def execution(ex: Exec, out: Output | None = None) -> ExecView:
         stdout_offset=ex.stdout_bytes if got.stdout_offset is None else got.stdout_offset,
         stderr_offset=ex.stderr_bytes if got.stderr_offset is None else got.stderr_offset,
         stdout_bytes=ex.stdout_bytes, stderr_bytes=ex.stderr_bytes, truncated=got.truncated)
+
+
+# -- builds (SPEC §19) -------------------------------------------------------------------
+
+def build(row: Build, log_from: int = 0) -> BuildView:
+    log = row.log[log_from:] if log_from < len(row.log) else ""
+    return BuildView.model_construct(
+        build_id=row.id, image=row.image, owner=row.owner, state=row.state, steps=row.steps,
+        cached=row.cached, created_at=iso(row.created_at) or "", ended_at=iso(row.ended_at),
+        error=row.error, log=log, log_offset=max(log_from, len(row.log)))
+
+
+def image(row: OwnedImage) -> ImageView:
+    return ImageView.model_construct(name=row.name, owner=row.owner, published=row.published,
+                                     build_id=row.build_id)

@@ -1,0 +1,237 @@
+"""Images from a recipe (SPEC §19): the use cases every door calls (the CLI, REST,
+and the engine itself, e.g. for the code contexts' `python` image).
+
+`submit` checks the recipe before any VM starts (a line it cannot take, a FROM
+that names no image the caller may start, a COPY source outside the context or
+missing: `build_failed` naming the line; a name another user's image holds, a
+built-in or an operator's image: `invalid_argument`), records the build
+`running`, and runs it, in the background or in the caller's thread. Builds run
+one at a time per control plane's images folder (a lock file there, so `rift
+image build` and `rift serve` take turns). A build `rift serve` finds `running`
+at its start was cut by a restart: `fail_cut` fails it and closes its task.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rift.contract.builds import BuildGetIn, BuildOut, ImageBuildIn, ImageOut, ImagePublishIn
+from rift.contract.operator import TaskIdIn
+from rift.domain.builds import LAYER_PREFIX, Build, OwnedImage, new_build_id
+from rift.domain.errors import BuildFailed, ImageNotFound, InvalidArgument, RiftError
+from rift.domain.recipes import RecipeError, parse
+from rift.services.builds import engine
+from rift.services.builds.context import Context
+from rift.services.builds.guest import VmBuildGuest
+from rift.services.context import Caller, Deps
+from rift.services.lifecycle.image_access import BuildCaller, sees, visible_names
+from rift.services.lifecycle.tasks import close_as_operator
+from rift.services.operator.images import FolderLayers
+from rift.services.ports.builds import BuildGuest, LayerFiles
+from rift.services.read import views
+
+BUILTIN = ("tiny", "debian")
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class BuildParts:
+    """What a build runs with besides the store: its guest and layers (fakes in unit
+    tests), how long a CMD's ports may take (RIFT_BUILD_READY_S), and who hears its
+    log lines as they come (the CLI's progress)."""
+
+    context: Context = field(default_factory=lambda: Context(None))
+    guest: Callable[[Caller, str], BuildGuest] | None = None
+    layers: LayerFiles | None = None
+    ready_s: float = 60.0
+    progress: Callable[[str], None] | None = None
+    background: bool = True
+
+
+def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> BuildOut:
+    """Check and record a build of `cmd.name`, then run it (at once in this thread,
+    or in the background); answers the build (ended, when not in the background)."""
+    layers = parts.layers or FolderLayers(deps.runtime.images("name"))
+    parts = replace(parts, layers=layers)
+    try:
+        recipe = parse(cmd.recipe)
+    except RecipeError as exc:
+        raise BuildFailed(exc.why, exc.line) from exc
+    builder = BuildCaller(caller.user, f"build:{caller.label}", caller.operator)
+    with deps.store.read() as tx:
+        _check_name(deps, tx.owned_images.get(cmd.name), caller, cmd.name)
+        if recipe.base not in deps.images.names() or not sees(
+                tx.owned_images.get(recipe.base), caller):
+            raise BuildFailed(f"FROM {recipe.base} names no image of yours; the images "
+                              f"there are: {', '.join(visible_names(deps, tx, caller))}",
+                              recipe.base_line)
+        hosts = [h.name for h in tx.hosts.all()]
+    the_plan = engine.make_plan(recipe, layers.identity(recipe.base), caller.user,
+                                 parts.context)
+    build = Build(id=new_build_id(), image=cmd.name, owner=caller.user,
+                  host=hosts[0] if hosts else "local", state="running", recipe=cmd.recipe,
+                  no_cache=cmd.no_cache, created_at=deps.clock.now(),
+                  steps=len(the_plan.planned))
+    with deps.store.write() as tx:
+        tx.builds.add(build)
+
+    def work() -> None:
+        _execute(deps, builder, build, the_plan, parts)
+
+    if parts.background:
+        threading.Thread(target=work, name=f"build-{build.id}", daemon=True).start()
+        return BuildOut(build=views.build(build))
+    work()
+    with deps.store.read() as tx:
+        ended = tx.builds.get(build.id)
+    assert ended is not None
+    return BuildOut(build=views.build(ended))
+
+
+def _check_name(deps: Deps, row: OwnedImage | None, caller: Caller, name: str) -> None:
+    if name in BUILTIN or name.startswith(LAYER_PREFIX):
+        raise InvalidArgument("name", f"{name!r} is Rift's own; choose another name")
+    if row is None and name in deps.images.names():
+        raise InvalidArgument("name", f"{name!r} is an operator's image; choose another name")
+    if row is not None and row.owner != caller.user:
+        raise InvalidArgument("name", f"image {name!r} is another user's; choose another name")
+
+
+class _Log:
+    """A build's log: each line saved on its row as it comes, and told to the door."""
+
+    def __init__(self, deps: Deps, build: Build, progress: Callable[[str], None] | None):
+        self.deps, self.build, self.progress, self.cached = deps, build, progress, 0
+
+    def say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
+        with self.deps.store.write() as tx:
+            current = tx.builds.get(self.build.id)
+            if current is not None and current.state == "running":
+                tx.builds.save(current.logged(line + "\n", self.cached), current)
+
+
+def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
+             parts: BuildParts) -> None:
+    log = _Log(deps, build, parts.progress)
+    layers = parts.layers
+    assert layers is not None
+    guest = (parts.guest or (lambda c, b: VmBuildGuest(deps, c, b)))(caller, build.id)
+    error: str | None = None
+    try:
+        with _one_at_a_time(deps, log):
+            hits = engine.reused(the_plan, layers, build.no_cache)
+            log.cached = engine.steps_reused(the_plan, hits)
+            job = engine.Job(guest, parts.context, parts.ready_s, log.say)
+            try:
+                last = engine.run(the_plan, hits, job)
+                layers.image_from(last, build.image)
+                _keep_image(deps, build)
+            finally:
+                guest.close()
+                _keep_layers(deps, caller, build, the_plan, layers)
+    except RiftError as exc:
+        error = exc.message
+        if exc.details.get("output"):
+            log.say(str(exc.details["output"]).rstrip("\n"))
+    except Exception as exc:  # a bug or a host's failure: the build fails, saying so
+        deps.log.exception("build failed", extra={"build_id": build.id})
+        error = f"{type(exc).__name__}: {exc}"
+    with deps.store.write() as tx:
+        current = tx.builds.get(build.id)
+        if current is not None and current.state == "running":
+            now = deps.clock.now()
+            ended = current.failed(error, now) if error else current.succeeded(now)
+            tx.builds.save(ended, current)
+    deps.log.info("build ended", extra={"build_id": build.id, "image": build.image,
+                                        "error": error})
+
+
+def _keep_layers(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
+                 layers: LayerFiles) -> None:
+    """A row (the owner's) for each layer of the plan whose files are there."""
+    with deps.store.write() as tx:
+        for stage in the_plan.stages:
+            if tx.owned_images.get(stage.layer) is None and layers.exists(stage.layer):
+                tx.owned_images.add(OwnedImage(stage.layer, caller.user, "layer", False,
+                                               build.id, stage.key, deps.clock.now()))
+
+
+def _keep_image(deps: Deps, build: Build) -> None:
+    with deps.store.write() as tx:
+        row = tx.owned_images.get(build.image)
+        made = OwnedImage(build.image, build.owner, "image", False, build.id, None,
+                          deps.clock.now())
+        if row is None:
+            tx.owned_images.add(made)
+        else:
+            tx.owned_images.save(OwnedImage(row.name, row.owner, "image", row.published,
+                                            build.id, None, row.created_at), row)
+
+
+@contextmanager
+def _one_at_a_time(deps: Deps, log: _Log) -> Iterator[None]:
+    folder = _lock_folder(deps)
+    if not _LOCK.acquire(blocking=False):
+        log.say("waiting for the build before it")
+        _LOCK.acquire()
+    try:
+        if folder is None:
+            yield
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / ".build.lock").open("a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            yield
+    finally:
+        _LOCK.release()
+
+
+def _lock_folder(deps: Deps) -> Path | None:
+    try:
+        return deps.runtime.images("name")
+    except InvalidArgument:
+        return None
+
+
+# -- reading, publishing, restarts ---------------------------------------------------------
+
+def get(deps: Deps, caller: Caller, cmd: BuildGetIn) -> BuildOut:
+    with deps.store.read() as tx:
+        build = tx.builds.get(cmd.build_id)
+    if build is None or build.owner != caller.user:
+        raise InvalidArgument("build_id", f"no build {cmd.build_id} of yours")
+    return BuildOut(build=views.build(build, cmd.log_from))
+
+
+def publish(deps: Deps, caller: Caller, cmd: ImagePublishIn) -> ImageOut:
+    """`rift image publish NAME`: the caller's built image becomes everyone's."""
+    with deps.store.write() as tx:
+        row = tx.owned_images.get(cmd.name)
+        if row is None or row.kind != "image" or not sees(row, caller) or (
+                row.owner != caller.user and not caller.operator):
+            raise ImageNotFound(cmd.name, visible_names(deps, tx, caller))
+        tx.owned_images.save(row.publish(), row)
+        return ImageOut(image=views.image(row.publish()))
+
+
+def fail_cut(deps: Deps) -> list[str]:
+    """At `rift serve`'s start: builds left `running` were cut by a restart; each
+    fails, and its task (named after it) closes."""
+    now = deps.clock.now()
+    with deps.store.write() as tx:
+        cut = tx.builds.running()
+        for build in cut:
+            tx.builds.save(build.failed("cut by a restart of rift serve; build again", now),
+                           build)
+        open_tasks = [t.id for b in cut for t in tx.tasks.page(b.owner, "open", 500, None)
+                      if t.name == b.id]
+    for task_id in open_tasks:
+        close_as_operator(deps, TaskIdIn(task_id=task_id, by="sweep"))
+    return [b.id for b in cut]

@@ -1,0 +1,169 @@
+"""One build's steps (SPEC §19): which layers are reused, which steps run, and in
+what VM.
+
+The layers: each step that changes the guest (RUN, COPY) leaves one, and a CMD
+leaves the last (its command started and its ports answering); a layer is a
+hidden image, `layer-<key>` (rift.domain.builds.layer_name), whose VMs start from
+its saved memory and disk. The settings steps (ENV, ARG, WORKDIR, USER, EXPOSE,
+CMD's text) change only what later steps run under, so they leave no files; their
+keys still chain, so a changed ARG changes every key after it.
+
+A rebuild reuses the leading layers that exist (none with `no_cache`); at the first
+missing one a VM starts from the last reused layer (or the FROM image) and runs
+the rest of the steps, each leaving its layer as it goes (the VM runs on from the
+state it saved, which is that layer's). A failed step leaves no image, and the
+layers before it stay for the next try. The image is a standalone copy of the
+last layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rift.domain.builds import layer_name
+from rift.domain.errors import BuildFailed
+from rift.domain.recipes import Planned, Recipe, Settings, layer_key, plan, root_key
+from rift.services.builds import scripts
+from rift.services.builds.context import Context
+from rift.services.ports.builds import BuildGuest, LayerFiles
+
+OUTPUT_TAIL = 2000
+STEP_TIMEOUT_S = 3600
+COPY_TAR = "/run/rift-copy.tar"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A step that leaves a layer: a RUN or COPY (`planned`), or the start of the
+    CMD (or, for a recipe with neither, the FROM image saved as it is)."""
+
+    key: str
+    planned: Planned | None
+
+    @property
+    def layer(self) -> str:
+        return layer_name(self.key)
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: Recipe
+    planned: list[Planned]
+    stages: list[Stage]
+
+
+def make_plan(recipe: Recipe, identity: str, owner: str, context: Context) -> Plan:
+    """The steps with their keys; build_failed for a COPY whose source is outside the
+    context or missing (before any VM starts)."""
+    digests = {p.step.line: context.digest(p.step.line, p.copy)
+               for p in plan(recipe, "-") if p.copy is not None}
+    root = root_key(recipe.base, identity, owner)
+    planned = plan(recipe, root, digests)
+    stages = [Stage(p.key, p) for p in planned if p.changes_guest]
+    last = planned[-1].key if planned else root
+    final = recipe.settings
+    if final.cmd is not None:
+        stages.append(Stage(layer_key(last, f"START {final.cmd} PORTS {final.ports}", {}), None))
+    elif not stages:
+        stages.append(Stage(layer_key(last, "SAVE", {}), None))
+    return Plan(recipe, planned, stages)
+
+
+def reused(the_plan: Plan, layers: LayerFiles, no_cache: bool) -> int:
+    """How many leading stages have their layer already."""
+    if no_cache:
+        return 0
+    count = 0
+    for stage in the_plan.stages:
+        if not layers.exists(stage.layer):
+            break
+        count += 1
+    return count
+
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a build's steps run with: its guest, its context, how long a CMD's
+    ports may take to answer (RIFT_BUILD_READY_S) and where its log lines go."""
+
+    guest: BuildGuest
+    context: Context
+    ready_s: float
+    say: Say
+
+
+def steps_reused(the_plan: Plan, hits: int) -> int:
+    """How many of the recipe's steps the first `hits` stages' layers cover (none when
+    no layer is reused: every step runs, from the FROM image)."""
+    if hits == 0:
+        return 0
+    missing = the_plan.stages[hits].planned if hits < len(the_plan.stages) else None
+    return the_plan.planned.index(missing) if missing is not None else len(the_plan.planned)
+
+
+def run(the_plan: Plan, hits: int, job: Job) -> str:
+    """Run the stages after the first `hits` in one VM; answers the last layer's name."""
+    guest, say = job.guest, job.say
+    stages, planned = the_plan.stages, the_plan.planned
+    total = len(planned)
+    resume = steps_reused(the_plan, hits)
+    for number, p in enumerate(planned[:resume], start=1):
+        say(f"step {number}/{total}: {p.step.text} (cached)")
+    if hits == len(stages):
+        return stages[-1].layer
+    start = stages[hits - 1].layer if hits else the_plan.recipe.base
+    say(f"starting a VM of {start}")
+    guest.start(start)
+    for number, p in enumerate(planned[resume:], start=resume + 1):
+        say(f"step {number}/{total}: {p.step.text}")
+        if p.changes_guest:
+            clock = time.monotonic()
+            _change(p, guest, job.context, say)
+            guest.save_layer(layer_name(p.key))
+            say(f"step {number}/{total}: done in {time.monotonic() - clock:.1f} s")
+    last = stages[-1]
+    if last.planned is None:
+        _start(the_plan.recipe.settings, guest, job.ready_s, say)
+        guest.save_layer(last.layer)
+    return last.layer
+
+
+def _change(p: Planned, guest: BuildGuest, context: Context, say: Say) -> None:
+    line = p.step.line
+    if p.copy is not None:
+        targets = [target for _, target in context.files(line, p.copy)]
+        guest.put(COPY_TAR, context.pack(line, p.copy))
+        script = scripts.copy_script(p.copy, COPY_TAR, targets)
+    else:
+        script = scripts.run_script(p)
+    code, output = guest.run(script, STEP_TIMEOUT_S)
+    if output:
+        say(output[-OUTPUT_TAIL:].rstrip("\n"))
+    if code != 0:
+        why = "was killed or timed out" if code is None else f"exited {code}"
+        raise BuildFailed(f"{p.step.instruction} {why}", line, exit_code=code,
+                          output=output[-OUTPUT_TAIL:])
+
+
+def _start(s: Settings, guest: BuildGuest, ready_s: float, say: Say) -> None:
+    if s.cmd is None:
+        return
+    say(f"starting CMD {s.cmd}")
+    code, output = guest.run(scripts.start_script(s), 60)
+    if code != 0:
+        raise BuildFailed(f"CMD could not start (exit {code})", None, exit_code=code,
+                          output=output[-OUTPUT_TAIL:])
+    deadline = time.monotonic() + ready_s
+    for port in s.ports:
+        while not guest.answers(port):
+            if time.monotonic() > deadline:
+                _, log = guest.run(scripts.tail_script(OUTPUT_TAIL), 30)
+                raise BuildFailed(f"CMD: port {port} did not answer within "
+                                  f"RIFT_BUILD_READY_S ({ready_s:g} s)", None, output=log)
+            time.sleep(0.2)
+        say(f"port {port} answers")

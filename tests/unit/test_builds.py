@@ -1,0 +1,243 @@
+"""Images from a recipe (SPEC §19) on a fake build guest and fake layer files: which
+steps run and in what VM, which layers a rebuild reuses, a failed step, a CMD
+waited for, the refusals before any VM, and whose the image is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from rift.catalog import StaticImages
+from rift.contract import tools as c
+from rift.contract.base import command
+from rift.contract.builds import BuildGetIn, BuildOut, ImageBuildIn, ImagePublishIn
+from rift.domain.errors import BuildFailed
+from rift.services.builds import builder
+from rift.services.builds.builder import BuildParts
+from rift.services.builds.context import Context
+from rift.services.context import Caller, Deps
+from rift.services.lifecycle import tasks, vms
+from tests.support.engine import ALICE, BOB, refused
+
+RECIPE = """\
+FROM tiny
+ARG GREETING=hello
+RUN echo $GREETING > /greeting
+COPY site/ /srv/www/
+ENV PORT=8080
+RUN echo two
+"""
+
+
+@dataclass
+class FakeGuest:
+    """A build's VM: what it was started from, the scripts it ran, the layers saved."""
+
+    layers: FakeLayers
+    fail_on: str | None = None  # a RUN whose script holds this exits 3
+    answers_after: int = 0  # a port answers on this try (-1: never)
+    started: list[str] = field(default_factory=list)
+    scripts: list[str] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    tries: int = 0
+    closed: bool = False
+
+    def start(self, image: str) -> None:
+        self.started.append(image)
+
+    def run(self, script: str, timeout_s: int) -> tuple[int | None, str]:
+        self.scripts.append(script)
+        if self.fail_on and self.fail_on in script:
+            return 3, "E: Unable to locate package nodejz\n"
+        return 0, ""
+
+    def put(self, path: str, data: bytes) -> None:
+        self.files[path] = data
+
+    def answers(self, port: int) -> bool:
+        self.tries += 1
+        return self.answers_after >= 0 and self.tries > self.answers_after
+
+    def save_layer(self, name: str) -> None:
+        self.layers.names.add(name)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeLayers:
+    names: set[str] = field(default_factory=set)
+    images: dict[str, str] = field(default_factory=dict)  # image -> the layer it copies
+
+    def exists(self, name: str) -> bool:
+        return name in self.names
+
+    def identity(self, image: str) -> str:
+        return f"{image}-v1"
+
+    def image_from(self, layer: str, name: str) -> None:
+        self.images[name] = layer
+
+    def remove(self, name: str) -> None:
+        self.names.discard(name)
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Context:
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<h1>hi</h1>\n")
+    (tmp_path / "secret").write_text("no")
+    return Context(tmp_path)
+
+
+def _build(deps: Deps, recipe: str, context: Context, layers: FakeLayers,
+           caller: Caller = ALICE, name: str = "site", no_cache: bool = False,
+           **guest: object) -> tuple[FakeGuest, BuildOut]:
+    made = FakeGuest(layers, **guest)  # type: ignore[arg-type]
+    parts = BuildParts(context=context, guest=lambda _c, _b: made, layers=layers,
+                       ready_s=0.5, background=False)
+    out = builder.submit(deps, caller, ImageBuildIn(name=name, recipe=recipe,
+                                                    no_cache=no_cache), parts)
+    return made, out
+
+
+def test_a_build_runs_each_step_in_one_vm_from_its_from_image_and_leaves_a_layer_each(
+        deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    guest, out = _build(deps, RECIPE, context, layers)
+    assert out.build.state == "succeeded", out.build.log
+    assert guest.started == ["tiny"] and guest.closed
+    assert len(guest.scripts) == 3  # RUN, COPY's unpacking, RUN
+    assert "export GREETING=hello" in guest.scripts[0]
+    assert "export PORT=8080" in guest.scripts[2]
+    assert next(iter(guest.files.values())).count(b"<h1>hi</h1>") == 1
+    assert len(layers.names) == 3
+    assert layers.images["site"] in layers.names
+    assert (out.build.steps, out.build.cached) == (5, 0)
+    assert "step 3/5: COPY site/ /srv/www/" in out.build.log
+
+
+def test_a_rebuild_reuses_every_layer_up_to_the_first_changed_step(
+        deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    _first, _ = _build(deps, RECIPE, context, layers)
+    again, out = _build(deps, RECIPE.replace("echo two", "echo TWO"), context, layers)
+    assert out.build.state == "succeeded"
+    assert len(again.scripts) == 1 and "echo TWO" in again.scripts[0]
+    assert again.started[0].startswith("layer-") and again.started[0] in layers.names
+    assert out.build.cached == 4
+    assert "step 1/5: ARG GREETING=hello (cached)" in out.build.log
+    same, out = _build(deps, RECIPE.replace("echo two", "echo TWO"), context, layers)
+    assert same.started == [] and same.scripts == [] and out.build.cached == 5
+
+
+def test_a_changed_copy_source_or_arg_changes_the_layers_from_its_step_on(
+        deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    _build(deps, RECIPE, context, layers)
+    assert context.root is not None
+    (context.root / "site" / "index.html").write_text("<h1>changed</h1>\n")
+    guest, _ = _build(deps, RECIPE, context, layers)
+    assert len(guest.scripts) == 2  # the COPY and the RUN after it
+    guest, _ = _build(deps, RECIPE.replace("hello", "bye"), context, layers)
+    assert len(guest.scripts) == 3 and guest.started == ["tiny"]
+
+
+def test_no_cache_reuses_no_layer(deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    _build(deps, RECIPE, context, layers)
+    guest, out = _build(deps, RECIPE, context, layers, no_cache=True)
+    assert guest.started == ["tiny"] and len(guest.scripts) == 3 and out.build.cached == 0
+
+
+def test_a_failed_run_leaves_no_image_its_exit_code_and_output_and_the_layers_before(
+        deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    guest, out = _build(deps, RECIPE, context, layers, fail_on="echo two")
+    assert out.build.state == "failed" and guest.closed
+    assert out.build.error is not None and "line 6: RUN exited 3" in out.build.error
+    assert "Unable to locate package nodejz" in out.build.log
+    assert layers.images == {} and len(layers.names) == 2
+    with deps.store.read() as tx:
+        assert tx.owned_images.get("site") is None
+        assert sorted(r.kind for r in tx.owned_images.all()) == ["layer", "layer"]
+    again, out = _build(deps, RECIPE, context, layers)
+    assert out.build.state == "succeeded" and len(again.scripts) == 1
+
+
+def test_a_cmd_is_started_and_saved_once_each_exposed_port_answers(
+        deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    recipe = "FROM tiny\nEXPOSE 8080\nCMD httpd -f -p 8080\n"
+    guest, out = _build(deps, recipe, context, layers, answers_after=2)
+    assert out.build.state == "succeeded", out.build.log
+    assert "setsid /bin/sh -c 'httpd -f -p 8080'" in guest.scripts[0]
+    assert guest.tries == 3 and "port 8080 answers" in out.build.log
+    assert len(layers.names) == 1 and layers.images["site"] in layers.names
+    _never, out = _build(deps, recipe.replace("8080\nCMD", "9090\nCMD"), context, layers,
+                        answers_after=-1)
+    assert out.build.state == "failed" and out.build.error is not None
+    assert "port 9090 did not answer within RIFT_BUILD_READY_S" in out.build.error
+
+
+@pytest.mark.parametrize(("recipe", "line"), [
+    ("FROM tiny\nRUN true\nADD x /x\n", 3),
+    ("FROM nowhere\nRUN true\n", 1),
+    ("FROM tiny\nCOPY missing /x\n", 2),
+    ("FROM tiny\nCOPY site/../../etc /x\n", 2),
+])
+def test_a_recipe_it_cannot_take_is_refused_naming_the_line_before_any_vm(
+        deps: Deps, context: Context, recipe: str, line: int) -> None:
+    layers = FakeLayers()
+    with pytest.raises(BuildFailed) as caught:
+        _build(deps, recipe, context, layers)
+    assert caught.value.details["line"] == line
+    with deps.store.read() as tx:
+        assert tx.builds.of_owner("alice") == []
+
+
+def test_a_copy_through_a_link_out_of_the_context_is_refused(
+        deps: Deps, context: Context, tmp_path: Path) -> None:
+    (tmp_path / "site" / "out").symlink_to("/etc")
+    with pytest.raises(BuildFailed) as caught:
+        _build(deps, "FROM tiny\nCOPY site /srv\n", context, FakeLayers())
+    assert caught.value.details["line"] == 2
+
+
+def test_a_built_image_is_its_builders_until_published(deps: Deps, context: Context) -> None:
+    _build(deps, RECIPE, context, FakeLayers())
+    deps = replace(deps, images=StaticImages(["debian", "site"]))  # its files are there
+    refused("invalid_argument", _build, deps, RECIPE, context, FakeLayers(), caller=BOB)
+    opened = tasks.new(deps, BOB, command(c.TaskNewIn))
+    new_vm = command(c.VmNewIn, handle=str(opened.handle), image="site")
+    refused("image_not_found", vms.new, deps, BOB, new_vm)
+    refused("image_not_found", builder.publish, deps, BOB, ImagePublishIn(name="site"))
+    assert builder.publish(deps, ALICE, ImagePublishIn(name="site")).image.published
+    assert vms.new(deps, BOB, new_vm).vm.image == "site"
+
+
+def test_a_build_is_read_by_its_owner_alone_with_its_log_from_an_offset(
+        deps: Deps, context: Context) -> None:
+    _, out = _build(deps, RECIPE, context, FakeLayers())
+    got = builder.get(deps, ALICE, BuildGetIn(build_id=out.build.build_id, log_from=10))
+    assert got.build.log == out.build.log[10:]
+    refused("invalid_argument", builder.get, deps, BOB, BuildGetIn(build_id=out.build.build_id))
+
+
+def test_a_build_left_running_by_a_restart_fails_and_its_task_closes(
+        deps: Deps, context: Context) -> None:
+    _, out = _build(deps, RECIPE, context, FakeLayers())
+    with deps.store.write() as tx:
+        row = tx.builds.get(out.build.build_id)
+        assert row is not None
+        cut = replace(row, id="build_cccccccc", state="running", ended_at=None)
+        tx.builds.add(cut)
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn, name="build_cccccccc"))
+    assert builder.fail_cut(deps) == ["build_cccccccc"]
+    got = builder.get(deps, ALICE, BuildGetIn(build_id="build_cccccccc")).build
+    assert got.state == "failed" and "cut by a restart" in (got.error or "")
+    assert tasks.get(deps, ALICE, command(c.TaskGetIn, task_id=opened.task.id)).task.status \
+        == "closed"
