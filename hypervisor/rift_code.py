@@ -55,8 +55,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _size(mime: str, value: Any) -> int:
-    if mime in IMAGES and isinstance(value, str):
-        return len(value) * 3 // 4
+    if mime in IMAGES and isinstance(value, str):  # base64: the bytes it decodes to
+        return len(value) * 3 // 4 - value[-2:].count("=")
     return len(value.encode()) if isinstance(value, str) else len(json.dumps(value))
 
 
@@ -76,12 +76,15 @@ class Run:
         self.status = "running"
         self.truncated = False
         self.newest = ""
+        self.tail = ""
         self.ended_at: float | None = None
         self.done = threading.Event()
 
     def out(self, name: str, text: str) -> None:
-        if text.strip():
-            self.newest = text.strip().splitlines()[-1][:200]
+        self.tail = (self.tail + text)[-400:]  # a print writes its parts one by one
+        lines = [line for line in self.tail.replace("\r", "\n").split("\n") if line.strip()]
+        if lines:
+            self.newest = lines[-1].strip()[:200]
         left = STREAM_CAP - self.sizes[name]
         data = text.encode()
         if len(data) > left:
@@ -270,16 +273,34 @@ class Context:
             self.kernel.stop()
             self.kernel = None
 
-    def interrupt(self) -> None:
-        run, kernel = self.running, self.kernel
-        if run is not None and kernel is not None:
-            run.status = "interrupted"
-            kernel.interrupt()
+    def interrupt(self, runs: list[Run]) -> None:
+        """Interrupt the context's runs not ended (`runs`): one waiting for its turn
+        does not start; the one running hears SIGINT until it ends (a kernel between
+        cells ignores it), and past INTERRUPT_GRACE_S its kernel is ended."""
+        for run in runs:
+            if run.status == "running":
+                run.status = "interrupted"
+        threading.Thread(target=self._interrupt_until_done, args=(runs,), daemon=True).start()
+
+    def _interrupt_until_done(self, runs: list[Run]) -> None:
+        until = time.monotonic() + INTERRUPT_GRACE_S
+        for run in runs:
+            while not run.done.is_set():
+                kernel = self.kernel
+                if time.monotonic() > until:
+                    self._still_running(run)
+                    break
+                if self.running is run and kernel is not None:
+                    kernel.interrupt()
+                run.done.wait(0.2)
 
     def run(self, run: Run, code: str, timeout_s: float) -> None:
         with self.lock:
             self.running = run
             try:
+                if run.status == "interrupted":  # before its turn came
+                    run.fail("KeyboardInterrupt", "interrupted before it ran", [])
+                    return
                 self._run(run, code, timeout_s)
             finally:
                 self.running = None
@@ -305,10 +326,10 @@ class Context:
             timer.cancel()
 
     def _timed_out(self, run: Run) -> None:
-        if self.running is run and self.kernel is not None:
+        if self.running is run and run.status == "running":
             run.status = "timed_out"
-            self.kernel.interrupt()
-            threading.Timer(INTERRUPT_GRACE_S, self._still_running, (run,)).start()
+            threading.Thread(target=self._interrupt_until_done, args=([run],),
+                             daemon=True).start()
 
     def _still_running(self, run: Run) -> None:
         if self.running is run and self.kernel is not None:  # it ignored the interrupt
@@ -380,7 +401,10 @@ class Server:
                     self.contexts.pop(ctx.id, None)
                 return 200, {"id": ctx.id}
             if action == "interrupt":
-                ctx.interrupt()
+                with self.lock:
+                    runs = [r for r in self.runs.values()
+                            if r.context_id == ctx.id and not r.done.is_set()]
+                ctx.interrupt(runs)
                 return 200, ctx.view()
             if action == "restart":
                 ctx.stop()

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rift.api.auth import rest_caller
+from rift.api.code_routes import router  # REST's router, with the volumes' and code routes
 from rift.api.errors import install_error_handlers
 from rift.api.exposures import ExposureProxy, redact
 from rift.api.gate import TokenGate, body_limit
@@ -27,7 +28,6 @@ from rift.api.mcp.server import mount_mcp
 from rift.api.metrics import Metrics, door_of
 from rift.api.rebinding import RebindingGuard, allowed_hosts, security_settings
 from rift.api.state import AppState
-from rift.api.volume_routes import router  # REST's router, with the volumes' routes
 from rift.api.waiting import HeldStream
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings

@@ -22,6 +22,7 @@ from rift.domain.errors import InvalidArgument
 from rift.domain.leases import LeaseRules
 from rift.domain.store_errors import DuplicateKey
 from rift.guest.adapter import guests_of
+from rift.guest.code import SshCode
 from rift.guest.connections import ShellSettings
 from rift.guest.host_files import RemoteFiles, host_disk
 from rift.guest.links import HostLinks
@@ -128,6 +129,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         host_files=RemoteFiles(links, runtime.serial_dir, runtime.vm_disks_dir),
         volume_files=VolumeFolder(qemu_dir(settings.data_dir / "volumes")),
         mounts=SshMounts(shell),
+        code=SshCode(shell.files, shell.runner),
     )
     qemu_dir(settings.data_dir / "volumes" / PARENTS)
     hosts.ensure_local_host(deps, settings.hypervisor_uri, settings.host_vcpus,

@@ -1,8 +1,8 @@
 """Every tool, in the order `tools/list` shows them (`CONTRACTS`), and one namespace
 of every tool's models and contracts for the doors and tests that name many of them
 (`from rift.contract import tools as c`). Each tool's contract lives with its
-resource: `tasks`, `vms`, `snapshots` (and forks), `exposures`, `execs`, `files`,
-`volumes`;
+resource: `tasks`, `vms`, `snapshots` (and forks), `exposures`, `execs`, `code`
+(code contexts), `files`, `volumes`;
 what a contract is, and the refusal body, in `tool`.
 
 Adding a field to a view or an input is one edit in its resource's module (and its
@@ -10,6 +10,22 @@ test)."""
 
 from __future__ import annotations
 
+from rift.contract.code import (
+    VM_CODE_CONTEXT_DELETE,
+    VM_CODE_CONTEXT_LIST,
+    VM_CODE_CONTEXT_NEW,
+    VM_CODE_CONTEXT_RESTART,
+    VM_RUN_CODE,
+    ContextBody,
+    ContextListOut,
+    ContextOut,
+    RunCodeBody,
+    RunCodeOut,
+    VmCodeContextIn,
+    VmCodeContextListIn,
+    VmCodeContextNewIn,
+    VmRunCodeIn,
+)
 from rift.contract.execs import (
     VM_EXEC,
     VM_EXEC_GET,
@@ -146,6 +162,11 @@ CONTRACTS: tuple[ToolContract, ...] = (
     VM_EXEC_INPUT,
     VM_EXEC_KILL,
     VM_EXEC_LIST,
+    VM_RUN_CODE,
+    VM_CODE_CONTEXT_NEW,
+    VM_CODE_CONTEXT_LIST,
+    VM_CODE_CONTEXT_RESTART,
+    VM_CODE_CONTEXT_DELETE,
     VM_WRITE_FILE,
     VM_READ_FILE,
     VM_ATTACH_VOLUME,
@@ -168,6 +189,10 @@ __all__ = [
     "TASK_NEW",
     "TASK_RELEASE",
     "VM_ATTACH_VOLUME",
+    "VM_CODE_CONTEXT_DELETE",
+    "VM_CODE_CONTEXT_LIST",
+    "VM_CODE_CONTEXT_NEW",
+    "VM_CODE_CONTEXT_RESTART",
     "VM_DESTROY",
     "VM_DETACH_VOLUME",
     "VM_EXEC",
@@ -182,6 +207,7 @@ __all__ = [
     "VM_PAUSE",
     "VM_READ_FILE",
     "VM_RESUME",
+    "VM_RUN_CODE",
     "VM_SNAPSHOT",
     "VM_SNAPSHOT_DELETE",
     "VM_UNEXPOSE",
@@ -194,6 +220,9 @@ __all__ = [
     "VOLUME_RESIZE",
     "AttachBody",
     "CloneBody",
+    "ContextBody",
+    "ContextListOut",
+    "ContextOut",
     "EgressAllow",
     "Encoding",
     "ErrorBody",
@@ -215,6 +244,8 @@ __all__ = [
     "PortBody",
     "Refusal",
     "ResizeBody",
+    "RunCodeBody",
+    "RunCodeOut",
     "SnapshotBody",
     "SnapshotOut",
     "TakeoverBody",
@@ -233,6 +264,9 @@ __all__ = [
     "TaskReleaseIn",
     "ToolContract",
     "VmAttachVolumeIn",
+    "VmCodeContextIn",
+    "VmCodeContextListIn",
+    "VmCodeContextNewIn",
     "VmDestroyIn",
     "VmDetachVolumeIn",
     "VmExecGetIn",
@@ -248,6 +282,7 @@ __all__ = [
     "VmOut",
     "VmPortIn",
     "VmReadFileIn",
+    "VmRunCodeIn",
     "VmSnapshotDeleteIn",
     "VmSnapshotIn",
     "VmWriteFileIn",

@@ -203,6 +203,22 @@ class ExecNotFound(RiftError):
         )
 
 
+class ContextNotFound(RiftError):
+    """A code context (SPEC §20) the VM's guest does not keep: never made, deleted, or
+    gone with a reboot of the guest."""
+
+    code = "context_not_found"
+    status = 404
+
+    def __init__(self, context_id: str, vm_id: str) -> None:
+        super().__init__(
+            f"no code context {context_id} on VM {vm_id}",
+            "rift_vm_code_context_list lists the VM's contexts; rift_vm_code_context_new "
+            "makes one",
+            context_id=context_id, vm_id=vm_id,
+        )
+
+
 class VmNotRunning(RiftError):
     code = "vm_not_running"
     status = 409

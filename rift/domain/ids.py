@@ -78,3 +78,13 @@ def new_volume_id() -> str:
 
 def is_volume_id(value: str) -> bool:
     return is_id(value, "vol")
+
+
+def new_context_id() -> str:
+    """A code context's id (SPEC §20); a VM's first context is `default`."""
+    return "ctx_" + _random_suffix()
+
+
+def new_run_id() -> str:
+    """One run of code in a context (SPEC §20)."""
+    return "run_" + _random_suffix()

@@ -28,6 +28,7 @@ from rift.services.ports import (
     Store,
     VolumeFiles,
 )
+from rift.services.ports.code import GuestCode, NoGuestCode
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,8 @@ class Deps:
     # rift.bootstrap wires them
     volume_files: VolumeFiles = field(default_factory=NoVolumeFiles)
     mounts: GuestMounts = field(default_factory=NoGuestMounts)
+    # the guests' code contexts (SPEC §20); none unless rift.bootstrap wires them
+    code: GuestCode = field(default_factory=NoGuestCode)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,12 @@ ROUTES: dict[str, tuple[str, str]] = {
     "rift_volume_delete": ("delete", "/api/v1/volumes/{volume_id}"),
     "rift_volume_resize": ("post", "/api/v1/volumes/{volume_id}/resize"),
     "rift_volume_clone": ("post", "/api/v1/volumes/{volume_id}/clone"),
+    "rift_vm_run_code": ("post", "/api/v1/vms/{vm_id}/code"),
+    "rift_vm_code_context_new": ("post", "/api/v1/vms/{vm_id}/code/contexts"),
+    "rift_vm_code_context_list": ("get", "/api/v1/vms/{vm_id}/code/contexts"),
+    "rift_vm_code_context_restart": ("post",
+                                     "/api/v1/vms/{vm_id}/code/contexts/{context_id}/restart"),
+    "rift_vm_code_context_delete": ("delete", "/api/v1/vms/{vm_id}/code/contexts/{context_id}"),
 }
 # Tools with a second route: between them, the routes carry every field.
 ALSO_ROUTES: dict[str, list[tuple[str, str]]] = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import mcp_types as types
@@ -27,8 +28,9 @@ INTERNAL = {"code": "internal", "message": "Rift failed unexpectedly; the error 
             "hint": "call again; if it keeps failing, tell the operator (rift doctor)"}
 
 
-def result(text: str, structured: dict[str, Any], is_error: bool) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+def result(text: str, structured: dict[str, Any], is_error: bool,
+           extra: Sequence[types.ContentBlock] = ()) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text), *extra],
                                 structured_content=structured, is_error=is_error)
 
 
@@ -40,12 +42,14 @@ def refusal(error: dict[str, Any]) -> types.CallToolResult:
 _NO_STRUCTURED_CONTENT = ("2024-11-05", "2025-03-26")  # eras that read text only
 
 
-def success(text: str, out: dict[str, Any], protocol_version: str) -> types.CallToolResult:
+def success(text: str, out: dict[str, Any], protocol_version: str,
+            extra: Sequence[types.ContentBlock] = ()) -> types.CallToolResult:
     """A tool's answer: its text rendering and its output as structured content
-    (also as JSON text for the eras that read text only)."""
+    (also as JSON text for the eras that read text only), then `extra` content (a
+    run's charts as images, for a model to see)."""
     if protocol_version in _NO_STRUCTURED_CONTENT:
         text += "\n" + json.dumps(out, ensure_ascii=False, separators=(",", ":"))
-    return result(text, out, False)
+    return result(text, out, False, extra)
 
 
 class Refusals(Extension):

@@ -99,7 +99,7 @@ def build_server(state: AppState) -> Server[Any]:
         else:
             answer = await anyio.to_thread.run_sync(tool.call, state.deps, caller, args)
         out = answer.model_dump(mode="json")
-        return success(tool.render(out), out, ctx.protocol_version)
+        return success(tool.render(out), out, ctx.protocol_version, tool.more_content(out))
 
     def input_schema_of(name: str) -> dict[str, Any] | None:
         tool = tool_named(name)

@@ -120,7 +120,7 @@ class Tasks(Extension):
             answer = run_watched(self.deps_of(), WatchedCall(tool, caller, args, record.watch),
                                  stop_after=True)
             out = answer.model_dump(mode="json")
-            result = success(tool.render(out), out, era)
+            result = success(tool.render(out), out, era, tool.more_content(out))
             record.watch.note(_final_note(out))
             self.metrics.record("mcp", record.tool, "ok")
         except RiftError as exc:
@@ -177,6 +177,8 @@ def _final_note(out: dict[str, Any]) -> str:
     output line (else its status)."""
     if "vm" in out:
         return f"{out['vm']['id']}: {out['vm']['status']}"
+    if "execution" in out:  # a run of code
+        out = {**out["execution"], "exec_id": out["execution"]["run_id"]}
     line = newest_line(out.get("stdout", "").encode()) or newest_line(
         out.get("stderr", "").encode())
     return line or f"{out.get('exec_id')}: {out.get('status')}"

@@ -14,10 +14,12 @@ from typing import Any
 import mcp_types as types
 from pydantic import BaseModel
 
+from rift.api.mcp.code_render import charts, context_line, run_code
 from rift.contract import tools as c
 from rift.contract.tool import ToolContract
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import (
+    code,
     execs,
     exposures,
     files,
@@ -33,6 +35,7 @@ from rift.services.lifecycle import (
 from rift.services.ports.watch import Watch
 
 Render = Callable[[dict[str, Any]], str]
+Extra = Callable[[dict[str, Any]], list[types.ContentBlock]]
 Call = Callable[[Deps, Caller, Any], BaseModel]  # (deps, caller, input model) -> output
 WatchedCall = Callable[[Deps, Caller, Any, Watch | None], BaseModel]
 Stop = Callable[[Deps, Caller, str | None, str], None]  # (deps, caller, handle, target)
@@ -56,10 +59,14 @@ class Tool:
     call: Call  # the use case: (deps, caller, input model) -> output model
     render: Render
     waits: Waits | None = None
+    images: Extra | None = None  # content after the text: a run's charts, for a model to see
 
     @property
     def name(self) -> str:
         return self.contract.name
+
+    def more_content(self, out: dict[str, Any]) -> list[types.ContentBlock]:
+        return self.images(out) if self.images is not None else []
 
     @cached_property
     def definition(self) -> types.Tool:
@@ -198,6 +205,11 @@ def _destroy_made(deps: Deps, caller: Caller, handle: str | None, vm_id: str) ->
                                                             takeover=False))
 
 
+def _interrupt_watched(deps: Deps, caller: Caller, handle: str | None, target: str) -> None:
+    """A run's kernel interrupted (KeyboardInterrupt): the context goes on."""
+    code.interrupt(deps, caller, handle, target)
+
+
 def _kill_watched(deps: Deps, caller: Caller, handle: str | None, exec_id: str) -> None:
     """TERM, then KILL 5 s later."""
     execs.kill(deps, caller, c.VmExecKillIn.model_construct(handle=handle, exec_id=exec_id,
@@ -239,6 +251,17 @@ TOOLS: tuple[Tool, ...] = (
          lambda out: f"wrote {out['bytes']} bytes to {out['exec_id']}'s stdin"),
     Tool(c.VM_EXEC_KILL, execs.kill, _exec),
     Tool(c.VM_EXEC_LIST, execs.list_execs, _exec_list),
+    Tool(c.VM_RUN_CODE, code.run, run_code, Waits(code.run, _interrupt_watched,
+                                                   plain_cancel_stops=True,
+                                                   task_cancel_stops_now=True),
+         images=charts),
+    Tool(c.VM_CODE_CONTEXT_NEW, code.new_context, lambda out: context_line(out["context"])),
+    Tool(c.VM_CODE_CONTEXT_LIST, code.list_contexts,
+         lambda out: "\n".join(context_line(x) for x in out["contexts"]) or "no contexts"),
+    Tool(c.VM_CODE_CONTEXT_RESTART, code.restart,
+         lambda out: "restarted " + context_line(out["context"])),
+    Tool(c.VM_CODE_CONTEXT_DELETE, code.delete,
+         lambda out: f"deleted context {out['context']['id']} on {out['context']['vm_id']}"),
     Tool(c.VM_WRITE_FILE, files.write, lambda out: f"wrote {out['bytes']} bytes to {out['path']}"),
     Tool(c.VM_READ_FILE, files.read, _read),
     Tool(c.VM_ATTACH_VOLUME, volume_attach.attach, _vm),

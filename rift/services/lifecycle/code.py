@@ -1,0 +1,167 @@
+"""Code contexts (SPEC §20): code run in a kernel that keeps its state, in a VM's
+guest, by rift-code (hypervisor/rift_code.py) through the `GuestCode` port. The
+contexts and their runs live in the guest (its server's memory, so a pause, a sleep
+or a fork keeps them and a reboot ends them); Rift keeps no row of them, so a VM's
+end has nothing of them to end.
+
+A run behaves as an exec (SPEC §10): it goes on in the guest past the call, the
+call waits for its end at most `wait_s` (in steps of STEP_S under a `Watch`, which
+hears the newest output line), its task's activity clock moves while it waits, and
+a stop (an MCP cancel) interrupts the kernel (`interrupt`): the context goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rift.contract.code import (
+    ContextListOut,
+    ContextOut,
+    RunCodeOut,
+    VmCodeContextIn,
+    VmCodeContextListIn,
+    VmCodeContextNewIn,
+    VmRunCodeIn,
+)
+from rift.domain.errors import ContextNotFound, GuestUnreachable, InvalidArgument
+from rift.domain.ids import new_context_id, new_run_id
+from rift.domain.model import Task, Vm
+from rift.services.context import Caller, Deps
+from rift.services.lifecycle.execs import in_flight
+from rift.services.lifecycle.guest_kinds import reach
+from rift.services.lifecycle.leases import (
+    check_handle,
+    check_running,
+    in_write,
+    parse_handle,
+    task_vm,
+)
+from rift.services.lifecycle.sleeps import awake
+from rift.services.ports import Tx
+from rift.services.ports.code import CodeRequest, GuestCode, NoPython
+from rift.services.ports.watch import STEP_S, Watch
+from rift.services.read import code_views
+
+SLACK_S = 60.0  # past a request's own wait: the server's start, a kernel's, the channel
+KERNEL_START_S = 300.0  # a new context's kernel (ipykernel under TCG: tens of seconds)
+DEFAULT = "default"
+
+
+def run(deps: Deps, caller: Caller, cmd: VmRunCodeIn, watch: Watch | None = None) -> RunCodeOut:
+    """`rift_vm_run_code`: run `cmd.code` in the context (the VM's default one unless
+    named) and answer its execution at its end or after `wait_s`."""
+    task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    context_id = cmd.context_id or DEFAULT
+    wait = deps.limits.exec_wait_s if cmd.wait_s is None else cmd.wait_s
+    run_id = new_run_id()
+    if watch is not None:
+        watch.begun(f"{vm.id}/{context_id}")
+    deadline = time.monotonic() + wait
+    step = wait if watch is None else min(wait, STEP_S)
+    with in_flight(deps, task.id, wait):
+        answer = _ask(port, vm, _req("POST", "/runs", step, {
+            "run_id": run_id, "context_id": context_id, "code": cmd.code,
+            "timeout_s": cmd.timeout_s, "wait_ms": int(step * 1000)}), context_id)
+        view, newest = code_views.execution(vm.id, answer)
+        while view.status == "running" and watch is not None and not watch.stopped:
+            watch.note(newest)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            step = min(left, STEP_S)
+            answer = _ask(port, vm, _req("GET", f"/runs/{run_id}?wait_ms={int(step * 1000)}",
+                                         step), context_id)
+            view, newest = code_views.execution(vm.id, answer)
+    return RunCodeOut(execution=view)
+
+
+def interrupt(deps: Deps, caller: Caller, handle: str | None, target: str) -> None:
+    """Interrupt the run in flight in a context (`target`: `<vm id>/<context id>`, what
+    `run` told its watch): a cancelled `rift_vm_run_code`. The context goes on."""
+    vm_id, _, context_id = target.partition("/")
+    _task, vm, port = _guest_vm(deps, caller, handle, vm_id)
+    _ask(port, vm, _req("POST", f"/contexts/{context_id}/interrupt", 0), context_id)
+
+
+def new_context(deps: Deps, caller: Caller, cmd: VmCodeContextNewIn) -> ContextOut:
+    """`rift_vm_code_context_new`: start a kernel of its own in the VM's guest."""
+    _task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    context_id = new_context_id()
+    answer = _ask(port, vm, _req("POST", "/contexts", KERNEL_START_S, {
+        "id": context_id, "language": cmd.language, "cwd": cmd.cwd}), context_id,
+        failed_field="cwd" if cmd.cwd else None)
+    return ContextOut(context=code_views.context(vm.id, answer))
+
+
+def list_contexts(deps: Deps, caller: Caller, cmd: VmCodeContextListIn) -> ContextListOut:
+    """`rift_vm_code_context_list`: the VM's contexts as its guest keeps them."""
+    _task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    return ContextListOut(contexts=code_views.contexts(
+        vm.id, _ask(port, vm, _req("GET", "/contexts", 0), DEFAULT)))
+
+
+def restart(deps: Deps, caller: Caller, cmd: VmCodeContextIn) -> ContextOut:
+    """`rift_vm_code_context_restart`: a new kernel for the context; its state is gone."""
+    _task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    answer = _ask(port, vm, _req("POST", f"/contexts/{cmd.context_id}/restart",
+                                 KERNEL_START_S), cmd.context_id)
+    return ContextOut(context=code_views.context(vm.id, answer))
+
+
+def delete(deps: Deps, caller: Caller, cmd: VmCodeContextIn) -> ContextOut:
+    """`rift_vm_code_context_delete`: stop the context's kernel and forget it."""
+    _task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    found = code_views.contexts(vm.id, _ask(port, vm, _req("GET", "/contexts", 0), DEFAULT))
+    gone = next((one for one in found if one.id == cmd.context_id), None)
+    if gone is None:
+        raise ContextNotFound(cmd.context_id, vm.id)
+    _ask(port, vm, _req("DELETE", f"/contexts/{cmd.context_id}", 0), cmd.context_id)
+    return ContextOut(context=gone.model_copy(update={"alive": False, "running": None}))
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
+              vm_id: str) -> tuple[Task, Vm, GuestCode]:
+    """The handle's task, its running VM (woken when it sleeps) and the port to it."""
+    parsed = parse_handle(handle)
+
+    def work(tx: Tx) -> tuple[Task, Vm]:
+        task = check_handle(deps, tx, caller, parsed, deps.clock.now())
+        return task, task_vm(tx, task, vm_id, running=False)
+
+    def checked() -> tuple[Task, Vm]:
+        task, vm = in_write(deps.store, work)
+        check_running(vm)  # after the write: the handle's check stands either way
+        return task, vm
+
+    task, vm = awake(deps, caller.label, checked)  # SPEC §17
+    reach(vm, deps.guests.files)  # a guest behind it (not the test driver's), reachable
+    deps.code.reachable(vm)
+    return task, vm, deps.code
+
+
+def _req(method: Any, path: str, wait_s: float, body: dict[str, Any] | None = None,
+         ) -> CodeRequest:
+    return CodeRequest(method=method, path=path, body=body, timeout_s=wait_s + SLACK_S)
+
+
+def _ask(port: GuestCode, vm: Vm, request: CodeRequest, context_id: str, *,
+         failed_field: str | None = None) -> Any:
+    """The guest server's answer to one request; its refusals as Rift's."""
+    try:
+        answer = port.request(vm, request)
+    except NoPython as exc:
+        raise InvalidArgument("vm_id", f"the guest of {vm.id} has no python3 to run code: "
+                              "make a VM of an image that has (debian, python)") from exc
+    if answer.status == 404 and isinstance(answer.body, dict) \
+            and answer.body.get("error") == "context_not_found":
+        raise ContextNotFound(context_id, vm.id)
+    if answer.status != 200:
+        said = str(answer.body.get("message", "") if isinstance(answer.body, dict) else "")
+        if failed_field is not None:
+            raise InvalidArgument(failed_field, f"the guest could not start the kernel: "
+                                  f"{said[:300]}")
+        raise GuestUnreachable(vm.id, f"rift-code answered {answer.status}: {said[:300]}")
+    return answer.body

@@ -1,0 +1,109 @@
+"""Code contexts at the doors (SPEC §20): `rift_vm_run_code` over MCP answers a chart
+(a PNG, an SVG) also as image content after its text, and REST's `POST
+/vms/{id}/code` and the context routes make the same calls; both over the real
+rift-code run on this host (tests/support/code_guest.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from rift.app import create_app
+from rift.config import Settings
+from rift.services.access import accounts
+from rift.services.context import Deps
+from tests.support.code_guest import HostCode
+from tests.support.fake_guest import fake_guests
+from tests.support.vm_rows import give_ssh_address
+
+MODERN = "2026-07-28"
+PIXEL = base64.b64encode(bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000" "1f15c4890000000d49444154789c"
+    "63000100000500010d0a2db40000000049454e44ae426082")).decode()
+SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>'
+
+
+@pytest.fixture
+def guest(tmp_path: Path) -> Iterator[HostCode]:
+    started = HostCode(tmp_path)
+    yield started
+    started.close()
+
+
+def _mcp(client: TestClient, token: str, tool: str, arguments: dict[str, Any]) -> Any:
+    answer = client.post("/mcp", headers={
+        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": tool,
+    }, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": tool, "arguments": arguments,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN,
+                  "io.modelcontextprotocol/clientCapabilities": {}}}})
+    assert answer.status_code == 200, answer.text
+    if answer.headers["content-type"].startswith("application/json"):
+        return answer.json()["result"]
+    return next(json.loads(line[5:]) for line in answer.text.splitlines()
+                if line.startswith("data:") and len(line) > 6)["result"]
+
+
+def test_a_chart_comes_as_image_content_on_mcp_and_rest_makes_the_same_calls(
+        deps: Deps, guest: HostCode, tmp_path: Path) -> None:
+    deps = replace(deps, guests=fake_guests(), code=guest)
+    accounts.add_user(deps, "ada", "correct horse battery")
+    token = accounts.new_token(deps, "ada").token.value
+    settings = Settings(data_dir=tmp_path, hypervisor_uri="fake:///local")
+    with TestClient(create_app(settings, deps), base_url="http://127.0.0.1") as client:
+        rest = {"Authorization": f"Bearer {token}"}
+        made = client.post("/api/v1/tasks", headers=rest, json={}).json()
+        handle = made["handle"]
+        held = rest | {"Rift-Handle": handle}
+        vm_id = client.post(f"/api/v1/tasks/{made['task']['id']}/vms", headers=held,
+                            json={}).json()["vm"]["id"]
+        with deps.store.write() as tx:
+            give_ssh_address(tx, vm_id)
+        chart = (
+            "class Chart:\n"
+            f"    def _repr_png_(self): import base64; return base64.b64decode({PIXEL!r})\n"
+            "class Drawing:\n"
+            f"    def _repr_svg_(self): return {SVG!r}\n"
+            "display(Drawing())\nprint('drawn')\nChart()")
+        result = _mcp(client, token, "rift_vm_run_code",
+                      {"handle": handle, "vm_id": vm_id, "code": chart})
+        assert result["isError"] is False
+        text, svg, png = result["content"]
+        assert text["type"] == "text" and "drawn" in text["text"]
+        assert (svg["type"], svg["mimeType"]) == ("image", "image/svg+xml")
+        assert base64.b64decode(svg["data"]).decode() == SVG
+        assert (png["type"], png["mimeType"], png["data"]) == ("image", "image/png", PIXEL)
+        execution = result["structuredContent"]["execution"]
+        assert execution["results"][1]["data"]["image/png"] == PIXEL
+
+        ran = client.post(f"/api/v1/vms/{vm_id}/code", headers=held,
+                          json={"code": "answer = 6 * 7\nanswer"})
+        assert ran.status_code == 200, ran.text
+        assert ran.json()["execution"]["results"][0]["data"] == {"text/plain": "42"}
+        new = client.post(f"/api/v1/vms/{vm_id}/code/contexts", headers=held,
+                          json={"cwd": str(tmp_path)})
+        assert new.status_code == 201, new.text
+        context_id = new.json()["context"]["id"]
+        listed = client.get(f"/api/v1/vms/{vm_id}/code/contexts", headers=held).json()
+        assert context_id in [x["id"] for x in listed["contexts"]]
+        assert client.post(f"/api/v1/vms/{vm_id}/code/contexts/{context_id}/restart",
+                           headers=held).status_code == 200
+        assert client.delete(f"/api/v1/vms/{vm_id}/code/contexts/{context_id}",
+                             headers=held).status_code == 200
+        gone = client.post(f"/api/v1/vms/{vm_id}/code", headers=held,
+                           json={"code": "1", "context_id": context_id})
+        assert gone.status_code == 404
+        assert gone.json()["error"]["code"] == "context_not_found"
+        bad = client.post(f"/api/v1/vms/{vm_id}/code", headers=held,
+                          json={"code": "1", "language": "cobol"})
+        assert bad.status_code == 422
+        assert bad.json()["error"]["field"] == "language"
+        assert "python" in bad.json()["error"]["message"]

@@ -1,0 +1,74 @@
+"""A guest's code contexts for the engine's tests: the real rift-code
+(hypervisor/rift_code.py) run here by Debian's python3, reached over HTTP on the
+loopback as the SSH tunnel reaches a guest's (`HostCode`), and a guest that answers
+whatever a test scripts (`ScriptedCode`: a hostile one)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from rift.domain.model import Vm
+from rift.guest.code import SOURCE
+from rift.services.ports.code import CodeAnswer, CodeRequest, NoPython
+
+PYTHON = "/usr/bin/python3"  # Debian's, with python3-ipykernel (scripts/setup.sh)
+
+
+class HostCode:
+    """GuestCode over rift-code run on this host (one server for every VM)."""
+
+    def __init__(self, home: Path, backend: str = "rift") -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        env = dict(os.environ, RIFT_CODE_BACKEND=backend, HOME=str(home))
+        self.proc = subprocess.Popen(
+            [PYTHON, str(SOURCE), "serve", str(self.port), "--default"], env=env,
+            stderr=subprocess.DEVNULL, cwd=home)
+        self.requests: list[CodeRequest] = []
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.request(None, CodeRequest(method="GET", path="/health", timeout_s=5))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "rift-code did not listen"
+                time.sleep(0.05)
+
+    def reachable(self, vm: Vm) -> None:
+        return None
+
+    def request(self, vm: Vm | None, request: CodeRequest) -> CodeAnswer:
+        self.requests.append(request)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=request.timeout_s)
+        try:
+            conn.request(request.method, request.path, json.dumps(request.body or {}))
+            answer = conn.getresponse()
+            return CodeAnswer(answer.status, json.loads(answer.read()))
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class ScriptedCode:
+    """GuestCode that answers what a test gives it (None: the guest has no python3)."""
+
+    def __init__(self, answer: CodeAnswer | None) -> None:
+        self.answer = answer
+
+    def reachable(self, vm: Vm) -> None:
+        return None
+
+    def request(self, vm: Vm, request: CodeRequest) -> CodeAnswer:
+        if self.answer is None:
+            raise NoPython(vm.id)
+        return self.answer
