@@ -4,7 +4,8 @@ image: `debian` is RIFT_DEFAULT_IMAGE's default; with a `disk_gib` of 12, which
 its root file system grows to), and an agent's first chores work in it:
 `python3 -m venv` and `pip install` of a wheel file into it (the venv's own pip,
 from ensurepip, in make soak's form: 40 s under TCG), `git init` and a commit,
-`gcc` of a C file, and `apt-get install` of a local .deb; nothing of that is
+`gcc` of a C file, `apt-get install` of a local .deb, and code run in a code
+context (SPEC §20: rift-code's own kernel, as debian has no ipykernel); nothing of that is
 fetched from anywhere (the wheel and the .deb are made here). The time from
 `rift_vm_new` to the first exec answering is measured for `debian` and, in the
 same test, for `tiny`, and printed (no timed assertion: the machine is shared).
@@ -124,6 +125,32 @@ async def _exposed(s: ClientSession, handle: str, vm_id: str, port: int, path: s
             await asyncio.sleep(0.5)  # its server is not listening yet
 
 
+async def _code_contexts(s: ClientSession, handle: str, vm: str) -> None:
+    """Code contexts (SPEC §20) in the guest: rift-code put into it and started by the
+    first run, on its own kernel (debian has no ipykernel); state kept, a timeout that
+    leaves the context, and one run against an exec of `python3 -c` (timed)."""
+    began = time.monotonic()
+    first = (await call(s, "rift_vm_run_code", handle=handle, vm_id=vm, wait_s=CHORE_S,
+                        code="x = 6 * 7\nprint('ready')\nx"))["execution"]
+    TOOK["first run_code"] = time.monotonic() - began
+    assert (first["status"], first["stdout"]) == ("ok", "ready\n"), first
+    assert first["results"] == [{"data": {"text/plain": "42"}, "is_main_result": True}]
+    began = time.monotonic()
+    later = (await call(s, "rift_vm_run_code", handle=handle, vm_id=vm, code="1+1"))
+    TOOK["run_code 1+1"] = time.monotonic() - began
+    assert later["execution"]["results"][0]["data"]["text/plain"] == "2", later
+    began = time.monotonic()
+    await _ran(s, handle, vm, "python3 -c 1+1")
+    TOOK["exec python3 -c 1+1"] = time.monotonic() - began
+    stuck = (await call(s, "rift_vm_run_code", handle=handle, vm_id=vm, timeout_s=1,
+                        code="while True: pass"))["execution"]
+    assert (stuck["status"], stuck["error"]["name"]) == ("timed_out", "KeyboardInterrupt")
+    kept = (await call(s, "rift_vm_run_code", handle=handle, vm_id=vm, code="x"))["execution"]
+    assert kept["results"][0]["data"]["text/plain"] == "42", kept
+    listed = (await call(s, "rift_vm_code_context_list", handle=handle, vm_id=vm))["contexts"]
+    assert [(c["id"], c["backend"], c["alive"]) for c in listed] == [("default", "rift", True)]
+
+
 @pytest.mark.timeout(BUILD_S + LIMIT_S + 120)
 def test_a_debian_vm_runs_venv_pip_git_gcc_and_apt_and_boots_beside_tiny(
         real: Server, tmp_path: Path) -> None:
@@ -188,6 +215,8 @@ def test_a_debian_vm_runs_venv_pip_git_gcc_and_apt_and_boots_beside_tiny(
                 f"dpkg -s {DEB_PACKAGE} | grep '^Status'; {DEB_PACKAGE}"), "apt-get install")
             assert "install ok installed" in out and out.endswith(f"{DEB_GREETING}\n"), out
 
+            await _code_contexts(s, handle, vm)
+
             gone = (await call(s, "rift_vm_destroy", handle=handle, vm_id=vm))["vm"]
             assert gone["status"] == "destroyed"
             await call(s, "rift_task_close", handle=handle)
@@ -198,4 +227,4 @@ def test_a_debian_vm_runs_venv_pip_git_gcc_and_apt_and_boots_beside_tiny(
     assert_rows_tell_the_truth(real)
     print(f"\nrift_vm_new to the first exec answering under TCG: tiny {seen['tiny']:.1f} s, "
           f"debian {seen['debian']:.1f} s ({seen['debian'] / seen['tiny']:.1f}x); in debian: "
-          + ", ".join(f"{chore} {s:.1f} s" for chore, s in TOOK.items()))
+          + ", ".join(f"{chore} {s:.2f} s" for chore, s in TOOK.items()))
