@@ -10,6 +10,11 @@ folder of the data dir (`volumes/`), and the disk device XML that hot-plugs one.
   links named at random under `parents/`, one per child, so a parent goes with
   its last child), and the source and the clone each get a new empty overlay on
   it. Writes of either never reach the other.
+- **freeze** for a VM snapshot (SPEC §12, §18), while its domain is stopped: as a
+  clone, the volume's file becomes a frozen parent and the volume gets a new
+  overlay on it, and the snapshot keeps the frozen file as
+  `parents/<snapshot id>.<volume id>.qcow2`; `clone_frozen` makes a new volume on
+  it (constant time too), `thaw` drops the snapshot's names when it goes.
 - **remove**: the file goes, and each frozen parent whose last child it was.
 
 Only this machine's files are reached (hosts elsewhere: left for later).
@@ -31,6 +36,7 @@ from hypervisor.commands import run_command
 GIB = 1 << 30
 PARENTS = "parents"
 _VOLUME_ID = re.compile(r"vol_[a-z2-7]{8}")
+_SNAPSHOT_ID = re.compile(r"snap_[a-z2-7]{8}")
 VOLUME_TIMEOUT_S = 120
 QCOW2_HEADER = 20  # magic, version, backing file offset (u64) and size (u32), big-endian
 MAX_BACKING_NAME = 1023  # QEMU's own bound on a backing file name
@@ -49,6 +55,40 @@ def disk_xml(disk: VolumeDisk) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
+_DISK = re.compile(r"<disk\s[^>]*>.*?</disk>", re.DOTALL)
+_VOLUME_SERIAL = re.compile(r"<serial>vol_[a-z2-7]{8}</serial>")
+_CHAIN_START = re.compile(r"<backingStore\b")
+_CHAIN_END = "</backingStore>"
+_CHAIN_EMPTY = re.compile(r"<backingStore\s*/>")
+
+
+def without_volume_chains(xml: str) -> str:
+    """`xml` (a saved state's) with the backing chain libvirt recorded for each volume
+    disk left out, every other byte kept, so a restore looks at its file again: a
+    clone or a snapshot's freeze puts a volume's file on a frozen parent while a
+    saved domain holds it, and libvirt opens a disk only along the chain its XML
+    names (`<backingStore/>`: none), which would read the parent's blocks as zeros."""
+    out, last = [], 0
+    for disk in _DISK.finditer(xml):
+        body = disk.group(0)
+        start = _CHAIN_START.search(body)
+        if _VOLUME_SERIAL.search(body) is None or start is None:
+            continue
+        end = body.rfind(_CHAIN_END)
+        if end >= start.start():
+            cut = end + len(_CHAIN_END)
+        else:
+            empty = _CHAIN_EMPTY.match(body, start.start())
+            if empty is None:
+                continue
+            cut = empty.end()
+        out.append(xml[last:disk.start()])
+        out.append(body[:start.start()] + body[cut:])
+        last = disk.end()
+    out.append(xml[last:])
+    return "".join(out)
+
+
 class VolumeFolder:
     """The volumes' files in one folder of this machine, for the hosts whose libvirt
     runs here (the engine's VolumeFiles port); ImageError for a host elsewhere."""
@@ -62,8 +102,7 @@ class VolumeFolder:
         return self.folder / f"{volume_id}.qcow2"
 
     def path(self, uri: str, volume_id: str) -> str:
-        if elsewhere(uri):
-            raise ImageError(f"volumes live on hosts of this machine only, not {uri}")
+        _here(uri)
         return str(self.file(volume_id))
 
     def make(self, uri: str, volume_id: str, size_gib: int) -> None:
@@ -104,6 +143,48 @@ class VolumeFolder:
         for parent in (for_source, for_clone):
             os.chmod(parent, 0o444)
 
+    def freeze(self, uri: str, volume_id: str, snapshot_id: str) -> None:
+        source = Path(self.path(uri, volume_id))
+        parents = self.folder / PARENTS
+        parents.mkdir(parents=True, exist_ok=True)
+        kept = self._kept(snapshot_id, volume_id)
+        for_source = parents / f"{secrets.token_hex(8)}.qcow2"
+        os.link(source, kept)
+        os.link(source, for_source)
+        fresh = self.folder / f".{volume_id}.qcow2"
+        _overlay(for_source, fresh, str(_virtual_size(source)))
+        fresh.replace(source)
+        for parent in (kept, for_source):
+            os.chmod(parent, 0o444)
+
+    def frozen(self, uri: str, snapshot_id: str) -> dict[str, int]:
+        _here(uri)
+        prefix = f"{_snapshot_name(snapshot_id)}."
+        parents = self.folder / PARENTS
+        kept = list(parents.glob(prefix + "*.qcow2")) if parents.is_dir() else []
+        found = {p.name[len(prefix):-len(".qcow2")]: p for p in kept}
+        return {v: -(-_header_size(p) // GIB) for v, p in sorted(found.items())
+                if _VOLUME_ID.fullmatch(v)}
+
+    def clone_frozen(self, uri: str, snapshot_id: str, source_id: str,
+                     volume_id: str) -> None:
+        self.path(uri, volume_id)
+        kept, target = self._kept(snapshot_id, source_id), self.file(volume_id)
+        for_clone = self.folder / PARENTS / f"{secrets.token_hex(8)}.qcow2"
+        os.link(kept, for_clone)  # FileNotFoundError when the snapshot holds no such copy
+        _overlay(for_clone, target, str(_virtual_size(kept)))
+
+    def thaw(self, snapshot_id: str) -> None:
+        """The snapshot's frozen volumes go (each frozen file with its last name)."""
+        parents = self.folder / PARENTS
+        if parents.is_dir():
+            for kept in parents.glob(f"{_snapshot_name(snapshot_id)}.*.qcow2"):
+                _unlink_chain(kept, parents)
+
+    def _kept(self, snapshot_id: str, volume_id: str) -> Path:
+        self.file(volume_id)  # a volume id, or ImageError
+        return self.folder / PARENTS / f"{_snapshot_name(snapshot_id)}.{volume_id}.qcow2"
+
     def remove(self, uri: str, volume_id: str) -> None:
         _unlink_chain(Path(self.path(uri, volume_id)), self.folder / PARENTS)
 
@@ -119,6 +200,17 @@ class VolumeFolder:
                 return None if seen == 0 else used
             path, seen = _backing_of(path), seen + 1
         return used
+
+
+def _here(uri: str) -> None:
+    if elsewhere(uri):
+        raise ImageError(f"volumes live on hosts of this machine only, not {uri}")
+
+
+def _snapshot_name(snapshot_id: str) -> str:
+    if not _SNAPSHOT_ID.fullmatch(snapshot_id):
+        raise ImageError(f"snapshot id {snapshot_id!r} cannot name a file")
+    return snapshot_id
 
 
 def make_stand_in(volume_path: str, path: str) -> None:
@@ -142,6 +234,16 @@ def _info(path: Path) -> dict[str, object]:
 
 def _virtual_size(path: Path) -> int:
     return int(str(_info(path)["virtual-size"]))
+
+
+def _header_size(path: Path) -> int:
+    """The virtual size a qcow2 header gives (bytes; 0 for a file that is none)."""
+    with path.open("rb") as f:
+        header = f.read(QCOW2_HEADER + 12)
+    if len(header) < QCOW2_HEADER + 12 or header[:4] != b"QFI\xfb":
+        return 0
+    size: int = struct.unpack(">Q", header[24:32])[0]
+    return size
 
 
 def _backing_of(path: Path) -> Path | None:

@@ -24,6 +24,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parsers[2].add_argument("--size-gib", type=int, required=True)
     parsers[4].add_argument("--size-gib", type=int, required=True)
     parsers[5].add_argument("--name", required=True, help="the clone's name")
+    parsers[5].add_argument("--snapshot", help="a snapshot (snap_…) of a VM that held the "
+                            "volume: clone it as it was then")
 
 
 def cmd_volume(settings: Settings, args: argparse.Namespace) -> int:
@@ -48,7 +50,8 @@ def cmd_volume(settings: Settings, args: argparse.Namespace) -> int:
             "resize": lambda: volumes.resize(deps, caller, command(
                 c.VolumeResizeIn, volume_id=args.target, size_gib=args.size_gib)),
             "clone": lambda: volumes.clone(deps, caller, command(
-                c.VolumeCloneIn, volume_id=args.target, name=args.name)),
+                c.VolumeCloneIn, volume_id=args.target, name=args.name,
+                snapshot_id=args.snapshot)),
         }
         rows = [calls[args.action]().volume.model_dump(mode="json")]
     if args.json:

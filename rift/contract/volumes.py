@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from rift.contract.base import HandleText, Input, Name, Output, VmId, Whole
+from rift.contract.base import HandleText, Input, Name, Output, SnapshotId, VmId, Whole
 from rift.contract.tool import HELD, ToolContract
 from rift.contract.views import VolumeView
 from rift.contract.vms import AttachBody, VmOut, VolumeId
@@ -42,6 +42,10 @@ class VolumeResizeIn(ResizeBody):
 
 class CloneBody(Input):
     name: Name
+    snapshot_id: Annotated[SnapshotId | None, Field(description=(
+        "A snapshot of yours (rift_vm_snapshot) of a VM that held volume_id: the clone "
+        "holds the volume as it was when the snapshot was taken. volume_id need not "
+        "exist any more."))] = None
 
 
 class VolumeCloneIn(CloneBody):
@@ -101,9 +105,10 @@ VOLUME_RESIZE = ToolContract(
 VOLUME_CLONE = ToolContract(
     "rift_volume_clone", "Clone a volume",
     "A new volume of yours named name, holding what volume_id holds now, in constant time "
-    "(copy on write: the two go their own ways from here); while no VM writes it.",
-    ("volume_not_found", "volume_busy", "quota_exceeded", "invalid_argument",
-     "hypervisor_error"), VolumeCloneIn, VolumeOut)
+    "(copy on write: the two go their own ways from here); while no VM writes it. With "
+    "snapshot_id: what volume_id held when that snapshot of a VM holding it was taken.",
+    ("volume_not_found", "snapshot_not_found", "volume_busy", "quota_exceeded",
+     "invalid_argument", "hypervisor_error"), VolumeCloneIn, VolumeOut)
 
 VM_ATTACH_VOLUME = ToolContract(
     "rift_vm_attach_volume", "Attach a volume to a VM",

@@ -101,7 +101,7 @@ class NoGuestLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         return None
 
-    def resumed(self, vm: Vm, timeout_s: float, *, clock_later: bool = False) -> None:
+    def resumed(self, vm: Vm, timeout_s: float) -> None:
         return None
 
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
@@ -179,6 +179,19 @@ class NoVolumeFiles:
     def used_bytes(self, uri: str, volume_id: str) -> int | None:
         return None
 
+    def freeze(self, uri: str, volume_id: str, snapshot_id: str) -> None:
+        return None
+
+    def frozen(self, uri: str, snapshot_id: str) -> dict[str, int]:
+        return {}
+
+    def clone_frozen(self, uri: str, snapshot_id: str, source_id: str,
+                     volume_id: str) -> None:
+        return None
+
+    def thaw(self, snapshot_id: str) -> None:
+        return None
+
 
 class NoGuestMounts:
     """Without real guests there is no guest to mount a volume in (the test
@@ -188,4 +201,7 @@ class NoGuestMounts:
         return None
 
     def unmount(self, vm: Vm, path: str) -> None:
+        return None
+
+    def flush(self, vm: Vm, paths: list[str]) -> None:
         return None

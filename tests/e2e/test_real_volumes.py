@@ -3,7 +3,9 @@ and a folder with their modes written in a volume in one task's `tiny` VM (pause
 and resumed with it attached), the task closed (its VM destroyed, the volume
 detached, never deleted), a VM of another task started with the volume read-only
 (`volumes` on `rift_vm_new`) and the files read back there, the busy and
-bad-input refusals, and the hot-plug and mount within a second or so."""
+bad-input refusals, and the hot-plug and mount within a second or so; a snapshot
+of the writer keeps the volume as it was (the VM running on with it writable), and
+a clone of that copy, made before the snapshot goes with its task, holds it."""
 
 from __future__ import annotations
 
@@ -69,6 +71,11 @@ def test_a_volume_keeps_files_and_modes_from_one_task_to_the_next(real: Server) 
             assert [m["volume_id"] for m in resumed["volumes"]] == [vol["id"]], resumed
             await _sh(s, handle_a, vm_a, "mkdir /work/secret && chmod 0700 /work/secret && "
                       "echo x > /work/secret/key && chmod 0600 /work/secret/key")
+            # a snapshot keeps the volume as it is; the VM runs on with it writable
+            snap = (await call(s, "rift_vm_snapshot", handle=handle_a, vm_id=vm_a))["snapshot"]
+            await _sh(s, handle_a, vm_a, "echo later > /work/after.txt && sync")
+            then = (await call(s, "rift_volume_clone", volume_id=vol["id"], name="then",
+                               snapshot_id=snap["id"]))["volume"]
 
             # refused before a VM starts (rift_vm_new's volumes): no guest is booted
             busy = await refused(s, "volume_busy", "rift_vm_new", handle=handle_b,
@@ -103,6 +110,17 @@ def test_a_volume_keeps_files_and_modes_from_one_task_to_the_next(real: Server) 
             ro = await call(s, "rift_vm_exec", handle=handle_b, vm_id=vm_b,
                             command="touch /mnt/work/new")
             assert ro["exit_code"] != 0 and "Read-only" in ro["stderr"], ro
+            # the clone of the snapshot's copy outlived the snapshot (task A closed)
+            await _attach(s, handle_b, vm_b, volume_id=then["id"], path="/mnt/then",
+                          read_only=True)
+            after = await _sh(s, handle_b, vm_b, "ls -A /mnt/work")
+            assert "after.txt" in after.split(), after  # the volume has what came after
+            kept = await _sh(s, handle_b, vm_b, "ls -A /mnt/then; cat /mnt/then/notes.txt")
+            assert kept.split("\n")[:4] == ["lost+found", "notes.txt", "secret",
+                                            "kept across tasks"], kept
+            await call(s, "rift_vm_detach_volume", handle=handle_b, vm_id=vm_b,
+                       volume_id=then["id"])
+            await call(s, "rift_volume_delete", volume_id=then["id"])
 
             vm = (await call(s, "rift_vm_detach_volume", handle=handle_b, vm_id=vm_b,
                              volume_id=vol["id"]))["vm"]

@@ -125,3 +125,36 @@ def test_used_bytes_counts_what_is_written_and_the_parents_a_clone_reads(
     assert folder.used_bytes(HERE, B) == own + written  # … on the parent it reads
     with pytest.raises(ImageError, match="this machine"):
         folder.used_bytes("qemu+ssh://root@h2/system", A)
+
+
+def test_a_frozen_volume_is_cloned_as_it_was_and_goes_with_its_snapshot(
+        tmp_path: Path) -> None:
+    """freeze (a VM snapshot's), clone_frozen, thaw: the volume goes on writable on
+    a new overlay; the clone reads what was there at the freeze whatever the volume
+    wrote since or whether it is gone; thaw and the last child take the files."""
+    folder, snap = VolumeFolder(tmp_path / "volumes"), "snap_aaaaaaaa"
+    parents = tmp_path / "volumes" / PARENTS
+    folder.make(HERE, A, 4)
+    a = Path(folder.path(HERE, A))
+    _io(a, "write -P 0x61 1G 1M")
+    began = time.monotonic()
+    folder.freeze(HERE, A, snap)
+    assert time.monotonic() - began < 2  # two links and one empty overlay
+    assert folder.frozen(HERE, snap) == {A: 4} and folder.frozen(HERE, "snap_bbbbbbbb") == {}
+    _io(a, "write -P 0x62 1G 1M")  # the volume goes on writable
+    folder.grow(HERE, A, 6)
+    folder.remove(HERE, A)
+    assert folder.frozen(HERE, snap) == {A: 4}  # kept though the volume is gone
+    folder.clone_frozen(HERE, snap, A, B)
+    b = Path(folder.path(HERE, B))
+    assert _info(b)["virtual-size"] == 4 << 30 and _has_ext4(b)
+    assert "Pattern verification failed" not in _io(b, "read -P 0x61 1G 1M")
+    with pytest.raises(FileNotFoundError):
+        folder.clone_frozen(HERE, snap, C, "vol_dddddddd")  # it keeps no C
+    with pytest.raises(ImageError):
+        folder.thaw("../etc")
+    folder.thaw(snap)
+    assert folder.frozen(HERE, snap) == {}
+    assert "Pattern verification failed" not in _io(b, "read -P 0x61 1G 1M")
+    folder.remove(HERE, B)
+    assert list(parents.iterdir()) == []  # nothing left of A, its freeze or B

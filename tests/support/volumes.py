@@ -20,6 +20,7 @@ class Files:
     made: dict[str, int] = field(default_factory=dict)
     calls: list[tuple[str, ...]] = field(default_factory=list)
     used: dict[str, int] = field(default_factory=dict)  # what used_bytes answers
+    kept: dict[str, dict[str, int]] = field(default_factory=dict)  # snapshot: volume: GiB
 
     def used_bytes(self, uri: str, volume_id: str) -> int | None:
         return self.used.get(volume_id)
@@ -43,11 +44,28 @@ class Files:
         self.made.pop(volume_id)
         self.calls.append(("remove", volume_id))
 
+    def freeze(self, uri: str, volume_id: str, snapshot_id: str) -> None:
+        self.kept.setdefault(snapshot_id, {})[volume_id] = self.made[volume_id]
+        self.calls.append(("freeze", volume_id, snapshot_id))
+
+    def frozen(self, uri: str, snapshot_id: str) -> dict[str, int]:
+        return dict(sorted(self.kept.get(snapshot_id, {}).items()))
+
+    def clone_frozen(self, uri: str, snapshot_id: str, source_id: str,
+                     volume_id: str) -> None:
+        self.made[volume_id] = self.kept[snapshot_id][source_id]
+        self.calls.append(("clone_frozen", snapshot_id, source_id, volume_id))
+
+    def thaw(self, snapshot_id: str) -> None:
+        self.kept.pop(snapshot_id, None)
+        self.calls.append(("thaw", snapshot_id))
+
 
 @dataclass
 class Mounts:
     mounted: dict[tuple[str, str], tuple[str, bool]] = field(default_factory=dict)
     refuse: bool = False
+    flushed: list[tuple[str, ...]] = field(default_factory=list)  # (VM id, paths...)
 
     def mount(self, vm: Vm, serial: str, path: str, read_only: bool) -> None:
         if self.refuse:
@@ -56,6 +74,9 @@ class Mounts:
 
     def unmount(self, vm: Vm, path: str) -> None:
         self.mounted.pop((vm.id, path), None)
+
+    def flush(self, vm: Vm, paths: list[str]) -> None:
+        self.flushed.append((vm.id, *paths))
 
 
 def new_vm(deps: Deps, caller: object = ALICE) -> tuple[str, str, str]:

@@ -13,13 +13,13 @@ import pytest
 from hypervisor.base import VolumeDisk
 from hypervisor.fake import FakeHypervisor
 from hypervisor.fork_xml import volume_disks, with_volume_sources
-from hypervisor.volumes import disk_xml
+from hypervisor.volumes import disk_xml, without_volume_chains
 from rift.contract import tools as c
 from rift.contract.base import command
 from rift.services.context import Deps
 from rift.services.lifecycle import pauses, sleeps, snapshots, vms, volume_attach, volumes
 from rift.services.lifecycle.forks import fork
-from tests.support.engine import ALICE, event_types
+from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.saved_xml import SAVED_XML
 from tests.support.saved_xml import fork as fork_xml
 from tests.support.volumes import Files, Mounts
@@ -143,3 +143,58 @@ def test_a_domain_started_from_a_saved_state_gets_none_of_its_volumes(
     assert local_hv.domains["rift-vm_imaged01"].active
     assert local_hv.domains["rift-vm_imaged01"].disks == {}
     assert len(local_hv.state_disks["/snapshots/snap_x/state"]) == 2  # the state keeps them
+
+
+def test_a_snapshot_keeps_its_vms_volumes_and_a_clone_of_one_outlives_both(
+        vdeps: Deps) -> None:
+    """rift_volume_clone with snapshot_id: the volume as the snapshot keeps it (its
+    size then), even after the volume is deleted; another user's snapshot is not
+    found, one that keeps no such volume is invalid; the snapshot's delete drops
+    what it kept, never the clone."""
+    files: Files = vdeps.volume_files  # type: ignore[assignment]
+    _, handle, vm_id = _vm(vdeps)
+    vol, other = _volume(vdeps, "work", 4), _volume(vdeps, "spare", 2)
+    _attach(vdeps, handle, vm_id, vol, "/work")
+    snap = snapshots.make(vdeps, ALICE, command(c.VmSnapshotIn, handle=handle,
+                                                vm_id=vm_id)).snapshot.id
+    assert ("freeze", vol, snap) in files.calls and files.frozen("", snap) == {vol: 4}
+    assert vdeps.mounts.flushed == [(vm_id, "/work")]  # type: ignore[attr-defined]
+    volume_attach.detach(vdeps, ALICE, command(c.VmDetachVolumeIn, handle=handle,
+                                               vm_id=vm_id, volume_id=vol))
+    volumes.resize(vdeps, ALICE, command(c.VolumeResizeIn, volume_id=vol, size_gib=6))
+    volumes.delete(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol))
+    made = volumes.clone(vdeps, ALICE, command(c.VolumeCloneIn, volume_id=vol, name="back",
+                                               snapshot_id=snap)).volume
+    assert (made.parent_id, made.size_gib, made.name) == (vol, 4, "back")
+    assert ("clone_frozen", snap, vol, made.id) in files.calls
+    refused("snapshot_not_found", volumes.clone, vdeps, BOB,
+            command(c.VolumeCloneIn, volume_id=vol, name="mine", snapshot_id=snap))
+    refused("snapshot_not_found", volumes.clone, vdeps, ALICE,
+            command(c.VolumeCloneIn, volume_id=vol, name="x", snapshot_id="snap_zzzzzzzz"))
+    refused("invalid_argument", volumes.clone, vdeps, ALICE,
+            command(c.VolumeCloneIn, volume_id=other, name="y", snapshot_id=snap))
+    snapshots.delete(vdeps, ALICE, command(c.VmSnapshotDeleteIn, handle=handle,
+                                           snapshot_id=snap))
+    assert ("thaw", snap) in files.calls and files.frozen("", snap) == {}
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=made.id)).volume.id \
+        == made.id
+
+
+def test_a_saved_xml_restores_its_volumes_along_the_chains_their_files_have_now() -> None:
+    """libvirt records each disk's backing chain in a saved state's XML (an empty
+    `<backingStore/>`: none) and a restore opens only that chain; a clone or a
+    snapshot's freeze since put the volume's file on a frozen parent, so the chain
+    recorded for a volume disk goes (libvirt looks again), any other disk's stays."""
+    chain = ("<backingStore type='file' index='1'><format type='qcow2'/>"
+             "<source file='/v/parents/ab.qcow2'/><backingStore/></backingStore>")
+    xml = _with_volumes(SAVED_XML)
+    own = "<source file='/var/lib/rift/disks/vm_k3v9x2m7.qcow2'/>"
+    held = (xml.replace(f'<source file="{WRITTEN.path}" />',
+                        f'<source file="{WRITTEN.path}" /><backingStore/>')
+            .replace(f'<source file="{READ.path}" />', f'<source file="{READ.path}" />{chain}')
+            .replace(own, own + "<backingStore/>"))
+    assert held.count("<backingStore/>") == 3 and chain in held
+    fresh = without_volume_chains(held)
+    assert volume_disks(fresh) == [WRITTEN, READ]
+    assert fresh == xml.replace(own, own + "<backingStore/>")  # the VM's own disk keeps it
+    assert without_volume_chains(xml) == xml  # nothing recorded: every byte kept

@@ -1,6 +1,7 @@
 """A snapshot's files (SPEC §12): they live on its VM's host, in `snapshots/<id>/`
-(`state`, and `disk.qcow2` for images with a disk); where they are, removing them,
-and the folders and forks' copies a crash left that no row names.
+(`state`, and `disk.qcow2` for images with a disk), and the volumes it keeps;
+where they are, removing them, and the folders and forks' copies a crash left that
+no row names.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
+from hypervisor.base import ImageError
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.save_image import FORK_PREFIX
 from rift.services.context import Deps
@@ -35,6 +37,7 @@ def host_disk(deps: Deps, host_name: str) -> HostDisk:
 
 
 def remove_files(deps: Deps, snapshot_id: str, disk: HostDisk) -> None:
+    """Its folder and the volumes it keeps (rift.services.lifecycle.volume_snapshots)."""
     folder = snapshot_dir(deps, snapshot_id)
     if folder is not None:
         try:
@@ -42,6 +45,11 @@ def remove_files(deps: Deps, snapshot_id: str, disk: HostDisk) -> None:
         except OSError as exc:  # a host that does not answer: its files stay there
             deps.log.warning("a snapshot's files could not be removed", extra={
                 "snapshot_id": snapshot_id, "error": str(exc)})
+    try:
+        deps.volume_files.thaw(snapshot_id)
+    except (OSError, ImageError) as exc:
+        deps.log.warning("the volumes a snapshot kept could not be removed", extra={
+            "snapshot_id": snapshot_id, "error": str(exc)})
 
 
 def dead_snapshot_files(deps: Deps) -> list[str]:

@@ -2,7 +2,8 @@
 (`forks.py`).
 
 A snapshot saves the running VM to a file (libvirt's virDomainSave: the domain
-stops), copies its overlay beside it while it is stopped, and restores the VM
+stops), copies its overlay beside it and keeps its volumes as they are
+(`volume_snapshots`) while it is stopped, and restores the VM
 from the same file at once: the VM goes on where it was, after a pause of about
 a restore's length. Its files live on the VM's host (`snapshot_files.py`). The
 row is `making` before libvirt is asked (with the VM's `change` `snapshotting`),
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from hypervisor.base import HypervisorError
+from hypervisor.base import HypervisorError, ImageError
 from hypervisor.host_disk import HostDisk
 from rift.contract.snapshots import SnapshotOut, VmSnapshotDeleteIn, VmSnapshotIn
 from rift.domain.errors import (
@@ -42,6 +43,7 @@ from rift.services.lifecycle.snapshot_files import (
     snapshot_dir,
     state_path,
 )
+from rift.services.lifecycle.volume_snapshots import flush_held, freeze_held
 from rift.services.ports import Tx
 from rift.services.read import views
 
@@ -103,6 +105,7 @@ def take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snapsh
     try:
         if folder is not None:
             hv.disk.make_dir(str(folder))
+        flush_held(deps, vm)  # the guest writes out what its volumes cache
         deps.guests.lifecycle.drop_connections(vm.id)
         hv.save_state(vm.domain_name, state)
         steps.done("save")
@@ -116,8 +119,10 @@ def take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snapsh
         if overlay is not None and folder is not None and hv.disk.is_file(str(overlay)):
             hv.disk.copy_sparse(str(overlay), str(folder / DISK_FILE))
             steps.done("disk")
+        if freeze_held(deps, vm, snap.id, uri):  # its volumes as they are (stopped)
+            steps.done("volumes")
         size = hv.disk.usage(str(folder)) if folder is not None else 0
-    except OSError as exc:
+    except (OSError, ImageError) as exc:
         failure = exc  # a full disk: the VM runs on, the snapshot is not made
     try:
         hv.restore_state(state)

@@ -1,8 +1,9 @@
 """Volumes (SPEC §18): `rift_volume_new`, `_list`, `_get`, `_delete`, `_resize` and
-`_clone`. A volume belongs to a user, not a task, and outlives tasks; its file is
-a sparse qcow2 with ext4 inside on its host (`deps.volume_files`). Another user's
-volume is answered as an unknown one (`volume_not_found`). Attaching one to a VM
-is `volume_attach`; a VM's end detaches it (`volume_ends`).
+`_clone` (of a volume, or of one a VM snapshot keeps: `volume_snapshots`). A volume
+belongs to a user, not a task, and outlives tasks; its file is a sparse qcow2 with
+ext4 inside on its host (`deps.volume_files`). Another user's volume is answered as
+an unknown one (`volume_not_found`). Attaching one to a VM is `volume_attach`; a
+VM's end detaches it (`volume_ends`).
 
 A new volume's row is written `making` before its file is made and `ready` after;
 a delete is `deleting` before its file goes, then the row goes. Volume bytes (its
@@ -36,6 +37,7 @@ from rift.domain.store_errors import DuplicateKey
 from rift.domain.volumes import MARK_KEY, Volume
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.disk_budget import check_volume_room
+from rift.services.lifecycle.volume_snapshots import clone_source
 from rift.services.ports import Tx
 from rift.services.read import views
 
@@ -168,7 +170,10 @@ def resize(deps: Deps, caller: Caller, cmd: VolumeResizeIn) -> VolumeOut:
 
 def clone(deps: Deps, caller: Caller, cmd: VolumeCloneIn) -> VolumeOut:
     """`rift_volume_clone`: a copy-on-write child, on the source's host, while no VM
-    writes the source (readers may hold it: they see the same bytes)."""
+    writes the source (readers may hold it: they see the same bytes); with
+    `snapshot_id`, of the source as that snapshot keeps it (`volume_snapshots`)."""
+    if cmd.snapshot_id is not None:
+        return _clone_kept(deps, caller, cmd, cmd.snapshot_id)
     now = deps.clock.now()
     with deps.store.write() as tx:
         source = owned_volume(tx, caller, cmd.volume_id, lock=True)
@@ -180,4 +185,18 @@ def clone(deps: Deps, caller: Caller, cmd: VolumeCloneIn) -> VolumeOut:
         _add(tx, row)
     made = _made(deps, row,
                  lambda: deps.volume_files.clone(uri, source.id, row.id))
+    return VolumeOut(volume=views.volume(made))
+
+
+def _clone_kept(deps: Deps, caller: Caller, cmd: VolumeCloneIn, snapshot_id: str,
+                ) -> VolumeOut:
+    now = deps.clock.now()
+    with deps.store.write() as tx:
+        size_gib, host, uri = clone_source(deps, tx, caller, snapshot_id, cmd.volume_id)
+        check_volume_room(deps, tx, caller.user, size_gib)
+        row = Volume(new_volume_id(), caller.user, cmd.name, size_gib, host, "making", now,
+                     parent_id=cmd.volume_id)
+        _add(tx, row)
+    made = _made(deps, row, lambda: deps.volume_files.clone_frozen(
+        uri, snapshot_id, cmd.volume_id, row.id))
     return VolumeOut(volume=views.volume(made))

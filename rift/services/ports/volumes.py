@@ -69,6 +69,20 @@ class VolumeFiles(Protocol):
     def remove(self, uri: str, volume_id: str) -> None:
         """Its file goes (and the frozen parents no other volume needs); absent is fine."""
         ...
+    def freeze(self, uri: str, volume_id: str, snapshot_id: str) -> None:
+        """Keep the volume as it is now for a VM snapshot, in constant time, while no
+        QEMU has it open for writing; the volume goes on writable."""
+        ...
+    def frozen(self, uri: str, snapshot_id: str) -> dict[str, int]:
+        """The volumes the snapshot keeps: id, size in GiB (as it was then)."""
+        ...
+    def clone_frozen(self, uri: str, snapshot_id: str, source_id: str,
+                     volume_id: str) -> None:
+        """A new volume holding what the snapshot kept of `source_id`, in constant time."""
+        ...
+    def thaw(self, snapshot_id: str) -> None:
+        """The snapshot's kept volumes go (its files are removed); none is fine."""
+        ...
     def used_bytes(self, uri: str, volume_id: str) -> int | None:
         """What its file and the frozen parents it reads take on the host (None: no
         file, or one this machine does not reach)."""
@@ -85,4 +99,8 @@ class GuestMounts(Protocol):
         ...
     def unmount(self, vm: Vm, path: str) -> None:
         """Write out what is cached and unmount `path` (not mounted: nothing)."""
+        ...
+    def flush(self, vm: Vm, paths: list[str]) -> None:
+        """Write out what the guest caches and the journal of each file system mounted
+        at `paths` (its volumes written), before a snapshot keeps them."""
         ...
