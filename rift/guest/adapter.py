@@ -154,17 +154,11 @@ class SshLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         self.life.drop_connections(vm_id)
 
-    def resumed(self, vm: Vm, timeout_s: float, *, clock_later: bool = False) -> None:
+    def resumed(self, vm: Vm, timeout_s: float) -> None:
         def call() -> None:
             began = time.monotonic()
             self.life.reconnect(vm, None, timeout_s)
             logged_in = time.monotonic()
-            if clock_later:  # set by the command the call that woke it runs next
-                self.life.runner.warmer.clock_due(vm.id)
-                log.info("guest resumed", extra={
-                    "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
-                    "clock": "with the next command"})
-                return
             # now, after the login took its time; the guest warmed up in the same session
             warmed = self.life.set_clock_and_warm(vm, time.time())
             log.info("guest resumed", extra={

@@ -70,8 +70,6 @@ class Runner:
         where = address(vm)
         self.conns.remember(vm)
         self.warmer.settle(vm.id)
-        clock = self.warmer.take_clock(vm.id)
-        command = clock + command
         guard: Guard | None = None
         try:
             with self.conns.pool.lease(vm.id, where, timeout_s) as transport:
@@ -88,8 +86,6 @@ class Runner:
                         if killed.timed_out:
                             log.warning("could not kill a timed-out command in %s", vm.id)
         except FAILURES as exc:
-            if clock:
-                self.warmer.clock_due(vm.id)
             if guard is not None and guard.fired:
                 raise GuestError(f"the guest did not answer within {timeout_s:.0f}s; its "
                                  "connection was closed", vm_id=vm.id) from exc
@@ -137,7 +133,6 @@ class Runner:
         where = address(vm)
         self.conns.remember(vm)
         self.warmer.settle(vm.id)
-        clock = self.warmer.take_clock(vm.id)
         deadline = time.monotonic() + timeout_s
         guard: Guard | None = None
         try:
@@ -146,7 +141,7 @@ class Runner:
                 chan = transport.open_session(
                     timeout=left(deadline, self.conns.settings.connect_timeout_s))
                 try:
-                    chan.exec_command(clock + line)
+                    chan.exec_command(line)
                     if stdin:
                         send_within(chan, stdin, deadline)
                     chan.shutdown_write()
@@ -158,13 +153,9 @@ class Runner:
                 finally:
                     chan.close()
         except TimeoutError as exc:
-            if clock:
-                self.warmer.clock_due(vm.id)
             raise GuestError(f"rift-exec did not answer within {timeout_s:.0f}s: {exc}",
                              vm_id=vm.id) from exc
         except FAILURES as exc:
-            if clock:
-                self.warmer.clock_due(vm.id)
             if guard is not None and guard.fired:
                 raise GuestError(f"rift-exec did not answer within {timeout_s:.0f}s; its "
                                  "connection was closed", vm_id=vm.id) from exc

@@ -11,10 +11,7 @@ a fork's answer, in the background (a call to that VM meanwhile waits for the
 warm-up to end, at most WARM_S, rather than pay for a new SSH login beside it),
 and after the login that follows a wake, a resume or a snapshot, in the session
 that sets the guest's clock, before the call that woke it goes on
-(rift.guest.life.ShellLife.set_clock_and_warm). A wake whose call runs a guest
-command at once (an exec's start) has no such session: its clock rides on that
-command (`clock_due`, `take_clock`), which is its own warm-up, so the wake costs
-one session less.
+(rift.guest.life.ShellLife.set_clock_and_warm).
 A guest without the helper (a qcow2 image) is left as it is. Everything here is
 bounded: the session by WARM_S, the connection by the watchdog past it.
 """
@@ -51,7 +48,6 @@ class Warmer:
         self.conns = conns
         self.lock = threading.Lock()
         self.warming: dict[str, threading.Event] = {}  # vm id -> set when its warm-up ends
-        self.clocks_due: set[str] = set()  # vm ids whose next command sets the clock first
 
     def warm(self, vm: Vm) -> float | None:
         """Run the warm-up now on a pooled connection: its seconds, None when it
@@ -95,19 +91,3 @@ class Warmer:
             done = self.warming.get(vm_id)
         if done is not None:
             done.wait(WARM_S + GRACE_S)
-
-    def clock_due(self, vm_id: str) -> None:
-        """The next command run in `vm_id` sets the guest's clock to this host's
-        first (`take_clock`): a wake whose call runs one at once."""
-        with self.lock:
-            self.clocks_due.add(vm_id)
-
-    def take_clock(self, vm_id: str) -> str:
-        """What the next command of `vm_id` is prefixed with: the clock set to now
-        when one is due (then no longer due), else nothing. A command that did not
-        reach the guest gives it back (`clock_due`)."""
-        with self.lock:
-            if vm_id not in self.clocks_due:
-                return ""
-            self.clocks_due.discard(vm_id)
-        return f'date -s "@{round(time.time())}" >/dev/null 2>&1; '

@@ -78,25 +78,3 @@ def test_a_wake_logs_in_once_sets_the_clock_and_warms_up_in_one_session_and_stay
         assert fake.commands[1:] == ["echo the first call"] and fake.logins == 1, fake
     finally:
         shell.close()
-
-
-def test_a_wake_for_an_exec_logs_in_and_its_first_command_sets_the_clock(
-        guest: tuple[Guest, int], tmp_path: Path) -> None:
-    """A wake whose call runs a command at once (an exec's start) has no session of
-    its own: that command sets the clock first, once, and is itself the warm-up."""
-    fake, port = guest
-    key_for_task(tmp_path, "task_resumed")
-    shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=5.0))
-    vm = vm_at(port, "resumed02", "task_resumed")
-    try:
-        guests_of(shell).lifecycle.resumed(vm, 10.0, clock_later=True)
-        assert fake.logins == 1 and fake.commands == [], fake
-        before = time.time()
-        assert shell.life.runner.run(vm, "echo first", None, 5.0, 4096).exit_code == 0
-        assert shell.life.runner.run(vm, "echo next", None, 5.0, 4096).exit_code == 0
-        clock, first = fake.commands[0].split("; ", 1)
-        assert clock.startswith('date -s "@') and first == "echo first", fake.commands
-        assert round(before) <= int(clock.split("@")[1].split('"')[0]) <= round(time.time())
-        assert fake.commands[1:] == ["echo next"] and fake.logins == 1, fake
-    finally:
-        shell.close()

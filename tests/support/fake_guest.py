@@ -97,7 +97,6 @@ class FakeLifecycle:
     """GuestLifecycle: nothing is connected; the calls are noted (name, VM id)."""
 
     calls: list[tuple[str, str]] = field(default_factory=list)
-    clocks_later: list[str] = field(default_factory=list)  # resumed with clock_later
 
     def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float,
                    markers: bool = True) -> None:
@@ -115,10 +114,8 @@ class FakeLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         self.calls.append(("drop_connections", vm_id))  # a pause: nothing here is connected
 
-    def resumed(self, vm: Vm, timeout_s: float, *, clock_later: bool = False) -> None:
+    def resumed(self, vm: Vm, timeout_s: float) -> None:
         self.calls.append(("resumed", vm.id))
-        if clock_later:
-            self.clocks_later.append(vm.id)
 
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:

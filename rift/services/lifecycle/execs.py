@@ -77,8 +77,7 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
                                {"exec_id": exec_id, "vm_id": vm.id}))
         return task, vm, ex
 
-    task, vm, ex = awake(deps, caller.label, lambda: in_write(deps.store, record),
-                         command_next=True)  # SPEC §17: its start sets the woken clock
+    task, vm, ex = awake(deps, caller.label, lambda: in_write(deps.store, record))  # SPEC §17
     if watch is not None:
         watch.begun(exec_id)
     shell = reach(vm, deps.guests.execs)

@@ -18,11 +18,10 @@ A wake is one compare-and-set (sleeping → sleeping, `waking`): of calls racing
 on one VM (threads or replicas), one wakes it and the others wait for it to run
 (`wake`). The waker restores the domain, logs in again, and sets the guest's
 clock and warms it up in one session (its connection left open for the call that
-woke it: rift.guest.life); when that call is an exec's start, its own command sets
-the clock on its way and is the warm-up (rift.guest.warm), then records
-`vm_woke` with how long that took (the view's `woke`). A wake that fails leaves
-nothing running: the domain is destroyed, the VM `failed` with its event, and
-the call answers `guest_unreachable` with the reason.
+woke it: rift.guest.life), then records `vm_woke` with how long that took (the
+view's `woke`). A wake that fails leaves nothing running: the domain is
+destroyed, the VM `failed` with its event, and the call answers
+`guest_unreachable` with the reason.
 Reconciliation settles a sleep or wake a crash cut short (rift.services.lifecycle.
 pauses.settle_change).
 """
@@ -57,20 +56,18 @@ _WAKES = 3  # a call found its VM asleep again this many times: it answers vm_no
 
 # -- calls that need a VM ------------------------------------------------------------------
 
-def awake(deps: Deps, actor: str, call: Callable[[], T], *, command_next: bool = False) -> T:
+def awake(deps: Deps, actor: str, call: Callable[[], T]) -> T:
     """Run `call` (a use case's step that checks its VM runs, `leases.check_running`);
-    when it finds the VM asleep, wake it and run it again. `command_next`: the use
-    case runs a guest command right after (an exec's start), which then sets the
-    guest's clock on its way, rather than a session of the wake's own."""
+    when it finds the VM asleep, wake it and run it again."""
     for _ in range(_WAKES):
         try:
             return call()
         except VmAsleep as asleep:
-            wake(deps, asleep.vm_id, actor, command_next=command_next)
+            wake(deps, asleep.vm_id, actor)
     return call()
 
 
-def wake(deps: Deps, vm_id: str, actor: str, *, command_next: bool = False) -> Vm:
+def wake(deps: Deps, vm_id: str, actor: str) -> Vm:
     """Wake a sleeping VM and answer it running; wait for one going to sleep or
     waking by another call. `vm_not_running` for any other status (a paused VM is
     its agent's: no call wakes it); `no_capacity` when its host has no room for it
@@ -82,7 +79,7 @@ def wake(deps: Deps, vm_id: str, actor: str, *, command_next: bool = False) -> V
         if vm.status == "running" and vm.change is None:
             return vm
         if mine:
-            return _wake(deps, vm, actor, began, command_next)
+            return _wake(deps, vm, actor, began)
         if time.monotonic() >= deadline:
             raise VmNotRunning(vm.id, vm.status, doing=vm.change)
         time.sleep(WAIT_STEP_S)
@@ -117,7 +114,7 @@ def _check_room(tx: Tx, vm: Vm) -> None:
                          load.free_memory_mib if load else 0)
 
 
-def _wake(deps: Deps, vm: Vm, actor: str, began: float, command_next: bool) -> Vm:
+def _wake(deps: Deps, vm: Vm, actor: str, began: float) -> Vm:
     with deps.store.read() as tx:
         uri = host_uri(tx, vm.host)
     try:
@@ -125,8 +122,7 @@ def _wake(deps: Deps, vm: Vm, actor: str, began: float, command_next: bool) -> V
             raise HypervisorError("restore", f"host {vm.host} is not known")
         deps.hosts.hypervisor(uri).restore(vm.domain_name)
         if vm.ssh_port is not None:
-            deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s,
-                                          clock_later=command_next)
+            deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s)
     except (HypervisorError, GuestUnreachable) as exc:
         reason = exc.message if isinstance(exc, GuestUnreachable) else str(exc)
         _fail(deps, vm, uri, f"its wake failed: {reason}", actor)

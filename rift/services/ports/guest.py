@@ -187,10 +187,9 @@ class GuestLifecycle(Protocol):
         """Close the VM's connections before a pause cuts them; its host key stays
         pinned."""
         ...
-    def resumed(self, vm: Vm, timeout_s: float, *, clock_later: bool = False) -> None:
+    def resumed(self, vm: Vm, timeout_s: float) -> None:
         """After a resume: log in again (retrying until `timeout_s`) and set the
-        guest's clock to this host's: now, or with `clock_later` first thing in the
-        next command run in it (the call that woke it runs one at once)."""
+        guest's clock to this host's."""
         ...
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:
