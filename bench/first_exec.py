@@ -5,11 +5,11 @@
   running VM) and a wake (by a file read), each against the p50 of the next
   `FOLLOW_EXECS` execs of the same VM: an exec on a connection already open (goal
   ≤ 1.3x);
-- wake to first exec (the exec that wakes the VM; its time less the VM's `woke.ms`
-  is shown as its exec part: it sets the guest's clock and is the helper's first
-  start since the restore), and wake to the first byte through an exposure URL
-  (busybox httpd in the guest), against the raw restore floor of the same image and
-  size, one floor sample taken while the VM sleeps before each wake
+- the exec that wakes the VM: its time less the VM's `woke.ms` (its exec part)
+  against the same open connection (goal ≤ 1.3x);
+- wake to first exec (that exec's whole time), and wake to the first byte through
+  an exposure URL (busybox httpd in the guest), against the raw restore floor of the
+  same image and size, one floor sample taken while the VM sleeps before each wake
   (bench/restore_floor.py: a libvirt restore of a managed save plus an exec on a new
   paramiko connection; goal ≤ 1.2x);
 - density: a running VM's QEMU RSS against what the same VM holds asleep (no
@@ -254,10 +254,9 @@ def print_rows(into: Firsts) -> None:
     woke, floor_s = p50(into.woke_ms) / 1000, p50(into.floor_restore_s)
     exec_part = p50([f - w / 1000 for f, w in zip(into.first_s["wake"], into.woke_ms,
                                                   strict=True)])
-    rows.append(("exec part of the exec that wakes (its time less woke.ms: with the clock "
-                 "and the helper's first start)", str(len(into.woke_ms)), ms(exec_part),
-                 ms(p50(into.open_s["wake"])), f"{exec_part / p50(into.open_s['wake']):.2f}",
-                 "-"))
+    rows.append(("exec part of the exec that wakes (its time less woke.ms)",
+                 str(len(into.woke_ms)), ms(exec_part), ms(p50(into.open_s["wake"])),
+                 f"{exec_part / p50(into.open_s['wake']):.2f}", "≤ 1.3x"))
     rows.append(("wake to first exec", str(len(into.woke_ms)), ms(p50(into.first_s["wake"])),
                  f"{ms(floor_s)} (raw restore + exec)",
                  f"{p50(into.first_s['wake']) / floor_s:.2f}", "≤ 1.2x"))
