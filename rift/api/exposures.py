@@ -91,8 +91,10 @@ async def relay_to(deps: Deps, scope: Scope, receive: Receive, send: Send,
     vm = target.vm
     if vm.status == "sleeping" or vm.change in ("falling_asleep", "waking"):
         try:  # SPEC §17: a request wakes it, answered once the guest's server answers
-            target = Target(await anyio.to_thread.run_sync(wake, deps, vm.id, EXPOSURE),
-                            target.port)
+            # no warm-up before the first byte: an exec's helper does not serve it
+            woken = await anyio.to_thread.run_sync(
+                lambda: wake(deps, vm.id, EXPOSURE, warm_now=False))
+            target = Target(woken, target.port)
         except RiftError as exc:
             await refuse(scope, send, 503, f"VM {vm.id} did not wake: {exc.message}")
             return

@@ -19,6 +19,7 @@ from rift.guest.keys import forget_task, keep_boot_key, key_for_task, tidy
 from rift.guest.links import HostLinks
 from rift.guest.routes import Routes
 from rift.guest.shell import SshGuestShell
+from rift.guest.warm import WARM_AFTER_S
 from rift.services.ports import (
     ExecGone,
     ExecRead,
@@ -154,17 +155,19 @@ class SshLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         self.life.drop_connections(vm_id)
 
-    def resumed(self, vm: Vm, timeout_s: float) -> None:
+    def resumed(self, vm: Vm, timeout_s: float, *, warm_now: bool = True) -> None:
         def call() -> None:
             began = time.monotonic()
             self.life.reconnect(vm, None, timeout_s)
             logged_in = time.monotonic()
             # now, after the login took its time; the guest warmed up in the same session
-            warmed = self.life.set_clock_and_warm(vm, time.time())
+            warmed = self.life.set_clock_and_warm(vm, time.time(), warm=warm_now)
+            if not warm_now:
+                self.life.runner.warmer.warm_later(vm, after_s=WARM_AFTER_S)
             log.info("guest resumed", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
                 "clock_and_warm_up_ms": round((time.monotonic() - logged_in) * 1000, 1),
-                "warmed": warmed})
+                "warmed": warmed if warm_now else "later"})
 
         _call(vm, call)
 

@@ -224,15 +224,18 @@ class ShellLife:
         pinned and its task known: a pause is about to cut them."""
         self.conns.drop(vm_id)
 
-    def set_clock_and_warm(self, vm: Vm, now: float) -> bool:
+    def set_clock_and_warm(self, vm: Vm, now: float, warm: bool = True) -> bool:
         """Set the guest's clock to `now` (a restore brings back the clock it was
         saved with) and, in the same session, warm it up (rift.guest.warm): the
         restore's QEMU translated nothing yet, so the call that comes next (the
         one that woke the VM) costs what the one after does. One session, not
         two: the first after a restore pays for the SSH server's own code too.
         Answers whether it warmed up: a warm-up that fails (a guest without the
-        helper) leaves the clock set and the call going on."""
-        line = f'date -s "@{round(now)}" >/dev/null && {{ {WARM_UP_LINE}; }}'
+        helper) leaves the clock set and the call going on. `warm=False`: the clock
+        alone."""
+        line = f'date -s "@{round(now)}" >/dev/null'
+        if warm:
+            line += f" && {{ {WARM_UP_LINE}; }}"
         collected = self.runner.run(vm, line, None, HAND_OVER_S + WARM_S, 4096)
         if collected.exit_code != 0:
             reason = collected.stderr.decode("utf-8", "replace").strip()

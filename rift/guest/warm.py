@@ -11,7 +11,9 @@ a fork's answer, in the background (a call to that VM meanwhile waits for the
 warm-up to end, at most WARM_S, rather than pay for a new SSH login beside it),
 and after the login that follows a wake, a resume or a snapshot, in the session
 that sets the guest's clock, before the call that woke it goes on
-(rift.guest.life.ShellLife.set_clock_and_warm).
+(rift.guest.life.ShellLife.set_clock_and_warm); a wake by a request to an
+exposure sets the clock alone, as no helper serves that request, and warms the
+guest up WARM_AFTER_S later.
 A guest without the helper (a qcow2 image) is left as it is. Everything here is
 bounded: the session by WARM_S, the connection by the watchdog past it.
 """
@@ -32,6 +34,9 @@ from rift.guest.steps import address
 log = logging.getLogger("rift.guest.shell")
 
 WARM_S = 10.0  # the warm-up's session; a call waits no longer for it
+# a wake by a request to an exposure sets the clock alone; the warm-up comes this long
+# after, once the guest's server has answered, for the exec that may follow
+WARM_AFTER_S = 1.0
 # `true` under the helper as an exec runs it (its keeper, its shell), WARMED printed when
 # it did, then its folder removed; `$$`, the login shell's pid, keeps racing warm-ups apart
 _FOLDER = f"{EXECS_DIR}/warm-up-$$"
@@ -66,13 +71,19 @@ class Warmer:
             return None
         return time.monotonic() - began
 
-    def warm_later(self, vm: Vm) -> None:
-        """Warm `vm` up in the background; its calls wait for it (`settle`)."""
+    def warm_later(self, vm: Vm, after_s: float = 0.0) -> None:
+        """Warm `vm` up in the background, `after_s` from now; its calls wait for it
+        once it has begun (`settle`), not before."""
         done = threading.Event()
-        with self.lock:
-            self.warming[vm.id] = done
+        if not after_s:
+            with self.lock:
+                self.warming[vm.id] = done
 
         def run() -> None:
+            if after_s:
+                time.sleep(after_s)  # what the call that woke it does goes first
+                with self.lock:
+                    self.warming[vm.id] = done
             try:
                 took = self.warm(vm)
                 if took is not None:

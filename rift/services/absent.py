@@ -101,7 +101,7 @@ class NoGuestLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         return None
 
-    def resumed(self, vm: Vm, timeout_s: float) -> None:
+    def resumed(self, vm: Vm, timeout_s: float, *, warm_now: bool = True) -> None:
         return None
 
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,

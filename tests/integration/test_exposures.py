@@ -33,7 +33,7 @@ from rift.services.context import Deps, ExposureUrls
 from rift.services.lifecycle import exposures, pauses, sleeps, tasks, vms
 from tests.support import ws
 from tests.support.engine import ALICE, BOB, event_types, refused
-from tests.support.fake_guest import FakeFiles, fake_guests
+from tests.support.fake_guest import FakeFiles, FakeLifecycle, fake_guests
 from tests.support.vm_rows import give_ssh_address
 
 GUEST_PORT = 8000
@@ -356,6 +356,8 @@ def test_a_request_to_a_sleeping_vms_url_wakes_it_and_is_answered_by_its_guest(
         woke = [e for e in tx.events.page(task_id, 0, 100) if e.type == "vm_woke"]
     assert vm is not None and vm.status == "running"
     assert [e.actor for e in woke] == ["exposure"]
+    life = gdeps.guests.lifecycle
+    assert isinstance(life, FakeLifecycle) and life.warmed_later == [vm_id]  # clock alone
 
 
 def test_a_preview_domain_reaches_the_exposure_by_its_host_name(gdeps: Deps,

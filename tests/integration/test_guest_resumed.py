@@ -19,7 +19,7 @@ import pytest
 
 from rift.guest import ShellSettings, SshGuestShell, key_for_task
 from rift.guest.adapter import guests_of
-from rift.guest.warm import WARM_UP_LINE, WARMED
+from rift.guest.warm import WARM_AFTER_S, WARM_UP_LINE, WARMED
 from tests.support.ssh_servers import LoopbackGuest, serving, vm_at
 
 
@@ -76,5 +76,28 @@ def test_a_wake_logs_in_once_sets_the_clock_and_warms_up_in_one_session_and_stay
         ran = shell.life.runner.run(vm, "echo the first call", None, 5.0, 4096)
         assert ran.exit_code == 0
         assert fake.commands[1:] == ["echo the first call"] and fake.logins == 1, fake
+    finally:
+        shell.close()
+
+
+def test_a_wake_by_an_exposure_sets_the_clock_alone_and_warms_up_a_moment_after(
+        guest: tuple[Guest, int], tmp_path: Path) -> None:
+    """A request to an exposure needs no exec helper: its wake's session sets the
+    clock alone, and the warm-up comes WARM_AFTER_S later on the same connection."""
+    fake, port = guest
+    key_for_task(tmp_path, "task_resumed")
+    shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=5.0))
+    vm = vm_at(port, "resumed02", "task_resumed")
+    try:
+        guests_of(shell).lifecycle.resumed(vm, 10.0, warm_now=False)
+        woke = time.monotonic()
+        assert len(fake.commands) == 1 and fake.commands[0].startswith('date -s "@')
+        assert fake.commands[0].endswith('" >/dev/null'), fake.commands  # no warm-up in it
+        while len(fake.commands) < 2:
+            assert time.monotonic() - woke < WARM_AFTER_S + 5, fake.commands
+            time.sleep(0.05)
+        assert time.monotonic() - woke >= WARM_AFTER_S * 0.9
+        assert fake.commands[1] == WARM_UP_LINE and fake.logins == 1, fake
+        shell.life.runner.warmer.settle(vm.id)  # its answer read before the shell closes
     finally:
         shell.close()

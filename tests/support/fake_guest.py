@@ -97,6 +97,7 @@ class FakeLifecycle:
     """GuestLifecycle: nothing is connected; the calls are noted (name, VM id)."""
 
     calls: list[tuple[str, str]] = field(default_factory=list)
+    warmed_later: list[str] = field(default_factory=list)  # resumed with warm_now=False
 
     def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float,
                    markers: bool = True) -> None:
@@ -114,8 +115,10 @@ class FakeLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         self.calls.append(("drop_connections", vm_id))  # a pause: nothing here is connected
 
-    def resumed(self, vm: Vm, timeout_s: float) -> None:
+    def resumed(self, vm: Vm, timeout_s: float, *, warm_now: bool = True) -> None:
         self.calls.append(("resumed", vm.id))
+        if not warm_now:
+            self.warmed_later.append(vm.id)
 
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:

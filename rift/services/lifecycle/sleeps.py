@@ -67,11 +67,13 @@ def awake(deps: Deps, actor: str, call: Callable[[], T]) -> T:
     return call()
 
 
-def wake(deps: Deps, vm_id: str, actor: str) -> Vm:
+def wake(deps: Deps, vm_id: str, actor: str, *, warm_now: bool = True) -> Vm:
     """Wake a sleeping VM and answer it running; wait for one going to sleep or
     waking by another call. `vm_not_running` for any other status (a paused VM is
     its agent's: no call wakes it); `no_capacity` when its host has no room for it
-    now; `guest_unreachable` when the wake fails (the VM is then `failed`)."""
+    now; `guest_unreachable` when the wake fails (the VM is then `failed`).
+    `warm_now=False` (a request to an exposure, which no exec helper serves): the
+    wake sets the clock alone and the guest warms up a moment after."""
     began = time.monotonic()
     deadline = began + deps.runtime.boot_timeout_s + deps.limits.creating_grace_s
     while True:
@@ -79,7 +81,7 @@ def wake(deps: Deps, vm_id: str, actor: str) -> Vm:
         if vm.status == "running" and vm.change is None:
             return vm
         if mine:
-            return _wake(deps, vm, actor, began)
+            return _wake(deps, vm, actor, began, warm_now)
         if time.monotonic() >= deadline:
             raise VmNotRunning(vm.id, vm.status, doing=vm.change)
         time.sleep(WAIT_STEP_S)
@@ -114,7 +116,7 @@ def _check_room(tx: Tx, vm: Vm) -> None:
                          load.free_memory_mib if load else 0)
 
 
-def _wake(deps: Deps, vm: Vm, actor: str, began: float) -> Vm:
+def _wake(deps: Deps, vm: Vm, actor: str, began: float, warm_now: bool) -> Vm:
     with deps.store.read() as tx:
         uri = host_uri(tx, vm.host)
     try:
@@ -122,7 +124,7 @@ def _wake(deps: Deps, vm: Vm, actor: str, began: float) -> Vm:
             raise HypervisorError("restore", f"host {vm.host} is not known")
         deps.hosts.hypervisor(uri).restore(vm.domain_name)
         if vm.ssh_port is not None:
-            deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s)
+            deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s, warm_now=warm_now)
     except (HypervisorError, GuestUnreachable) as exc:
         reason = exc.message if isinstance(exc, GuestUnreachable) else str(exc)
         _fail(deps, vm, uri, f"its wake failed: {reason}", actor)

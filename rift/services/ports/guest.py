@@ -187,9 +187,10 @@ class GuestLifecycle(Protocol):
         """Close the VM's connections before a pause cuts them; its host key stays
         pinned."""
         ...
-    def resumed(self, vm: Vm, timeout_s: float) -> None:
+    def resumed(self, vm: Vm, timeout_s: float, *, warm_now: bool = True) -> None:
         """After a resume: log in again (retrying until `timeout_s`) and set the
-        guest's clock to this host's."""
+        guest's clock to this host's; warm the guest up in that session, or with
+        `warm_now=False` a moment after (the call that woke it needs no exec)."""
         ...
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:
