@@ -12,6 +12,8 @@ answer with one compare-and-set on the state it was read in
     making     made()              ready       its file is there
     ready      grown(size_gib)     ready       grow only (shrinking is refused)
     ready      deleting()          deleting    refused while attached (volume_busy)
+    ready      moved(host)         ready       its VMs moved to another host of the
+                                               machine its file is on (drain --move)
     making     removed()           (row goes)  its file could not be made
     deleting   removed()           (row goes)  its file is gone
 
@@ -68,6 +70,10 @@ class Volume:
             raise InvalidArgument("size_gib", f"a volume only grows: {self.id} is "
                                   f"{self.size_gib} GiB, more than {size_gib}")
         return replace(self, size_gib=size_gib)
+
+    def moved(self, host: str) -> Volume:
+        check_from("volume", self.id, self.state, ("ready",), "moved")
+        return replace(self, host=host)
 
     def deleting(self) -> Volume:
         check_from("volume", self.id, self.state, ("ready",), "deleted")

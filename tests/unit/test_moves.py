@@ -78,3 +78,50 @@ def test_removing_a_host_with_vms_names_drain_move(deps: Deps, pool: FakePool) -
     _on_far(deps, pool, 1)
     err = refused("invalid_argument", hosts.remove_host, deps, "far")
     assert "rift host drain far --move" in err.message
+
+
+def test_a_vm_holding_volumes_moves_with_them_and_their_readers_move_together(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor) -> None:
+    """Volumes' files are on this machine (fake hosts: both here): the VMs sharing a
+    volume go to one host, the volumes' rows name it, the attachments stay; a VM
+    sharing one with a VM that stays (paused) stays too, saying why; a volume no VM
+    holds goes to the first host taking VMs."""
+    from dataclasses import replace
+
+    from rift.services.lifecycle import volumes
+    from tests.support.volumes import Files, Mounts, attach, new_vm, new_volume
+
+    vdeps = replace(deps, volume_files=Files(), mounts=Mounts())
+    hosts.add_host(vdeps, "far", "fake:///far", HostSize(64, 1_000_000))
+    _, handle, writer = new_vm(vdeps)
+    _, handle_r, reader = new_vm(vdeps)
+    _, handle_p, parked = new_vm(vdeps)
+    work, shared, held, spare = (new_volume(vdeps, n) for n in ("work", "shared", "held",
+                                                                 "spare"))
+    assert {volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=v)).volume.host
+            for v in (work, shared, held, spare)} == {"far"}
+    attach(vdeps, handle, writer, work, "/work")
+    attach(vdeps, handle, writer, shared, "/shared", read_only=True)
+    attach(vdeps, handle_r, reader, shared, "/shared", read_only=True)
+    attach(vdeps, handle_p, parked, held, "/held", read_only=True)
+    _, handle_q, quiet = new_vm(vdeps)
+    attach(vdeps, handle_q, quiet, held, "/held", read_only=True)
+    pauses.pause(vdeps, ALICE, command(c.VmHeldIn, handle=handle_p, vm_id=parked))
+
+    report = drain_and_move(vdeps, "far")
+    assert sorted(report.moved) == sorted([(writer, "local"), (reader, "local")])
+    assert sorted(report.stayed) == sorted([
+        (parked, "paused: only running VMs move"),
+        (quiet, f"it shares volumes with VM {parked}, which stays")]) and not report.failed
+    assert report.volumes == [(spare, "local")]  # no VM holds it: it follows too
+    for vol, host in ((work, "local"), (shared, "local"), (held, "far"), (spare, "local")):
+        got = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume
+        assert got.host == host, (vol, got)
+    moved = vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=writer)).vm
+    assert [(m.volume_id, m.path) for m in moved.volumes] == [(work, "/work"),
+                                                              (shared, "/shared")]
+    assert set(local_hv.domains[f"rift-{writer}"].disks) == {work, shared}
+    with vdeps.store.read() as tx:
+        details = [e.details for e in tx.events.page(moved.task_id, 0, 1000)
+                   if e.type == "vm_moved"]
+    assert details and details[0]["volumes"] == [work, shared]

@@ -268,8 +268,11 @@ def test_a_volume_says_its_host_is_unreachable_and_keeps_its_host_from_removal(
     assert "1 volumes" in kept.message and "rift_volume_delete" in kept.message
 
 
-def test_drain_move_leaves_a_vm_holding_volumes_where_it_is_and_says_why(
+def test_drain_move_leaves_a_vm_holding_volumes_when_no_host_of_this_machine_takes_it(
         vdeps: Deps) -> None:
+    """Volumes' files stay on this machine: with the only other host of it drained and
+    one elsewhere taking VMs, a VM holding volumes stays (saying why), the others go
+    elsewhere, and the volumes stay too."""
     from rift.services.operator import hosts
     from rift.services.operator.moves import drain_and_move
 
@@ -278,8 +281,12 @@ def test_drain_move_leaves_a_vm_holding_volumes_where_it_is_and_says_why(
     _, _, free = _vm(vdeps)
     vol = _volume(vdeps)  # on far too: the first host by name
     _attach(vdeps, handle, holder, vol)
+    hosts.drain_host(vdeps, "local")
+    hosts.add_host(vdeps, "remote", "fake+ssh://hv9/system", hosts.HostSize(8, 8192))
     report = drain_and_move(vdeps, "far")
-    assert report.moved == [(free, "local")] and not report.failed
+    assert report.moved == [(free, "remote")] and not report.failed and not report.volumes
     ((stayed, why),) = report.stayed
-    assert stayed == holder and vol in why and "rift_vm_detach_volume" in why
+    assert stayed == holder and "no other host" in why and "rift_vm_detach_volume" in why
     assert vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=holder)).vm.host == "far"
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.host \
+        == "far"
