@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rift.api.auth import rest_caller
-from rift.api.code_routes import router  # REST's router, with the volumes' and code routes
+from rift.api.build_routes import router  # REST's router: volumes', code and builds' routes
 from rift.api.errors import install_error_handlers
 from rift.api.exposures import ExposureProxy, redact
 from rift.api.gate import TokenGate, body_limit
@@ -41,6 +41,7 @@ from rift.scheduler import PoolFiller, start_scheduler
 from rift.services.access import accounts
 from rift.services.background.heartbeat import resume
 from rift.services.background.sweeps import sweep
+from rift.services.builds import builder
 from rift.services.context import Caller, Deps
 from web.router import install as install_web
 
@@ -92,6 +93,7 @@ class AccessLog:
 def _before_calls(engine: Deps) -> None:
     """Before any call is taken: finish closes a crash cut off, then reconcile; and
     what the first login needs, so that it is no slower than the next."""
+    builder.fail_cut(engine)  # SPEC §19: a build a restart cut fails, its task closes
     sweep(engine)
     accounts.prepare_logins()
 

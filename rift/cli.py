@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from rift.build_commands import add_image_parsers
 from rift.commands import (
     cmd_doctor,
     cmd_host,
@@ -148,8 +149,9 @@ def parser() -> argparse.ArgumentParser:
         x.set_defaults(run=cmd_host)
 
     i = sub.add_parser("image", help="guest images").add_subparsers(dest="action", required=True)
-    ib = i.add_parser("build")
-    ib.add_argument("name", choices=["tiny", "debian"])
+    ib = i.add_parser("build", help="build tiny or debian from Debian packages, or NAME "
+                      "from a recipe (--recipe)")
+    ib.add_argument("name")
     il = i.add_parser("list")
     il.add_argument("--json", action="store_true")
     iadd = i.add_parser("add", help="register a qcow2 image (cloud-init NoCloud, root by key, "
@@ -163,6 +165,7 @@ def parser() -> argparse.ArgumentParser:
     irm.add_argument("name")
     for x in (ib, il, iadd, irm):
         x.set_defaults(run=cmd_image)
+    add_image_parsers(i, ib)
 
     pl = sub.add_parser("pool", help="pools of ready VMs").add_subparsers(dest="action",
                                                                          required=True)

@@ -155,24 +155,7 @@ def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
 
     images = DirectoryImages(settings.data_dir / "images")
     if args.action == "build":
-        import time
-
-        from hypervisor.base import ImageError
-        from hypervisor.debian import build_debian
-        from hypervisor.tiny import build_tiny
-
-        started = time.monotonic()
-        what = {"tiny": "kernel, busybox, dropbear",
-                "debian": "kernel, a Debian 12 root by debootstrap, busybox"}[args.name]
-        print(f"building {args.name} from Debian packages ({what})…", flush=True)
-        build = build_debian if args.name == "debian" else build_tiny
-        try:
-            folder = build(settings.data_dir / "images")
-        except ImageError as exc:
-            print(f"image build failed: {exc}", file=sys.stderr)
-            return 1
-        print(f"built {args.name} in {folder} ({time.monotonic() - started:.1f} s)")
-        return 0
+        return _image_build(settings, args)
     if args.action == "add":
         return _image_add(settings, args)
     if args.action == "remove":
@@ -182,8 +165,41 @@ def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
         print(f"removed image {args.name}")
         return 0
     rows = [{"name": n, "kind": images.kind(n), "built": "yes" if images.is_built(n) else "no"}
-            for n in images.names()]
+            for n in images.names() if not n.startswith("layer-")]  # a build's own
     _print(rows, ("name", "kind", "built"), args.json)
+    return 0
+
+
+def _image_build(settings: Settings, args: argparse.Namespace) -> int:
+    """`rift image build tiny|debian|python` from Debian packages, or NAME `--recipe FILE`."""
+    if args.recipe:
+        from rift.build_commands import cmd_build
+
+        return cmd_build(settings, args)
+    import time
+
+    from hypervisor.base import ImageError
+    from hypervisor.debian import build_debian
+    from hypervisor.python_image import build_python
+    from hypervisor.tiny import build_tiny
+
+    builds = {"tiny": build_tiny, "debian": build_debian, "python": build_python}
+    if args.name not in builds:
+        print(f"rift image build {args.name} takes --recipe FILE (only tiny, debian and "
+              "python build from Debian packages alone)", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    what = {"tiny": "kernel, busybox, dropbear",
+            "debian": "kernel, a Debian 12 root by debootstrap, busybox",
+            "python": "debian with ipykernel, numpy, pandas and matplotlib"}[args.name]
+    print(f"building {args.name} from Debian packages ({what})…", flush=True)
+    build = builds[args.name]
+    try:
+        folder = build(settings.data_dir / "images")
+    except ImageError as exc:
+        print(f"image build failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"built {args.name} in {folder} ({time.monotonic() - started:.1f} s)")
     return 0
 
 

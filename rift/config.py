@@ -120,6 +120,13 @@ class Settings(BaseSettings):
     exec_output_mib: int = Field(
         default=16, ge=1, le=1024, description="How much of each stream of an exec the "
         "guest keeps (the newest bytes); a read from before starts at the oldest kept.")
+    build_ready_s: int = Field(
+        default=60, ge=1, le=3600, description="How long a recipe's CMD has, once started, "
+        "for each EXPOSEd port to answer before the build fails (`build_failed`).")
+    build_context_mib: int = Field(
+        default=10, ge=1, le=10, description="The largest build context (a recipe's COPY "
+        "sources) `POST /api/v1/images` takes, as a tar and unpacked; larger is refused. "
+        "At most 10: the tar travels base64 in a JSON body of at most 16 MiB.")
     default_image: str = Field(
         default="debian", min_length=1, max_length=200, description="The image of a "
         "`rift_vm_new` that names none; one not known or not built is refused like naming "

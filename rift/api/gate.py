@@ -50,6 +50,7 @@ LARGE_BODY_ROUTES = (
     ("PUT", ("api", "v1", "vms", "*", "files")),
     ("POST", ("api", "v1", "vms", "*", "exec")),
     ("POST", ("api", "v1", "execs", "*", "input")),
+    ("POST", ("api", "v1", "images")),  # a recipe's context (SPEC §19)
     ("POST", ("mcp",)),
 )
 FORM_ROUTES = frozenset({"/login", "/logout"})

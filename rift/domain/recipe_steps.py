@@ -197,8 +197,10 @@ def _copy(step: Step, s: Settings) -> Copy:
             raise RecipeError(line, f"COPY {source!r} is outside the build context")
     if len(sources) > 1 and not dest.endswith("/"):
         raise RecipeError(line, "COPY of several sources goes to a folder ending in /")
+    folder = dest.endswith("/") or dest in (".", "..") or dest.endswith(("/.", "/.."))
+    where = posixpath.normpath(posixpath.join(s.workdir, dest))
     return Copy(tuple(posixpath.normpath(src) for src in sources),
-                posixpath.join(s.workdir, dest) if not dest.startswith("/") else dest, chown)
+                where.rstrip("/") + "/" if folder else where, chown)
 
 
 def _ports(step: Step, s: Settings) -> tuple[int, ...]:

@@ -9,11 +9,15 @@ its state, each with its own key and identity."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
+import tarfile
 import time
 from typing import Any
 
+import httpx
 import pytest
 from mcp.client.session import ClientSession
 
@@ -211,3 +215,63 @@ def _fill_pool(srv: Server, image: str) -> None:
     wait_until(lambda: any(row["image"] == image and row["running"]["ready"] == 1
                            for row in json.loads(srv.rift("pool", "list", "--json").stdout)),
                LIMIT_S, f"the pool of {image} is filled", every_s=1)
+
+
+HELLO = """\
+FROM tiny
+COPY index.html /srv/www/
+EXPOSE 8080
+CMD ["httpd", "-f", "-p", "8080", "-h", "/srv/www"]
+"""
+
+
+def _context_tar() -> str:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        page = b"<h1>built from a recipe</h1>\n"
+        info = tarfile.TarInfo("index.html")
+        info.size = len(page)
+        tar.addfile(info, io.BytesIO(page))
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _build(srv: Server, recipe: str, context: str) -> dict[str, Any]:
+    """POST /api/v1/images, then its build read until it ends."""
+    auth = {"Authorization": f"Bearer {srv.token}"}
+    began = httpx.post(f"{srv.url}/api/v1/images", headers=auth, timeout=30,
+                       json={"name": "hello", "recipe": recipe, "context": context})
+    assert began.status_code == 202, began.text
+    build_id = began.json()["build"]["build_id"]
+
+    def ended() -> dict[str, Any] | None:
+        got = httpx.get(f"{srv.url}/api/v1/builds/{build_id}", headers=auth, timeout=30)
+        build: dict[str, Any] = got.json()["build"]
+        return None if build["state"] == "running" else build
+
+    return wait_until(ended, LIMIT_S, "the build ends", every_s=0.2)
+
+
+def test_an_image_built_from_a_recipe_starts_its_vms_with_its_service_up_and_rebuilds_from_cache(
+        real: Server) -> None:
+    context = _context_tar()
+    started = time.monotonic()
+    cold = _build(real, HELLO, context)
+    cold_s = time.monotonic() - started
+    assert (cold["state"], cold["cached"]) == ("succeeded", 0), cold
+    assert "port 8080 answers" in cold["log"]
+    started = time.monotonic()
+    again = _build(real, HELLO, context)
+    assert (again["state"], again["cached"]) == ("succeeded", 3), again
+    assert "starting a VM" not in again["log"]
+    assert time.monotonic() - started < cold_s / 2, (cold_s, again)
+
+    async def use_image() -> None:
+        async with mcp_session(real.url, real.token, "claude-code") as s:
+            handle = (await call(s, "rift_task_new", name="hello"))["handle"]
+            vm = (await call(s, "rift_vm_new", handle=handle, image="hello"))["vm"]
+            assert vm["start"]["kind"] == "fork", vm  # of the image's saved state
+            page = await _sh(s, handle, vm["id"], "wget -q -O - http://127.0.0.1:8080/")
+            assert page == "<h1>built from a recipe</h1>"
+            await call(s, "rift_task_close", handle=handle)
+
+    run(use_image, LIMIT_S)

@@ -4,6 +4,8 @@ waited for, the refusals before any VM, and whose the image is."""
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -227,14 +229,19 @@ def test_a_build_is_read_by_its_owner_alone_with_its_log_from_an_offset(
     refused("invalid_argument", builder.get, deps, BOB, BuildGetIn(build_id=out.build.build_id))
 
 
-def test_a_build_left_running_by_a_restart_fails_and_its_task_closes(
+def test_a_build_left_running_by_a_restart_of_this_machine_fails_and_its_task_closes(
         deps: Deps, context: Context) -> None:
     _, out = _build(deps, RECIPE, context, FakeLayers())
     with deps.store.write() as tx:
         row = tx.builds.get(out.build.build_id)
         assert row is not None
-        cut = replace(row, id="build_cccccccc", state="running", ended_at=None)
-        tx.builds.add(cut)
+        gone = f"{socket.gethostname()}/999999999"  # a process of this machine that ended
+        tx.builds.add(replace(row, id="build_cccccccc", state="running", ended_at=None,
+                              host=gone))
+        tx.builds.add(replace(row, id="build_dddddddd", state="running", ended_at=None,
+                              host=f"{socket.gethostname()}/{os.getpid()}"))  # still runs
+        tx.builds.add(replace(row, id="build_eeeeeeee", state="running", ended_at=None,
+                              host="another-machine/1"))  # that machine's to settle
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn, name="build_cccccccc"))
     assert builder.fail_cut(deps) == ["build_cccccccc"]
     got = builder.get(deps, ALICE, BuildGetIn(build_id="build_cccccccc")).build

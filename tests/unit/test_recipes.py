@@ -129,3 +129,9 @@ def test_the_root_key_names_the_image_its_identity_and_owner() -> None:
     keys = {root_key("tiny", "v1", "alice"), root_key("tiny", "v2", "alice"),
             root_key("tiny", "v1", "bob"), root_key("debian", "v1", "alice")}
     assert len(keys) == 4
+
+
+def test_a_copy_destination_is_read_against_the_working_folder() -> None:
+    planned = plan(parse("FROM tiny\nWORKDIR /srv/app\nCOPY a b ./\nCOPY c .\nCOPY d x\n"),
+                   "root")
+    assert [p.copy.dest for p in planned if p.copy] == ["/srv/app/", "/srv/app/", "/srv/app/x"]

@@ -14,6 +14,9 @@ at its start was cut by a restart: `fail_cut` fails it and closes its task.
 from __future__ import annotations
 
 import fcntl
+import os
+import shutil
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,6 +54,7 @@ class BuildParts:
     ready_s: float = 60.0
     progress: Callable[[str], None] | None = None
     background: bool = True
+    remove_context: bool = False  # the context's folder is the build's own (REST's tar)
 
 
 def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> BuildOut:
@@ -70,11 +74,10 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
             raise BuildFailed(f"FROM {recipe.base} names no image of yours; the images "
                               f"there are: {', '.join(visible_names(deps, tx, caller))}",
                               recipe.base_line)
-        hosts = [h.name for h in tx.hosts.all()]
     the_plan = engine.make_plan(recipe, layers.identity(recipe.base), caller.user,
                                  parts.context)
     build = Build(id=new_build_id(), image=cmd.name, owner=caller.user,
-                  host=hosts[0] if hosts else "local", state="running", recipe=cmd.recipe,
+                  host=runner(), state="running", recipe=cmd.recipe,
                   no_cache=cmd.no_cache, created_at=deps.clock.now(),
                   steps=len(the_plan.planned))
     with deps.store.write() as tx:
@@ -143,6 +146,8 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
     except Exception as exc:  # a bug or a host's failure: the build fails, saying so
         deps.log.exception("build failed", extra={"build_id": build.id})
         error = f"{type(exc).__name__}: {exc}"
+    if parts.remove_context and parts.context.root is not None:
+        shutil.rmtree(parts.context.root, ignore_errors=True)
     with deps.store.write() as tx:
         current = tx.builds.get(build.id)
         if current is not None and current.state == "running":
@@ -221,12 +226,33 @@ def publish(deps: Deps, caller: Caller, cmd: ImagePublishIn) -> ImageOut:
         return ImageOut(image=views.image(row.publish()))
 
 
+def runner() -> str:
+    """Where a build runs: this machine and process (a build's `host` column)."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def _gone(where: str) -> bool:
+    """Whether the process that ran a build on this machine is gone (a build of
+    another machine, another replica's, is that machine's to settle)."""
+    machine, _, pid = where.rpartition("/")
+    if machine != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False  # it runs (or its id went to another process: left, to be safe)
+
+
 def fail_cut(deps: Deps) -> list[str]:
-    """At `rift serve`'s start: builds left `running` were cut by a restart; each
-    fails, and its task (named after it) closes."""
+    """At `rift serve`'s start: builds left `running` by a process of this machine
+    that is gone were cut by a restart; each fails, and its task (named after it)
+    closes."""
     now = deps.clock.now()
     with deps.store.write() as tx:
-        cut = tx.builds.running()
+        cut = [b for b in tx.builds.running() if _gone(b.host)]
         for build in cut:
             tx.builds.save(build.failed("cut by a restart of rift serve; build again", now),
                            build)

@@ -1,0 +1,92 @@
+"""`rift image build NAME --recipe FILE [--context DIR] [--no-cache]`, `rift image
+builds`, `rift image build-log BUILD_ID` and `rift image publish NAME`: images from
+a recipe (SPEC §19) from the operator's command line, through the same use cases
+as REST (`--user` names whose; default `admin`). A build runs in this process and
+prints each step as it goes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rift.commands import _print, deps_of, operator_label
+from rift.config import Settings
+
+BUILD_COLUMNS = ("build_id", "image", "state", "steps", "cached", "created_at", "error")
+
+
+def add_image_parsers(i: argparse._SubParsersAction[argparse.ArgumentParser],
+                      build: argparse.ArgumentParser) -> None:
+    """The recipe's options on `rift image build`, and the builds' own commands."""
+    build.add_argument("--recipe", metavar="FILE", help="build NAME from this recipe (a "
+                       "Dockerfile subset: FROM, RUN, COPY, ENV, WORKDIR, USER, ARG, EXPOSE, CMD)")
+    build.add_argument("--context", metavar="DIR", help="the folder COPY reads from")
+    build.add_argument("--no-cache", action="store_true", help="reuse no layer")
+    build.add_argument("--user", default="admin", help="whose image it is (default admin)")
+    builds = i.add_parser("builds", help="a user's image builds, newest first")
+    builds.add_argument("--user", default="admin")
+    builds.add_argument("--json", action="store_true")
+    log = i.add_parser("build-log", help="one build's record and its whole log")
+    log.add_argument("build_id")
+    log.add_argument("--user", default="admin")
+    publish = i.add_parser("publish", help="let every user start a built image")
+    publish.add_argument("name")
+    publish.add_argument("--user", default="admin")
+    for x in (builds, log, publish):
+        x.set_defaults(run=cmd_builds)
+
+
+def cmd_build(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.contract.base import command
+    from rift.contract.builds import ImageBuildIn
+    from rift.services.builds import builder
+    from rift.services.builds.builder import BuildParts
+    from rift.services.builds.context import Context
+    from rift.services.context import Caller
+
+    recipe = Path(args.recipe).read_text()
+    context = Context(Path(args.context) if args.context else None)
+    deps = deps_of(settings)
+    caller = Caller(args.user, operator_label())
+    parts = BuildParts(context=context, ready_s=settings.build_ready_s,
+                       progress=lambda line: print(line, flush=True), background=False)
+    out = builder.submit(deps, caller, command(ImageBuildIn, name=args.name, recipe=recipe,
+                                               no_cache=args.no_cache), parts).build
+    if out.state != "succeeded":
+        print(f"build_failed: {out.error}\nhint: rift image build-log {out.build_id} shows "
+              "the whole log; mend the recipe and build again", file=sys.stderr)
+        return 1
+    print(f"built {args.name} ({out.build_id}: {out.steps} steps, {out.cached} reused); "
+          f"rift_vm_new with image={args.name} starts it (yours until rift image publish)")
+    return 0
+
+
+def cmd_builds(settings: Settings, args: argparse.Namespace) -> int:
+    from rift.contract.base import command
+    from rift.contract.builds import BuildGetIn, ImagePublishIn
+    from rift.services.builds import builder
+    from rift.services.context import Caller
+    from rift.services.read import views
+
+    deps = deps_of(settings)
+    caller = Caller(args.user, operator_label())
+    if args.action == "publish":
+        image = builder.publish(deps, caller, command(ImagePublishIn, name=args.name)).image
+        print(f"published {image.name}: every user's rift_vm_new may start it")
+        return 0
+    if args.action == "build-log":
+        got = builder.get(deps, caller, command(BuildGetIn, build_id=args.build_id)).build
+        print(f"{got.build_id} {got.image} {got.state} ({got.steps} steps, {got.cached} "
+              f"reused){': ' + got.error if got.error else ''}")
+        print(got.log, end="")
+        return 0
+    with deps.store.read() as tx:
+        rows = [views.build(b).model_dump(mode="json", exclude={"log", "log_offset"})
+                for b in tx.builds.of_owner(args.user)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print(rows, BUILD_COLUMNS, False)
+    return 0
