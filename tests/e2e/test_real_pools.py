@@ -3,7 +3,8 @@
 (`--saved`); `rift_vm_new` through the official MCP SDK client takes one and
 answers with a guest that execs under the task's key: the pool key is gone from
 it (a new login takes the task's key and no pool's), its clock is the host's,
-and no two VMs share a host key or entropy. A VM reset from inside comes back
+and no two VMs share a host key or entropy; a pooled or saved `debian` VM comes
+with its default code context's kernel running (SPEC §20). A VM reset from inside comes back
 with its pool's key and is handed over again. The hand-out's
 time is printed (no timed assertion: the machine is shared); `make bench` has
 the figures side by side."""
@@ -155,6 +156,16 @@ def test_pooled_and_saved_vms_are_handed_out_with_the_tasks_key_and_the_hosts_cl
                         cap_bytes=4096, wait_ms=20000, max_bytes=4096)))).encode(), 4096)
                     assert (helped.state, helped.exit_code, helped.stdout) == \
                         ("ended", 0, b"42\n"), (image, kind, helped)
+                    if image == "debian" and kind != "boot":  # SPEC §20: a kernel ready
+                        contexts = (await call(s, "rift_vm_code_context_list", handle=handle,
+                                               vm_id=vm["id"]))["contexts"]
+                        assert [(x["id"], x["alive"]) for x in contexts] == \
+                            [("default", True)], (kind, contexts)
+                        began = time.monotonic()
+                        ran = (await call(s, "rift_vm_run_code", handle=handle,
+                                          vm_id=vm["id"], code="6 * 7"))["execution"]
+                        took[f"{image} {kind}: the first run_code"] = time.monotonic() - began
+                        assert ran["results"][0]["data"]["text/plain"] == "42", ran
                     entropy.add(await _exec(s, handle, vm["id"],
                                             "head -c 16 /dev/urandom | od -An -tx1"))
                     await call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])

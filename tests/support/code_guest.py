@@ -44,6 +44,9 @@ class HostCode:
     def reachable(self, vm: Vm) -> None:
         return None
 
+    def start(self, vm: Vm) -> None:
+        return None  # it runs from the start
+
     def request(self, vm: Vm | None, request: CodeRequest) -> CodeAnswer:
         self.requests.append(request)
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=request.timeout_s)
@@ -67,6 +70,10 @@ class ScriptedCode:
 
     def reachable(self, vm: Vm) -> None:
         return None
+
+    def start(self, vm: Vm) -> None:
+        if self.answer is None:
+            raise NoPython(vm.id)
 
     def request(self, vm: Vm, request: CodeRequest) -> CodeAnswer:
         if self.answer is None:

@@ -25,6 +25,7 @@ from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, NotReady, kind_on
 from rift.services.lifecycle.launch import SSH_HOST, check_image, create_domain, pick_ssh_port
 from rift.services.ports import Tx
+from rift.services.ports.code import NoPython
 
 
 def image_build(deps: Deps, image: str) -> str:
@@ -143,6 +144,8 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
     try:
         kind.wait_ready(vm)
         host_key = deps.guests.keys.host_key(vm.id) if pvm.ssh_port else None
+        if pvm.ssh_port is not None:
+            _code_ready(deps, vm)
         if goal == "running" and pvm.ssh_port is not None:
             _standby(deps, vm)
         if goal == "saved":
@@ -176,6 +179,17 @@ def _standby(deps: Deps, vm: Vm) -> None:
     except GuestUnreachable as exc:
         deps.log.warning("pool vm has no standby shell", extra={"vm_id": vm.id,
                                                                 "error": exc.message})
+
+
+def _code_ready(deps: Deps, vm: Vm) -> None:
+    """The guest's code server started with its default context's kernel (SPEC §20),
+    so the VM (or its saved state) is handed out with the kernel running; a guest
+    without python3 (`tiny`) or that cannot start it is handed out as it is."""
+    try:
+        deps.code.start(vm)
+    except (GuestUnreachable, NoPython) as exc:
+        deps.log.info("pool vm runs no code server", extra={"vm_id": vm.id,
+                                                            "error": str(exc)[:200]})
 
 
 def _reserve(deps: Deps, pool: Pool, goal: PoolGoal,

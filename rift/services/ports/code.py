@@ -51,6 +51,11 @@ class GuestCode(Protocol):
         reached or answers no HTTP within the time, NoPython when it has no python3."""
         ...
 
+    def start(self, vm: Vm) -> None:
+        """Start the server and its default context's kernel, unless it runs (a pool's
+        fill: its VMs are handed out with the kernel running); errors as `request`."""
+        ...
+
 
 NO_CODE = "this control plane has no guest access configured"
 
@@ -63,3 +68,6 @@ class NoGuestCode:
 
     def request(self, vm: Vm, request: CodeRequest) -> CodeAnswer:
         raise GuestUnreachable(vm.id, NO_CODE)
+
+    def start(self, vm: Vm) -> None:
+        return None  # nothing to start where no guest is reached
