@@ -51,7 +51,14 @@ MIMES = ("text/plain", "text/html", "text/markdown", "image/png", "image/svg+xml
 IMAGES = ("image/png",)  # base64 in a bundle; SVG is text
 INTERRUPT_GRACE_S = 10.0  # after an interrupt, how long a kernel has to stop
 RUNS_KEPT = 64
+# a MIME form's name in E2B's code interpreter's results
+E2B_FORMS = {"text/plain": "text", "text/html": "html", "text/markdown": "markdown",
+             "image/png": "png", "image/svg+xml": "svg", "application/json": "json"}
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _size(mime: str, value: Any) -> int:
@@ -79,6 +86,13 @@ class Run:
         self.tail = ""
         self.ended_at: float | None = None
         self.done = threading.Event()
+        self.events: list[dict[str, Any]] = []  # as E2B's /execute streams them
+        self.changed = threading.Condition()
+
+    def _event(self, event: dict[str, Any]) -> None:
+        with self.changed:
+            self.events.append(event)
+            self.changed.notify_all()
 
     def out(self, name: str, text: str) -> None:
         self.tail = (self.tail + text)[-400:]  # a print writes its parts one by one
@@ -91,6 +105,8 @@ class Run:
             self.truncated = True
             text = data[:max(0, left)].decode(errors="ignore")
         self.sizes[name] += len(text.encode())
+        if text:
+            self._event({"type": name, "text": text, "timestamp": _now()})
         self.streams[name].write(text)
 
     def result(self, data: dict[str, Any], main: bool) -> None:
@@ -118,16 +134,39 @@ class Run:
             kept[mime] = value
         if kept:
             self.results.append({"data": kept, "is_main_result": main})
+            self._event({"type": "result", "is_main_result": main,
+                         **{E2B_FORMS[m]: v for m, v in kept.items()}})
 
     def fail(self, name: str, value: str, tb: list[str]) -> None:
         lines = [ANSI.sub("", line).rstrip("\n") for line in tb]
         self.error = {"name": name, "value": value, "traceback": "\n".join(lines)[:STREAM_CAP]}
+        self._event({"type": "error", **self.error})
 
     def end(self, status: str) -> None:
         if self.status == "running":
             self.status = status
         self.ended_at = time.time()
-        self.done.set()
+        with self.changed:
+            self.done.set()
+            self.changed.notify_all()
+
+    def stream(self, write: Any) -> None:
+        """Its events as E2B's code interpreter streams them (NDJSON), as they come,
+        then its execution count and its end."""
+        sent = 0
+        while True:
+            with self.changed:
+                while len(self.events) == sent and not self.done.is_set():
+                    self.changed.wait(1)
+                batch, finished = self.events[sent:], self.done.is_set()
+            sent += len(batch)
+            for event in batch:
+                write(json.dumps(event).encode() + b"\n")
+            if finished and sent == len(self.events):
+                break
+        write(json.dumps({"type": "number_of_executions",
+                          "execution_count": self.count}).encode() + b"\n")
+        write(b'{"type": "end_of_execution"}\n')
 
     def view(self) -> dict[str, Any]:
         return {"run_id": self.id, "context_id": self.context_id, "status": self.status,
@@ -426,6 +465,9 @@ def serve(port: int, default: bool) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if (self.command, urlsplit(self.path).path) == ("POST", "/execute"):
+                    self._execute(body)
+                    return
                 status, out = server.route(self.command, self.path, body)
             except LookupError as exc:
                 status, out = 404, {"error": "context_not_found", "context_id": str(exc)}
@@ -437,6 +479,25 @@ def serve(port: int, default: bool) -> None:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _execute(self, body: dict[str, Any]) -> None:
+            """E2B's code interpreter's `POST /execute`: a run streamed as NDJSON; a
+            client that goes away interrupts it."""
+            run = server.start_run({"run_id": f"e2b_{os.urandom(5).hex()}",
+                                    "context_id": body.get("context_id") or "default",
+                                    "code": body.get("code") or "", "timeout_s": 86400})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.end_headers()
+
+            def write(data: bytes) -> None:
+                self.wfile.write(data)
+                self.wfile.flush()
+
+            try:
+                run.stream(write)
+            except OSError:  # the client went away: its run is interrupted
+                server.context(run.context_id).interrupt([run])
 
         do_GET = do_POST = do_DELETE = _answer
 
@@ -458,13 +519,28 @@ def worker() -> None:  # noqa: PLR0915 (one loop: read a cell, run it, say what 
             out.write(json.dumps(event) + "\n")
 
     class Stream(io.TextIOBase):
+        """A cell's stdout or stderr, sent a whole line at a time (or 64 KiB)."""
+
         def __init__(self, name: str) -> None:
             self.name_ = name
+            self.held = ""
 
         def write(self, text: str) -> int:
-            if text:
-                emit({"type": self.name_, "text": text})
+            self.held += text
+            cut = self.held.rfind("\n") + 1 if len(self.held) < 1 << 16 else len(self.held)
+            if cut:
+                emit({"type": self.name_, "text": self.held[:cut]})
+                self.held = self.held[cut:]
             return len(text)
+
+        def flush(self) -> None:
+            if self.held:
+                emit({"type": self.name_, "text": self.held})
+                self.held = ""
+
+    def flushed() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
 
     def bundle(value: Any) -> dict[str, Any]:
         data: dict[str, Any] = {"text/plain": repr(value)}
@@ -485,6 +561,7 @@ def worker() -> None:  # noqa: PLR0915 (one loop: read a cell, run it, say what 
         return data
 
     def display(*values: Any) -> None:
+        flushed()
         for value in values:
             emit({"type": "result", "data": bundle(value), "main": False})
 
@@ -522,6 +599,7 @@ def worker() -> None:  # noqa: PLR0915 (one loop: read a cell, run it, say what 
             tree = ast.parse(code, f"<cell {count}>")
             last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
             exec(compile(tree, f"<cell {count}>", "exec"), namespace)  # noqa: S102
+            flushed()
             if last is not None:
                 expression = compile(ast.Expression(last.value), f"<cell {count}>", "eval")
                 value = eval(expression, namespace)  # noqa: S307
@@ -530,6 +608,8 @@ def worker() -> None:  # noqa: PLR0915 (one loop: read a cell, run it, say what 
                     emit({"type": "result", "data": bundle(value), "main": True})
             figures()
         except BaseException as exc:
+            with contextlib.suppress(Exception):
+                flushed()
             frames = traceback.extract_tb(exc.__traceback__)
             cell = [f for f in frames if f.filename != __file__]  # the cell's own frames
             emit({"type": "error", "name": type(exc).__name__, "value": str(exc),
@@ -539,6 +619,8 @@ def worker() -> None:  # noqa: PLR0915 (one loop: read a cell, run it, say what 
             with contextlib.suppress(Exception):
                 figures()
         in_cell.clear()
+        with contextlib.suppress(Exception):
+            flushed()
         emit({"type": "end", "execution_count": count})
 
 

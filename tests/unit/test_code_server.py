@@ -168,3 +168,17 @@ def test_output_over_a_mib_is_truncated_and_an_image_over_4_mib_is_left_out(
     [omitted] = big["omitted"]
     assert omitted["mime"] == "image/png"
     assert omitted["bytes"] == (5 << 20) + 4
+
+
+def test_e2bs_execute_streams_a_run_as_its_code_interpreter_reads_it(server: Server) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/execute", json.dumps({"code": "print('hi')\n6 * 7"}))
+    answer = conn.getresponse()
+    lines = [json.loads(line) for line in answer.read().splitlines()]
+    conn.close()
+    assert answer.status == 200
+    assert lines[0]["type"] == "stdout" and lines[0]["text"] == "hi\n"
+    result = next(line for line in lines if line["type"] == "result")
+    assert (result["text"], result["is_main_result"]) == ("42", True)
+    assert lines[-2]["type"] == "number_of_executions" and lines[-2]["execution_count"] >= 1
+    assert lines[-1] == {"type": "end_of_execution"}
