@@ -6,11 +6,9 @@ rift-code run on this host (tests/support/code_guest.py)."""
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -21,9 +19,9 @@ from rift.services.access import accounts
 from rift.services.context import Deps
 from tests.support.code_guest import HostCode
 from tests.support.fake_guest import fake_guests
+from tests.support.raw_mcp import call_tool
 from tests.support.vm_rows import give_ssh_address
 
-MODERN = "2026-07-28"
 PIXEL = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010806000000" "1f15c4890000000d49444154789c"
     "63000100000500010d0a2db40000000049454e44ae426082")).decode()
@@ -35,21 +33,6 @@ def guest(tmp_path: Path) -> Iterator[HostCode]:
     started = HostCode(tmp_path)
     yield started
     started.close()
-
-
-def _mcp(client: TestClient, token: str, tool: str, arguments: dict[str, Any]) -> Any:
-    answer = client.post("/mcp", headers={
-        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": tool,
-    }, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": tool, "arguments": arguments,
-        "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN,
-                  "io.modelcontextprotocol/clientCapabilities": {}}}})
-    assert answer.status_code == 200, answer.text
-    if answer.headers["content-type"].startswith("application/json"):
-        return answer.json()["result"]
-    return next(json.loads(line[5:]) for line in answer.text.splitlines()
-                if line.startswith("data:") and len(line) > 6)["result"]
 
 
 def test_a_chart_comes_as_image_content_on_mcp_and_rest_makes_the_same_calls(
@@ -73,7 +56,7 @@ def test_a_chart_comes_as_image_content_on_mcp_and_rest_makes_the_same_calls(
             "class Drawing:\n"
             f"    def _repr_svg_(self): return {SVG!r}\n"
             "display(Drawing())\nprint('drawn')\nChart()")
-        result = _mcp(client, token, "rift_vm_run_code",
+        result = call_tool(client, token, "rift_vm_run_code",
                       {"handle": handle, "vm_id": vm_id, "code": chart})
         assert result["isError"] is False
         text, svg, png = result["content"]

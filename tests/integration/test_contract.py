@@ -4,7 +4,6 @@ field added to a view or an input shows at both doors at once."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from rift.contract.base import inline
 from rift.contract.tool import Refusal, ToolContract
 from rift.contract.tools import CONTRACTS
 from rift.services.context import Deps
+from tests.support.raw_mcp import call_tool
 
 # Each tool's REST operation, and where its input's fields travel there.
 ROUTES: dict[str, tuple[str, str]] = {
@@ -168,23 +168,6 @@ def test_a_field_added_to_a_view_shows_at_both_doors(openapi: dict[str, Any],
     assert set(rest_vm["properties"]) == set(mcp_vm["properties"]) == set(VmView.model_fields)
 
 
-MODERN = "2026-07-28"
-
-
-def _mcp_call(client: Any, token: str, tool: str, arguments: dict[str, Any]) -> Any:
-    """One bare 2026-07-28 `tools/call` through the MCP door: its result."""
-    answer = client.post("/mcp", headers={
-        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": tool,
-    }, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": tool, "arguments": arguments,
-        "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN,
-                  "io.modelcontextprotocol/clientCapabilities": {}}}})
-    assert answer.status_code == 200, answer.text
-    if answer.headers["content-type"].startswith("application/json"):
-        return answer.json()["result"]
-    return next(json.loads(line[5:]) for line in answer.text.splitlines()
-                if line.startswith("data:") and len(line) > 6)["result"]
 
 
 def test_both_doors_take_disk_gib_in_its_range_and_show_it_and_the_start(
@@ -210,15 +193,15 @@ def test_both_doors_take_disk_gib_in_its_range_and_show_it_and_the_start(
             assert answer.status_code == 422, (bad, answer.text)
             error = answer.json()["error"]
             assert (error["code"], error["field"]) == ("invalid_argument", "disk_gib"), bad
-            result = _mcp_call(client, token, "rift_vm_new", {"handle": handle, "disk_gib": bad})
+            result = call_tool(client, token, "rift_vm_new", {"handle": handle, "disk_gib": bad})
             assert result["isError"] is True
             error = result["structuredContent"]["error"]
             assert (error["code"], error["field"]) == ("invalid_argument", "disk_gib"), bad
         by_rest = client.post(vms, headers=rest | {"Rift-Handle": handle},
                               json={"disk_gib": 1024}).json()["vm"]
-        by_mcp = _mcp_call(client, token, "rift_vm_new",
+        by_mcp = call_tool(client, token, "rift_vm_new",
                            {"handle": handle, "disk_gib": 1})["structuredContent"]["vm"]
-        plain = _mcp_call(client, token, "rift_vm_new", {"handle": handle})
+        plain = call_tool(client, token, "rift_vm_new", {"handle": handle})
     for vm, disk in ((by_rest, 1024), (by_mcp, 1), (plain["structuredContent"]["vm"], 10)):
         assert (vm["status"], vm["image"], vm["memory_mib"], vm["disk_gib"]) == \
             ("running", "debian", 512, disk)

@@ -10,7 +10,6 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -22,12 +21,12 @@ from rift.cli import main
 from rift.config import Settings
 from rift.services.access import accounts
 from rift.services.context import Deps
+from tests.support.raw_mcp import call_tool
 
 pytestmark = pytest.mark.skipif(
     any(shutil.which(tool) is None for tool in ("qemu-img", "mkfs.ext4")),
     reason="needs qemu-img and mkfs.ext4 (scripts/libvirt.sh installs them)")
 
-MODERN = "2026-07-28"
 
 
 @pytest.fixture
@@ -46,21 +45,6 @@ def deps(settings: Settings) -> Iterator[Deps]:
         yield made
     finally:
         close_deps(made)
-
-
-def _mcp(client: TestClient, token: str, tool: str, arguments: dict[str, Any]) -> Any:
-    answer = client.post("/mcp", headers={
-        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call", "Mcp-Name": tool,
-    }, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": tool, "arguments": arguments,
-        "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN,
-                  "io.modelcontextprotocol/clientCapabilities": {}}}})
-    assert answer.status_code == 200, answer.text
-    if answer.headers["content-type"].startswith("application/json"):
-        return answer.json()["result"]
-    return next(json.loads(line[5:]) for line in answer.text.splitlines()
-                if line.startswith("data:") and len(line) > 6)["result"]
 
 
 def test_every_door_makes_attaches_and_deletes_the_same_volumes(
@@ -89,7 +73,7 @@ def test_every_door_makes_attaches_and_deletes_the_same_volumes(
             {"volume_id": vol["id"], "path": "/data", "read_only": False}]
 
         second = client.post(f"/api/v1/tasks/{task_id}/vms", headers=held, json={}).json()
-        busy = _mcp(client, token, "rift_vm_attach_volume", {
+        busy = call_tool(client, token, "rift_vm_attach_volume", {
             "handle": handle, "vm_id": second["vm"]["id"], "volume_id": vol["id"],
             "path": "/data", "read_only": True})
         assert busy["isError"] is True
@@ -98,7 +82,7 @@ def test_every_door_makes_attaches_and_deletes_the_same_volumes(
         deleting = client.delete(f"/api/v1/volumes/{vol['id']}", headers=rest)
         assert (deleting.status_code, deleting.json()["error"]["code"]) == (409, "volume_busy")
 
-        listed = _mcp(client, token, "rift_volume_list", {})["structuredContent"]["volumes"]
+        listed = call_tool(client, token, "rift_volume_list", {})["structuredContent"]["volumes"]
         assert [(v["id"], v["attached_to"][0]["vm_id"]) for v in listed] == [
             (vol["id"], vm["id"])]
         assert main(["volume", "list", "--user", "ada", "--json"]) == 0
@@ -141,12 +125,12 @@ def test_rift_vm_new_attaches_volumes_at_both_doors(settings: Settings, deps: De
         assert made.status_code in (200, 201), made.text
         assert made.json()["vm"]["volumes"] == [
             {"volume_id": work, "path": "/work", "read_only": False}]
-        busy = _mcp(client, token, "rift_vm_new", {"handle": handle, "volumes": [
+        busy = call_tool(client, token, "rift_vm_new", {"handle": handle, "volumes": [
             {"volume_id": data, "path": "/data", "read_only": True},
             {"volume_id": work, "path": "/work"}]})
         assert busy["isError"] is True
         assert busy["structuredContent"]["error"]["code"] == "volume_busy"
-        shown = _mcp(client, token, "rift_vm_new", {"handle": handle, "volumes": [
+        shown = call_tool(client, token, "rift_vm_new", {"handle": handle, "volumes": [
             {"volume_id": data, "path": "/data", "read_only": True}]})["structuredContent"]
         assert shown["vm"]["volumes"] == [{"volume_id": data, "path": "/data",
                                            "read_only": True}]

@@ -137,3 +137,14 @@ def _answer(response: httpx.Response) -> Answer:
     final = next((m for m in messages if "id" in m and ("result" in m or "error" in m)), {})
     return Answer(response.status_code, final.get("result"), final.get("error"),
                   [m for m in messages if "method" in m])
+
+
+def call_tool(client: Any, token: str, tool: str, arguments: dict[str, Any]) -> Any:
+    """One bare 2026-07-28 `tools/call` through an in-process client of the app
+    (FastAPI's TestClient): its result."""
+    raw = RawMcp("", token, declare_tasks=False)
+    params = {"name": tool, "arguments": arguments}
+    answer = _answer(client.post("/mcp", headers=raw.headers("tools/call", params),
+                                 json=raw.body("tools/call", params)))
+    assert answer.status == 200 and answer.result is not None, answer
+    return answer.result
