@@ -117,8 +117,8 @@ VM_ATTACH_VOLUME = ToolContract(
     "one nobody writes. Destroying the VM or closing its task detaches it, never deletes "
     "it; pause and sleep keep it attached.",
     (*HELD, "vm_not_found", "vm_not_running", "volume_not_found", "volume_busy",
-     "invalid_argument", "guest_unreachable", "hypervisor_error"), VmAttachVolumeIn, VmOut,
-    slow=True)
+     "invalid_argument", "no_capacity", "guest_unreachable", "hypervisor_error"),
+    VmAttachVolumeIn, VmOut, slow=True)
 
 VM_DETACH_VOLUME = ToolContract(
     "rift_vm_detach_volume", "Detach a volume from a VM",

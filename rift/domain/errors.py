@@ -296,6 +296,25 @@ class NoVolumeHost(NoCapacity):
             "or does not answer", "call again later; the operator's rift host list says why")
 
 
+class VolumeHostDown(NoCapacity):
+    """A volume whose host does not answer (SPEC §18): no VM can hold it until its
+    host answers, or until Rift takes it to another host of this machine (its file
+    is here) once the host is lost (RIFT_HOST_LOST_S)."""
+
+    def __init__(self, volume_id: str, host: str, since: str, lost_at: str | None) -> None:
+        if lost_at is not None:
+            hint = (f"call again once host {host} answers, or after {lost_at} "
+                    "(RIFT_HOST_LOST_S), when Rift takes the volume to a host of this "
+                    "machine that answers; delete, grow and clone work meanwhile")
+        else:
+            hint = ("no other host of this machine takes VMs to take it to; the operator's "
+                    "rift host list says why; delete, grow and clone work meanwhile")
+        RiftError.__init__(
+            self, f"volume {volume_id} is on host {host}, which has not answered since "
+            f"{since}; its file waits there", hint,
+            volume_id=volume_id, host=host, unreachable_since=since)
+
+
 class PoolDoesNotFit(RiftError):
     """A pool asked for more running VMs than its hosts hold, or a size none fits."""
 

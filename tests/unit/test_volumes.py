@@ -290,3 +290,43 @@ def test_drain_move_leaves_a_vm_holding_volumes_when_no_host_of_this_machine_tak
     assert vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=holder)).vm.host == "far"
     assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.host \
         == "far"
+
+
+def test_a_volume_on_a_host_that_does_not_answer_waits_then_goes_where_vms_run(
+        vdeps: Deps, clock: FakeClock) -> None:
+    """While its host does not answer, a VM that would hold it is refused naming the
+    host, since when and when it is lost, and delete, grow and clone work (its file is
+    on this machine); once the host is lost, the next VM takes it to a host that
+    answers, for rift_vm_new and for an attach alike."""
+    from datetime import timedelta
+
+    from rift.services.background.reconcile import mark_unreachable
+    from rift.services.operator import hosts
+
+    hosts.add_host(vdeps, "aaa", "fake:///aaa", hosts.HostSize(64, 1_000_000))
+    vol, other = _volume(vdeps, "work"), _volume(vdeps, "other")  # on aaa: first by name
+    mark_unreachable(vdeps, "aaa", "connection refused")
+    since = iso(clock.now())
+    _, handle, vm_id = _vm(vdeps)  # on local: aaa takes no VM now
+    down = refused("no_capacity", vms.new, vdeps, ALICE, command(
+        c.VmNewIn, handle=handle, image="tiny", volumes=[{"volume_id": vol, "path": "/w"}]))
+    lost_at = iso(clock.now() + timedelta(seconds=vdeps.limits.host_lost_s))
+    assert f"host aaa, which has not answered since {since}" in down.message
+    assert f"after {lost_at} (RIFT_HOST_LOST_S)" in down.hint
+    refused("no_capacity", _attach, vdeps, handle, vm_id, vol)
+    volumes.resize(vdeps, ALICE, command(c.VolumeResizeIn, volume_id=other, size_gib=6))
+    copy = volumes.clone(vdeps, ALICE, command(c.VolumeCloneIn, volume_id=other,
+                                               name="copy")).volume
+    assert copy.host == "aaa"
+    volumes.delete(vdeps, ALICE, command(c.VolumeIdIn, volume_id=copy.id))
+
+    clock.advance(vdeps.limits.host_lost_s)
+    made = vms.new(vdeps, ALICE, command(c.VmNewIn, handle=handle, image="tiny", volumes=[
+        {"volume_id": vol, "path": "/w"}])).vm
+    assert made.host == "local" and [m.volume_id for m in made.volumes] == [vol]
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.host \
+        == "local"
+    attached = _attach(vdeps, handle, vm_id, other, "/o").vm
+    assert [m.volume_id for m in attached.volumes] == [other]
+    got = volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=other)).volume
+    assert (got.host, got.host_unreachable_since) == ("local", None)

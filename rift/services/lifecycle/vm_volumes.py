@@ -21,6 +21,7 @@ from rift.domain.volumes import check_attachable, mount_path
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.teardown import destroy_vm
 from rift.services.lifecycle.volume_attach import attach
+from rift.services.lifecycle.volume_hosts import answering
 from rift.services.lifecycle.volumes import owned_volume
 from rift.services.ports import Tx
 
@@ -34,11 +35,13 @@ def check_paths(wanted: list[AttachBody]) -> None:
         raise InvalidArgument("volumes", "a volume listed twice")
 
 
-def volumes_host(tx: Tx, caller: Caller, wanted: list[AttachBody]) -> str | None:
+def volumes_host(deps: Deps, tx: Tx, caller: Caller, wanted: list[AttachBody]) -> str | None:
     """The host the new VM goes to: its volumes' (None when it asks for none);
     `invalid_argument` for volumes on two hosts, `volume_not_found` for one not the
-    caller's."""
-    found = {owned_volume(tx, caller, w.volume_id).host: w.volume_id for w in wanted}
+    caller's, `no_capacity` for one whose host does not answer (one on a lost host is
+    taken to a host that answers: `volume_hosts`)."""
+    found = {answering(deps, tx, owned_volume(tx, caller, w.volume_id, lock=True)).host:
+             w.volume_id for w in wanted}
     if len(found) > 1:
         named = ", ".join(f"{vol} on {host}" for host, vol in sorted(found.items()))
         raise InvalidArgument("volumes", f"a VM runs on one host, its volumes on several "

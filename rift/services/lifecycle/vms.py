@@ -120,7 +120,7 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
         _check_vm_budget(deps, tx, caller, task, now)
         # Pooled VMs were made `open`: their network cannot change once they run.
         # Pooled VMs have their image's usual disk: another size boots.
-        at = volumes_host(tx, caller, cmd.volumes)  # SPEC §18: on its volumes' host
+        at = volumes_host(deps, tx, caller, cmd.volumes)  # SPEC §18: on its volumes' host
         taken = (take(tx, image, vcpus, memory_mib, only=at)
                  if chosen == "open" and disk_gib == pooled_disk_gib else None)
         if taken is not None:  # a pooled VM: its host, id and SSH port come with it

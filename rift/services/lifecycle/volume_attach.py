@@ -37,6 +37,7 @@ from rift.services.lifecycle.leases import (
 )
 from rift.services.lifecycle.sleeps import awake
 from rift.services.lifecycle.volume_ends import mounts_of
+from rift.services.lifecycle.volume_hosts import answering
 from rift.services.lifecycle.volumes import host_uri, owned_volume
 from rift.services.ports import Tx
 from rift.services.read import views
@@ -61,7 +62,8 @@ def attach(deps: Deps, caller: Caller, cmd: VmAttachVolumeIn) -> VmOut:
     def work(tx: Tx) -> tuple[Vm, Attachment, str]:
         task = check_handle(deps, tx, caller, parsed, now)
         vm = task_vm(tx, task, cmd.vm_id, running=True)
-        volume = owned_volume(tx, caller, cmd.volume_id, lock=True)
+        volume = answering(deps, tx, owned_volume(tx, caller, cmd.volume_id, lock=True),
+                           vm.host)  # its host lost: taken to the VM's (volume_hosts)
         if volume.host != vm.host:
             raise InvalidArgument("volume_id", f"{volume.id} is on host {volume.host}, "
                                   f"{vm.id} on {vm.host}")
