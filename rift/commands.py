@@ -128,6 +128,8 @@ def cmd_host(settings: Settings, args: argparse.Namespace) -> int:
             print(f"moved {vm_id} to {to}")
         for vm_id, why in report.stayed:
             print(f"left {vm_id} on {args.name}: {why}")
+        for volume_id, to in report.volumes:
+            print(f"moved volume {volume_id} (no VM holds it) to {to}")
         for vm_id, why in report.failed:
             print(f"could not move {vm_id} (it runs on {args.name} as before): {why}",
                   file=sys.stderr)
