@@ -76,10 +76,13 @@ class SnapshotImage:
     disk_gib: int
 
 
-def add_snapshot_image(images_dir: Path, name: str, source: SnapshotSource) -> Path:
+def add_snapshot_image(images_dir: Path, name: str, source: SnapshotSource, *,
+                       flatten: bool = True) -> Path:
     """Make image `name` from a snapshot's files and answer its folder; ImageError
     (and nothing left behind) for a name that is reserved, malformed or taken, or
-    files that cannot be copied (a full disk says so)."""
+    files that cannot be copied (a full disk says so). With `flatten` False (a
+    build's layer, SPEC §19) the disk is copied as it is: a copy-on-write overlay
+    whose backing file (the image its VM started from) must stay."""
     with new_image_folder(images_dir, name) as work:
         state = work / STATE_FILE
         try:
@@ -92,13 +95,18 @@ def add_snapshot_image(images_dir: Path, name: str, source: SnapshotSource) -> P
         disk_facts: dict[str, object] | None = None
         if source.disk is not None:
             disk = work / DISK_FILE
-            # Flattened: the copy reads through its backing chain, and stands alone.
-            run_command(["qemu-img", "convert", "-q", "-O", "qcow2", str(source.disk),
-                         str(disk)], timeout_s=DISK_TIMEOUT_S * 10)
+            if flatten:  # the copy reads through its backing chain, and stands alone
+                run_command(["qemu-img", "convert", "-q", "-O", "qcow2", str(source.disk),
+                             str(disk)], timeout_s=DISK_TIMEOUT_S * 10)
+            else:  # the overlay as it is, on the image its VM started from
+                run_command(["cp", "--sparse=always", str(source.disk), str(disk)],
+                            timeout_s=DISK_TIMEOUT_S * 10)
             disk.chmod(0o444)
+            info = qemu_img_info(disk)
             disk_facts = {"file": DISK_FILE, "format": "qcow2",
-                          "virtual_size": int(str(qemu_img_info(disk)["virtual-size"])),
-                          "bytes": disk.stat().st_size, "sha256": sha256_file(disk)}
+                          "virtual_size": int(str(info["virtual-size"])),
+                          "bytes": disk.stat().st_size, "sha256": sha256_file(disk),
+                          "backing": info.get("full-backing-filename")}
         manifest = {
             "name": name,
             "kind": KIND_SNAPSHOT,

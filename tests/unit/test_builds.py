@@ -219,6 +219,8 @@ def test_a_built_image_is_its_builders_until_published(deps: Deps, context: Cont
     refused("image_not_found", builder.publish, deps, BOB, ImagePublishIn(name="site"))
     assert builder.publish(deps, ALICE, ImagePublishIn(name="site")).image.published
     assert vms.new(deps, BOB, new_vm).vm.image == "site"
+    # its files are read by a live VM: a rebuild would pull them from under it
+    refused("invalid_argument", _build, deps, RECIPE, context, FakeLayers())
 
 
 def test_a_build_is_read_by_its_owner_alone_with_its_log_from_an_offset(

@@ -34,7 +34,7 @@ from rift.services.builds.guest import VmBuildGuest
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.image_access import BuildCaller, sees, visible_names
 from rift.services.lifecycle.tasks import close_as_operator
-from rift.services.operator.images import FolderLayers
+from rift.services.operator.images import FolderLayers, live_vms_of_image
 from rift.services.ports.builds import BuildGuest, LayerFiles
 from rift.services.read import views
 
@@ -74,6 +74,7 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
             raise BuildFailed(f"FROM {recipe.base} names no image of yours; the images "
                               f"there are: {', '.join(visible_names(deps, tx, caller))}",
                               recipe.base_line)
+    _check_unused(deps, cmd.name)
     the_plan = engine.make_plan(recipe, layers.identity(recipe.base), caller.user,
                                  parts.context)
     build = Build(id=new_build_id(), image=cmd.name, owner=caller.user,
@@ -105,6 +106,15 @@ def _check_name(deps: Deps, row: OwnedImage | None, caller: Caller, name: str) -
         raise InvalidArgument("name", f"image {name!r} is another user's; choose another name")
 
 
+def _check_unused(deps: Deps, name: str) -> None:
+    """A rebuild replaces the image's files: refused while a live VM reads them."""
+    users = live_vms_of_image(deps, name)
+    if users:
+        raise InvalidArgument("name", f"image {name!r} is in use by live VMs "
+                              f"{', '.join(users)}; destroy them (or close their tasks) "
+                              "and build again")
+
+
 class _Log:
     """A build's log: each line saved on its row as it comes, and told to the door."""
 
@@ -134,6 +144,7 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
             job = engine.Job(guest, parts.context, parts.ready_s, log.say)
             try:
                 last = engine.run(the_plan, hits, job)
+                _check_unused(deps, build.image)
                 layers.image_from(last, build.image)
                 _keep_image(deps, build)
             finally:

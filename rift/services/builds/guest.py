@@ -81,7 +81,7 @@ class VmBuildGuest:
         snap = snapshots.make(self.deps, self.caller, VmSnapshotIn(handle=handle, vm_id=vm_id))
         try:
             add_image_from_snapshot(self.deps, ImageFromSnapshotIn(
-                name=name, snapshot_id=snap.snapshot.id))
+                name=name, snapshot_id=snap.snapshot.id), flatten=False)
         finally:
             snapshots.delete(self.deps, self.caller, VmSnapshotDeleteIn(
                 handle=handle, snapshot_id=snap.snapshot.id))

@@ -50,12 +50,14 @@ def remove_image(deps: Deps, name: str) -> None:
         raise InvalidArgument("image", str(exc)) from exc
 
 
-def add_image_from_snapshot(deps: Deps, cmd: ImageFromSnapshotIn) -> Path:
+def add_image_from_snapshot(deps: Deps, cmd: ImageFromSnapshotIn, *,
+                            flatten: bool = True) -> Path:
     """Make image `name` from the ready snapshot `snapshot_id` (of any task) and
     answer its folder. The snapshot stays its task's; the image is a copy.
     Refused: no such ready snapshot (snapshot_not_found), a name that is taken or
     malformed, a control plane without real guests, files that cannot be copied
-    (invalid_argument, saying which)."""
+    (invalid_argument, saying which). A build's layer is not `flatten`ed: its disk
+    stays an overlay on the image its VM started from (SPEC §19)."""
     name, snapshot_id = cmd.name, cmd.snapshot_id
     images_dir = deps.runtime.images("snapshot_id")
     with deps.store.read() as tx:
@@ -84,7 +86,7 @@ def add_image_from_snapshot(deps: Deps, cmd: ImageFromSnapshotIn) -> Path:
             state=folder / STATE_FILE, disk=disk if disk.is_file() else None,
             key=deps.guests.keys.task_key_file(snap.task_id), host_key=snap.host_key,
             vcpus=snap.vcpus, memory_mib=snap.memory_mib, disk_gib=snap.disk_gib)
-        made = add_snapshot_image(images_dir, name, source)
+        made = add_snapshot_image(images_dir, name, source, flatten=flatten)
     except ImageError as exc:
         raise InvalidArgument("name", str(exc)) from exc
     deps.log.info("image added from a snapshot", extra={
