@@ -7,7 +7,8 @@ read. rift.api.gate's `TokenGate` runs it for every request under `/e2b`.
   of the sandbox it names, checked as the engine checks a handle (a stale one is
   refused naming the holder, its event recorded), or for `/files` a URL signed
   with that token (checked by the route); `/health` asks nothing, nor E2B's volume
-  content API (answered 501).
+  content API (answered 501). E2B's code interpreter's calls (`/execute`,
+  `/contexts`) carry the sandbox's access or traffic token, checked by their routes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ OPEN = ("/health",)
 # Calls the door answers 501 whoever asks: E2B's volume content API, whose bearer is a
 # volume token and no API key (rift.e2b.volume_routes).
 NOT_SERVED = ("/volumecontent/",)
+# E2B's code interpreter's calls (no API key: its SDK sends the sandbox's access or
+# traffic token), checked by its routes before they read a body (rift.e2b.code_interpreter)
+CODE_INTERPRETER = ("/execute", "/contexts")
 CALLER_KEY = "rift_e2b_caller"  # in the request's state
 
 
@@ -61,7 +65,8 @@ async def first_check(state: AppState, scope: Scope) -> Response | None:
     path = scope["path"][len(PREFIX):]
     headers = Headers(scope=scope)
     try:
-        if path in OPEN or path.startswith(NOT_SERVED) or _signed(path, headers, scope):
+        if path in OPEN or path.startswith(NOT_SERVED) or _signed(path, headers, scope) \
+                or path in CODE_INTERPRETER or path.startswith("/contexts/"):
             return None
         if path.startswith(DATA_PLANE):
             try:

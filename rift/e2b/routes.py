@@ -32,6 +32,7 @@ from rift.api.guard import MAX_BODY
 from rift.api.state import AppState
 from rift.domain.errors import InvalidArgument, RiftError
 from rift.e2b import lifecycle, listing, logs, sandboxes, shapes
+from rift.e2b.code_interpreter import CodeInterpreterApi
 from rift.e2b.deadlines import with_deadlines
 from rift.e2b.envd import Envd
 from rift.e2b.filesystem import Filesystem
@@ -217,6 +218,7 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
         Route("/health", envd.health, methods=["GET"]),
         *SnapshotApi(api, refusal).routes(),  # snapshots, forks, network (rift.e2b.snapshots)
         *VolumeApi(api, refusal).routes(),  # volumes (rift.e2b.volumes)
+        *CodeInterpreterApi(state, registry).routes(),  # rift.e2b.code_interpreter
         Route("/{rest:path}", api.not_served, methods=everything),
     ]
 

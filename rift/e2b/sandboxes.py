@@ -34,7 +34,7 @@ from rift.domain.errors import (
 )
 from rift.domain.sandboxes import Sandbox
 from rift.domain.secrets import digest
-from rift.e2b import shapes
+from rift.e2b import code_templates, shapes
 from rift.e2b import volume_mounts as e2b_volumes
 from rift.e2b.forking import names_snapshot, start_fork
 from rift.e2b.network import egress_of
@@ -171,7 +171,7 @@ def _start_vm(deps: Deps, caller: Caller, template: str, egress: object,
     opened = tasks.new(deps, caller, command(c.TaskNewIn, name=TASK_PREFIX + template))
     handle = opened.handle
     close = command(c.TaskCloseIn, handle=handle)
-    image = None if template == "base" else template
+    image = None if template == "base" else code_templates.template_image(deps, template)
     try:
         vm = vms.new(deps, caller, command(c.VmNewIn, handle=handle, name="sandbox",
                                            image=image, egress=egress,
@@ -203,6 +203,8 @@ def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
         vm = e2b_volumes.attach_to_fork(deps, caller, handle, vm, mounts)
     else:
         handle, vm = _start_vm(deps, caller, template, egress, mounts)
+        if template in code_templates.TEMPLATES:
+            code_templates.start_kernel(deps, vm.id)
     sandbox, traffic = shapes.sandbox_id(vm.id), new_traffic_token()
     now = deps.clock.now()
     record = Sandbox(vm.id, caller.user, vm.task_id, template, now,

@@ -105,3 +105,31 @@ def test_a_user_the_guest_lacks_is_refused(world: World) -> None:
     with pytest.raises(CommandExitException) as failed:
         world.sbx.commands.run("whoami", user="nobody-here")
     assert "user nobody-here not found" in failed.value.stderr
+
+
+def test_e2bs_code_interpreter_runs_code_in_contexts_with_its_charts(world: World) -> None:
+    """E2B's code interpreter SDK (`e2b-code-interpreter`) on the same sandbox (SPEC §20):
+    `run_code` keeps state, answers its results, logs, errors and count, a PNG as its
+    chart, and contexts are made, listed, restarted and removed (rift-code's own kernel:
+    debian has no ipykernel)."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    opts = e2b_opts(world.srv.url, world.srv.token)
+    sbx = CodeSandbox.connect(world.sbx.sandbox_id, **opts)  # type: ignore[arg-type]
+    assert sbx.run_code("x = 41").error is None
+    ran = sbx.run_code("print('hi')\nx + 1")
+    assert (ran.text, ran.logs.stdout, ran.execution_count) == ("42", ["hi\n"], 2)
+    failed = sbx.run_code("1 / 0")
+    assert failed.error is not None and failed.error.name == "ZeroDivisionError"
+    pixel = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGMAAQAABQABDQottA"
+             "AAAABJRU5ErkJggg==")
+    chart = sbx.run_code("class Chart:\n    def _repr_png_(self):\n        import base64\n"
+                         f"        return base64.b64decode({pixel!r})\nChart()")
+    assert chart.results[0].png == pixel
+    context = sbx.create_code_context(cwd="/tmp")
+    assert sbx.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
+    assert sbx.run_code("'x' in globals()", context=context).text == "False"
+    assert context.id in [c.id for c in sbx.list_code_contexts()]
+    sbx.restart_code_context(context)
+    sbx.remove_code_context(context)
+    assert context.id not in [c.id for c in sbx.list_code_contexts()]
