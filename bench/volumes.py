@@ -11,6 +11,7 @@ MCP SDK client.
    the guest: sequential write of IO_MIB MiB (`dd` from /dev/zero, `conv=fsync`),
    its read after the guest's caches are dropped, and the untar of a source tree
    (the guest's Python standard library, from a tar in /dev/shm) with its `sync`.
+   Before the rounds, what the guest makes of both disks is printed (GUEST_VIEW).
 4. Clone: a 1 GiB volume holding 512 MiB, a 10 GiB one holding 1 GiB and an empty
    10 GiB one, each detached and cloned SAMPLES times (`rift_volume_clone`, call
    to answer); the floor is one `qemu-img create` of an overlay on the host (a
@@ -73,6 +74,21 @@ class Figures:
     tree: str = ""
     clone_s: dict[str, list[float]] = field(default_factory=dict)
     clone_checked: str = ""
+    devices: str = ""  # the guest's view of its own disk and the volume's (GUEST_VIEW)
+
+
+# What the guest makes of each disk (its own, vda, and the volume's, found by serial):
+# readahead, scheduler, queue depth and largest request, its mount options, and whether
+# ext4 still zeroes inode tables in the background (an ext4lazyinit thread).
+GUEST_VIEW = """for b in /sys/block/vd*; do
+  m=$(grep "^/dev/${b##*/} " /proc/mounts | cut -d' ' -f2,4 | head -1)
+  [ -n "$m" ] || continue
+  echo "${b##*/} $m ra=$(cat $b/queue/read_ahead_kb)k sched=$(cat $b/queue/scheduler)" \
+    "nr=$(cat $b/queue/nr_requests) max=$(cat $b/queue/max_sectors_kb)k" \
+    "mq=$(ls $b/mq | wc -l)"
+done
+echo "ext4lazyinit: $(ps -e -o comm= | grep -c ext4lazyinit)"
+"""
 
 
 async def _sh(s: ClientSession, handle: str, vm_id: str, command: str) -> str:
@@ -149,6 +165,7 @@ async def throughput(s: ClientSession, handle: str, vm: str, got: Figures) -> No
                           "tar -tf /dev/shm/src.tar | grep -vc '/$'; "
                           "du -m /dev/shm/src.tar | cut -f1")).replace("\n", " files, ",
                                                                        1).strip() + " MiB"
+    got.devices = (await _sh(s, handle, vm, GUEST_VIEW)).strip()
     places = {"volume": "/vol", "disk": "/root/bench"}
     for n in range(ROUNDS):
         for where in (("volume", "disk") if n % 2 == 0 else ("disk", "volume")):
@@ -280,6 +297,7 @@ def main() -> int:
                 ("size", "holding", "n", "p50", "max", "qemu-img p50", "clone / floor",
                  "p50 / 1 GiB's", "goal"))
     print(f"\nthe 10 GiB clone read back read-only: {got.clone_checked}")
+    print(f"the guest's disks (its own, the volume) when the throughput began:\n{got.devices}")
     return 0
 
 

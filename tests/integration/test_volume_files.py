@@ -6,6 +6,7 @@ volume grows, and a frozen parent goes with its last child."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -158,3 +159,21 @@ def test_a_frozen_volume_is_cloned_as_it_was_and_goes_with_its_snapshot(
     assert "Pattern verification failed" not in _io(b, "read -P 0x61 1G 1M")
     folder.remove(HERE, B)
     assert list(parents.iterdir()) == []  # nothing left of A, its freeze or B
+
+
+def test_a_new_volume_has_its_inode_tables_zeroed_so_no_guest_zeroes_them(
+        tmp_path: Path) -> None:
+    """Every block group's inode table is marked zeroed (ITABLE_ZEROED), so a guest's
+    kernel starts no ext4lazyinit writes after its first mount; the file stays small."""
+    if shutil.which("dumpe2fs") is None:
+        pytest.skip("needs dumpe2fs")
+    folder = VolumeFolder(tmp_path / "volumes")
+    folder.make(HERE, A, 4)
+    a = Path(folder.path(HERE, A))
+    assert a.stat().st_blocks * 512 < 16 << 20
+    raw = tmp_path / "a.raw"
+    subprocess.run(["qemu-img", "convert", "-q", "-O", "raw", str(a), str(raw)], check=True)
+    listed = subprocess.run(["dumpe2fs", str(raw)], check=True, capture_output=True,
+                            text=True).stdout.splitlines()
+    groups = [line for line in listed if re.match(r"Group \d+: ", line)]
+    assert len(groups) == 32 and all("ITABLE_ZEROED" in g for g in groups), groups
