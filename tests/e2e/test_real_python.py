@@ -1,0 +1,134 @@
+"""The `python` image (SPEC §20) on a real guest, in make soak only (its cold build
+debootstraps ipykernel, numpy, pandas and matplotlib from Debian packages: minutes,
+and then it is cached machine-wide beside `debian`'s root; make test runs code in
+`debian` on rift-code's own kernel, tests/e2e/test_real_debian.py, and ipykernel on
+the host, tests/unit/test_code_server.py). Through the MCP SDK client a VM of it
+runs code in ipykernel: state kept, a pandas table with its HTML form, a matplotlib
+line chart that comes as an MCP image, a kernel that dies (`os._exit`) restarted on
+the next run, a timeout that leaves the context. Its figures are printed: a
+`run_code("1+1")` round trip against `rift_vm_exec` of `python3 -c 1+1`, the first
+run against a later one, and the chart's round trip. Nothing is fetched by the guest.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.mcp_clients import call, mcp_session, run
+from tests.support.real_guests import RealSettings
+from tests.support.servers import DEBIAN_IMAGES, Server, real_vms_missing
+from tests.support.soak import long_form
+
+pytestmark = [
+    pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
+    pytest.mark.slow,
+]
+
+BUILD_S = 1800  # a cold debootstrap of the data stack on a shared 2-core machine
+BOOT_S = 180
+REAL = RealSettings(env={"RIFT_VM_BOOT_TIMEOUT_S": str(BOOT_S)})
+CHART = """
+import matplotlib.pyplot as plt
+plt.figure(figsize=(4, 3))
+plt.plot([1, 2, 3, 4], [1, 4, 9, 16])
+plt.title("squares")
+plt.show()
+"""
+
+
+def _cached_python() -> Path:
+    from hypervisor.base import ImageError
+    from hypervisor.python_image import build_python
+
+    DEBIAN_IMAGES.mkdir(parents=True, exist_ok=True)
+    with (DEBIAN_IMAGES / "python.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return build_python(DEBIAN_IMAGES)
+        except ImageError as exc:
+            pytest.skip(f"the python image cannot be built here: {exc}")
+
+
+@long_form("tests/e2e/test_real_debian.py runs code on rift-code's own kernel; "
+           "tests/unit/test_code_server.py runs ipykernel on the host")
+@pytest.mark.timeout(BUILD_S + 900)
+def test_a_python_vm_runs_pandas_and_a_chart_in_ipykernel(real: Server) -> None:
+    began = time.monotonic()
+    image = _cached_python()
+    built_s = time.monotonic() - began
+    link = real.data_dir / "images" / "python"
+    if not link.exists():
+        link.symlink_to(image, target_is_directory=True)
+    took: dict[str, float] = {}
+
+    async def scenario() -> None:
+        async with mcp_session(real.url, real.token, "claude-code") as s:
+            handle = (await call(s, "rift_task_new", name="python"))["handle"]
+            vm = (await call(s, "rift_vm_new", handle=handle, image="python",
+                             memory_mib=1024))["vm"]
+            assert vm["status"] == "running", vm
+            vm_id = vm["id"]
+
+            async def code(text: str, **more: object) -> dict[str, object]:
+                out = await call(s, "rift_vm_run_code", handle=handle, vm_id=vm_id,
+                                 code=text, wait_s=600, **more)
+                return dict(out["execution"])
+
+            started = time.monotonic()
+            first = await code("import pandas as pd\nx = 41")
+            took["first run_code (server and ipykernel start)"] = time.monotonic() - started
+            assert first["status"] == "ok", first
+            table = await code("pd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+            [main] = table["results"]  # type: ignore[misc]
+            assert main["is_main_result"] and "<table" in main["data"]["text/html"], table
+            listed = (await call(s, "rift_vm_code_context_list", handle=handle,
+                                 vm_id=vm_id))["contexts"]
+            assert listed[0]["backend"] == "ipykernel", listed
+
+            rounds = []
+            for _ in range(5):
+                started = time.monotonic()
+                two = await code("1+1")
+                rounds.append(time.monotonic() - started)
+                assert two["results"][0]["data"]["text/plain"] == "2"  # type: ignore[index]
+            execs = []
+            for _ in range(5):
+                started = time.monotonic()
+                done = await call(s, "rift_vm_exec", handle=handle, vm_id=vm_id,
+                                  command="python3 -c 1+1")
+                execs.append(time.monotonic() - started)
+                assert done["exit_code"] == 0, done
+            took["run_code 1+1 (median of 5)"] = statistics.median(rounds)
+            took["exec python3 -c 1+1 (median of 5)"] = statistics.median(execs)
+
+            started = time.monotonic()
+            result = await s.call_tool("rift_vm_run_code", {
+                "handle": handle, "vm_id": vm_id, "code": CHART, "wait_s": 600})
+            took["matplotlib line chart to PNG"] = time.monotonic() - started
+            assert not result.is_error, result.content
+            images = [c for c in result.content if c.type == "image"]
+            assert len(images) == 1 and images[0].mime_type == "image/png", result.content
+            assert len(images[0].data) > 1000
+
+            died = await code("import os; os._exit(1)")
+            assert died["status"] == "kernel_died", died
+            again = await code("'x' in globals()")
+            assert again["results"][0]["data"]["text/plain"] == "False", again  # type: ignore[index]
+            await code("y = 5")
+            stuck = await code("import time\nwhile True: time.sleep(0.1)", timeout_s=3)
+            assert stuck["status"] == "timed_out", stuck
+            kept = await code("y")
+            assert kept["results"][0]["data"]["text/plain"] == "5", kept  # type: ignore[index]
+            await call(s, "rift_task_close", handle=handle)
+
+    run(scenario, limit_s=900)
+    print(f"\npython image ready in {built_s:.1f} s (built, or its inputs checked)")
+    for what, seconds in took.items():
+        print(f"{what}: {seconds:.3f} s")
+    ratio = took["run_code 1+1 (median of 5)"] / took["exec python3 -c 1+1 (median of 5)"]
+    print(f"run_code 1+1 against exec python3 -c 1+1: {ratio:.2f}x")
