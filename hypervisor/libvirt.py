@@ -242,7 +242,6 @@ class LibvirtHypervisor:
                 raise HypervisorError("restore", f"domain '{name}' is running, not saved")
             if not dom.hasManagedSaveImage(0):
                 raise HypervisorError("restore", f"domain '{name}' has no saved state")
-            self._fresh_volume_chains(dom)
             # Starting a domain with a managed save image restores from it (and
             # libvirt deletes the image once the domain runs).
             dom.create()
@@ -266,20 +265,6 @@ class LibvirtHypervisor:
                 conn.restoreFlags(path, fresh, 0)
             else:
                 conn.restore(path)
-
-    def _fresh_volume_chains(self, dom: Any) -> None:
-        """A managed save image's volume disks without the backing chains libvirt
-        recorded (hypervisor.volumes.without_volume_chains), so the restore opens each
-        along the chain its file has now."""
-        try:
-            xml = str(dom.managedSaveGetXMLDesc(libvirt.VIR_DOMAIN_SAVE_IMAGE_XML_SECURE))
-        except libvirt.libvirtError as err:
-            if err.get_error_code() in _FLAGS_REFUSED:  # the test driver keeps no XML
-                return
-            raise
-        fresh = without_volume_chains(xml)
-        if fresh != xml:
-            dom.managedSaveDefineXML(fresh, 0)
 
     def fork_state(self, path: str, spec: DomainSpec) -> list[VolumeDisk]:
         conn = self._connection()

@@ -68,10 +68,12 @@ _CHAIN_EMPTY = re.compile(r"<backingStore\s*/>")
 
 def without_volume_chains(xml: str) -> str:
     """`xml` (a saved state's) with the backing chain libvirt recorded for each volume
-    disk left out, every other byte kept, so a restore looks at its file again: a
-    clone or a snapshot's freeze puts a volume's file on a frozen parent while a
-    saved domain holds it, and libvirt opens a disk only along the chain its XML
-    names (`<backingStore/>`: none), which would read the parent's blocks as zeros."""
+    disk left out, every other byte kept, so a restore (a snapshot's, a fork's) looks
+    at its file again: a snapshot's freeze puts a volume's file on a frozen parent
+    while the saved domain holds it, and libvirt restored the domain along the
+    chain its XML named (`<backingStore/>`: none), reading the parent's blocks as
+    zeros (seen on a real guest). A managed save's start (pause, sleep) looks again
+    by itself: a clone under a paused reader reads back right without this."""
     out, last = [], 0
     for disk in _DISK.finditer(xml):
         body = disk.group(0)

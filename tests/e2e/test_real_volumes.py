@@ -2,7 +2,8 @@
 and a folder with their modes written in a volume in one task's `tiny` VM (paused
 and resumed with it attached), the task closed (its VM destroyed, the volume
 detached, never deleted), a VM of another task started with the volume read-only
-(`volumes` on `rift_vm_new`) and the files read back there, the busy and
+(`volumes` on `rift_vm_new`) and the files read back there (and again after a
+clone of the volume and a pause and resume of the reader), the busy and
 bad-input refusals, and the hot-plug and mount within a second or so; a snapshot
 of the writer keeps the volume as it was (the VM running on with it writable), and
 a clone of that copy, made before the snapshot goes with its task, holds it."""
@@ -103,6 +104,16 @@ def test_a_volume_keeps_files_and_modes_from_one_task_to_the_next(real: Server) 
             read = await call(s, "rift_vm_read_file", handle=handle_b, vm_id=vm_b,
                               path="/mnt/work/notes.txt")
             assert read["content"] == "kept across tasks\n", read
+            # a clone while it reads puts the volume's file on a frozen parent: a pause
+            # and resume opens it along that chain, not the one libvirt had recorded
+            copy = (await call(s, "rift_volume_clone", volume_id=vol["id"],
+                               name="copy"))["volume"]
+            await call(s, "rift_vm_pause", handle=handle_b, vm_id=vm_b)
+            await call(s, "rift_vm_resume", handle=handle_b, vm_id=vm_b)
+            await _sh(s, handle_b, vm_b, "echo 3 > /proc/sys/vm/drop_caches")
+            again = await _sh(s, handle_b, vm_b, "cat /mnt/work/notes.txt")
+            assert again == "kept across tasks\n", again
+            await call(s, "rift_volume_delete", volume_id=copy["id"])
             modes = await _sh(s, handle_b, vm_b, "stat -c '%a %n' /mnt/work/notes.txt "
                               "/mnt/work/secret /mnt/work/secret/key")
             assert modes.split("\n")[:3] == ["640 /mnt/work/notes.txt", "700 /mnt/work/secret",
