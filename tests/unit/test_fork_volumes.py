@@ -159,6 +159,11 @@ def test_a_snapshot_keeps_its_vms_volumes_and_a_clone_of_one_outlives_both(
                                                 vm_id=vm_id)).snapshot.id
     assert ("freeze", vol, snap) in files.calls and files.frozen("", snap) == {vol: 4}
     assert vdeps.mounts.flushed == [(vm_id, "/work")]  # type: ignore[attr-defined]
+    with vdeps.store.read() as tx:
+        task_id = tx.vms.get(vm_id).task_id  # type: ignore[union-attr]
+        made = [e.details for e in tx.events.page(task_id, 0, 1000)
+                if e.type == "snapshot_made"]
+    assert made[0]["volumes"] == [vol]  # the event names what it keeps
     volume_attach.detach(vdeps, ALICE, command(c.VmDetachVolumeIn, handle=handle,
                                                vm_id=vm_id, volume_id=vol))
     volumes.resize(vdeps, ALICE, command(c.VolumeResizeIn, volume_id=vol, size_gib=6))

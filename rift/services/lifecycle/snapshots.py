@@ -15,6 +15,7 @@ stopped after its save runs again from the file.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 from hypervisor.base import HypervisorError, ImageError
@@ -114,12 +115,13 @@ def take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snapsh
         raise HypervisorFailed(f"the snapshot could not be saved: {exc}", host=vm.host) from exc
     failure: Exception | None = None
     overlay = vm_files(deps).overlay_path(vm.id)
-    size = 0
+    size, kept = 0, []
     try:
         if overlay is not None and folder is not None and hv.disk.is_file(str(overlay)):
             hv.disk.copy_sparse(str(overlay), str(folder / DISK_FILE))
             steps.done("disk")
-        if freeze_held(deps, vm, snap.id, uri):  # its volumes as they are (stopped)
+        kept = freeze_held(deps, vm, snap.id, uri)  # its volumes as they are (stopped)
+        if kept:
             steps.done("volumes")
         size = hv.disk.usage(str(folder)) if folder is not None else 0
     except (OSError, ImageError) as exc:
@@ -140,6 +142,8 @@ def take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snapsh
         raise HypervisorFailed(f"the snapshot's disk could not be written: {failure}",
                                host=vm.host) from failure
     made, event = snap.made(size, host_key, caller.label, deps.clock.now())
+    if kept:  # the volumes it keeps, for rift_volume_clone's snapshot_id
+        event = replace(event, details={**event.details, "volumes": kept})
     with deps.store.write() as tx:
         tx.snapshots.save(made, snap)
         _end_snapshotting(tx, vm.id)
