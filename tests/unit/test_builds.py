@@ -16,7 +16,8 @@ from rift.contract import tools as c
 from rift.contract.base import command
 from rift.contract.builds import BuildGetIn, BuildOut, ImageBuildIn, ImagePublishIn
 from rift.domain.errors import BuildFailed
-from rift.services.builds import builder
+from rift.domain.recipes import parse
+from rift.services.builds import builder, engine
 from rift.services.builds.builder import BuildParts
 from rift.services.builds.context import Context
 from rift.services.context import Caller, Deps
@@ -148,11 +149,30 @@ def test_a_changed_copy_source_or_arg_changes_the_layers_from_its_step_on(
     assert len(guest.scripts) == 3 and guest.started == ["tiny"]
 
 
-def test_no_cache_reuses_no_layer(deps: Deps, context: Context) -> None:
+def test_no_cache_reuses_no_layer_and_keeps_the_ones_before_beside_its_own(
+        deps: Deps, context: Context) -> None:
     layers = FakeLayers()
     _build(deps, RECIPE, context, layers)
+    before = set(layers.names)
     guest, out = _build(deps, RECIPE, context, layers, no_cache=True)
     assert guest.started == ["tiny"] and len(guest.scripts) == 3 and out.build.cached == 0
+    made = layers.names - before
+    assert len(made) == 3 and before < layers.names  # later layers may be overlays on them
+    assert layers.images["site"] in made  # the image is this run's
+    with deps.store.read() as tx:
+        rows = [r for r in tx.owned_images.all() if r.kind == "layer"]
+    assert {r.name for r in rows} == layers.names
+
+
+def test_a_layer_is_no_ones_to_start_but_its_owners_builds(deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    _build(deps, RECIPE, context, layers)
+    layer = sorted(layers.names)[0]
+    deps = replace(deps, images=StaticImages(["debian", layer, "layer-" + "0" * 24]))
+    handle = str(tasks.new(deps, ALICE, command(c.TaskNewIn)).handle)
+    for name in (layer, "layer-" + "0" * 24):  # the latter: files a crash left, no row
+        refused("image_not_found", vms.new, deps, ALICE,
+                command(c.VmNewIn, handle=handle, image=name))
 
 
 def test_a_failed_run_leaves_no_image_its_exit_code_and_output_and_the_layers_before(
@@ -250,3 +270,13 @@ def test_a_build_left_running_by_a_restart_of_this_machine_fails_and_its_task_cl
     assert got.state == "failed" and "cut by a restart" in (got.error or "")
     assert tasks.get(deps, ALICE, command(c.TaskGetIn, task_id=opened.task.id)).task.status \
         == "closed"
+
+
+def test_the_node_example_reads_and_its_context_has_what_it_copies() -> None:
+    root = Path(__file__).resolve().parents[2] / "docs" / "examples" / "node"
+    recipe = parse((root / "Recipe").read_text())
+    made = engine.make_plan(recipe, "debian-v1", "alice", Context(root))
+    assert (recipe.base, recipe.settings.cmd, recipe.settings.ports) == (
+        "debian", "node server.js", (8080,))
+    assert [s.planned.step.instruction if s.planned else "START" for s in made.stages] == [
+        "RUN", "COPY", "RUN", "START"]

@@ -70,7 +70,7 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
     with deps.store.read() as tx:
         _check_name(deps, tx.owned_images.get(cmd.name), caller, cmd.name)
         if recipe.base not in deps.images.names() or not sees(
-                tx.owned_images.get(recipe.base), caller):
+                tx.owned_images.get(recipe.base), caller, recipe.base):
             raise BuildFailed(f"FROM {recipe.base} names no image of yours; the images "
                               f"there are: {', '.join(visible_names(deps, tx, caller))}",
                               recipe.base_line)
@@ -141,7 +141,8 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
         with _one_at_a_time(deps, log):
             hits = engine.reused(the_plan, layers, build.no_cache)
             log.cached = engine.steps_reused(the_plan, hits)
-            job = engine.Job(guest, parts.context, parts.ready_s, log.say)
+            job = engine.Job(guest, parts.context, parts.ready_s, log.say, layers, build.id,
+                             keep=lambda name, key: _keep_layer(deps, caller, build, name, key))
             try:
                 last = engine.run(the_plan, hits, job)
                 _check_unused(deps, build.image)
@@ -149,7 +150,6 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
                 _keep_image(deps, build)
             finally:
                 guest.close()
-                _keep_layers(deps, caller, build, the_plan, layers)
     except RiftError as exc:
         error = exc.message
         if exc.details.get("output"):
@@ -169,14 +169,12 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
                                         "error": error})
 
 
-def _keep_layers(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
-                 layers: LayerFiles) -> None:
-    """A row (the owner's) for each layer of the plan whose files are there."""
+def _keep_layer(deps: Deps, caller: Caller, build: Build, name: str, key: str) -> None:
+    """The row of a layer the build saved: its owner's, started by their builds alone."""
     with deps.store.write() as tx:
-        for stage in the_plan.stages:
-            if tx.owned_images.get(stage.layer) is None and layers.exists(stage.layer):
-                tx.owned_images.add(OwnedImage(stage.layer, caller.user, "layer", False,
-                                               build.id, stage.key, deps.clock.now()))
+        if tx.owned_images.get(name) is None:
+            tx.owned_images.add(OwnedImage(name, caller.user, "layer", False, build.id, key,
+                                           deps.clock.now()))
 
 
 def _keep_image(deps: Deps, build: Build) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rift.domain.builds import layer_name
 from rift.domain.errors import BuildFailed
@@ -95,6 +95,22 @@ class Job:
     context: Context
     ready_s: float
     say: Say
+    layers: LayerFiles
+    build_id: str
+    keep: Callable[[str, str], None] = lambda name, key: None  # records a layer made
+    saved: list[tuple[str, str]] = field(default_factory=list)  # (layer, key) made
+
+    def save(self, key: str) -> str:
+        """The VM as it is now becomes the layer of `key`, and its name. A layer of
+        that key made before (a `no_cache` build) stays: other layers' disks may be
+        overlays on it; this one is kept beside it, under the build's name."""
+        name = layer_name(key)
+        if self.layers.exists(name):
+            name = f"{name}-{self.build_id.removeprefix('build_')}"
+        self.guest.save_layer(name)
+        self.keep(name, key)
+        self.saved.append((name, key))
+        return name
 
 
 def steps_reused(the_plan: Plan, hits: int) -> int:
@@ -124,13 +140,13 @@ def run(the_plan: Plan, hits: int, job: Job) -> str:
         if p.changes_guest:
             clock = time.monotonic()
             _change(p, guest, job.context, say)
-            guest.save_layer(layer_name(p.key))
+            job.save(p.key)
             say(f"step {number}/{total}: done in {time.monotonic() - clock:.1f} s")
     last = stages[-1]
     if last.planned is None:
         _start(the_plan.recipe.settings, guest, job.ready_s, say)
-        guest.save_layer(last.layer)
-    return last.layer
+        return job.save(last.key)
+    return job.saved[-1][0]
 
 
 def _change(p: Planned, guest: BuildGuest, context: Context, say: Say) -> None:
