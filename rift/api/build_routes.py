@@ -7,7 +7,8 @@ it from here).
 (base64 in `context`, at most RIFT_BUILD_CONTEXT_MIB; the JSON body's own cap,
 16 MiB, bounds it too), checks the recipe before any VM starts and answers the
 build `running` (202); the build runs in the background, one at a time, and
-`GET /builds/{id}?log_from=N` reads it and its log from a character on."""
+`GET /builds/{id}?log_from=N` reads it and its log from a character on;
+`GET /builds/{id}/log` streams the log (Server-Sent Events) until the build ends."""
 
 from __future__ import annotations
 
@@ -15,16 +16,29 @@ import base64
 import binascii
 import shutil
 import tempfile
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
+from fastapi import Header, Query, Request
 from fastapi import Path as PathParam
-from fastapi import Query, Request
+from fastapi.responses import StreamingResponse
 
 from rift.api.code_routes import router
+from rift.api.exec_stream import event
 from rift.api.rest import CallerDep
 from rift.api.state import AppState
-from rift.contract.builds import BuildGetIn, BuildOut, ImageBuildIn, ImageOut, ImagePublishIn
+from rift.api.waiting import HeldStream
+from rift.contract.builds import (
+    BuildGetIn,
+    BuildOut,
+    BuildView,
+    ImageBuildIn,
+    ImageOut,
+    ImagePublishIn,
+)
 from rift.domain.errors import InvalidArgument
 from rift.services.builds import builder
 from rift.services.builds.builder import BuildParts
@@ -78,3 +92,57 @@ def publish_image(request: Request, caller: CallerDep,
                   name: Annotated[str, PathParam()]) -> Any:
     state: AppState = request.app.state.rift
     return builder.publish(state.deps, caller, ImagePublishIn(name=name))
+
+
+POLL_S = 0.5  # how often a build's stream reads its log
+QUIET_S = 15.0  # a keep-alive comment after this long without an event
+STREAM_S = 3 * 3600  # the longest a build's stream stays open
+
+
+@router.get("/builds/{build_id}/log", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": (
+                "Server-Sent Events: `log` ({text, next_offset}) as the build writes it, "
+                "each with an `id` (its next offset) to resume from (Last-Event-ID), then "
+                "`end` (the build without its log)")}},
+            summary="a build's log as Server-Sent Events until it ends")
+async def stream_build(request: Request, caller: CallerDep,
+                       build_id: Annotated[str, PathParam()],
+                       log_from: Annotated[int, Query(ge=0)] = 0,
+                       last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+                       ) -> StreamingResponse:
+    state: AppState = request.app.state.rift
+    deps = state.deps
+    if last_event_id and last_event_id.isdigit() and len(last_event_id) <= 12:
+        log_from = int(last_event_id)
+
+    def read(offset: int) -> BuildView:
+        return builder.get(deps, caller, BuildGetIn(build_id=build_id, log_from=offset)).build
+
+    give = state.waiting.take(caller.user)  # a stream waits: one of the caller's places
+    try:
+        first = await state.waiting.run(None, partial(read, log_from))  # a refusal: an answer
+    except BaseException:
+        give()
+        raise
+    return HeldStream(state.waiting.iterate(build_events(first, read)), give,
+                      media_type="text/event-stream",
+                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def build_events(view: BuildView, read: Callable[[int], BuildView]) -> Iterator[str]:
+    """A build's log as it comes, a comment each quiet QUIET_S, and its end. Runs in
+    a worker thread."""
+    quiet_since = began = time.monotonic()
+    while True:
+        if view.log:
+            yield event("log", {"text": view.log, "next_offset": view.log_offset},
+                        str(view.log_offset))
+            quiet_since = time.monotonic()
+        if view.state != "running" or time.monotonic() - began > STREAM_S:
+            yield event("end", view.model_dump(mode="json", exclude={"log"}))
+            return
+        if time.monotonic() - quiet_since > QUIET_S:
+            yield ": still building\n\n"
+            quiet_since = time.monotonic()
+        time.sleep(POLL_S)
+        view = read(view.log_offset)
