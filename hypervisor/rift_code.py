@@ -203,6 +203,9 @@ class WorkerKernel:
             self.proc.kill()
         self.proc.wait(10)
 
+    def warm(self) -> None:
+        return None  # its first cell costs what the next does
+
     def execute(self, code: str, run: Run) -> None:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps({"code": code}).encode() + b"\n")
@@ -242,6 +245,20 @@ class JupyterKernel:
 
     def interrupt(self) -> None:
         self.km.interrupt_kernel()
+
+    def warm(self) -> None:
+        """A silent cell (no count, no history): ipykernel's first execution costs
+        more than its next ones, and a pooled VM's first run should not pay it."""
+        msg_id = self.kc.execute("pass", silent=True, store_history=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status" \
+                    and msg["content"]["execution_state"] == "idle":
+                return
 
     def stop(self) -> None:
         self.kc.stop_channels()
@@ -299,6 +316,8 @@ class Context:
         with self.lock:
             if self.kernel is None:
                 self.start()
+                assert self.kernel is not None
+                self.kernel.warm()
 
     def view(self) -> dict[str, Any]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd,

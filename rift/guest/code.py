@@ -39,10 +39,14 @@ OPEN_S = 10.0  # opening one channel
 START_S = 60.0  # from the start line to listening (python under TCG takes seconds)
 ANSWER_MAX = 40 << 20  # a run's answer: 1 MiB a stream, 16 MiB of results, and JSON's
 NO_SCRIPT, NO_PYTHON = 97, 98
+# The server started detached; then, where there is bash, the line waits (up to 30 s)
+# until it listens, so the channel opened next finds it (no failed opens meanwhile).
 START_LINE = (f"[ -f {GUEST_PATH} ] || exit {NO_SCRIPT}; "
               f"command -v python3 >/dev/null 2>&1 || exit {NO_PYTHON}; cd; "
               f"setsid python3 {GUEST_PATH} serve {PORT} --default </dev/null "
-              ">/tmp/rift-code.log 2>&1 & exit 0")
+              ">/tmp/rift-code.log 2>&1 & command -v bash >/dev/null || exit 0; "
+              "exec bash -c 'for i in $(seq 600); do (exec 3<>/dev/tcp/127.0.0.1/"
+              f"{PORT}) 2>/dev/null && exit 0; sleep 0.05; done; exit 0'")
 
 
 class SshCode:
@@ -98,10 +102,10 @@ class SshCode:
                                          "(its log: /tmp/rift-code.log)", vm_id=vm.id) from None
 
     def _start(self, vm: Vm) -> None:
-        done = self.runner.run(vm, START_LINE, None, OPEN_S, 4096)
+        done = self.runner.run(vm, START_LINE, None, START_S, 4096)
         if done.exit_code == NO_SCRIPT:
             self.runner.put_binary(vm, lambda: SOURCE, GUEST_PATH)
-            done = self.runner.run(vm, START_LINE, None, OPEN_S, 4096)
+            done = self.runner.run(vm, START_LINE, None, START_S, 4096)
         if done.exit_code == NO_PYTHON:
             raise NoPython(vm.id)
         if done.exit_code != 0:
