@@ -120,6 +120,19 @@ def delete(deps: Deps, caller: Caller, cmd: VmCodeContextIn) -> ContextOut:
     return ContextOut(context=gone.model_copy(update={"alive": False, "running": None}))
 
 
+def code_ready(deps: Deps, vm: Vm) -> None:
+    """A pooled VM's code server started with its default context's kernel, so the VM
+    (or its saved state) is handed out with the kernel running; a guest without
+    python3 (`tiny`) or that cannot start it is handed out as it is."""
+    if vm.ssh_port is None:  # no guest behind it (libvirt's test driver)
+        return
+    try:
+        deps.code.start(vm)
+    except (GuestUnreachable, NoPython) as exc:
+        deps.log.info("pool vm runs no code server", extra={"vm_id": vm.id,
+                                                            "error": str(exc)[:200]})
+
+
 # -- helpers ------------------------------------------------------------------------------
 
 def _guest_vm(deps: Deps, caller: Caller, handle: str | None,

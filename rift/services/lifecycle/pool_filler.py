@@ -21,11 +21,11 @@ from rift.domain.model import Host, Vm
 from rift.domain.pools import Pool, PoolGoal, PoolVm
 from rift.services.context import Deps
 from rift.services.lifecycle.capacity import host_loads
+from rift.services.lifecycle.code import code_ready
 from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.guest_kinds import GuestKind, NotReady, kind_on
 from rift.services.lifecycle.launch import SSH_HOST, check_image, create_domain, pick_ssh_port
 from rift.services.ports import Tx
-from rift.services.ports.code import NoPython
 
 
 def image_build(deps: Deps, image: str) -> str:
@@ -54,9 +54,8 @@ def _grace(deps: Deps) -> timedelta:
 
 
 def refill(deps: Deps, filler: str) -> int:
-    """One pass over every pool: replace stale VMs, trim extras, start one VM where
-    a pool is short (one start at a time per host). Answers how many VMs it made
-    ready."""
+    """One pass over every pool: replace stale VMs, trim extras, start one VM where a
+    pool is short (one start at a time per host). Answers how many it made ready."""
     with deps.store.read() as tx:
         pools = tx.pools.all()
     made = 0
@@ -144,8 +143,7 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
     try:
         kind.wait_ready(vm)
         host_key = deps.guests.keys.host_key(vm.id) if pvm.ssh_port else None
-        if pvm.ssh_port is not None:
-            _code_ready(deps, vm)
+        code_ready(deps, vm)  # handed out with its default kernel running (SPEC §20)
         if goal == "running" and pvm.ssh_port is not None:
             _standby(deps, vm)
         if goal == "saved":
@@ -172,24 +170,12 @@ def _start_one(deps: Deps, pool: Pool, goal: PoolGoal, busy_hosts: set[str]) -> 
 
 
 def _standby(deps: Deps, vm: Vm) -> None:
-    """A shell waiting in the guest for its hand-over; without one the hand-over
-    opens a channel of its own (slower, as correct)."""
+    """A shell waiting for its hand-over (else the hand-over opens a channel: slower)."""
     try:
         deps.guests.lifecycle.standby(vm)
     except GuestUnreachable as exc:
         deps.log.warning("pool vm has no standby shell", extra={"vm_id": vm.id,
                                                                 "error": exc.message})
-
-
-def _code_ready(deps: Deps, vm: Vm) -> None:
-    """The guest's code server started with its default context's kernel (SPEC §20),
-    so the VM (or its saved state) is handed out with the kernel running; a guest
-    without python3 (`tiny`) or that cannot start it is handed out as it is."""
-    try:
-        deps.code.start(vm)
-    except (GuestUnreachable, NoPython) as exc:
-        deps.log.info("pool vm runs no code server", extra={"vm_id": vm.id,
-                                                            "error": str(exc)[:200]})
 
 
 def _reserve(deps: Deps, pool: Pool, goal: PoolGoal,
