@@ -6,9 +6,11 @@ rift-code run on this host (tests/support/code_guest.py)."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -19,13 +21,25 @@ from rift.services.access import accounts
 from rift.services.context import Deps
 from tests.support.code_guest import HostCode
 from tests.support.fake_guest import fake_guests
-from tests.support.raw_mcp import call_tool
+from tests.support.raw_mcp import RawMcp, call_tool
 from tests.support.vm_rows import give_ssh_address
 
 PIXEL = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010806000000" "1f15c4890000000d49444154789c"
     "63000100000500010d0a2db40000000049454e44ae426082")).decode()
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>'
+
+
+def _tasks_rpc(client: TestClient, token: str, method: str, params: dict[str, Any]) -> Any:
+    """One 2026-07-28 request of a client that declares MCP Tasks: its result."""
+    raw = RawMcp("", token, declare_tasks=True)
+    answer = client.post("/mcp", headers=raw.headers(method, params),
+                         json=raw.body(method, params))
+    assert answer.status_code == 200, answer.text
+    if answer.headers["content-type"].startswith("application/json"):
+        return answer.json()["result"]
+    return next(json.loads(line[5:]) for line in answer.text.splitlines()
+                if line.startswith("data:") and len(line) > 6)["result"]
 
 
 @pytest.fixture
@@ -90,3 +104,36 @@ def test_a_chart_comes_as_image_content_on_mcp_and_rest_makes_the_same_calls(
         assert bad.status_code == 422
         assert bad.json()["error"]["field"] == "language"
         assert "python" in bad.json()["error"]["message"]
+
+
+def test_a_long_run_is_an_mcp_task_whose_cancel_interrupts_the_kernel(
+        deps: Deps, guest: HostCode, tmp_path: Path) -> None:
+    """A run that outlasts a second answers a task (SPEC §10 for run_code, §20);
+    `tasks/get` says it is working, `tasks/cancel` interrupts the kernel, and the
+    context goes on with its state."""
+    deps = replace(deps, guests=fake_guests(), code=guest)
+    accounts.add_user(deps, "ada", "correct horse battery")
+    token = accounts.new_token(deps, "ada").token.value
+    settings = Settings(data_dir=tmp_path, hypervisor_uri="fake:///local")
+    with TestClient(create_app(settings, deps), base_url="http://127.0.0.1") as client:
+        rest = {"Authorization": f"Bearer {token}"}
+        made = client.post("/api/v1/tasks", headers=rest, json={}).json()
+        handle = made["handle"]
+        vm_id = client.post(f"/api/v1/tasks/{made['task']['id']}/vms",
+                            headers=rest | {"Rift-Handle": handle}, json={}).json()["vm"]["id"]
+        with deps.store.write() as tx:
+            give_ssh_address(tx, vm_id)
+        args = {"handle": handle, "vm_id": vm_id}
+        call_tool(client, token, "rift_vm_run_code", {**args, "code": "kept = 'yes'"})
+        task = _tasks_rpc(client, token, "tools/call", {
+            "name": "rift_vm_run_code",
+            "arguments": {**args, "code": "import time\nwhile True: time.sleep(0.05)"}})
+        assert task["resultType"] == "task", task
+        got = _tasks_rpc(client, token, "tasks/get", {"taskId": task["taskId"]})
+        assert got["status"] == "working", got
+        _tasks_rpc(client, token, "tasks/cancel", {"taskId": task["taskId"]})
+        after = call_tool(client, token, "rift_vm_run_code", {**args, "code": "kept"})
+        execution = after["structuredContent"]["execution"]
+        assert execution["results"][0]["data"]["text/plain"] == "'yes'", execution
+        got = _tasks_rpc(client, token, "tasks/get", {"taskId": task["taskId"]})
+        assert got["status"] == "cancelled", got

@@ -42,6 +42,7 @@ from starlette.requests import Request
 from rift.api.mcp.callers import caller_of
 from rift.api.mcp.tools import Tool, Waits
 from rift.api.waiting import Waiting
+from rift.contract.code import VmRunCodeIn
 from rift.contract.execs import VmExecIn
 from rift.domain.errors import RiftError
 from rift.services.context import Caller, Deps
@@ -132,7 +133,7 @@ def end_made(deps: Deps, call: WatchedCall, handle: str | None, target: str) -> 
 
 def wait_total_s(args: Any, deps: Deps) -> float | None:
     wait = getattr(args, "wait_s", None)
-    if isinstance(args, VmExecIn) and wait is None:
+    if isinstance(args, VmExecIn | VmRunCodeIn) and wait is None:
         return float(deps.limits.exec_wait_s)
     return float(wait) if wait is not None else None
 
