@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark and print its table; `python -m bench NAME ...`
 runs only those named (engine, mcp, vms, boxes, scale, starts, execs, forks,
-exposures, hosts, hostile, e2b, volumes)."""
+exposures, hosts, hostile, e2b, volumes, code, builds)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from collections.abc import Callable
 def benches() -> dict[str, Callable[[], object]]:
     from bench import (
         boxes,
+        builds,
+        code,
         e2b,
         engine,
         execs,
@@ -29,7 +31,7 @@ def benches() -> dict[str, Callable[[], object]]:
             "scale": scale.main, "starts": starts.main, "execs": execs.main,
             "forks": forks.main, "exposures": exposures.main, "hosts": hosts.main,
             "hostile": hostile.main, "e2b": e2b.main,
-            "volumes": volumes.main}
+            "volumes": volumes.main, "code": code.main, "builds": builds.main}
 
 
 def main(argv: list[str]) -> int:

@@ -245,12 +245,13 @@ async def _run(url: str, token: str, data_dir: Path) -> None:
                 ("path", "MiB/s", "s", "ratio"))
 
 
-def against_server(name: str, scenario: Callable[[str, str, Path], Awaitable[None]]) -> None:
-    """Run `scenario(url, token, data dir)` against this module's `rift serve`-style
-    child process (one `tiny` image, qemu:///system), then stop it."""
+def against_server(name: str, scenario: Callable[[str, str, Path], Awaitable[None]],
+                   module: str = "bench.execs") -> None:
+    """Run `scenario(url, token, data dir)` against `module`'s `rift serve`-style
+    child process (this module's: one `tiny` image, qemu:///system), then stop it."""
     logging.getLogger("paramiko").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix=f"rift-bench-{name}-") as tmp:
-        proc, url, token = _start(Path(tmp), "bench.execs", within_s=60)
+        proc, url, token = _start(Path(tmp), module, within_s=60)
         try:
             anyio.run(scenario, url, token, Path(tmp))
         finally:

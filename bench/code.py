@@ -1,0 +1,158 @@
+"""Code contexts' benchmarks (issue #32, SPEC §20), on qemu:///system against a
+`rift serve`-style child process, through the official MCP SDK client, on the
+`python` image when it is built in the tests' cache (ipykernel; `make soak` builds
+it, tests/e2e/test_real_python.py) and else on `debian` (rift-code's own kernel):
+
+1. `rift_vm_run_code("1+1")` round trip against `rift_vm_exec` of `python3 -c 1+1`
+   on the same VM, interleaved, medians (goal: at most 0.5x: the kernel is warm);
+2. the first `run_code` after a pool's hand-out (a running pool of one, whose
+   default context's kernel was started at its fill) against a later one (goal: at
+   most 1.5x);
+3. a matplotlib line chart to PNG, round trip (the `python` image only: `debian`
+   has no matplotlib).
+
+Needs libvirtd on qemu:///system (scripts/libvirt.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mcp.client.session import ClientSession
+
+from bench.common import print_table
+from bench.execs import against_server
+from bench.mcp import _session
+
+URI = "qemu:///system"
+CACHE = Path(os.environ.get("RIFT_TEST_CACHE") or "/var/cache/rift-tests")
+ROUNDS = 7
+CHART = ("import matplotlib.pyplot as plt\nplt.figure(figsize=(4, 3))\n"
+         "plt.plot([1, 2, 3, 4], [1, 4, 9, 16])\nplt.show()")
+
+
+def _image() -> str:
+    return "python" if (CACHE / "debian-images" / "python" / "manifest.json").is_file() \
+        else "debian"
+
+
+def serve(port: int, data_dir: Path) -> None:
+    import uvicorn
+
+    from rift.app import create_app
+    from rift.bootstrap import build_deps, close_deps, ensure_admin
+    from rift.config import Settings
+    from tests.support.servers import cached_debian
+
+    images = data_dir / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    (images / "debian").symlink_to(cached_debian(), target_is_directory=True)
+    if _image() == "python":
+        (images / "python").symlink_to(CACHE / "debian-images" / "python",
+                                       target_is_directory=True)
+    settings = Settings(data_dir=data_dir, hypervisor_uri=URI, log_level="WARNING",
+                        default_image=_image(), vm_boot_timeout_s=180)
+    deps = build_deps(settings)
+    first = ensure_admin(deps)
+    assert first is not None
+    print(first.token, flush=True)
+    try:
+        uvicorn.run(create_app(settings, deps), host="127.0.0.1", port=port,
+                    log_level="warning", workers=1)
+    finally:
+        close_deps(deps)
+
+
+async def _call(s: ClientSession, tool: str, **args: Any) -> dict[str, Any]:
+    result = await s.call_tool(tool, args)
+    assert not result.is_error and isinstance(result.structured_content, dict), result.content
+    return result.structured_content
+
+
+async def _timed(s: ClientSession, tool: str, **args: Any) -> float:
+    began = time.perf_counter()
+    await _call(s, tool, **args)
+    return time.perf_counter() - began
+
+
+async def _run(url: str, token: str, data_dir: Path) -> None:
+    image = _image()
+    memory = 1024 if image == "python" else 512
+    rows: list[tuple[str, ...]] = []
+    async with _session(url, token, "bench-code") as s:
+        handle = (await _call(s, "rift_task_new", name="bench code"))["handle"]
+        vm = (await _call(s, "rift_vm_new", handle=handle, image=image,
+                          memory_mib=memory))["vm"]
+        first = await _timed(s, "rift_vm_run_code", handle=handle, vm_id=vm["id"], code="0",
+                             wait_s=600)
+        codes, execs = [], []
+        for _ in range(ROUNDS):
+            codes.append(await _timed(s, "rift_vm_run_code", handle=handle, vm_id=vm["id"],
+                                      code="1+1"))
+            execs.append(await _timed(s, "rift_vm_exec", handle=handle, vm_id=vm["id"],
+                                      command="python3 -c 1+1"))
+        code_ms, exec_ms = statistics.median(codes) * 1000, statistics.median(execs) * 1000
+        rows.append(("run_code 1+1 / exec python3 -c 1+1", f"{code_ms:.0f} ms",
+                     f"{exec_ms:.0f} ms", f"{code_ms / exec_ms:.2f}x (goal <= 0.5x)"))
+        rows.append(("first run_code on a booted VM (server and kernel start)",
+                     f"{first * 1000:.0f} ms", "", ""))
+        if image == "python":
+            charts = [await _timed(s, "rift_vm_run_code", handle=handle, vm_id=vm["id"],
+                                   code=CHART) for _ in range(3)]
+            rows.append(("matplotlib line chart to PNG", f"{statistics.median(charts) * 1000:.0f}"
+                         " ms", "", ""))
+        await _call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])
+    pooled = await _pooled(url, token, data_dir, image, memory)
+    if pooled is not None:
+        rows.append(("first run_code after a pool hand-out / a later one",
+                     f"{pooled[0] * 1000:.0f} ms", f"{pooled[1] * 1000:.0f} ms",
+                     f"{pooled[0] / pooled[1]:.2f}x (goal <= 1.5x)"))
+    print_table(f"code contexts on {image} (TCG or KVM as this host runs guests)", rows,
+                ("what", "this", "against", "ratio"))
+
+
+async def _pooled(url: str, token: str, data_dir: Path, image: str,
+                  memory: int) -> tuple[float, float] | None:
+    """(the first run_code after a hand-out, the median of later ones), with a running
+    pool of one `image` VM (its kernel started at its fill)."""
+    import subprocess
+
+    made = subprocess.run([sys.executable, "-m", "rift.cli", "pool", "set", image, "--running",
+                           "1", "--memory-mib", str(memory)], check=False,
+                          env={**os.environ, "RIFT_DATA_DIR": str(data_dir),
+                               "RIFT_HYPERVISOR_URI": URI}, capture_output=True, text=True)
+    if made.returncode != 0:
+        print(f"(no pool: {made.stderr.strip()})")
+        return None
+    async with _session(url, token, "bench-code-pool") as s:
+        handle = (await _call(s, "rift_task_new", name="bench code pool"))["handle"]
+        deadline = time.monotonic() + 600
+        while True:  # until the filler has one ready (a hand-out answers `pool`)
+            vm = (await _call(s, "rift_vm_new", handle=handle, image=image,
+                              memory_mib=memory))["vm"]
+            if vm["start"]["kind"] == "pool":
+                break
+            await _call(s, "rift_vm_destroy", handle=handle, vm_id=vm["id"])
+            assert time.monotonic() < deadline, "the pool did not fill"
+            time.sleep(20)
+        first = await _timed(s, "rift_vm_run_code", handle=handle, vm_id=vm["id"], code="1+1")
+        later = [await _timed(s, "rift_vm_run_code", handle=handle, vm_id=vm["id"],
+                              code="1+1") for _ in range(ROUNDS)]
+        await _call(s, "rift_task_close", handle=handle)
+    return first, statistics.median(later)
+
+
+def main() -> None:
+    against_server("code", _run, "bench.code")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
+        serve(int(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        main()
