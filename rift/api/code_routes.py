@@ -6,15 +6,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Path, Request
+from fastapi import Depends, Path, Query, Request
 
 from rift.api.rest import CallerDep, HandleHeader, VmIdPath, run, waited
 from rift.api.volume_routes import router
 from rift.contract import tools as c
-from rift.contract.code import ContextId
+from rift.contract.code import ContextId, RunId, RunWaitQuery
 from rift.services.lifecycle import code
 
 ContextIdPath = Annotated[ContextId, Path()]
+RunIdPath = Annotated[RunId, Path()]
+
+
+def _run_of(vm_id: VmIdPath, run_id: RunIdPath) -> dict[str, str]:
+    """A run of a VM: both in the path."""
+    return {"vm_id": vm_id, "run_id": run_id}
+
+
+RunOfVm = Annotated[dict[str, str], Depends(_run_of)]
 __all__ = ["router"]
 
 
@@ -25,6 +34,14 @@ async def run_code(request: Request, caller: CallerDep, vm_id: VmIdPath, body: c
                    handle: HandleHeader = None) -> Any:
     return await waited(request, caller, c.VM_RUN_CODE, code.run, body, handle=handle,
                         vm_id=vm_id)
+
+
+@router.get("/vms/{vm_id}/code/runs/{run_id}", response_model=c.RunCodeOut,
+            summary="a run of code as it is now (waiting up to wait_s for its end)")
+async def get_run(request: Request, caller: CallerDep, run: RunOfVm,
+                  query: Annotated[RunWaitQuery, Query()], handle: HandleHeader = None) -> Any:
+    return await waited(request, caller, c.VM_RUN_CODE_GET, code.get_run, query,
+                        handle=handle, **run)
 
 
 @router.get("/vms/{vm_id}/code/contexts", response_model=c.ContextListOut,

@@ -31,6 +31,8 @@ Language = Annotated[Literal["python"], Field(description=(
 ContextId = Annotated[str, Field(pattern=CONTEXT_ID_PATTERN, description=(
     "A code context's id (`ctx_` + 8 characters, from rift_vm_code_context_new), or "
     "`default`, the VM's own Python context."))]
+RunId = Annotated[str, Field(pattern="^run_[a-z2-7]{8}$", description=(
+    "A run's id (`run_` + 8 characters), from rift_vm_run_code's execution."))]
 RunStatus = Literal["running", "ok", "error", "timed_out", "interrupted", "kernel_died"]
 
 
@@ -45,13 +47,25 @@ class RunCodeBody(Input):
         "state).")), Whole] = 60
     wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S, description=(
         "Seconds to wait for the end before answering (default RIFT_EXEC_WAIT_S, 45); the "
-        "run goes on either way, and the context's next run waits for it.")),
+        "run goes on either way: rift_vm_run_code_get reads it on, and the context's next "
+        "run waits for it.")),
         Whole] | None = None
 
 
 class VmRunCodeIn(RunCodeBody):
     handle: HandleText | None = None
     vm_id: VmId
+
+
+class RunWaitQuery(Input):
+    wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S, description=(
+        "Seconds to wait for its end before answering.")), Whole] = 0
+
+
+class VmRunCodeGetIn(RunWaitQuery):
+    handle: HandleText | None = None
+    vm_id: VmId
+    run_id: RunId
 
 
 class ContextBody(Input):
@@ -154,6 +168,14 @@ VM_RUN_CODE = ToolContract(
     "and the execution count. Without context_id it runs in the VM's default Python "
     "context. Past timeout_s the kernel is interrupted and the context goes on.",
     CODE, VmRunCodeIn, RunCodeOut, slow=True)
+
+VM_RUN_CODE_GET = ToolContract(
+    "rift_vm_run_code_get", "Read a run of code",
+    "Read a run of code of a running VM (one that went on past its call's wait_s): its "
+    "execution as it is now, waiting up to wait_s for its end. The guest keeps a VM's "
+    "last 64 runs.",
+    (*CODE, "invalid_argument"), VmRunCodeGetIn, RunCodeOut, read_only=True, idempotent=True,
+    slow=True)
 
 VM_CODE_CONTEXT_NEW = ToolContract(
     "rift_vm_code_context_new", "Make a code context",

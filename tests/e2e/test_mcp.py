@@ -35,6 +35,7 @@ TOOL_NAMES = {
     "rift_vm_fork", "rift_vm_expose", "rift_vm_unexpose", "rift_vm_attach_volume",
     "rift_vm_detach_volume", "rift_volume_new", "rift_volume_list", "rift_volume_get",
     "rift_volume_delete", "rift_volume_resize", "rift_volume_clone", "rift_vm_run_code",
+    "rift_vm_run_code_get",
     "rift_vm_code_context_new", "rift_vm_code_context_list", "rift_vm_code_context_restart",
     "rift_vm_code_context_delete",
 }
@@ -153,7 +154,8 @@ def test_tools_list_shows_every_tool_with_a_strict_schema_and_annotations(server
             assert tool.annotations is not None
         reads = {"rift_task_list", "rift_task_get", "rift_task_events", "rift_vm_get",
                  "rift_vm_read_file", "rift_vm_exec_get", "rift_vm_exec_list",
-                 "rift_volume_list", "rift_volume_get", "rift_vm_code_context_list"}
+                 "rift_volume_list", "rift_volume_get", "rift_vm_code_context_list",
+                 "rift_vm_run_code_get"}
         destructive = {"rift_task_close", "rift_vm_destroy", "rift_task_attach",
                        "rift_vm_exec_kill", "rift_vm_snapshot_delete", "rift_vm_expose",
                        "rift_vm_unexpose", "rift_volume_delete", "rift_vm_detach_volume",

@@ -85,6 +85,10 @@ def test_a_chart_comes_as_image_content_on_mcp_and_rest_makes_the_same_calls(
                           json={"code": "answer = 6 * 7\nanswer"})
         assert ran.status_code == 200, ran.text
         assert ran.json()["execution"]["results"][0]["data"] == {"text/plain": "42"}
+        run_id = ran.json()["execution"]["run_id"]
+        again = client.get(f"/api/v1/vms/{vm_id}/code/runs/{run_id}?wait_s=1", headers=held)
+        assert again.status_code == 200, again.text
+        assert again.json()["execution"]["results"][0]["data"] == {"text/plain": "42"}
         new = client.post(f"/api/v1/vms/{vm_id}/code/contexts", headers=held,
                           json={"cwd": str(tmp_path)})
         assert new.status_code == 201, new.text

@@ -57,6 +57,7 @@ ROUTES: dict[str, tuple[str, str]] = {
     "rift_volume_resize": ("post", "/api/v1/volumes/{volume_id}/resize"),
     "rift_volume_clone": ("post", "/api/v1/volumes/{volume_id}/clone"),
     "rift_vm_run_code": ("post", "/api/v1/vms/{vm_id}/code"),
+    "rift_vm_run_code_get": ("get", "/api/v1/vms/{vm_id}/code/runs/{run_id}"),
     "rift_vm_code_context_new": ("post", "/api/v1/vms/{vm_id}/code/contexts"),
     "rift_vm_code_context_list": ("get", "/api/v1/vms/{vm_id}/code/contexts"),
     "rift_vm_code_context_restart": ("post",

@@ -126,6 +126,21 @@ def test_a_run_past_its_wait_goes_on_and_a_stop_interrupts_it_leaving_the_contex
     assert (after.status, after.results[0].data["text/plain"]) == ("ok", "'here'")
 
 
+def test_a_run_past_its_wait_is_read_on_to_its_end_and_an_unknown_one_refused(
+        cdeps: Deps) -> None:
+    handle, vm_id = _vm(cdeps)
+    slow = _run(cdeps, handle, vm_id, "import time\ntime.sleep(0.5)\nprint('done')\n7",
+                wait_s=0).execution
+    assert slow.status == "running"
+    read = code.get_run(cdeps, ALICE, command(c.VmRunCodeGetIn, handle=handle, vm_id=vm_id,
+                                              run_id=slow.run_id, wait_s=10)).execution
+    assert (read.run_id, read.status, read.stdout) == (slow.run_id, "ok", "done\n")
+    assert read.results[0].data["text/plain"] == "7"
+    err = refused("invalid_argument", lambda: code.get_run(cdeps, ALICE, command(
+        c.VmRunCodeGetIn, handle=handle, vm_id=vm_id, run_id="run_aaaaaaaa")))
+    assert err.details["field"] == "run_id"
+
+
 def test_a_watched_run_hears_its_newest_line_and_its_stop_interrupts_the_kernel(
         cdeps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("rift.services.lifecycle.code.STEP_S", 0.2)

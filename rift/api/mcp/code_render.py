@@ -28,8 +28,8 @@ def run_code(out: dict[str, Any]) -> str:
     head = (f"run {x['run_id']} in context {x['context_id']}: {x['status'].replace('_', ' ')}"
             f" after {x['duration_ms']} ms (execution count {x['execution_count']})")
     if x["status"] == "running":
-        head += ("\nstill running: the context's next rift_vm_run_code waits for it to end "
-                 "(rift_vm_code_context_list shows it)")
+        head += (f"\nstill running: rift_vm_run_code_get with run_id={x['run_id']} wait_s=30 "
+                 "reads it on")
     parts = [head]
     for n, result in enumerate(x["results"], 1):
         kind = "result" if result["is_main_result"] else "display"

@@ -18,10 +18,12 @@ from typing import Any
 from rift.contract.code import (
     ContextListOut,
     ContextOut,
+    ExecutionView,
     RunCodeOut,
     VmCodeContextIn,
     VmCodeContextListIn,
     VmCodeContextNewIn,
+    VmRunCodeGetIn,
     VmRunCodeIn,
 )
 from rift.domain.errors import ContextNotFound, GuestUnreachable, InvalidArgument
@@ -46,6 +48,7 @@ from rift.services.read import code_views
 SLACK_S = 60.0  # past a request's own wait: the server's start, a kernel's, the channel
 KERNEL_START_S = 300.0  # a new context's kernel (ipykernel under TCG: tens of seconds)
 DEFAULT = "default"
+RUNS_KEPT = 64  # the runs the guest's server keeps (hypervisor/rift_code.py)
 
 
 def run(deps: Deps, caller: Caller, cmd: VmRunCodeIn, watch: Watch | None = None) -> RunCodeOut:
@@ -63,17 +66,41 @@ def run(deps: Deps, caller: Caller, cmd: VmRunCodeIn, watch: Watch | None = None
         answer = _ask(port, vm, _req("POST", "/runs", step, {
             "run_id": run_id, "context_id": context_id, "code": cmd.code,
             "timeout_s": cmd.timeout_s, "wait_ms": int(step * 1000)}), context_id)
-        view, newest = code_views.execution(vm.id, answer)
-        while view.status == "running" and watch is not None and not watch.stopped:
-            watch.note(newest)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            step = min(left, STEP_S)
-            answer = _ask(port, vm, _req("GET", f"/runs/{run_id}?wait_ms={int(step * 1000)}",
-                                         step), context_id)
-            view, newest = code_views.execution(vm.id, answer)
+        view = _followed(port, vm, answer, deadline, watch)
     return RunCodeOut(execution=view)
+
+
+def get_run(deps: Deps, caller: Caller, cmd: VmRunCodeGetIn,
+            watch: Watch | None = None) -> RunCodeOut:
+    """`rift_vm_run_code_get`: a run's execution as the guest has it now, waiting up to
+    `wait_s` for its end (in steps under a `watch`)."""
+    task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    deadline = time.monotonic() + cmd.wait_s
+    step = cmd.wait_s if watch is None else min(cmd.wait_s, STEP_S)
+    with in_flight(deps, task.id, cmd.wait_s):
+        answer = _ask(port, vm, _req("GET", f"/runs/{cmd.run_id}?wait_ms={int(step * 1000)}",
+                                     step), DEFAULT)
+        if watch is not None and isinstance(answer, dict):
+            watch.begun(f"{vm.id}/{answer.get('context_id')}")
+        view = _followed(port, vm, answer, deadline, watch)
+    return RunCodeOut(execution=view)
+
+
+def _followed(port: GuestCode, vm: Vm, answer: Any, deadline: float,
+              watch: Watch | None) -> ExecutionView:
+    """The run's view once it ended, `deadline` passed, or its watch stopped, read in
+    steps of STEP_S (its newest line noted before each) under a watch."""
+    view, newest = code_views.execution(vm.id, answer)
+    while view.status == "running" and watch is not None and not watch.stopped:
+        watch.note(newest)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        step = min(left, STEP_S)
+        answer = _ask(port, vm, _req("GET", f"/runs/{view.run_id}?wait_ms={int(step * 1000)}",
+                                     step), view.context_id)
+        view, newest = code_views.execution(vm.id, answer)
+    return view
 
 
 def interrupt(deps: Deps, caller: Caller, handle: str | None, target: str) -> None:
@@ -171,6 +198,11 @@ def _ask(port: GuestCode, vm: Vm, request: CodeRequest, context_id: str, *,
     if answer.status == 404 and isinstance(answer.body, dict) \
             and answer.body.get("error") == "context_not_found":
         raise ContextNotFound(context_id, vm.id)
+    if answer.status == 404 and isinstance(answer.body, dict) \
+            and answer.body.get("error") == "run_not_found":
+        run_id = request.path.removeprefix("/runs/").partition("?")[0]
+        raise InvalidArgument("run_id", f"the guest of {vm.id} keeps no run {run_id} (it "
+                              f"keeps its last {RUNS_KEPT}, and none across a reboot)")
     if answer.status != 200:
         said = str(answer.body.get("message", "") if isinstance(answer.body, dict) else "")
         if failed_field is not None:
