@@ -285,7 +285,7 @@ class LibvirtHypervisor:
             stand_ins: dict[str, str] = {}
             for disk in held:  # a volume written: never opened by two domains for writing
                 if not disk.read_only:
-                    stand_ins[disk.serial] = stand_in_path(path, spec.name, disk.target)
+                    stand_ins[disk.serial] = stand_in_path(disk.path, spec.name, disk.target)
                     make_stand_in(disk.path, stand_ins[disk.serial])
             xml = without_volume_chains(with_volume_sources(xml, stand_ins))
         except (OSError, ValueError, ImageError) as exc:

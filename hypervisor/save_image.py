@@ -78,10 +78,11 @@ def fork_copy_path(state_path: str, domain_name: str) -> str:
     return os.path.join(os.path.dirname(state_path), f"{FORK_PREFIX}{domain_name}.save")
 
 
-def stand_in_path(state_path: str, domain_name: str, target: str) -> str:
+def stand_in_path(volume_path: str, domain_name: str, target: str) -> str:
     """Where a fork's stand-in for a writable volume's disk goes (hypervisor.volumes.
-    make_stand_in): beside the saved state, gone with the snapshot's folder at the latest."""
-    return os.path.join(os.path.dirname(state_path), f".stand-in-{domain_name}-{target}.qcow2")
+    make_stand_in): beside the volume's file, in a folder QEMU may pass through (the
+    snapshot's folder is Rift's alone: QEMU, as its own user, was refused there)."""
+    return os.path.join(os.path.dirname(volume_path), f".stand-in-{domain_name}-{target}.qcow2")
 
 
 def read_save_header(path: str | os.PathLike[str], disk: HostDisk = LOCAL_DISK) -> SaveImage:

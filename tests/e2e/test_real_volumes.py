@@ -19,6 +19,7 @@ from mcp.client.session import ClientSession
 from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.real_guests import RealSettings
 from tests.support.servers import Server, real_vms_missing
+from tests.support.soak import long_form
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -146,3 +147,44 @@ def test_a_volume_keeps_files_and_modes_from_one_task_to_the_next(real: Server) 
     run(scenario, LIMIT_S)
     print(f"attach and mount: {', '.join(f'{t:.2f} s' for t in took)}")
     assert max(took) < 5, took  # the goal is 1 s under TCG; a busy shared machine is slower
+
+
+@long_form("tests/unit/test_fork_volumes.py and tests/integration/test_volume_forks_libvirt.py")
+def test_a_fork_gets_the_read_only_volumes_and_not_the_written_one(real: Server) -> None:
+    """A fork of a running `tiny` VM holding one volume writable and one read-only:
+    the fork's view and guest hold the read-only one (its files there), not the
+    written one (unmounted, unplugged: its stand-in gone), while the source goes on
+    writing its own; closing both tasks leaves both volumes detached."""
+
+    async def scenario() -> None:
+        async with mcp_session(real.url, real.token, "claude-code") as s:
+            written = (await call(s, "rift_volume_new", name="fw", size_gib=1))["volume"]
+            shared = (await call(s, "rift_volume_new", name="fr", size_gib=1))["volume"]
+            _task, handle, vm_id = await _vm(s, "fork source")
+            await _attach(s, handle, vm_id, volume_id=shared["id"], path="/r")
+            await _sh(s, handle, vm_id, "echo shared > /r/s.txt && sync")
+            await call(s, "rift_vm_detach_volume", handle=handle, vm_id=vm_id,
+                       volume_id=shared["id"])
+            await _attach(s, handle, vm_id, volume_id=shared["id"], path="/r", read_only=True)
+            await _attach(s, handle, vm_id, volume_id=written["id"], path="/w")
+            await _sh(s, handle, vm_id, "echo before > /w/a.txt && sync")
+
+            (fork,) = (await call(s, "rift_vm_fork", handle=handle, vm_id=vm_id))["vms"]
+            assert fork["status"] == "running", fork["error"]
+            assert fork["volumes"] == [{"volume_id": shared["id"], "path": "/r",
+                                        "read_only": True}], fork["volumes"]
+            seen = await _sh(s, handle, fork["id"], "cat /r/s.txt; "
+                             "grep -c ' /w ' /proc/mounts || true; "
+                             "grep ' /r ' /proc/mounts | cut -d' ' -f4 | cut -d, -f1")
+            assert seen.split() == ["shared", "0", "ro"], seen
+            await _sh(s, handle, vm_id, "echo after > /w/b.txt && sync && ls /w")
+            readers = (await call(s, "rift_volume_get", volume_id=shared["id"]))["volume"]
+            assert sorted(a["vm_id"] for a in readers["attached_to"]) == sorted(
+                [vm_id, fork["id"]]), readers
+            await call(s, "rift_task_close", handle=handle)
+            for vol in (written, shared):
+                got = (await call(s, "rift_volume_get", volume_id=vol["id"]))["volume"]
+                assert got["attached_to"] == [], got
+                await call(s, "rift_volume_delete", volume_id=vol["id"])
+
+    run(scenario, LIMIT_S)

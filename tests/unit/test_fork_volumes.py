@@ -74,6 +74,7 @@ def test_a_fork_gets_the_read_only_volumes_and_not_the_writable_ones(
         view = vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=forked.id)).vm
         assert [(m.volume_id, m.path, m.read_only) for m in view.volumes] == [
             (shared, "/data", True)]
+        assert forked.volumes == view.volumes  # the fork's answer lists them too
         assert list(local_hv.domains[f"rift-{forked.id}"].disks) == [shared]
     source = vms.get(vdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
     assert [(m.volume_id, m.read_only) for m in source.volumes] == [

@@ -152,7 +152,8 @@ def _fork(deps: Deps, caller: Caller, cmd: VmForkIn, snap: Snapshot,
         answers[vm.id] = _start_fork(deps, caller, Start(vm, uri, called), snap, kind)
 
     _all_at_once([lambda vm=vm: start(vm) for vm in vms])  # type: ignore[misc]
-    return VmsOut(vms=[views.vm_of(answers.get(vm.id, vm)) for vm in vms])
+    with deps.store.read() as tx:  # with the read-only volumes each kept (fork_volumes)
+        return VmsOut(vms=[views.vm(tx, answers.get(vm.id, vm)) for vm in vms])
 
 
 def _all_at_once(calls: list[Callable[[], None]]) -> None:
