@@ -46,11 +46,13 @@ class FakeGuest:
     files: dict[str, bytes] = field(default_factory=dict)
     tries: int = 0
     closed: bool = False
+    stopped: bool = False  # its last layer was saved: the VM ran no further
 
     def start(self, image: str) -> None:
         self.started.append(image)
 
     def run(self, script: str, timeout_s: int) -> tuple[int | None, str]:
+        assert not self.stopped, "a step run after the last layer"
         self.scripts.append(script)
         if self.fail_on and self.fail_on in script:
             return 3, "E: Unable to locate package nodejz\n"
@@ -63,8 +65,10 @@ class FakeGuest:
         self.tries += 1
         return self.answers_after >= 0 and self.tries > self.answers_after
 
-    def save_layer(self, name: str) -> None:
+    def save_layer(self, name: str, *, last: bool = False) -> None:
+        assert not self.stopped, "a layer saved after the last"
         self.layers.names.add(name)
+        self.stopped = last
 
     def close(self) -> None:
         self.closed = True
@@ -112,7 +116,7 @@ def test_a_build_runs_each_step_in_one_vm_from_its_from_image_and_leaves_a_layer
     layers = FakeLayers()
     guest, out = _build(deps, RECIPE, context, layers)
     assert out.build.state == "succeeded", out.build.log
-    assert guest.started == ["tiny"] and guest.closed
+    assert guest.started == ["tiny"] and guest.closed and guest.stopped
     assert len(guest.scripts) == 3  # RUN, COPY's unpacking, RUN
     assert "export GREETING=hello" in guest.scripts[0]
     assert "export PORT=8080" in guest.scripts[2]

@@ -100,14 +100,14 @@ class Job:
     keep: Callable[[str, str], None] = lambda name, key: None  # records a layer made
     saved: list[tuple[str, str]] = field(default_factory=list)  # (layer, key) made
 
-    def save(self, key: str) -> str:
+    def save(self, key: str, *, last: bool = False) -> str:
         """The VM as it is now becomes the layer of `key`, and its name. A layer of
         that key made before (a `no_cache` build) stays: other layers' disks may be
         overlays on it; this one is kept beside it, under the build's name."""
         name = layer_name(key)
         if self.layers.exists(name):
             name = f"{name}-{self.build_id.removeprefix('build_')}"
-        self.guest.save_layer(name)
+        self.guest.save_layer(name, last=last)
         self.keep(name, key)
         self.saved.append((name, key))
         return name
@@ -135,17 +135,17 @@ def run(the_plan: Plan, hits: int, job: Job) -> str:
     start = stages[hits - 1].layer if hits else the_plan.recipe.base
     say(f"starting a VM of {start}")
     guest.start(start)
+    last = stages[-1]
     for number, p in enumerate(planned[resume:], start=resume + 1):
         say(f"step {number}/{total}: {p.step.text}")
         if p.changes_guest:
             clock = time.monotonic()
             _change(p, guest, job.context, say)
-            job.save(p.key)
+            job.save(p.key, last=p is last.planned)  # the last: its VM need not run on
             say(f"step {number}/{total}: done in {time.monotonic() - clock:.1f} s")
-    last = stages[-1]
     if last.planned is None:
         _start(the_plan.recipe.settings, guest, job.ready_s, say)
-        return job.save(last.key)
+        return job.save(last.key, last=True)
     return job.saved[-1][0]
 
 

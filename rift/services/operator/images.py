@@ -21,7 +21,9 @@ from hypervisor.snapshot_image import (
 )
 from rift.contract.operator import ImageFromSnapshotIn
 from rift.domain.errors import InvalidArgument, SnapshotNotFound
+from rift.domain.model import Vm
 from rift.services.context import Deps
+from rift.services.lifecycle.guest_kinds import vm_files
 from rift.services.lifecycle.snapshot_files import DISK_FILE, STATE_FILE, snapshot_dir
 
 
@@ -92,6 +94,40 @@ def add_image_from_snapshot(deps: Deps, cmd: ImageFromSnapshotIn, *,
     deps.log.info("image added from a snapshot", extra={
         "image": name, "snapshot_id": snap.id, "from_image": snap.image})
     return made
+
+
+def layer_from_vm(deps: Deps, name: str, vm: Vm, snapshot_dir: Path) -> None:
+    """A build's last layer (SPEC §19) from its running VM, which stops there: its
+    memory saved into `snapshot_dir` (libvirt's save: the domain stops and is not
+    run again), a copy of its overlay beside it, then both kept as the hidden image
+    `name` (its disk an overlay on the image the VM started from). A snapshot's
+    restore and login would only be thrown away with the VM right after."""
+    images_dir = deps.runtime.images("name")
+    with deps.store.read() as tx:
+        host = tx.hosts.get(vm.host)
+    if host is None or elsewhere(host.uri):
+        raise InvalidArgument("name", f"a build's VM runs on host {vm.host}, not here")
+    hv = deps.hosts.hypervisor(host.uri)
+    host_key = deps.guests.keys.host_key(vm.id)
+    snapshot_dir.mkdir(parents=True, exist_ok=True)
+    state, disk = snapshot_dir / STATE_FILE, snapshot_dir / DISK_FILE
+    deps.guests.lifecycle.drop_connections(vm.id)
+    hv.save_state(vm.domain_name, str(state))
+    overlay = vm_files(deps).overlay_path(vm.id)
+    if overlay is not None and overlay.is_file():
+        hv.disk.copy_sparse(str(overlay), str(disk))
+    origin_kind = image_kind(images_dir, vm.image) or KIND_KERNEL
+    try:
+        if origin_kind == KIND_SNAPSHOT:
+            origin_kind = snapshot_image(images_dir, vm.image).origin_kind
+        source = SnapshotSource(
+            snapshot_id=f"last-of-{vm.task_id}", image=vm.image, origin_kind=origin_kind,
+            state=state, disk=disk if disk.is_file() else None,
+            key=deps.guests.keys.task_key_file(vm.task_id), host_key=host_key,
+            vcpus=vm.vcpus, memory_mib=vm.memory_mib, disk_gib=vm.disk_gib)
+        add_snapshot_image(images_dir, name, source, flatten=False)
+    except ImageError as exc:
+        raise InvalidArgument("name", str(exc)) from exc
 
 
 class FolderLayers:

@@ -51,9 +51,9 @@ class BuildGuest(Protocol):
     def answers(self, port: int) -> bool:
         """Whether something in the guest accepts a connection on `port`."""
         ...
-    def save_layer(self, name: str) -> None:
+    def save_layer(self, name: str, *, last: bool = False) -> None:
         """The VM as it is now (memory and disk) becomes the hidden image `name`;
-        the VM runs on."""
+        the VM runs on, unless this is the build's `last` layer (then it stops)."""
         ...
     def close(self) -> None: ...
 
