@@ -206,9 +206,9 @@ class WorkerKernel:
     def warm(self) -> None:
         return None  # its first cell costs what the next does
 
-    def execute(self, code: str, run: Run) -> None:
+    def execute(self, code: str, run: Run, env: dict[str, str]) -> None:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"code": code}).encode() + b"\n")
+        self.proc.stdin.write(json.dumps({"code": code, "env": env}).encode() + b"\n")
         self.proc.stdin.flush()
         for line in self.proc.stdout:
             event = json.loads(line)
@@ -265,7 +265,20 @@ class JupyterKernel:
         with contextlib.suppress(Exception):  # a kernel that died is gone already
             self.km.shutdown_kernel(now=True)
 
-    def execute(self, code: str, run: Run) -> None:
+    def execute(self, code: str, run: Run, env: dict[str, str]) -> None:
+        if env:  # for this run only: set before it, put back after (silent cells)
+            self.kc.execute(f"import os as _rift_os\n_rift_env = {{k: _rift_os.environ.get(k) "
+                            f"for k in {list(env)!r}}}\n_rift_os.environ.update({env!r})",
+                            silent=True, store_history=False)
+        try:
+            self._execute(code, run)
+        finally:
+            if env:
+                self.kc.execute("for _k, _v in _rift_env.items():\n    _rift_os.environ.pop(_k)"
+                                " if _v is None else _rift_os.environ.__setitem__(_k, _v)",
+                                silent=True, store_history=False)
+
+    def _execute(self, code: str, run: Run) -> None:
         msg_id = self.kc.execute(code, allow_stdin=False)
         while True:
             try:
@@ -352,20 +365,20 @@ class Context:
                     kernel.interrupt()
                 run.done.wait(0.2)
 
-    def run(self, run: Run, code: str, timeout_s: float) -> None:
+    def run(self, run: Run, code: str, timeout_s: float, env: dict[str, str]) -> None:
         with self.lock:
             self.running = run
             try:
                 if run.status == "interrupted":  # before its turn came
                     run.fail("KeyboardInterrupt", "interrupted before it ran", [])
                     return
-                self._run(run, code, timeout_s)
+                self._run(run, code, timeout_s, env)
             finally:
                 self.running = None
                 self.last_run_at = time.time()
                 run.end("error" if run.error else "ok")
 
-    def _run(self, run: Run, code: str, timeout_s: float) -> None:
+    def _run(self, run: Run, code: str, timeout_s: float, env: dict[str, str]) -> None:
         if self.kernel is None or not self.kernel.alive():
             self.stop() if self.kernel is not None else None
             self.start()
@@ -374,7 +387,7 @@ class Context:
         timer = threading.Timer(timeout_s, self._timed_out, (run,))
         timer.start()
         try:
-            kernel.execute(code, run)
+            kernel.execute(code, run, env)
         except (EOFError, OSError, ValueError) as exc:
             if run.status == "running":
                 run.status = "kernel_died"
@@ -424,8 +437,12 @@ class Server:
             for old in list(self.runs)[:-RUNS_KEPT]:
                 if self.runs[old].done.is_set():
                     del self.runs[old]
-        threading.Thread(target=ctx.run, args=(run, body["code"], float(body["timeout_s"])),
-                         daemon=True).start()
+        env = body.get("env") or {}
+        if not isinstance(env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("env: names and values are strings")
+        threading.Thread(target=ctx.run, daemon=True, args=(
+            run, body["code"], float(body["timeout_s"]), env)).start()
         return run
 
     def route(self, method: str, path: str,  # noqa: PLR0911 (one answer per route)
@@ -504,7 +521,8 @@ def serve(port: int, default: bool) -> None:
             client that goes away interrupts it."""
             run = server.start_run({"run_id": f"e2b_{os.urandom(5).hex()}",
                                     "context_id": body.get("context_id") or "default",
-                                    "code": body.get("code") or "", "timeout_s": 86400})
+                                    "code": body.get("code") or "", "timeout_s": 86400,
+                                    "env": body.get("env_vars") or {}})
             self.send_response(200)
             self.send_header("Content-Type", "application/x-ndjson")
             self.end_headers()
@@ -609,7 +627,10 @@ def worker() -> None:  # noqa: PLR0915 (one loop: read a cell, run it, say what 
 
     signal.signal(signal.SIGINT, interrupted)
     for count, line in enumerate(cells, 1):
-        code = json.loads(line)["code"]
+        cell = json.loads(line)
+        code, env = cell["code"], cell.get("env") or {}
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)  # for this cell only
         # the cell's lines, for its tracebacks
         linecache.cache[f"<cell {count}>"] = (len(code), None, code.splitlines(True),
                                               f"<cell {count}>")
@@ -638,6 +659,11 @@ def worker() -> None:  # noqa: PLR0915 (one loop: read a cell, run it, say what 
             with contextlib.suppress(Exception):
                 figures()
         in_cell.clear()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         with contextlib.suppress(Exception):
             flushed()
         emit({"type": "end", "execution_count": count})

@@ -31,6 +31,9 @@ Language = Annotated[Literal["python"], Field(description=(
 ContextId = Annotated[str, Field(pattern=CONTEXT_ID_PATTERN, description=(
     "A code context's id (`ctx_` + 8 characters, from rift_vm_code_context_new), or "
     "`default`, the VM's own Python context."))]
+MAX_ENV = 100  # a run's environment variables
+EnvName = Annotated[str, Field(pattern="^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvValue = Annotated[str, Field(max_length=32 * 1024), NoNul]
 RunId = Annotated[str, Field(pattern="^run_[a-z2-7]{8}$", description=(
     "A run's id (`run_` + 8 characters), from rift_vm_run_code's execution."))]
 RunStatus = Literal["running", "ok", "error", "timed_out", "interrupted", "kernel_died"]
@@ -45,6 +48,9 @@ class RunCodeBody(Input):
     timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_S, description=(
         "Seconds before the kernel is interrupted (status timed_out; the context keeps its "
         "state).")), Whole] = 60
+    env: Annotated[dict[EnvName, EnvValue], Field(max_length=MAX_ENV, description=(
+        "Environment variables for this run only (at most 100; E2B's envs): set in the "
+        "kernel before it, put back after."))] | None = None
     wait_s: Annotated[int, Field(ge=0, le=MAX_WAIT_S, description=(
         "Seconds to wait for the end before answering (default RIFT_EXEC_WAIT_S, 45); the "
         "run goes on either way: rift_vm_run_code_get reads it on, and the context's next "

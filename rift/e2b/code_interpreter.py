@@ -12,7 +12,8 @@ Who calls: the sandbox's envd access token (`X-Access-Token`, the task's handle)
 its traffic token (`E2B-Traffic-Access-Token`, which the SDK sends for the contexts'
 calls) with the handle this process answered for the sandbox. A run answers when it
 ends (at most MAX_WAIT_S), its lines in E2B's order: stdout, stderr, results, the
-error, the execution count. E2B's template `code-interpreter-v1` (the SDK's
+error, the execution count; `env_vars` are the run's own. E2B's template
+`code-interpreter-v1` (the SDK's
 default) starts a VM of the `python` image where it is built (else of
 RIFT_DEFAULT_IMAGE: `debian` runs rift-code's own kernel), its kernel already
 running (rift.e2b.sandboxes).
@@ -108,7 +109,7 @@ class CodeInterpreterApi(EnvdPart):
                     c.VmRunCodeIn, handle=call.handle, vm_id=call.vm_id,
                     code=body.get("code") or "", language=language,
                     context_id=body.get("context_id") or None, timeout_s=RUN_S,
-                    wait_s=MAX_WAIT_S))
+                    env=body.get("env_vars") or None, wait_s=MAX_WAIT_S))
         except RiftError as err:
             return files_refusal(err)
         return Response(execution_lines(ran.execution), media_type="application/x-ndjson")

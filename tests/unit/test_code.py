@@ -63,6 +63,10 @@ def test_a_run_keeps_its_state_in_the_default_context_and_answers_its_forms(
     second = _run(cdeps, handle, vm_id, "total + 2").execution
     assert [(r.data, r.is_main_result) for r in second.results] == [({"text/plain": "42"}, True)]
     assert second.execution_count == (first.execution_count or 0) + 1
+    env = _run(cdeps, handle, vm_id, "import os; os.environ['GREETING']",
+               env={"GREETING": "hello"}).execution
+    assert env.results[0].data["text/plain"] == "'hello'"
+    refused("invalid_argument", lambda: _run(cdeps, handle, vm_id, "1", env={"1x": "no"}))
     failed = _run(cdeps, handle, vm_id, "int('x')").execution
     assert failed.status == "error" and failed.error is not None
     assert (failed.error.name, failed.error.value) == (

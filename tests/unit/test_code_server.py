@@ -182,3 +182,14 @@ def test_e2bs_execute_streams_a_run_as_its_code_interpreter_reads_it(server: Ser
     assert (result["text"], result["is_main_result"]) == ("42", True)
     assert lines[-2]["type"] == "number_of_executions" and lines[-2]["execution_count"] >= 1
     assert lines[-1] == {"type": "end_of_execution"}
+
+
+def test_a_runs_environment_is_its_own(server: Server) -> None:
+    server.runs = getattr(server, "runs", 0) + 1
+    status, view = server.call("POST", "/runs", {
+        "run_id": f"run_env{server.runs}", "context_id": "default", "timeout_s": 20,
+        "wait_ms": 30_000, "env": {"RIFT_TRY": "yes"},
+        "code": "import os; os.environ.get('RIFT_TRY')"})
+    assert status == 200 and view["execution"]["results"][0]["data"]["text/plain"] == "'yes'"
+    after = server.run("import os; os.environ.get('RIFT_TRY')")["execution"]["results"]
+    assert after == []  # None: no result, and no RIFT_TRY after its run

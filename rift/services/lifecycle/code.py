@@ -65,7 +65,8 @@ def run(deps: Deps, caller: Caller, cmd: VmRunCodeIn, watch: Watch | None = None
     with in_flight(deps, task.id, wait):
         answer = _ask(port, vm, _req("POST", "/runs", step, {
             "run_id": run_id, "context_id": context_id, "code": cmd.code,
-            "timeout_s": cmd.timeout_s, "wait_ms": int(step * 1000)}), context_id)
+            "timeout_s": cmd.timeout_s, "wait_ms": int(step * 1000), "env": cmd.env or {}}),
+            context_id)
         view = _followed(port, vm, answer, deadline, watch)
     return RunCodeOut(execution=view)
 
