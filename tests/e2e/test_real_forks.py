@@ -13,8 +13,10 @@ import base64
 import io
 import json
 import math
+import subprocess
 import tarfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +26,7 @@ from mcp.client.session import ClientSession
 from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.real_guests import RealSettings
 from tests.support.servers import COUNTER, Server, logs_in, real_vms_missing, wait_until
+from tests.support.soak import long_form
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -272,6 +275,45 @@ def test_an_image_built_from_a_recipe_starts_its_vms_with_its_service_up_and_reb
             assert vm["start"]["kind"] == "fork", vm  # of the image's saved state
             page = await _sh(s, handle, vm["id"], "wget -q -O - http://127.0.0.1:8080/")
             assert page == "<h1>built from a recipe</h1>"
+            await call(s, "rift_task_close", handle=handle)
+
+    run(use_image, LIMIT_S)
+
+
+@long_form("tests/unit/test_builds.py (the cache, a failed RUN), and the tiny build above")
+def test_a_debian_image_builds_its_layers_as_a_chain_of_overlays_and_rebuilds_from_one(
+        real: Server, tmp_path: Path) -> None:
+    (tmp_path / "note").write_text("copied in\n")
+    recipe = tmp_path / "Recipe"
+    recipe.write_text("FROM debian\nRUN echo one > /one\nCOPY note /srv/\n"
+                      "RUN cat /srv/note > /two\n")
+    built = real.rift("image", "build", "deb", "--recipe", str(recipe), "--context",
+                      str(tmp_path))
+    assert built.returncode == 0, built.stderr
+    recipe.write_text(recipe.read_text().replace("> /two", "> /two; echo again >> /two"))
+    again = real.rift("image", "build", "deb", "--recipe", str(recipe), "--context",
+                      str(tmp_path))
+    assert again.returncode == 0, again.stderr
+    assert "step 2/3: COPY note /srv/ (cached)" in again.stdout, again.stdout
+    layers = sorted((real.data_dir / "images").glob("layer-*/disk.qcow2"))
+    assert len(layers) == 4  # three, and the changed last step's
+    for disk in layers:  # each an overlay on the image its build VM started from
+        info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(disk)],
+                                         capture_output=True, text=True, check=True).stdout)
+        assert info.get("backing-filename"), info
+    broken = real.rift("image", "build", "deb", "--recipe", str(recipe), "--context",
+                       str(tmp_path), "--no-cache")
+    assert broken.returncode == 0, broken.stderr
+    recipe.write_text(recipe.read_text() + "RUN exit 7\n")
+    failed = real.rift("image", "build", "deb", "--recipe", str(recipe), "--context",
+                       str(tmp_path))
+    assert failed.returncode == 1 and "line 5: RUN exited 7" in failed.stderr, failed
+
+    async def use_image() -> None:
+        async with mcp_session(real.url, real.token, "claude-code") as s:
+            handle = (await call(s, "rift_task_new", name="deb"))["handle"]
+            vm = (await call(s, "rift_vm_new", handle=handle, image="deb"))["vm"]
+            assert await _sh(s, handle, vm["id"], "cat /one /two") == "one\ncopied in\nagain"
             await call(s, "rift_task_close", handle=handle)
 
     run(use_image, LIMIT_S)

@@ -30,7 +30,7 @@ from rift.domain.errors import BuildFailed, ImageNotFound, InvalidArgument, Rift
 from rift.domain.recipes import RecipeError, parse
 from rift.services.builds import engine
 from rift.services.builds.context import Context
-from rift.services.builds.guest import VmBuildGuest
+from rift.services.builds.guest import VmBuildGuest, last_folder
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.image_access import BuildCaller, sees, visible_names
 from rift.services.lifecycle.tasks import close_as_operator
@@ -269,4 +269,8 @@ def fail_cut(deps: Deps) -> list[str]:
                       if t.name == b.id]
     for task_id in open_tasks:
         close_as_operator(deps, TaskIdIn(task_id=task_id, by="sweep"))
+    for build in cut:  # a last state saved when the restart came
+        folder = last_folder(deps, build.id)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     return [b.id for b in cut]

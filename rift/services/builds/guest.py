@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 
 from rift.contract.base import MAX_WAIT_S
 from rift.contract.execs import VmExecGetIn, VmExecIn
@@ -31,6 +32,16 @@ KEEP_OUTPUT = 64 * 1024
 # carries the restart to come, and every VM of an image made from it would wait for
 # it at its first login (3.5 s instead of 0.8 s for `tiny`).
 FORK_SETTLE_S = 3.0
+
+
+def last_folder(deps: Deps, build_id: str) -> Path | None:
+    """Where a build's last state is saved before it becomes its layer: a hidden
+    folder in the images folder (the sweep removes folders of `snapshots/` that no
+    snapshot row names); None without real guests."""
+    try:
+        return deps.runtime.images("name") / f".last-{build_id}"
+    except RiftError:
+        return None
 
 
 class VmBuildGuest:
@@ -95,7 +106,7 @@ class VmBuildGuest:
             with self.deps.store.read() as tx:
                 vm = tx.vms.get(vm_id)
             assert vm is not None
-            folder = self.deps.runtime.snapshot_folder(f"last-{self.build_id}")
+            folder = last_folder(self.deps, self.build_id)
             if folder is not None:
                 try:
                     layer_from_vm(self.deps, name, vm, folder)
