@@ -14,14 +14,13 @@ ratio (target: the page at most 3x the JSON route).
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from starlette.testclient import TestClient
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from hypervisor import write_test_host_xml
 from rift.app import create_app
 from rift.bootstrap import build_deps, close_deps, ensure_admin
@@ -137,7 +136,7 @@ def ms(samples: list[float]) -> float:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="rift-bench-boxes-") as tmp:
+    with work_dir("rift-bench-boxes-") as tmp:
         rows = measure(Path(tmp))
     print_table("The Boxes page (issue #5): server time, medians", rows, ("what", "figure"))
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 TEST_CACHE = "/var/cache/rift-tests"  # where scripts/test.sh keeps the images
@@ -21,6 +23,17 @@ def use_test_cache() -> None:
     except OSError:
         return
     os.environ["RIFT_TEST_CACHE"] = TEST_CACHE
+
+
+@contextmanager
+def work_dir(prefix: str = "rift-bench-") -> Iterator[Path]:
+    """A temporary folder for one benchmark, removed after, that QEMU may pass
+    through (0711): it runs as a user of its own (SPEC §15) and opens the disks,
+    overlays and volumes a data dir below it holds."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        folder = Path(tmp)
+        folder.chmod(0o711)
+        yield folder
 
 
 def per_op(fn: Callable[[], object], n: int, warmup: int = 20) -> list[float]:

@@ -29,7 +29,6 @@ import base64
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ import pytest
 from e2b import Sandbox
 from mcp.client.session import ClientSession
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from bench.execs import _open_raw, _raw
 from bench.starts import cleanup, load, ms, p50, p99, rift_ok, wait_pool
 from tests.support import mcp_clients
@@ -275,7 +274,7 @@ def main() -> int:
     logging.getLogger("paramiko").setLevel(logging.WARNING)
     began_load = load()
     into = Figures()
-    with tempfile.TemporaryDirectory(prefix="rift-bench-e2b-") as tmp:
+    with work_dir("rift-bench-e2b-") as tmp:
         try:
             proc, srv = start_real_server(Path(tmp), RIFT_VM_BOOT_TIMEOUT_S="180",
                                           RIFT_DEFAULT_IMAGE=IMAGE)

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import sqlite3
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from argon2 import PasswordHasher
 from sqlalchemy import create_engine, insert
 
-from bench.common import median_us, per_op, print_table
+from bench.common import median_us, per_op, print_table, work_dir
 from rift.bootstrap import build_deps, close_deps
 from rift.config import Settings
 from rift.domain.secrets import Handle, matches
@@ -44,7 +43,7 @@ def bench_attach() -> list[tuple[str, ...]]:
     so that a noisy neighbour hits both alike."""
     engine_samples: list[float] = []
     raw_samples: list[float] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with work_dir() as tmp:
         deps = _deps(Path(tmp))
         raw = _RawAttach(Path(tmp) / "rift.db")
         try:
@@ -146,7 +145,7 @@ def _b32(n: int) -> str:
 def bench_sweep() -> list[tuple[str, ...]]:
     rows = []
     for others in (9_000, 90_000):
-        with tempfile.TemporaryDirectory() as tmp:
+        with work_dir() as tmp:
             deps = _deps(Path(tmp))
             try:
                 url = f"sqlite:///{Path(tmp) / 'rift.db'}"

@@ -26,7 +26,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -38,7 +37,7 @@ import httpx
 import paramiko
 from mcp.client.session import ClientSession
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from bench.mcp import _session, _start
 from rift.guest.keys import load_key
 
@@ -250,7 +249,7 @@ def against_server(name: str, scenario: Callable[[str, str, Path], Awaitable[Non
     """Run `scenario(url, token, data dir)` against `module`'s `rift serve`-style
     child process (this module's: one `tiny` image, qemu:///system), then stop it."""
     logging.getLogger("paramiko").setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix=f"rift-bench-{name}-") as tmp:
+    with work_dir(f"rift-bench-{name}-") as tmp:
         proc, url, token = _start(Path(tmp), module, within_s=60)
         try:
             anyio.run(scenario, url, token, Path(tmp))

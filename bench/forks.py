@@ -30,7 +30,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -42,7 +41,7 @@ import paramiko
 import pytest
 from mcp.client.session import ClientSession
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from bench.starts import exec_on, load, ms, open_transport, p50
 from bench.vms import qemu_rss_mib
 from hypervisor.fork_xml import fork_domain_xml
@@ -263,7 +262,7 @@ def main() -> int:
         print(f"\n## forks through MCP: skipped, {exc}")
         return 0
     began_load = load()
-    with tempfile.TemporaryDirectory(prefix="rift-bench-forks-") as tmp:
+    with work_dir("rift-bench-forks-") as tmp:
         work = Path(tmp)
         proc, srv = start_real_server(work / "rift", debian=True,
                                       RIFT_VM_BOOT_TIMEOUT_S="300")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from bench.execs import _open_raw, _raw
 from bench.hostile_callers import pressure
 from tests.support.hostile import FLOOR, KINDS, GuestRoot, Probe, Window, one_call, rss_mib
@@ -189,7 +188,7 @@ def main() -> None:
     if missing is not None:
         print(f"hostile: skipped ({missing})")
         return
-    with tempfile.TemporaryDirectory(prefix="rift-bench-hostile-") as tmp:
+    with work_dir("rift-bench-hostile-") as tmp:
         proc, server = start_real_server(Path(tmp), RIFT_VM_BOOT_TIMEOUT_S="120",
                                          RIFT_LOG_LEVEL="WARNING")
         try:

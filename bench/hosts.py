@@ -25,12 +25,11 @@ import os
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import print_table, use_test_cache
+from bench.common import print_table, use_test_cache, work_dir
 
 use_test_cache()
 
@@ -180,7 +179,7 @@ def main() -> int:
             subprocess.run([str(SCRIPT), "up", str(n)], env=env, check=True)
             uris[n] = subprocess.run([str(SCRIPT), "uri", str(n)], env=env, check=True,
                                      capture_output=True, text=True).stdout.strip()
-        with tempfile.TemporaryDirectory(prefix="rift-bench-hosts-") as tmp:
+        with work_dir("rift-bench-hosts-") as tmp:
             proc, srv = start_real_server(Path(tmp), debian=True)
             try:
                 for n, uri in uris.items():

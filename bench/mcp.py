@@ -19,7 +19,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -34,7 +33,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CLIENT_INFO_META_KEY, PROTOCOL_VERSION_META_KEY
 
-from bench.common import median_us, print_table
+from bench.common import median_us, print_table, work_dir
 
 CALLS = 2000
 BLOCKS = 20
@@ -226,7 +225,7 @@ async def _throughput(url: str, token: str) -> list[tuple[str, ...]]:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+    with work_dir() as tmp:
         proc, url, token = _start(Path(tmp))
         try:
             latency = anyio.run(_round_trips, url, token)

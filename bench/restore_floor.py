@@ -28,7 +28,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ if str(ROOT) not in sys.path[:1]:
 import libvirt  # noqa: E402
 import paramiko  # noqa: E402
 
-from bench.common import print_table  # noqa: E402
+from bench.common import print_table, work_dir  # noqa: E402
 from hypervisor.base import GuestDomain, ImageError  # noqa: E402
 from hypervisor.disks import make_overlay  # noqa: E402
 from hypervisor.domain_xml import build_domain_xml  # noqa: E402
@@ -188,7 +187,7 @@ def main() -> int:
     versions = f"{hv.versions()}, {os.cpu_count()} cores"
     hv.close()
     rows: list[tuple[str, ...]] = []
-    with tempfile.TemporaryDirectory(prefix="rift-bench-restore-") as tmp:
+    with work_dir("rift-bench-restore-") as tmp:
         work = Path(tmp)
         key_file, public = key_for_task(work / "keys", "task_benchrst")
         key = load_key(key_file)

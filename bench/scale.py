@@ -40,7 +40,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from hypervisor import write_test_host_xml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def replicas(n: int, database_url: str | None) -> Iterator[tuple[list[str], str]
     from tests.support.servers import stop_server  # the suite's own: terminate, then kill
 
     procs: list[subprocess.Popen[str]] = []
-    with tempfile.TemporaryDirectory(prefix="rift-bench-") as tmp:
+    with work_dir("rift-bench-") as tmp:
         try:
             urls, token = [], ""
             for i in range(n):

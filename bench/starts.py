@@ -43,7 +43,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ import pytest
 from mcp.client.session import ClientSession
 
 from bench import first_exec, restore_floor
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from bench.vms import qemu_rss_mib
 from hypervisor.base import GuestDomain
 from hypervisor.disks import make_overlay
@@ -467,7 +466,7 @@ def main() -> int:
         return 0
     images = {name: image_files(folder.parent, name) for name, folder in folders.items()}
     if ROWS in ("all", "first"):
-        with tempfile.TemporaryDirectory(prefix="rift-bench-first-") as tmp:
+        with work_dir("rift-bench-first-") as tmp:
             first_exec.main(images, Path(tmp),
                             lambda where, **kw: start_real_server(
                                 where, RIFT_VM_BOOT_TIMEOUT_S=str(BOOT_TIMEOUT_S), **kw),
@@ -477,7 +476,7 @@ def main() -> int:
     began_load = load()
     progress(f"load average before: {began_load}")
     memory = Memory()
-    with tempfile.TemporaryDirectory(prefix="rift-bench-starts-") as tmp:
+    with work_dir("rift-bench-starts-") as tmp:
         work = Path(tmp)
         floors = floor_side(images, work)
         proc, srv = start_real_server(work / "rift", debian=True,

@@ -29,7 +29,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import libvirt
 import paramiko
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from hypervisor.base import GuestDomain
 from hypervisor.domain_xml import build_domain_xml
 from hypervisor.image_files import ImageFiles, image_files
@@ -341,7 +340,7 @@ def main() -> None:
         return
     # The floor's failed polls (no guest yet) are expected: no tracebacks from paramiko.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
-    with tempfile.TemporaryDirectory(prefix="rift-bench-vms-") as tmp:
+    with work_dir("rift-bench-vms-") as tmp:
         work = Path(tmp)
         deps = _deps(work / "data")
         floor = Floor(image_files(IMAGES, "tiny"), work)

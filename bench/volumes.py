@@ -29,7 +29,6 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import pytest
 from mcp.client.session import ClientSession
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from bench.starts import load, ms, p50
 from tests.support import mcp_clients
 from tests.support.mcp_clients import call
@@ -270,9 +269,8 @@ def main() -> int:
         print(f"\n## volumes: skipped, {exc}")
         return 0
     began_load = load()
-    with tempfile.TemporaryDirectory(prefix="rift-bench-volumes-") as tmp:
+    with work_dir("rift-bench-volumes-") as tmp:
         work = Path(tmp)
-        work.chmod(0o711)  # QEMU (its own user) passes through to the volumes' files
         proc, srv = start_real_server(work / "rift", debian=True,
                                       RIFT_VM_BOOT_TIMEOUT_S="300",
                                       RIFT_MAX_DISK_GIB_PER_USER="1000")  # clones count whole
