@@ -109,9 +109,9 @@ def test_a_user_the_guest_lacks_is_refused(world: World) -> None:
 
 def test_e2bs_code_interpreter_runs_code_in_contexts_with_its_charts(world: World) -> None:
     """E2B's code interpreter SDK (`e2b-code-interpreter`) on the same sandbox (SPEC §20):
-    `run_code` keeps state, answers its results, logs, errors and count, a PNG as its
-    chart, and contexts are made, listed, restarted and removed (rift-code's own kernel:
-    debian has no ipykernel)."""
+    `run_code` keeps state, answers its results, logs, errors and count, a run's envs, a
+    PNG as its chart, and contexts are made, listed, restarted and removed (rift-code's
+    own kernel: debian has no ipykernel)."""
     from e2b_code_interpreter import Sandbox as CodeSandbox
 
     opts = e2b_opts(world.srv.url, world.srv.token)
@@ -119,6 +119,8 @@ def test_e2bs_code_interpreter_runs_code_in_contexts_with_its_charts(world: Worl
     assert sbx.run_code("x = 41").error is None
     ran = sbx.run_code("print('hi')\nx + 1")
     assert (ran.text, ran.logs.stdout, ran.execution_count) == ("42", ["hi\n"], 2)
+    assert sbx.run_code("import os; os.environ.get('PLACE')", envs={"PLACE": "here"}).text \
+        == "'here'"
     failed = sbx.run_code("1 / 0")
     assert failed.error is not None and failed.error.name == "ZeroDivisionError"
     pixel = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGMAAQAABQABDQottA"
