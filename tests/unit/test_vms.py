@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
+
 from hypervisor.fake import FakeHypervisor
 from rift.contract import tools as c
 from rift.contract.base import command
@@ -199,11 +201,14 @@ def test_capacity_counts_live_vms_only(deps: Deps) -> None:
 
 
 def test_a_hypervisor_failure_leaves_a_failed_row_with_libvirts_words_and_no_domain(
-        deps: Deps, local_hv: FakeHypervisor) -> None:
+        deps: Deps, local_hv: FakeHypervisor, caplog: pytest.LogCaptureFixture) -> None:
     task_id, handle = _task(deps)
     local_hv.fail_next_create("internal error: no more room in the test driver")
     vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle)).vm
     assert vm.status == "failed" and "no more room" in vm.error
+    told = [r for r in caplog.records if r.getMessage() == "vm start failed"]
+    assert [(r.levelname, getattr(r, "vm_id", None), getattr(r, "error", None))
+            for r in told] == [("WARNING", vm.id, vm.error)]  # the operator's log says why
     assert local_hv.domains == {}
     assert event_types(deps, task_id)[-2:] == ["vm_creating", "vm_failed"]
     assert vms.new(deps, ALICE, command(c.VmNewIn,

@@ -77,7 +77,10 @@ def pick_ssh_port(tx: Tx, host: str) -> int:
 
 
 def fail_start(deps: Deps, caller: Caller, vm: Vm, error: str) -> Vm:
-    """A start that did not come to run: the row turns `failed` with its event."""
+    """A start that did not come to run: the row turns `failed` with its event,
+    and the operator's log says why."""
+    deps.log.warning("vm start failed", extra={"vm_id": vm.id, "host": vm.host,
+                                               "image": vm.image, "error": error})
     now = deps.clock.now()
     with deps.store.write() as tx:
         current = tx.vms.get(vm.id)
