@@ -8,8 +8,9 @@
 - the exec that wakes the VM: its time less the VM's `woke.ms` (its exec part)
   against the same open connection (goal ≤ 1.3x);
 - wake to first exec (that exec's whole time), and wake to the first byte through
-  an exposure URL (busybox httpd in the guest), against the raw restore floor of the
-  same image and size, one floor sample taken while the VM sleeps before each wake
+  an exposure URL (busybox httpd, python3's http.server on debian), against the raw
+  restore floor of the same image and size, one floor sample taken while the VM
+  sleeps before each wake
   (bench/restore_floor.py: a libvirt restore of a managed save plus an exec on a new
   paramiko connection; goal ≤ 1.2x);
 - density: a running VM's QEMU RSS against what the same VM holds asleep (no
@@ -57,6 +58,9 @@ SLEEP_AFTER_S = 2  # the sleepy task's; with a sweep every second it sleeps in ~
 SERVER_ENV = {"RIFT_SWEEP_INTERVAL_S": "1", "RIFT_ACTIVITY_STEP_S": "1"}
 SAVE_DIR, HTTP_PORT = Path("/var/lib/libvirt/qemu/save"), 8001
 WWW = "/tmp/www"  # noqa: S108 (a folder in the guest, served by its httpd)
+HTTPD = {"tiny": f"busybox httpd -p 127.0.0.1:{HTTP_PORT} -h {WWW}",  # it goes to the back
+         "debian": f"setsid python3 -m http.server {HTTP_PORT} --bind 127.0.0.1 -d {WWW} "
+                   ">/dev/null 2>&1 </dev/null &"}
 KINDS = ("hand-out", "restore", "fork", "wake", "wake by a read")
 WAKES_ONLY = os.environ.get("RIFT_BENCH_FIRST_KINDS") == "wake"
 
@@ -159,13 +163,16 @@ async def wakes(srv: Server, s: ClientSession, into: Firsts, floor: Callable[[in
                                  memory_mib=MEMORY_MIB[IMAGE]))["vm"]
     vm_id, domain = vm["id"], f"rift-{vm['id']}"
     await exec_s(s, handle, vm_id, f"mkdir -p {WWW} && echo awake > {WWW}/i.txt && "
-                                    f"busybox httpd -p 127.0.0.1:{HTTP_PORT} -h {WWW}")
+                                    f"{HTTPD[IMAGE]}")
     url = (await mcp_clients.call(s, "rift_vm_expose", handle=handle, vm_id=vm_id,
                                   port=HTTP_PORT))["exposure"]["url"]
     url = srv.url + "/x/" + url.split("/x/")[1] + "i.txt"
     with httpx.Client(timeout=120) as http:
-        if http.get(url).text != "awake\n":
-            raise RuntimeError("the exposure does not answer")
+        deadline = time.monotonic() + 60
+        while http.get(url).text != "awake\n":  # its server may take a moment to start
+            if time.monotonic() > deadline:
+                raise RuntimeError("the exposure does not answer")
+            time.sleep(0.5)
         for n in range(SAMPLES):
             await until_status(s, vm_id, "sleeping", 60)
             into.asleep_processes.append(qemu_processes(domain))
