@@ -5,7 +5,8 @@ and then it is cached machine-wide beside `debian`'s root; make test runs code i
 the host, tests/unit/test_code_server.py). Through the MCP SDK client a VM of it
 runs code in ipykernel: state kept, a pandas table with its HTML form, a matplotlib
 line chart that comes as an MCP image, a kernel that dies (`os._exit`) restarted on
-the next run, a timeout that leaves the context. Its figures are printed: a
+the next run, a timeout that leaves the context, a pause and a fork that keep the
+contexts. Its figures are printed: a
 `run_code("1+1")` round trip against `rift_vm_exec` of `python3 -c 1+1`, the first
 run against a later one, and the chart's round trip. Nothing is fetched by the guest.
 """
@@ -124,6 +125,15 @@ def test_a_python_vm_runs_pandas_and_a_chart_in_ipykernel(real: Server) -> None:
             assert stuck["status"] == "timed_out", stuck
             kept = await code("y")
             assert kept["results"][0]["data"]["text/plain"] == "5", kept  # type: ignore[index]
+            # The contexts are the guest's memory: a pause keeps them, a fork starts with them.
+            await call(s, "rift_vm_pause", handle=handle, vm_id=vm_id)
+            await call(s, "rift_vm_resume", handle=handle, vm_id=vm_id)
+            resumed = await code("y * 2")
+            assert resumed["results"][0]["data"]["text/plain"] == "10", resumed  # type: ignore[index]
+            [fork] = (await call(s, "rift_vm_fork", handle=handle, vm_id=vm_id))["vms"]
+            forked = (await call(s, "rift_vm_run_code", handle=handle, vm_id=fork["id"],
+                                 code="y + 1", wait_s=600))["execution"]
+            assert forked["results"][0]["data"]["text/plain"] == "6", forked
             await call(s, "rift_task_close", handle=handle)
 
     run(scenario, limit_s=900)
