@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import base64
 import contextlib
+import ctypes
 import io
 import json
 import linecache
@@ -547,6 +548,8 @@ def serve(port: int, default: bool) -> None:
 
 def worker() -> None:  # noqa: PLR0915 (one loop: read a cell, run it, say what it did)
     """rift-code's own kernel: cells from stdin, events to stdout (JSON lines)."""
+    with contextlib.suppress(OSError, AttributeError):  # ends with its server (Linux)
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     out = os.fdopen(os.dup(1), "w", buffering=1)
     lock = threading.Lock()
     namespace: dict[str, Any] = {"__name__": "__main__"}
