@@ -15,6 +15,8 @@ from rift.catalog import StaticImages
 from rift.contract import tools as c
 from rift.contract.base import command
 from rift.contract.builds import BuildGetIn, BuildOut, ImageBuildIn, ImagePublishIn
+from rift.domain.builds import OwnedImage
+from rift.domain.clock import FakeClock
 from rift.domain.errors import BuildFailed
 from rift.domain.recipes import parse
 from rift.services.builds import builder, engine
@@ -78,9 +80,10 @@ class FakeGuest:
 class FakeLayers:
     names: set[str] = field(default_factory=set)
     images: dict[str, str] = field(default_factory=dict)  # image -> the layer it copies
+    parents: dict[str, str] = field(default_factory=dict)  # layer -> what its disk backs on
 
     def exists(self, name: str) -> bool:
-        return name in self.names
+        return name in self.names or name in self.images
 
     def identity(self, image: str) -> str:
         return f"{image}-v1"
@@ -90,6 +93,10 @@ class FakeLayers:
 
     def remove(self, name: str) -> None:
         self.names.discard(name)
+        self.images.pop(name, None)
+
+    def backing(self, name: str) -> str | None:
+        return self.parents.get(name)
 
 
 @pytest.fixture
@@ -104,6 +111,8 @@ def _build(deps: Deps, recipe: str, context: Context, layers: FakeLayers,
            caller: Caller = ALICE, name: str = "site", no_cache: bool = False,
            **guest: object) -> tuple[FakeGuest, BuildOut]:
     made = FakeGuest(layers, **guest)  # type: ignore[arg-type]
+    assert isinstance(deps.clock, FakeClock)
+    deps.clock.advance(1)  # builds are told apart by when they began
     parts = BuildParts(context=context, guest=lambda _c, _b: made, layers=layers,
                        ready_s=0.5, background=False)
     out = builder.submit(deps, caller, ImageBuildIn(name=name, recipe=recipe,
@@ -161,11 +170,31 @@ def test_no_cache_reuses_no_layer_and_keeps_the_ones_before_beside_its_own(
     guest, out = _build(deps, RECIPE, context, layers, no_cache=True)
     assert guest.started == ["tiny"] and len(guest.scripts) == 3 and out.build.cached == 0
     made = layers.names - before
-    assert len(made) == 3 and before < layers.names  # later layers may be overlays on them
+    assert len(made) == 3 and all(name.endswith(out.build.build_id[-8:]) for name in made)
     assert layers.images["site"] in made  # the image is this run's
+    assert layers.names == made  # the layers no image's latest build uses are swept
     with deps.store.read() as tx:
         rows = [r for r in tx.owned_images.all() if r.kind == "layer"]
     assert {r.name for r in rows} == layers.names
+    again, out = _build(deps, RECIPE, context, layers)  # the next build reuses them
+    assert again.started == [] and out.build.cached == 5
+
+
+def test_the_layers_an_images_latest_build_uses_stay_with_what_they_back_onto(
+        deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    _build(deps, RECIPE, context, layers)
+    first = set(layers.names)
+    _build(deps, RECIPE.replace("echo two", "echo TWO"), context, layers)
+    assert len(layers.names) == 3 and len(first & layers.names) == 2  # the old last went
+    layers.parents = {name: "layer-kept-parent" for name in layers.names}
+    layers.names.add("layer-kept-parent")
+    with deps.store.write() as tx:
+        tx.owned_images.add(OwnedImage("layer-kept-parent", "alice", "layer", False, "build_old",
+                                       "0" * 64, deps.clock.now()))
+    _build(deps, RECIPE.replace("echo two", "echo 2"), context, layers)
+    assert "layer-kept-parent" in layers.names  # the kept layers' disks back onto it
+    assert len(layers.names) == 4  # two reused, the new last, and that parent
 
 
 def test_a_layer_is_no_ones_to_start_but_its_owners_builds(deps: Deps, context: Context) -> None:

@@ -29,6 +29,7 @@ from rift.domain.builds import LAYER_PREFIX, Build, OwnedImage, new_build_id
 from rift.domain.errors import BuildFailed, ImageNotFound, InvalidArgument, RiftError
 from rift.domain.recipes import RecipeError, parse
 from rift.services.builds import engine
+from rift.services.builds import layers as kept_layers
 from rift.services.builds.context import Context
 from rift.services.builds.guest import VmBuildGuest, last_folder
 from rift.services.context import Caller, Deps
@@ -139,10 +140,15 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
     error: str | None = None
     try:
         with _one_at_a_time(deps, log):
-            hits = engine.reused(the_plan, layers, build.no_cache)
+            found = kept_layers.found(deps, layers, build.owner,
+                                      [s.key for s in the_plan.stages])
+            hits = engine.reused(the_plan, found, build.no_cache)
             log.cached = engine.steps_reused(the_plan, hits)
+            kept_layers.mark_reused(deps, build.id,
+                                    [found[s.key] for s in the_plan.stages[:hits]])
             job = engine.Job(guest, parts.context, parts.ready_s, log.say, layers, build.id,
-                             keep=lambda name, key: _keep_layer(deps, caller, build, name, key))
+                             keep=lambda name, key: _keep_layer(deps, caller, build, name, key),
+                             found=found)
             try:
                 last = engine.run(the_plan, hits, job)
                 _check_unused(deps, build.image)
@@ -150,6 +156,7 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
                 _keep_image(deps, build)
             finally:
                 guest.close()
+                kept_layers.sweep(deps, layers)
     except RiftError as exc:
         error = exc.message
         if exc.details.get("output"):

@@ -19,7 +19,7 @@ last layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from rift.domain.builds import layer_name
@@ -71,13 +71,13 @@ def make_plan(recipe: Recipe, identity: str, owner: str, context: Context) -> Pl
     return Plan(recipe, planned, stages)
 
 
-def reused(the_plan: Plan, layers: LayerFiles, no_cache: bool) -> int:
-    """How many leading stages have their layer already."""
+def reused(the_plan: Plan, found: Mapping[str, str], no_cache: bool) -> int:
+    """How many leading stages have a layer already (`found`: key -> layer name)."""
     if no_cache:
         return 0
     count = 0
     for stage in the_plan.stages:
-        if not layers.exists(stage.layer):
+        if stage.key not in found:
             break
         count += 1
     return count
@@ -98,6 +98,7 @@ class Job:
     layers: LayerFiles
     build_id: str
     keep: Callable[[str, str], None] = lambda name, key: None  # records a layer made
+    found: Mapping[str, str] = field(default_factory=dict)  # key -> its layer, made before
     saved: list[tuple[str, str]] = field(default_factory=list)  # (layer, key) made
 
     def save(self, key: str, *, last: bool = False) -> str:
@@ -131,8 +132,8 @@ def run(the_plan: Plan, hits: int, job: Job) -> str:
     for number, p in enumerate(planned[:resume], start=1):
         say(f"step {number}/{total}: {p.step.text} (cached)")
     if hits == len(stages):
-        return stages[-1].layer
-    start = stages[hits - 1].layer if hits else the_plan.recipe.base
+        return job.found[stages[-1].key]
+    start = job.found[stages[hits - 1].key] if hits else the_plan.recipe.base
     say(f"starting a VM of {start}")
     guest.start(start)
     last = stages[-1]

@@ -164,3 +164,11 @@ class FolderLayers:
     def remove(self, name: str) -> None:
         if (self.images_dir / name).exists():
             remove_image_files(self.images_dir, name)
+
+    def backing(self, name: str) -> str | None:
+        try:
+            facts = json.loads((self.images_dir / name / MANIFEST).read_text())
+            path = Path(str((facts.get("disk") or {}).get("backing") or ""))
+        except (OSError, ValueError, AttributeError):
+            return None
+        return path.parent.name if path.parent.parent == self.images_dir.resolve() else None
