@@ -169,8 +169,6 @@ def test_a_field_added_to_a_view_shows_at_both_doors(openapi: dict[str, Any],
     assert set(rest_vm["properties"]) == set(mcp_vm["properties"]) == set(VmView.model_fields)
 
 
-
-
 def test_both_doors_take_disk_gib_in_its_range_and_show_it_and_the_start(
         deps: Deps, tmp_path: Path) -> None:
     """rift_vm_new's `disk_gib` (1 to 1024) at the MCP door and the REST door alike: out of

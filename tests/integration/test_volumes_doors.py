@@ -28,7 +28,6 @@ pytestmark = pytest.mark.skipif(
     reason="needs qemu-img and mkfs.ext4 (scripts/libvirt.sh installs them)")
 
 
-
 @pytest.fixture
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     uri = write_test_host_xml(str(tmp_path / "node.xml"), 8, 8192)
