@@ -39,7 +39,7 @@ from rift.services.operator.images import FolderLayers, live_vms_of_image
 from rift.services.ports.builds import BuildGuest, LayerFiles
 from rift.services.read import views
 
-BUILTIN = ("tiny", "debian")
+BUILTIN = ("tiny", "debian", "python")  # the images `rift image build` makes itself
 _LOCK = threading.Lock()
 
 
