@@ -15,6 +15,7 @@ from rift.catalog import StaticImages
 from rift.contract import tools as c
 from rift.contract.base import command
 from rift.contract.builds import BuildGetIn, BuildOut, ImageBuildIn, ImagePublishIn
+from rift.contract.operator import PoolSetIn
 from rift.domain.builds import OwnedImage
 from rift.domain.clock import FakeClock
 from rift.domain.errors import BuildFailed
@@ -23,7 +24,8 @@ from rift.services.builds import builder, engine
 from rift.services.builds.builder import BuildParts
 from rift.services.builds.context import Context
 from rift.services.context import Caller, Deps
-from rift.services.lifecycle import tasks, vms
+from rift.services.lifecycle import pool_filler, pools, tasks, vms
+from rift.services.operator.images import remove_image
 from tests.support.engine import ALICE, BOB, refused
 
 RECIPE = """\
@@ -274,6 +276,25 @@ def test_a_built_image_is_its_builders_until_published(deps: Deps, context: Cont
     assert vms.new(deps, BOB, new_vm).vm.image == "site"
     # its files are read by a live VM: a rebuild would pull them from under it
     refused("invalid_argument", _build, deps, RECIPE, context, FakeLayers())
+
+
+def test_a_rebuild_or_removal_of_an_image_a_pool_holds_names_rift_pool_clear(
+        deps: Deps, context: Context) -> None:
+    """A pooled VM's overlay reads the image too, running or saved: a rebuild, which
+    replaces the image's files, waits for `rift pool clear`, as removing it does."""
+    _build(deps, RECIPE, context, FakeLayers())
+    deps = replace(deps, images=StaticImages(["debian", "site"]))  # its files are there
+    pools.set_pool(deps, command(PoolSetIn, image="site", saved=1))
+    while pool_filler.refill(deps, "test-filler"):
+        pass
+    with deps.store.read() as tx:
+        assert [pvm.image for pvm in tx.pool_vms.all()] == ["site"]
+    for attempt in (lambda: _build(deps, RECIPE, context, FakeLayers()),
+                    lambda: remove_image(deps, "site")):
+        err = refused("invalid_argument", attempt)
+        assert "pooled VMs" in err.message and "rift pool clear site" in err.message, err
+    pools.clear_pool(deps, "site")
+    _build(deps, RECIPE, context, FakeLayers())  # nothing reads it now
 
 
 def test_a_build_is_read_by_its_owner_alone_with_its_log_from_an_offset(

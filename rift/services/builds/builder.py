@@ -35,7 +35,7 @@ from rift.services.builds.guest import VmBuildGuest, last_folder
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.image_access import BuildCaller, sees, visible_names
 from rift.services.lifecycle.tasks import close_as_operator
-from rift.services.operator.images import FolderLayers, live_vms_of_image
+from rift.services.operator.images import FolderLayers, check_unused
 from rift.services.ports.builds import BuildGuest, LayerFiles
 from rift.services.read import views
 
@@ -75,7 +75,7 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
             raise BuildFailed(f"FROM {recipe.base} names no image of yours; the images "
                               f"there are: {', '.join(visible_names(deps, tx, caller))}",
                               recipe.base_line)
-    _check_unused(deps, cmd.name)
+    check_unused(deps, cmd.name, "name", "building it again")  # its files are replaced
     the_plan = engine.make_plan(recipe, layers.identity(recipe.base), caller.user,
                                  parts.context)
     build = Build(id=new_build_id(), image=cmd.name, owner=caller.user,
@@ -105,15 +105,6 @@ def _check_name(deps: Deps, row: OwnedImage | None, caller: Caller, name: str) -
         raise InvalidArgument("name", f"{name!r} is an operator's image; choose another name")
     if row is not None and row.owner != caller.user:
         raise InvalidArgument("name", f"image {name!r} is another user's; choose another name")
-
-
-def _check_unused(deps: Deps, name: str) -> None:
-    """A rebuild replaces the image's files: refused while a live VM reads them."""
-    users = live_vms_of_image(deps, name)
-    if users:
-        raise InvalidArgument("name", f"image {name!r} is in use by live VMs "
-                              f"{', '.join(users)}; destroy them (or close their tasks) "
-                              "and build again")
 
 
 class _Log:
@@ -151,7 +142,7 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
                              found=found)
             try:
                 last = engine.run(the_plan, hits, job)
-                _check_unused(deps, build.image)
+                check_unused(deps, build.image, "name", "building it again")  # again, now
                 layers.image_from(last, build.image)
                 _keep_image(deps, build)
             finally:

@@ -32,20 +32,33 @@ def _images_dir(deps: Deps) -> Path:
 
 
 def live_vms_of_image(deps: Deps, name: str) -> list[str]:
-    """Ids of the live (creating or running) VMs made from image `name`, on any host."""
+    """Ids of the live VMs (creating, running, paused or sleeping) made from image
+    `name`, on any host."""
     with deps.store.read() as tx:
         return sorted(vm.id for host in tx.hosts.all()
                       for vm in tx.fleet.live_on_host(host.name) if vm.image == name)
 
 
-def remove_image(deps: Deps, name: str) -> None:
-    """Delete image `name`, unless a live VM was made from it (its overlay reads the
-    image; destroy the VM, or close its task, first)."""
-    images_dir = _images_dir(deps)
+def check_unused(deps: Deps, name: str, field: str, doing: str) -> None:
+    """`invalid_argument` on `field` while a VM reads image `name`'s files: a live
+    VM's overlay, or a pooled VM's (running or saved), which `doing` (removing the
+    image, building it again) would pull from under it."""
     users = live_vms_of_image(deps, name)
     if users:
-        raise InvalidArgument("image", f"image {name!r} is in use by live VMs "
-                              f"{', '.join(users)}; destroy them (rift task close) first")
+        raise InvalidArgument(field, f"image {name!r} is in use by live VMs "
+                              f"{', '.join(users)}; destroy them (rift task close) "
+                              f"before {doing}")
+    with deps.store.read() as tx:
+        pooled = sorted(pvm.id for pvm in tx.pool_vms.all() if pvm.image == name)
+    if pooled:
+        raise InvalidArgument(field, f"image {name!r} is in use by pooled VMs "
+                              f"{', '.join(pooled)}; rift pool clear {name} before {doing}")
+
+
+def remove_image(deps: Deps, name: str) -> None:
+    """Delete image `name`, unless a VM reads it (`check_unused`)."""
+    check_unused(deps, name, "image", "removing it")
+    images_dir = _images_dir(deps)
     try:
         remove_image_files(images_dir, name)
     except ImageError as exc:
