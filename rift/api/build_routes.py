@@ -33,9 +33,11 @@ from rift.api.state import AppState
 from rift.api.waiting import HeldStream
 from rift.contract.builds import (
     BuildGetIn,
+    BuildId,
     BuildOut,
     BuildView,
     ImageBuildIn,
+    ImageName,
     ImageOut,
     ImagePublishIn,
 )
@@ -80,7 +82,7 @@ def _contexts(data_dir: Path) -> Path:
 @router.get("/builds/{build_id}", response_model=BuildOut,
             summary="a build of yours, its state and its log from log_from on")
 def get_build(request: Request, caller: CallerDep,
-              build_id: Annotated[str, PathParam()],
+              build_id: Annotated[BuildId, PathParam()],
               log_from: Annotated[int, Query(ge=0)] = 0) -> Any:
     state: AppState = request.app.state.rift
     return builder.get(state.deps, caller, BuildGetIn(build_id=build_id, log_from=log_from))
@@ -89,7 +91,7 @@ def get_build(request: Request, caller: CallerDep,
 @router.post("/images/{name}/publish", response_model=ImageOut,
              summary="let every user start an image you built")
 def publish_image(request: Request, caller: CallerDep,
-                  name: Annotated[str, PathParam()]) -> Any:
+                  name: Annotated[ImageName, PathParam()]) -> Any:
     state: AppState = request.app.state.rift
     return builder.publish(state.deps, caller, ImagePublishIn(name=name))
 
@@ -106,7 +108,7 @@ STREAM_S = 3 * 3600  # the longest a build's stream stays open
                 "`end` (the build without its log)")}},
             summary="a build's log as Server-Sent Events until it ends")
 async def stream_build(request: Request, caller: CallerDep,
-                       build_id: Annotated[str, PathParam()],
+                       build_id: Annotated[BuildId, PathParam()],
                        log_from: Annotated[int, Query(ge=0)] = 0,
                        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
                        ) -> StreamingResponse:

@@ -17,6 +17,11 @@ ImageName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9
                                  "'.', '_' and '-'."), NoNul]
 
 
+BuildId = Annotated[str, Field(pattern=r"^build_[a-z2-7]{8}$", description=(
+    "A build's id (`build_` + 8 characters), from rift image build or POST /images.")),
+                    NoNul]
+
+
 class ImageBuildIn(Input):
     """Build image `name` from `recipe` (a Dockerfile subset); its COPY sources come
     from the context the door gives beside it (a folder, or a tar on REST)."""
@@ -30,7 +35,7 @@ class ImageBuildIn(Input):
 
 
 class BuildGetIn(Input):
-    build_id: Annotated[str, Field(pattern=r"^build_[a-z2-7]{8}$"), NoNul]
+    build_id: BuildId
     log_from: Annotated[int, Field(ge=0, description=(
         "Answer the log from this character on (log_offset of the last answer)."))] = 0
 

@@ -22,7 +22,8 @@ REFUSAL_CODES = {
     "lease_stale", "task_held", "vm_not_found", "vm_not_running", "quota_exceeded",
     "no_capacity", "image_not_found", "invalid_argument", "idempotency_conflict",
     "rate_limited", "unauthorized", "guest_unreachable", "hypervisor_error", "exec_not_found",
-    "snapshot_not_found", "volume_not_found", "volume_busy",
+    "snapshot_not_found", "volume_not_found", "volume_busy", "context_not_found",
+    "build_failed",
 }
 
 
