@@ -29,7 +29,7 @@ from mcp.client.session import ClientSession
 
 from tests.support.real_guests import RealSettings
 from tests.support.servers import Server, free_port, start_real_server, stop_server
-from tests.support.soak import SOAK
+from tests.support.soak import SOAK, long_form
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
@@ -478,6 +478,8 @@ def _set(table: str, name: str) -> str:
     return part
 
 
+@long_form("tests/unit/test_reconcile.py (a host lost past its grace fails its VMs, frees "
+           "them, and destroys them when it comes back), on fakes")
 def test_a_host_that_stops_answering_is_lost_and_its_domains_go_when_it_comes_back(
         far_hosts: dict[int, str], tmp_path: Path) -> None:
     """hv12's libvirtd, sshd and QEMU killed: it is `unreachable`, then past

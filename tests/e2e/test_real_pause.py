@@ -25,7 +25,7 @@ from mcp.client.session import ClientSession
 from tests.support.mcp_clients import call, mcp_session, refused, run
 from tests.support.real_guests import RealSettings, Rig
 from tests.support.servers import COUNTER, REAL_URI, Server, real_vms_missing, wait_until
-from tests.support.soak import scale
+from tests.support.soak import long_form, scale
 from tests.support.witnesses import our_domains, pool_vm_ids, rows
 
 pytestmark = [
@@ -216,6 +216,9 @@ def _snapshot_dirs(srv: Server) -> set[str]:
     return {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
 
 
+@long_form("the cut pause above; tests/unit/test_snapshots.py (a snapshot a crash cut is "
+           "abandoned, folders and fork copies a crash left swept); tests/reliability/"
+           "test_crashes.py's kills on real guests")
 def test_kill_9_in_the_middle_of_a_snapshot_leaves_the_vm_running_and_it_whole_or_gone(
         real: Server, rig: Rig) -> None:
     handle, vm_id = _vm_with_a_file(real, "cut snapshot")
@@ -247,6 +250,8 @@ def test_kill_9_in_the_middle_of_a_snapshot_leaves_the_vm_running_and_it_whole_o
     wait_until(lambda: not _snapshot_dirs(again), 30, "no snapshot files after the close")
 
 
+@long_form("the cut pause above; tests/unit/test_snapshots.py (fork copies a crash left "
+           "swept); tests/reliability/test_crashes.py's kills on real guests")
 def test_kill_9_in_the_middle_of_a_fork_leaves_no_domain_without_a_row_nor_a_copy(
         real: Server, rig: Rig) -> None:
     async def before() -> tuple[str, str, str]:
