@@ -119,9 +119,11 @@ def test_every_refusal_reachable_on_the_test_driver(server: Server) -> None:
 
     run(scenario)
     # quota_exceeded and rate_limited: test_mcp_limits; unauthorized: below.
-    # hypervisor_error needs libvirt itself to refuse, which the test driver does not.
+    # hypervisor_error needs libvirt itself to refuse, which the test driver does not;
+    # context_not_found a guest's code server (tests/integration/test_code_doors.py);
+    # build_failed no MCP tool makes (REST and the CLI build: test_builds_doors.py).
     assert seen == REFUSAL_CODES - {"quota_exceeded", "rate_limited", "unauthorized",
-                                    "hypervisor_error"}
+                                    "hypervisor_error", "context_not_found", "build_failed"}
 
 
 def test_another_users_task_is_not_found(server: Server) -> None:
