@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from rift.commands import _print, deps_of, operator_label
+from rift.commands import _print, cmd_image, deps_of, operator_label
 from rift.config import Settings
 
 BUILD_COLUMNS = ("build_id", "image", "state", "steps", "cached", "created_at", "error")
@@ -36,6 +36,15 @@ def add_image_parsers(i: argparse._SubParsersAction[argparse.ArgumentParser],
     publish.add_argument("--user", default="admin")
     for x in (builds, log, publish):
         x.set_defaults(run=cmd_builds)
+    build.set_defaults(run=cmd_image_build)
+
+
+def cmd_image_build(settings: Settings, args: argparse.Namespace) -> int:
+    """`rift image build NAME`: from a recipe with `--recipe`, else one of the images
+    built from Debian packages (rift.commands)."""
+    if args.recipe:
+        return cmd_build(settings, args)
+    return cmd_image(settings, args)
 
 
 def cmd_build(settings: Settings, args: argparse.Namespace) -> int:

@@ -173,11 +173,8 @@ def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _image_build(settings: Settings, args: argparse.Namespace) -> int:
-    """`rift image build tiny|debian|python` from Debian packages, or NAME `--recipe FILE`."""
-    if args.recipe:
-        from rift.build_commands import cmd_build
-
-        return cmd_build(settings, args)
+    """`rift image build tiny|debian|python` from Debian packages (NAME `--recipe FILE`:
+    rift.build_commands)."""
     import time
 
     from hypervisor.base import ImageError
