@@ -60,6 +60,7 @@ def cmd_build(settings: Settings, args: argparse.Namespace) -> int:
     deps = deps_of(settings)
     caller = Caller(args.user, operator_label())
     parts = BuildParts(context=context, ready_s=settings.build_ready_s,
+                       context_mib=settings.build_context_mib,
                        progress=lambda line: print(line, flush=True), background=False)
     out = builder.submit(deps, caller, command(ImageBuildIn, name=args.name, recipe=recipe,
                                                no_cache=args.no_cache), parts).build

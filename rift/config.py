@@ -125,8 +125,9 @@ class Settings(BaseSettings):
         "for each EXPOSEd port to answer before the build fails (`build_failed`).")
     build_context_mib: int = Field(
         default=10, ge=1, le=10, description="The largest build context (a recipe's COPY "
-        "sources) `POST /api/v1/images` takes, as a tar and unpacked; larger is refused. "
-        "At most 10: the tar travels base64 in a JSON body of at most 16 MiB.")
+        "sources) a build takes from any door (`rift image build --context DIR`, "
+        "`POST /api/v1/images`' tar, the E2B door's uploads); larger is refused. "
+        "At most 10: REST's tar travels base64 in a JSON body of at most 16 MiB.")
     default_image: str = Field(
         default="debian", min_length=1, max_length=200, description="The image of a "
         "`rift_vm_new` that names none; one not known or not built is refused like naming "

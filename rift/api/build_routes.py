@@ -4,7 +4,8 @@ REST's router with the volumes', code contexts' and these routes; rift.app insta
 it from here).
 
 `POST /images` takes the recipe and, for its COPY sources, a tar of the context
-(base64 in `context`, at most RIFT_BUILD_CONTEXT_MIB; the JSON body's own cap,
+(base64 in `context`, at most RIFT_BUILD_CONTEXT_MIB, as the builder holds every
+door's context; the JSON body's own cap,
 16 MiB, bounds it too), checks the recipe before any VM starts and answers the
 build `running` (202); the build runs in the background, one at a time, and
 `GET /builds/{id}?log_from=N` reads it and its log from a character on;
@@ -65,7 +66,7 @@ def build_image(request: Request, caller: CallerDep, body: ImageBuildIn) -> Any:
     try:
         context = unpack(archive, folder, settings.build_context_mib)
         parts = BuildParts(context=context, ready_s=settings.build_ready_s,
-                           remove_context=True)
+                           remove_context=True, context_mib=settings.build_context_mib)
         return builder.submit(state.deps, caller, body.model_copy(update={"context": None}),
                               parts)
     except BaseException:

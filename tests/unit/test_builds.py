@@ -264,6 +264,28 @@ def test_a_copy_through_a_link_out_of_the_context_is_refused(
     assert caught.value.details["line"] == 2
 
 
+def test_a_context_over_its_limit_is_refused_by_the_builder_for_every_door_before_any_vm(
+        deps: Deps, tmp_path: Path) -> None:
+    root = tmp_path / "context"
+    (root / "site").mkdir(parents=True)
+    big = root / "big"
+    big.write_bytes(b"x" * (1024 * 1024 + 1))
+    (root / "site" / "link").symlink_to(big)  # a link is not counted twice
+    context = Context(root)
+    made = FakeGuest(FakeLayers())
+    parts = BuildParts(context=context, guest=lambda _c, _b: made, layers=made.layers,
+                       background=False, context_mib=1)
+    err = refused("invalid_argument", builder.submit, deps, ALICE,
+                  ImageBuildIn(name="site", recipe="FROM tiny\nCOPY site /srv\n"), parts)
+    assert err.details["field"] == "context" and "RIFT_BUILD_CONTEXT_MIB (1 MiB)" in err.message
+    assert made.started == [] and made.scripts == []
+    with deps.store.read() as tx:
+        assert tx.builds.of_owner("alice") == []
+    big.write_bytes(b"x" * (1024 * 1024 - 1))  # under the limit (the link's not counted)
+    assert builder.submit(deps, ALICE, ImageBuildIn(name="site", recipe="FROM tiny\nCOPY "
+                          "site /srv\n"), parts).build.state == "succeeded"
+
+
 def test_a_built_image_is_its_builders_until_published(deps: Deps, context: Context) -> None:
     _build(deps, RECIPE, context, FakeLayers())
     deps = replace(deps, images=StaticImages(["debian", "site"]))  # its files are there

@@ -56,6 +56,8 @@ class BuildParts:
     progress: Callable[[str], None] | None = None
     background: bool = True
     remove_context: bool = False  # the context's folder is the build's own (REST's tar)
+    context_mib: int = 10  # the largest context (RIFT_BUILD_CONTEXT_MIB)
+    build_id: str | None = None  # the id the build takes (the E2B door answers it first)
 
 
 def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> BuildOut:
@@ -67,6 +69,7 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
         recipe = parse(cmd.recipe)
     except RecipeError as exc:
         raise BuildFailed(exc.why, exc.line) from exc
+    parts.context.check_size(parts.context_mib)
     builder = BuildCaller(caller.user, f"build:{caller.label}", caller.operator)
     with deps.store.read() as tx:
         _check_name(deps, tx.owned_images.get(cmd.name), caller, cmd.name)
@@ -78,11 +81,13 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
     check_unused(deps, cmd.name, "name", "building it again")  # its files are replaced
     the_plan = engine.make_plan(recipe, layers.identity(recipe.base), caller.user,
                                  parts.context)
-    build = Build(id=new_build_id(), image=cmd.name, owner=caller.user,
+    build = Build(id=parts.build_id or new_build_id(), image=cmd.name, owner=caller.user,
                   host=runner(), state="running", recipe=cmd.recipe,
                   no_cache=cmd.no_cache, created_at=deps.clock.now(),
                   steps=len(the_plan.planned))
     with deps.store.write() as tx:
+        if tx.builds.get(build.id) is not None:
+            raise InvalidArgument("build_id", f"{build.id} is another build's; ask for a new one")
         tx.builds.add(build)
 
     def work() -> None:

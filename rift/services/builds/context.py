@@ -5,8 +5,10 @@ exist: otherwise `build_failed` naming its line, before any VM starts. What a CO
 copies is digested (paths, modes and bytes, in order) for its layer's key, and
 packed as one tar whose member names are the paths in the guest, so the guest
 unpacks it at `/` in one step. A REST build's context comes as a tar, unpacked
-here into a folder of the build's (data only: no links out, no devices), capped by
-RIFT_BUILD_CONTEXT_MIB.
+here into a folder of the build's (data only: no links out, no devices). Every
+door's context (the CLI's `--context DIR`, REST's tar, the E2B door's uploads) is
+held to RIFT_BUILD_CONTEXT_MIB by `Context.check_size`, which the builder calls
+before any VM starts: the same refusal (`invalid_argument` on `context`) from each.
 """
 
 from __future__ import annotations
@@ -31,6 +33,22 @@ class Context:
 
     def __init__(self, root: Path | None) -> None:
         self.root = root.resolve() if root is not None else None
+
+    def check_size(self, limit_mib: int) -> None:
+        """invalid_argument when the folder's files (symbolic links not followed) add
+        up to more than `limit_mib`; reads no further than the limit."""
+        if self.root is None:
+            return
+        total, limit = 0, limit_mib * MIB
+        for dirpath, _, filenames in os.walk(self.root):
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                if not os.path.islink(path):
+                    total += os.lstat(path).st_size
+                if total > limit:
+                    raise InvalidArgument("context", f"the context is over "
+                                          f"RIFT_BUILD_CONTEXT_MIB ({limit_mib} MiB); "
+                                          "leave out what the recipe does not COPY")
 
     def _source(self, line: int, source: str) -> Path:
         if self.root is None:
@@ -115,7 +133,3 @@ def unpack(archive: bytes, into: Path, limit_mib: int) -> Context:
         raise InvalidArgument("context", f"the context is no tar this builder can take: "
                               f"{exc}") from exc
     return Context(into)
-
-
-def folder_size(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
