@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import print_table
+from bench.common import print_table, work_dir
 from bench.starts import load, ms, p50
 from rift.services.context import Deps
 from tests.support.servers import REAL_URI, real_vms_missing, seed_images
@@ -133,9 +132,8 @@ def main() -> int:
         print(f"\n## builds: skipped, {missing}")
         return 0
     logging.getLogger("rift").setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix="rift-bench-builds-") as tmp:
-        Path(tmp).chmod(0o711)  # QEMU (its own user) reaches the data dir through it
-        data, context = Path(tmp) / "data", Path(tmp) / "context"
+    with work_dir("rift-bench-builds-") as tmp:
+        data, context = tmp / "data", tmp / "context"
         (context / "site").mkdir(parents=True)
         (context / "site" / "index.html").write_text("<h1>built from a recipe</h1>\n")
         deps = _engine(data)

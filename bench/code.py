@@ -26,7 +26,7 @@ from typing import Any
 from mcp.client.session import ClientSession
 
 from bench.common import print_table
-from bench.execs import against_server
+from bench.execs import against_server, serve_real
 from bench.mcp import _session
 
 URI = "qemu:///system"
@@ -42,30 +42,12 @@ def _image() -> str:
 
 
 def serve(port: int, data_dir: Path) -> None:
-    import uvicorn
-
-    from rift.app import create_app
-    from rift.bootstrap import build_deps, close_deps, ensure_admin
-    from rift.config import Settings
     from tests.support.servers import cached_debian
 
-    images = data_dir / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    (images / "debian").symlink_to(cached_debian(), target_is_directory=True)
+    images = {"debian": cached_debian()}
     if _image() == "python":
-        (images / "python").symlink_to(CACHE / "debian-images" / "python",
-                                       target_is_directory=True)
-    settings = Settings(data_dir=data_dir, hypervisor_uri=URI, log_level="WARNING",
-                        default_image=_image(), vm_boot_timeout_s=180)
-    deps = build_deps(settings)
-    first = ensure_admin(deps)
-    assert first is not None
-    print(first.token, flush=True)
-    try:
-        uvicorn.run(create_app(settings, deps), host="127.0.0.1", port=port,
-                    log_level="warning", workers=1)
-    finally:
-        close_deps(deps)
+        images["python"] = CACHE / "debian-images" / "python"
+    serve_real(port, data_dir, images, _image(), vm_boot_timeout_s=180)
 
 
 async def _call(s: ClientSession, tool: str, **args: Any) -> dict[str, Any]:

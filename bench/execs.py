@@ -24,11 +24,13 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -55,27 +57,58 @@ TARGET_RATIO, TARGET_LATENCY_MS = 1.5, 100.0
 # -- the server (child process) -------------------------------------------------------
 
 def serve(port: int, data_dir: Path) -> None:
+    from hypervisor.tiny import build_tiny
+
+    serve_real(port, data_dir, {"tiny": build_tiny(IMAGES)}, "tiny")
+
+
+def serve_real(port: int, data_dir: Path, images: dict[str, Path], default_image: str,
+               **settings: Any) -> None:
+    """`rift serve` as it builds itself, on qemu:///system and one uvicorn worker,
+    with `images` (name -> an image folder) linked into its data dir; prints the
+    admin's token first."""
     import uvicorn
 
-    from hypervisor.tiny import build_tiny
     from rift.app import create_app
     from rift.bootstrap import build_deps, close_deps, ensure_admin
     from rift.config import Settings
 
-    images = data_dir / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    (images / "tiny").symlink_to(build_tiny(IMAGES), target_is_directory=True)
-    settings = Settings(data_dir=data_dir, hypervisor_uri=URI, log_level="WARNING",
-                        default_image="tiny")
-    deps = build_deps(settings)
+    folder = data_dir / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, image in images.items():
+        (folder / name).symlink_to(image, target_is_directory=True)
+    config = Settings(data_dir=data_dir, hypervisor_uri=URI, log_level="WARNING",
+                      default_image=default_image, **settings)
+    deps = build_deps(config)
     first = ensure_admin(deps)
     assert first is not None
     print(first.token, flush=True)
     try:
-        uvicorn.run(create_app(settings, deps), host="127.0.0.1", port=port,
+        uvicorn.run(create_app(config, deps), host="127.0.0.1", port=port,
                     log_level="warning", workers=1)
     finally:
         close_deps(deps)
+
+
+def destroy_leftovers(data_dir: Path) -> None:
+    """Destroy the domains a benchmark's stopped server left behind (a scenario that
+    failed before it closed its tasks): those of its installation only."""
+    from hypervisor.libvirt import LibvirtHypervisor
+
+    db = data_dir / "rift.db"
+    if not db.is_file():
+        return
+    with closing(sqlite3.connect(db)) as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'install_id'").fetchone()
+    if row is None:
+        return
+    hv = LibvirtHypervisor(URI)
+    try:
+        for domain in hv.list_domains():
+            if domain.install == row[0]:
+                hv.destroy(domain.name)
+    finally:
+        hv.close()
 
 
 # -- the raw side ---------------------------------------------------------------------
@@ -256,6 +289,7 @@ def against_server(name: str, scenario: Callable[[str, str, Path], Awaitable[Non
         finally:
             proc.terminate()
             proc.wait(30)
+            destroy_leftovers(Path(tmp))
 
 
 def main() -> None:
