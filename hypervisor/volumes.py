@@ -21,7 +21,8 @@ folder of the data dir (`volumes/`), and the disk device XML that hot-plugs one.
   it (constant time too), `thaw` drops the snapshot's names when it goes.
 - **remove**: the file goes, and each frozen parent whose last child it was.
 
-Only this machine's files are reached (hosts elsewhere: left for later).
+Only this machine's files are reached here; a host elsewhere's are reached by
+rift.guest.host_volumes, through its SSH, by the same steps.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ class VolumeFolder:
 
     def frozen(self, uri: str, snapshot_id: str) -> dict[str, int]:
         _here(uri)
-        prefix = f"{_snapshot_name(snapshot_id)}."
+        prefix = kept_prefix(snapshot_id)
         parents = self.folder / PARENTS
         kept = list(parents.glob(prefix + "*.qcow2")) if parents.is_dir() else []
         found = {p.name[len(prefix):-len(".qcow2")]: p for p in kept}
@@ -180,16 +181,17 @@ class VolumeFolder:
         os.link(kept, for_clone)  # FileNotFoundError when the snapshot holds no such copy
         _overlay(for_clone, target, str(_virtual_size(kept)))
 
-    def thaw(self, snapshot_id: str) -> None:
+    def thaw(self, uri: str, snapshot_id: str) -> None:
         """The snapshot's frozen volumes go (each frozen file with its last name)."""
+        _here(uri)
         parents = self.folder / PARENTS
         if parents.is_dir():
-            for kept in parents.glob(f"{_snapshot_name(snapshot_id)}.*.qcow2"):
+            for kept in parents.glob(f"{kept_prefix(snapshot_id)}*.qcow2"):
                 _unlink_chain(kept, parents)
 
     def _kept(self, snapshot_id: str, volume_id: str) -> Path:
         self.file(volume_id)  # a volume id, or ImageError
-        return self.folder / PARENTS / f"{_snapshot_name(snapshot_id)}.{volume_id}.qcow2"
+        return self.folder / PARENTS / f"{kept_prefix(snapshot_id)}{volume_id}.qcow2"
 
     def remove(self, uri: str, volume_id: str) -> None:
         _unlink_chain(Path(self.path(uri, volume_id)), self.folder / PARENTS)
@@ -213,10 +215,15 @@ def _here(uri: str) -> None:
         raise ImageError(f"volumes live on hosts of this machine only, not {uri}")
 
 
-def _snapshot_name(snapshot_id: str) -> str:
+def kept_prefix(snapshot_id: str) -> str:
+    """How the names of a snapshot's kept volumes under `parents/` start."""
     if not _SNAPSHOT_ID.fullmatch(snapshot_id):
         raise ImageError(f"snapshot id {snapshot_id!r} cannot name a file")
-    return snapshot_id
+    return f"{snapshot_id}."
+
+
+def is_volume_id(text: str) -> bool:
+    return _VOLUME_ID.fullmatch(text) is not None
 
 
 def make_stand_in(volume_path: str, path: str) -> None:

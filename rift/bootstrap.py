@@ -25,6 +25,7 @@ from rift.guest.adapter import guests_of
 from rift.guest.code import SshCode
 from rift.guest.connections import ShellSettings
 from rift.guest.host_files import RemoteFiles, host_disk
+from rift.guest.host_volumes import HostVolumes
 from rift.guest.links import HostLinks
 from rift.guest.mounts import SshMounts
 from rift.guest.routes import Routes
@@ -127,7 +128,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         default_image=settings.default_image,
         default_egress=settings.default_egress,
         host_files=RemoteFiles(links, runtime.serial_dir, runtime.vm_disks_dir),
-        volume_files=VolumeFolder(qemu_dir(settings.data_dir / "volumes")),
+        volume_files=HostVolumes(VolumeFolder(qemu_dir(settings.data_dir / "volumes")), links),
         mounts=SshMounts(shell),
         code=SshCode(shell.files, shell.runner),
     )

@@ -287,13 +287,12 @@ class NoCapacity(RiftError):
 
 
 class NoVolumeHost(NoCapacity):
-    """No host of this machine takes a new volume (SPEC §18): each is drained or
-    does not answer."""
+    """No host takes a new volume (SPEC §18): each is drained or does not answer."""
 
     def __init__(self) -> None:
         RiftError.__init__(
-            self, "no host takes a new volume now: each host of this machine is drained "
-            "or does not answer", "call again later; the operator's rift host list says why")
+            self, "no host takes a new volume now: each host is drained or does not "
+            "answer", "call again later; the operator's rift host list says why")
 
 
 class VolumeHostDown(NoCapacity):

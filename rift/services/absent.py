@@ -189,7 +189,7 @@ class NoVolumeFiles:
                      volume_id: str) -> None:
         return None
 
-    def thaw(self, snapshot_id: str) -> None:
+    def thaw(self, uri: str, snapshot_id: str) -> None:
         return None
 
 

@@ -156,7 +156,8 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     """With this machine's host drained, `rift_vm_new` places the VM on hv11: its
     image is copied there, it boots on hv11's libvirt, and exec, files, a background
     exec and an exposure reach it through hv11's SSH (its port is on hv11's loopback,
-    which this machine cannot reach), its QEMU runs as rift-qemu there; in make soak
+    which this machine cannot reach), its QEMU runs as rift-qemu there; a volume is
+    made on hv11 and attached, written, detached and attached again; in make soak
     a debian VM boots there too (make test's debian there: a saved pool's, in
     test_pools_pauses_snapshots_and_forks_on_hosts_elsewhere)."""
     import httpx
@@ -200,8 +201,11 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
             seen["exposure"] = got.text
             await call(s, "rift_vm_exec_kill", handle=handle, exec_id=started["exec_id"],
                        signal="KILL")
+            await _volume_elsewhere(s, real, handle, vm["id"], seen)
             await call(s, "rift_task_close", handle=handle)
             seen["after"] = _virsh(far_hosts[first], "list", "--all", "--name")
+            await call(s, "rift_volume_delete", volume_id=seen["volume"]["id"])
+            seen["volume gone"] = _on_host(first, f"ls {real.data_dir}/volumes/")
             if SOAK:
                 await _debian_elsewhere(s, real, seen)
 
@@ -216,6 +220,16 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     assert set(seen["qemu users"].split()) == {"rift-qemu"}, seen["qemu users"]
     assert seen["exposure"].strip() == "served"
     assert f"rift-{vm['id']}" not in seen["after"]  # put away on its host
+    # a volume made while only hosts elsewhere take VMs is made on hv11, its file
+    # there and not here; attached, written, detached and attached again, it holds
+    # the file (and its mode)
+    volume = seen["volume"]
+    assert volume["host"] == f"hv{first}", volume
+    assert f"{volume['id']}.qcow2" in seen["volume there"].split(), seen["volume there"]
+    assert not seen["volume here"]
+    assert seen["volume mounts"] == ([("/mnt/far", False)], [], [("/mnt/again", True)])
+    assert seen["volume again"].split() == ["kept", "on", "hv11", "-rwx------"], seen
+    assert f"{volume['id']}.qcow2" not in seen["volume gone"].split(), seen["volume gone"]
     if SOAK:
         full = seen["debian"]
         assert full["host"] in {f"hv{n}" for n in HOSTS} and full["status"] == "running", full
@@ -226,6 +240,35 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     # its port is on hv11's loopback only: not on this machine's
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", vm["ssh"]["port"])) != 0
+
+
+async def _volume_elsewhere(s: ClientSession, real: Server, handle: str, vm_id: str,
+                            seen: dict[str, Any]) -> None:
+    """A volume on the VM's host elsewhere: made, attached, written, detached, and
+    attached again (read-only, at another path)."""
+    from tests.support.mcp_clients import call
+
+    volume = (await call(s, "rift_volume_new", name="far", size_gib=1))["volume"]
+    seen["volume"] = volume
+    n = int(volume["host"].removeprefix("hv"))
+    seen["volume there"] = _on_host(n, f"ls {real.data_dir}/volumes/")
+    seen["volume here"] = (real.data_dir / "volumes" / f"{volume['id']}.qcow2").exists()
+    mounts = []
+    for path, read_only in (("/mnt/far", False), ("/mnt/again", True)):
+        got = (await call(s, "rift_vm_attach_volume", handle=handle, vm_id=vm_id,
+                          volume_id=volume["id"], path=path, read_only=read_only))["vm"]
+        mounts.append([(v["path"], v["read_only"]) for v in got["volumes"]])
+        if read_only:
+            break
+        await call(s, "rift_vm_exec", handle=handle, vm_id=vm_id,
+                   command="echo kept on hv11 > /mnt/far/note && chmod 700 /mnt/far/note")
+        got = (await call(s, "rift_vm_detach_volume", handle=handle, vm_id=vm_id,
+                          volume_id=volume["id"]))["vm"]
+        mounts.append([(v["path"], v["read_only"]) for v in got["volumes"]])
+    seen["volume mounts"] = tuple(mounts)
+    seen["volume again"] = (await call(
+        s, "rift_vm_exec", handle=handle, vm_id=vm_id,
+        command="cat /mnt/again/note && ls -l /mnt/again/note | cut -d' ' -f1"))["stdout"]
 
 
 async def _debian_elsewhere(s: ClientSession, real: Server, seen: dict[str, Any]) -> None:

@@ -153,8 +153,8 @@ def test_a_frozen_volume_is_cloned_as_it_was_and_goes_with_its_snapshot(
     with pytest.raises(FileNotFoundError):
         folder.clone_frozen(HERE, snap, C, "vol_dddddddd")  # it keeps no C
     with pytest.raises(ImageError):
-        folder.thaw("../etc")
-    folder.thaw(snap)
+        folder.thaw("", "../etc")
+    folder.thaw("", snap)
     assert folder.frozen(HERE, snap) == {}
     assert "Pattern verification failed" not in _io(b, "read -P 0x61 1G 1M")
     folder.remove(HERE, B)

@@ -56,7 +56,7 @@ class Files:
         self.made[volume_id] = self.kept[snapshot_id][source_id]
         self.calls.append(("clone_frozen", snapshot_id, source_id, volume_id))
 
-    def thaw(self, snapshot_id: str) -> None:
+    def thaw(self, uri: str, snapshot_id: str) -> None:
         self.kept.pop(snapshot_id, None)
         self.calls.append(("thaw", snapshot_id))
 

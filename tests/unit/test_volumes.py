@@ -239,14 +239,21 @@ def test_the_state_machines_refuse_what_they_do_not_start_from() -> None:
     check_attachable(ready, [replace(done, read_only=True)], read_only=True)
 
 
-def test_a_volume_goes_to_a_host_of_this_machine_that_takes_vms(vdeps: Deps) -> None:
+def test_a_volume_goes_to_a_host_that_takes_vms_this_machines_first(vdeps: Deps) -> None:
+    """A host of this machine takes a new volume before one elsewhere (first by name);
+    with it drained, the host elsewhere does, where its file is made (through the
+    VolumeFiles port, named by its URI); with none taking VMs, `no_capacity`."""
     from rift.services.operator import hosts
 
-    hosts.add_host(vdeps, "aaa-elsewhere", "qemu+ssh://root@h2/system?no_verify=1",
-                   hosts.HostSize(4, 4096))
+    far = "qemu+ssh://root@h2/system?no_verify=1"
+    hosts.add_host(vdeps, "aaa-elsewhere", far, hosts.HostSize(4, 4096))
     assert volumes.new(vdeps, ALICE, command(c.VolumeNewIn, name="w", size_gib=1)
                        ).volume.host == "local"
     hosts.drain_host(vdeps, "local")
+    there = volumes.new(vdeps, ALICE, command(c.VolumeNewIn, name="x", size_gib=1)).volume
+    assert there.host == "aaa-elsewhere"
+    assert ("make", there.id) in vdeps.volume_files.calls  # type: ignore[attr-defined]
+    hosts.drain_host(vdeps, "aaa-elsewhere")
     refused("no_capacity", _volume, vdeps, "other")
 
 

@@ -45,8 +45,11 @@ def remove_files(deps: Deps, snapshot_id: str, disk: HostDisk) -> None:
         except OSError as exc:  # a host that does not answer: its files stay there
             deps.log.warning("a snapshot's files could not be removed", extra={
                 "snapshot_id": snapshot_id, "error": str(exc)})
+    with deps.store.read() as tx:  # its volumes' copies are on its host (this machine's: "")
+        snap = tx.snapshots.get(snapshot_id)
+        host = tx.hosts.get(snap.host) if snap is not None else None
     try:
-        deps.volume_files.thaw(snapshot_id)
+        deps.volume_files.thaw(host.uri if host is not None else "", snapshot_id)
     except (OSError, ImageError) as exc:
         deps.log.warning("the volumes a snapshot kept could not be removed", extra={
             "snapshot_id": snapshot_id, "error": str(exc)})

@@ -1,8 +1,9 @@
 """A volume whose host does not answer (SPEC §18): where it may be held from.
 
-A volume's file is on its host's machine, which is this one (`RIFT_DATA_DIR/volumes/`;
-volumes on hosts elsewhere are left for later), so it stays reachable when its host's
-libvirt does not answer: `rift_volume_delete`, `_resize` and `_clone` work as ever.
+A volume's file is on its host's machine (`RIFT_DATA_DIR/volumes/` there). On a host
+of this machine it stays reachable when its host's libvirt does not answer:
+`rift_volume_delete`, `_resize` and `_clone` work as ever; on a host elsewhere they
+wait for the host, and so does every VM that would hold it.
 What needs the host is a VM holding it. While the host is unreachable (not lost
 yet) a VM that would hold it (`rift_vm_new` with volumes, `rift_vm_attach_volume`)
 is refused with `no_capacity` (`VolumeHostDown`), naming the host, since when, and

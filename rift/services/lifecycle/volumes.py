@@ -58,12 +58,13 @@ def host_uri(tx: Tx, host: str) -> str:
 
 
 def _volume_host(tx: Tx) -> str:
-    """Where a new volume goes: the first host (by name) of this machine taking new
-    VMs (volumes on hosts elsewhere are left for later)."""
-    for host in sorted(tx.hosts.all(), key=lambda h: h.name):
-        if not host.drained and host.unreachable_since is None and not elsewhere(host.uri):
-            return host.name
-    raise NoVolumeHost()
+    """Where a new volume goes: the first host (by name) taking new VMs, this
+    machine's before those elsewhere (its file is made on that host's machine, and
+    the VMs that hold it are placed there)."""
+    taking = [h for h in tx.hosts.all() if not h.drained and h.unreachable_since is None]
+    if not taking:
+        raise NoVolumeHost()
+    return min(taking, key=lambda h: (elsewhere(h.uri), h.name)).name
 
 
 def moved(tx: Tx) -> None:

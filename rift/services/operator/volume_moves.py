@@ -2,7 +2,7 @@
 volumes moves with them, to a host of the machine their files are on.
 
 A volume's file lives on its host's machine (`RIFT_DATA_DIR/volumes/`, shared by
-every host whose libvirt runs there; hosts elsewhere are left for later). So the
+every host whose libvirt runs there; a host elsewhere's do not move yet). So the
 live migration carries the VM's memory (and its own disk), not the volume: the
 destination's QEMU opens the same file, which the source's wrote out before it
 handed over, and the volume's row then names the destination (`Volume.moved`, in

@@ -55,8 +55,9 @@ class VolumeRepository(Protocol):
 
 
 class VolumeFiles(Protocol):
-    """The volumes' files on the host at `uri`: each a sparse qcow2 with ext4
-    inside (hypervisor.volume_files). OSError or ImageError when the host refuses."""
+    """The volumes' files on the host at `uri` ("": this machine): each a sparse
+    qcow2 with ext4 inside (hypervisor.volumes here, rift.guest.host_volumes on a
+    host elsewhere, through its SSH). OSError or ImageError when the host refuses."""
 
     def path(self, uri: str, volume_id: str) -> str:
         """Where the volume's file is on its host (what a domain's disk names)."""
@@ -80,7 +81,7 @@ class VolumeFiles(Protocol):
                      volume_id: str) -> None:
         """A new volume holding what the snapshot kept of `source_id`, in constant time."""
         ...
-    def thaw(self, snapshot_id: str) -> None:
+    def thaw(self, uri: str, snapshot_id: str) -> None:
         """The snapshot's kept volumes go (its files are removed); none is fine."""
         ...
     def used_bytes(self, uri: str, volume_id: str) -> int | None:
