@@ -12,6 +12,8 @@ Modules: `shapes` (ids, answers, commands: pure), `connect` (the Connect protoco
 framing), `sandboxes` (the control plane's engine calls), `listing` (its reads: detail,
 lists, metrics), `deadlines` (ends kept from the store), `asleep` (a sandbox asleep
 since its end: `paused`, and who may wake it), `volumes` and `volume_mounts`
-(E2B's `Volume` API and `volumeMounts`, as Rift's volumes), `envd` (the data plane),
+(E2B's `Volume` API and `volumeMounts`, as Rift's volumes), `templates`,
+`template_steps` and `template_routes` (E2B's `Template.build` through Rift's builder,
+its steps as a recipe), `envd` (the data plane),
 `routes` (the Starlette routes mounted at `/e2b`).
 """

@@ -7,7 +7,8 @@ read. rift.api.gate's `TokenGate` runs it for every request under `/e2b`.
   of the sandbox it names, checked as the engine checks a handle (a stale one is
   refused naming the holder, its event recorded), or for `/files` a URL signed
   with that token (checked by the route); `/health` asks nothing, nor E2B's volume
-  content API (answered 501). E2B's code interpreter's calls (`/execute`,
+  content API (answered 501), nor a template's upload URL (its token checked by
+  its route). E2B's code interpreter's calls (`/execute`,
   `/contexts`) carry the sandbox's access or traffic token, checked by their routes.
 """
 
@@ -38,6 +39,9 @@ NOT_SERVED = ("/volumecontent/",)
 # E2B's code interpreter's calls (no API key: its SDK sends the sandbox's access or
 # traffic token), checked by its routes before they read a body (rift.e2b.code_interpreter)
 CODE_INTERPRETER = ("/execute", "/contexts")
+# A template's file uploads: the URL's one-time token is the key, checked by the route
+# (rift.e2b.template_routes), as E2B's upload URLs carry theirs.
+UPLOADS = "/template-uploads/"
 CALLER_KEY = "rift_e2b_caller"  # in the request's state
 
 
@@ -66,7 +70,7 @@ async def first_check(state: AppState, scope: Scope) -> Response | None:
     headers = Headers(scope=scope)
     try:
         if path in OPEN or path.startswith(NOT_SERVED) or _signed(path, headers, scope) \
-                or path in CODE_INTERPRETER or path.startswith("/contexts/"):
+                or path in CODE_INTERPRETER or path.startswith(("/contexts/", UPLOADS)):
             return None
         if path.startswith(DATA_PLANE):
             try:

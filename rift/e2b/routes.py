@@ -6,8 +6,9 @@
   /sandboxes/{id}`, `POST /sandboxes/{id}/timeout`, `POST /v2/sandboxes/{id}/connect`
   (and `/sandboxes/{id}/connect`, `/resume`), `POST /sandboxes/{id}/pause`
   (rift.e2b.lifecycle), `GET /sandboxes/{id}/metrics`, `GET /sandboxes/{id}/logs`
-  and `/v2/sandboxes/{id}/logs` (rift.e2b.logs), `/volumes` (rift.e2b.volume_routes);
-  refusals in E2B's shape
+  and `/v2/sandboxes/{id}/logs` (rift.e2b.logs), `/volumes` (rift.e2b.volume_routes),
+  template builds through Rift's builder (rift.e2b.template_routes); refusals in
+  E2B's shape
   `{"code": <status>, "message": "<Rift's message (code: hint)>"}`.
 - the data plane (rift.e2b.envd): `/process.Process/*`, `/filesystem.Filesystem/*`,
   `/files`, `/health`.
@@ -40,6 +41,8 @@ from rift.e2b.gate import CALLER_KEY, PREFIX
 from rift.e2b.processes import Processes
 from rift.e2b.sandboxes import Registry
 from rift.e2b.snapshot_routes import SnapshotApi
+from rift.e2b.template_routes import UPLOADS, TemplateApi
+from rift.e2b.templates import Setup, Templates
 from rift.e2b.volume_routes import VolumeApi
 from rift.e2b.watches import Watches
 
@@ -48,9 +51,12 @@ STREAMS = ("/filesystem.Filesystem/WatchDir",)
 
 def body_limit(base: Callable[[Scope], int]) -> Callable[[Scope], int]:
     """`base`, except that an upload to a sandbox's `/files` may be as large as a
-    REST file write."""
+    REST file write, and a template's files as large (then held to
+    RIFT_BUILD_CONTEXT_MIB by their route)."""
     def limit(scope: Scope) -> int:
         if scope.get("method") == "POST" and scope.get("path") in (PREFIX + "/files", "/files"):
+            return MAX_BODY
+        if scope.get("method") == "PUT" and str(scope.get("path")).startswith(PREFIX + UPLOADS):
             return MAX_BODY
         return base(scope)
     return limit
@@ -181,6 +187,9 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
     api, envd = Api(state, registry), Envd(state, registry)
     procs = Processes(state, registry)
     files = Filesystem(procs)
+    settings = state.settings
+    templates = Templates(Setup(settings.data_dir, settings.build_context_mib,
+                                settings.build_ready_s, settings.public_url))
     everything = ["GET", "POST", "PUT", "PATCH", "DELETE"]
     return [
         Route("/v2/sandboxes", api.create, methods=["POST"]),
@@ -218,6 +227,7 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
         Route("/health", envd.health, methods=["GET"]),
         *SnapshotApi(api, refusal).routes(),  # snapshots, forks, network (rift.e2b.snapshots)
         *VolumeApi(api, refusal).routes(),  # volumes (rift.e2b.volumes)
+        *TemplateApi(api, refusal, templates).routes(),  # template builds (rift.e2b.templates)
         *CodeInterpreterApi(state, registry).routes(),  # rift.e2b.code_interpreter
         Route("/{rest:path}", api.not_served, methods=everything),
     ]

@@ -189,9 +189,11 @@ def test_bad_input_is_answered_in_e2b_shape(door: Door) -> None:
         answer = _api(door, "POST", "/v2/sandboxes", json=body)
         assert answer.status_code == 400 and answer.json()["code"] == 400, (body, answer.text)
     assert _api(door, "POST", "/v2/sandboxes", content=b"{not json").status_code == 400
-    unserved = _api(door, "POST", "/v3/templates", json={})  # template builds
-    assert unserved.status_code == 501 and "not served" in unserved.json()["message"]
+    unnamed = _api(door, "POST", "/v3/templates", json={})  # a template build names its image
+    assert unnamed.status_code == 400 and "invalid_argument" in unnamed.json()["message"]
     assert _api(door, "POST", "/v3/templates", key="").status_code == 401
+    unserved = _api(door, "GET", "/templates/base/tags")  # template tags
+    assert unserved.status_code == 501 and "not served" in unserved.json()["message"]
 
 
 def test_envd_refuses_missing_stale_and_malformed_calls(door: Door) -> None:

@@ -25,6 +25,8 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxQuery,
+    Template,
+    wait_for_port,
 )
 from e2b.exceptions import NotFoundException
 from e2b.sandbox.commands.command_handle import PtySize
@@ -243,6 +245,27 @@ def test_a_takeover_ends_the_sdk_lease_saying_who_holds_it(world: World) -> None
     assert Sandbox.list(**world.opts).next_items() == []  # type: ignore[arg-type]
     with pytest.raises(NotFoundException):
         world.sbx.get_info()
+
+
+def test_a_template_builds_an_image_whose_sandboxes_start_with_its_server_up(
+        world: World, tmp_path: Path) -> None:
+    """`Template.build` through Rift's builder (rift.e2b.templates), and a sandbox of
+    its name started from the saved state, the start command already serving."""
+    (tmp_path / "index.html").write_text("<h1>built by Template</h1>\n")
+    template = (Template(file_context_path=tmp_path).from_template("tiny")
+                .copy("index.html", "/srv/www/")
+                .run_cmd("echo $((6 * 7)) > /srv/www/answer")
+                .set_start_cmd("httpd -f -p 8080 -h /srv/www", wait_for_port(8080)))
+    built = Template.build(template, "site", **world.opts)  # type: ignore[arg-type]
+    assert (built.template_id, built.name) == ("site", "site")
+    sbx = Sandbox.create(template="site", **world.opts)  # type: ignore[arg-type]
+    try:
+        assert sbx.get_info().template_id == "site"
+        served = sbx.commands.run("wget -q -O - http://127.0.0.1:8080/ "
+                                  "http://127.0.0.1:8080/answer")
+        assert served.stdout == "<h1>built by Template</h1>\n42\n", served
+    finally:
+        sbx.kill()
 
 
 def test_nothing_is_left_of_the_sandbox(world: World, tmp_path: Path) -> None:

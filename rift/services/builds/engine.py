@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from rift.domain.builds import layer_name
-from rift.domain.errors import BuildFailed
+from rift.domain.errors import BuildFailed, RiftError
 from rift.domain.recipes import Planned, Recipe, Settings, layer_key, plan, root_key
 from rift.services.builds import scripts
 from rift.services.builds.context import Context
@@ -141,7 +141,12 @@ def run(the_plan: Plan, hits: int, job: Job) -> str:
         say(f"step {number}/{total}: {p.step.text}")
         if p.changes_guest:
             clock = time.monotonic()
-            _change(p, guest, job.context, say)
+            try:
+                _change(p, guest, job.context, say)
+            except BuildFailed:
+                raise
+            except RiftError as exc:  # the guest's or the host's: its step named too
+                raise BuildFailed(f"{p.step.instruction}: {exc.message}", p.step.line) from exc
             job.save(p.key, last=p is last.planned)  # the last: its VM need not run on
             say(f"step {number}/{total}: done in {time.monotonic() - clock:.1f} s")
     if last.planned is None:

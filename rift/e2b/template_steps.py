@@ -1,0 +1,193 @@
+"""E2B's template steps as a Rift recipe (SPEC §16, §19): the one place the door
+turns what the SDK's `Template.build` sends (`POST /v2/templates/{id}/builds/{id}`:
+`fromTemplate` or `fromImage`, `steps` of `RUN`, `COPY`, `ENV`, `WORKDIR`, `USER`,
+`startCmd`, `readyCmd`, `force`) into the builder's recipe text. Every rule of the
+build (what a FROM may name, a COPY outside its context, wildcards, a failing step,
+the cache) is the builder's (rift.services.builds); pure.
+
+- `fromTemplate` and `fromImage` name a Rift image (`name` or `name:latest`);
+  `base` and E2B's `e2bdev/base` are RIFT_DEFAULT_IMAGE. Anything else goes to the
+  builder's FROM as it is, which refuses it naming the images there are.
+- `RUN [cmd, user?]`: a RUN (its user, when given, only for that step);
+  `COPY [src, dest, user, mode]`: a COPY (`--chown=user`), then a `chmod` as root
+  when a mode is given; `ENV [k, v, ...]`, `WORKDIR`, `USER`: the same lines.
+- `startCmd` is the recipe's CMD. Its `readyCmd` is waited for when it waits for a
+  port (`wait_for_port(p)`, or `wait_for_url` on localhost): `EXPOSE p`, so the
+  build saves the VM once the port answers. Any other ready command is not run:
+  the VM is saved once the start command is started (it serves on from there in
+  every VM of the image) and the recipe says so in a comment.
+- `force` on the template or any step: the build reuses no layer (`no_cache`).
+
+Each E2B step's lines follow a comment `# e2b step N` (N: the SDK's step number,
+1 for the first step; `base` for the FROM, `finalize` for the start), so a
+failure's recipe line names E2B's step (`step_of`) from the recipe the build kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from rift.domain.errors import InvalidArgument
+
+MAX_STEPS = 500
+STEP_MARK = "# e2b step "
+_PORT_READY = re.compile(r"sport = :(\d{1,5})\b")
+_URL_READY = re.compile(r"https?://(?:localhost|127\.0\.0\.1|0\.0\.0\.0)(?::(\d{1,5}))?[/'\"\s]")
+_MODE = re.compile(r"^[0-7]{3,4}$")
+_LINE = re.compile(r"^line (\d+): ")
+E2B_BASE = ("base", "e2bdev/base", "e2bdev/base:latest")
+
+
+@dataclass(frozen=True)
+class Translated:
+    recipe: str
+    no_cache: bool
+    hashes: tuple[str, ...]  # the COPY steps' uploads (filesHash), in order
+
+
+def _strings(value: object, where: str, least: int, most: int) -> list[str]:
+    if not isinstance(value, list) or not least <= len(value) <= most or not all(
+            isinstance(v, str) and len(v) <= 64 * 1024 for v in value):
+        raise InvalidArgument(where, f"takes {least} to {most} strings")
+    return list(value)
+
+
+def _one_line(text: str) -> bool:
+    return "\n" not in text and "\r" not in text and not text.rstrip().endswith("\\")
+
+
+def _command(word: str, command: str) -> str:
+    """A RUN or CMD line: the shell form when it reads as one, else the JSON form."""
+    if _one_line(command) and not command.lstrip().startswith("["):
+        return f"{word} {command}"
+    return f"{word} " + json.dumps(["/bin/sh", "-c", command])
+
+
+def base_of(body: dict[str, Any], default_image: str) -> str:
+    """The image the template starts from (its FROM)."""
+    if body.get("fromImageRegistry"):
+        raise InvalidArgument("fromImageRegistry", "Rift builds from its own images, not "
+                              "from a registry: from_template or from_image naming a Rift "
+                              "image")
+    base = body.get("fromTemplate") or body.get("fromImage") or "base"
+    if not isinstance(base, str) or not 0 < len(base) <= 200 or not _one_line(base):
+        raise InvalidArgument("fromTemplate", "names a Rift image")
+    if base in E2B_BASE:
+        return default_image
+    return base.removesuffix(":latest")
+
+
+def _ready_port(ready: object) -> int | None:
+    if not isinstance(ready, str):
+        return None
+    found = _PORT_READY.search(ready) or _URL_READY.search(ready + " ")
+    if found is None:
+        return None
+    if found.group(1) is None:
+        return 443 if ready.lstrip().find("https://") >= 0 else 80
+    return int(found.group(1))
+
+
+class _Lines:
+    """The recipe as it is written, with the user the steps run as so far."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.user = "root"
+
+    def mark(self, step: str) -> None:
+        self.lines.append(f"{STEP_MARK}{step}")
+
+    def as_user(self, user: str, line: str) -> None:
+        if user and user != self.user:
+            self.lines += [f"USER {user}", line, f"USER {self.user}"]
+        else:
+            self.lines.append(line)
+
+
+def _step(out: _Lines, number: int, step: object) -> str | None:
+    """One step's lines; answers its upload's hash (a COPY's)."""
+    where = f"steps[{number - 1}]"
+    if not isinstance(step, dict):
+        raise InvalidArgument(where, "is an object with type and args")
+    kind, args = step.get("type"), step.get("args")
+    out.mark(str(number))
+    if kind == "RUN":
+        command, *run_as = _strings(args, where + ".args", 1, 2)
+        out.as_user(run_as[0] if run_as else "", _command("RUN", command))
+        return None
+    if kind == "COPY":
+        src, dest, user, mode = [*_strings(args, where + ".args", 2, 4), "", ""][:4]
+        files_hash = step.get("filesHash")
+        if not isinstance(files_hash, str) or not re.fullmatch(r"[0-9a-f]{64}", files_hash):
+            raise InvalidArgument(where + ".filesHash", "the SDK's sha256 of the files")
+        chown = f"--chown={user} " if user else ""
+        out.lines.append(f"COPY {chown}{shlex.quote(src)} {shlex.quote(dest)}")
+        if mode:
+            if not _MODE.match(mode):
+                raise InvalidArgument(where + ".args", f"mode {mode[:8]!r} is not octal")
+            target = dest.rstrip("/") + "/" + src.rstrip("/").rsplit("/", 1)[-1] \
+                if dest.endswith("/") else dest
+            out.as_user("root", f"RUN chmod {mode} {shlex.quote(target)}")
+        return files_hash
+    if kind == "ENV":
+        pairs = _strings(args, where + ".args", 2, 512)
+        if len(pairs) % 2:
+            raise InvalidArgument(where + ".args", "are name, value pairs")
+        out.lines.append("ENV " + " ".join(f"{k}={shlex.quote(v)}"
+                                           for k, v in zip(pairs[::2], pairs[1::2], strict=True)))
+        return None
+    if kind in ("WORKDIR", "USER"):
+        (value,) = _strings(args, where + ".args", 1, 1)
+        if not _one_line(value):
+            raise InvalidArgument(where + ".args", "is one line")
+        out.lines.append(f"{kind} {value}")
+        if kind == "USER":
+            out.user = value
+        return None
+    raise InvalidArgument(where + ".type", f"{str(kind)[:20]!r}: RUN, COPY, ENV, WORKDIR "
+                          "or USER")
+
+
+def translate(body: dict[str, Any], default_image: str) -> Translated:
+    """The recipe of a template build's start (TemplateBuildStartV2); invalid_argument
+    for a body that is not one."""
+    steps = body.get("steps") or []
+    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+        raise InvalidArgument("steps", f"a list of at most {MAX_STEPS} steps")
+    out = _Lines()
+    out.mark("base")
+    out.lines.append(f"FROM {base_of(body, default_image)}")
+    hashes = [h for number, step in enumerate(steps, start=1)
+              if (h := _step(out, number, step)) is not None]
+    start, ready = body.get("startCmd"), body.get("readyCmd")
+    if start is not None:
+        if not isinstance(start, str) or not start.strip():
+            raise InvalidArgument("startCmd", "a command")
+        out.mark("finalize")
+        port = _ready_port(ready)
+        if port is not None:
+            out.lines.append(f"EXPOSE {port}")
+        elif isinstance(ready, str) and ready.strip():
+            out.lines.append("# readyCmd not run: the VM is saved once startCmd is started")
+        out.lines.append(_command("CMD", start))
+    forced = bool(body.get("force")) or any(isinstance(s, dict) and s.get("force")
+                                            for s in steps)
+    return Translated("\n".join(out.lines) + "\n", forced, tuple(hashes))
+
+
+def step_of(recipe: str, error: str | None) -> str:
+    """E2B's name of the step a build's error names (by its recipe line): the step
+    number, `base`, or `finalize` (a failure of no line: the start, or the build's)."""
+    found = _LINE.match(error or "")
+    if found is None:
+        return "finalize"
+    step = "base"
+    for line in recipe.splitlines()[:int(found.group(1))]:
+        if line.startswith(STEP_MARK):
+            step = line[len(STEP_MARK):]
+    return step

@@ -1,0 +1,204 @@
+"""E2B's template builds (SDK `Template.build`) through Rift's builder (SPEC §16,
+§19): the engine calls behind rift.e2b.template_routes. A template is a built
+image of the caller's; its ID and its name are the image's name.
+
+- `request` (`POST /v3/templates`): checks the name and answers a build ID (a Rift
+  build id, not yet recorded: the build takes it when it starts).
+- `upload_link` (`GET /templates/{id}/files/{hash}`): `present` when the caller's
+  upload of that hash is here, else a one-time URL to `PUT` it to (`upload`), at
+  most RIFT_BUILD_CONTEXT_MIB, kept in the data folder under the user's name.
+- `start` (`POST /v2/templates/{id}/builds/{build}`): the steps become a recipe
+  (rift.e2b.template_steps), the uploads a context folder, and the builder's
+  `submit` runs it in the background; its refusals before any VM starts are
+  `build_failed` naming E2B's step and the recipe's line.
+- `status` (`GET /templates/{id}/builds/{build}/status?logsOffset=N`): the build's
+  state in E2B's words, its log lines from the N-th, and for a failure its reason
+  (Rift's message and code, and E2B's step).
+- `alias` (`GET /templates/aliases/{alias}`): whether the caller may start it.
+
+What a restart forgets: upload URLs not yet used (the SDK asks again on its next
+build). A build itself is the builder's record and survives as any build does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rift.contract.builds import BuildGetIn, ImageBuildIn
+from rift.domain.builds import new_build_id
+from rift.domain.errors import BuildFailed, ImageNotFound, InvalidArgument
+from rift.e2b import shapes
+from rift.e2b.template_steps import step_of, translate
+from rift.services.builds import builder
+from rift.services.builds.builder import BuildParts
+from rift.services.builds.context import MIB, Context, unpack
+from rift.services.context import Caller, Deps
+from rift.services.lifecycle.image_access import sees, visible_names
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+_BUILD = re.compile(r"^build_[a-z2-7]{8}$")
+UPLOAD_S = 3600  # how long an upload URL holds
+LOG_PAGE = 100  # log entries per status answer, as E2B's API pages them
+STATES = {"running": "building", "succeeded": "ready", "failed": "error"}
+
+
+@dataclass(frozen=True)
+class Setup:
+    data_dir: Path
+    context_mib: int
+    ready_s: float
+    public_url: str | None
+
+
+class Templates:
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self._links: dict[str, tuple[str, str, float]] = {}  # token -> user, hash, until
+        self._lock = threading.Lock()
+
+    def _uploads(self, user: str) -> Path:
+        return self.setup.data_dir / "e2b-uploads" / user.encode().hex()
+
+    def request(self, deps: Deps, _registry: object, caller: Caller,
+                body: dict[str, Any]) -> dict[str, Any]:
+        name = template_name(body.get("name") or body.get("alias"), "name")
+        tags = body.get("tags")
+        if tags not in (None, [], ["default"], ["latest"]):
+            raise InvalidArgument("tags", "a template is one Rift image: tags are not "
+                                  "served; build each under a name of its own")
+        return {"templateID": name, "buildID": new_build_id(), "public": False,
+                "names": [name], "tags": ["default"], "aliases": [name]}
+
+    def upload_link(self, deps: Deps, _registry: object, caller: Caller, template: str,
+                    files_hash: str, base_url: str) -> dict[str, Any]:
+        template_name(template, "templateID")
+        if not _HASH.match(files_hash):
+            raise InvalidArgument("hash", "the sha256 of the files, in hex")
+        if (self._uploads(caller.user) / files_hash).exists():
+            return {"present": True}
+        token = secrets.token_urlsafe(24)
+        now = time.monotonic()
+        with self._lock:
+            self._links = {t: v for t, v in self._links.items() if v[2] > now}
+            self._links[token] = (caller.user, files_hash, now + UPLOAD_S)
+        base = (self.setup.public_url or base_url).rstrip("/")
+        return {"present": False, "url": f"{base}/e2b/template-uploads/{token}"}
+
+    def upload(self, token: str, data: bytes) -> None:
+        """PermissionError for a token this process did not give (or gave long ago)."""
+        with self._lock:
+            held = self._links.pop(token, None)
+        if held is None or held[2] < time.monotonic():
+            raise PermissionError("this upload URL is not Rift's, or was used or expired: "
+                                  "build the template again")
+        user, files_hash, _ = held
+        if len(data) > self.setup.context_mib * MIB:
+            raise InvalidArgument("context", f"the upload is over RIFT_BUILD_CONTEXT_MIB "
+                                  f"({self.setup.context_mib} MiB)")
+        folder = self._uploads(user)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".part-", delete=False) as made:
+            made.write(data)
+        os.replace(made.name, folder / files_hash)
+
+    def start(self, deps: Deps, _registry: object, caller: Caller, template: str,
+              build_id: str, body: dict[str, Any]) -> None:
+        name = template_name(template, "templateID")
+        if not _BUILD.match(build_id):
+            raise InvalidArgument("buildID", "the build ID `POST /v3/templates` answered")
+        made = translate(body, deps.default_image)
+        folder = self._context(caller.user, made.hashes)
+        parts = BuildParts(context=Context(folder), ready_s=self.setup.ready_s,
+                           remove_context=folder is not None,
+                           context_mib=self.setup.context_mib, build_id=build_id)
+        try:
+            builder.submit(deps, caller, ImageBuildIn(name=name, recipe=made.recipe,
+                                                      no_cache=made.no_cache), parts)
+        except BuildFailed as exc:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise BuildFailed(f"step {step_of(made.recipe, exc.message)}: {exc.message}",
+                              build_id=build_id) from exc
+        except BaseException:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        for files_hash in made.hashes:  # in the build's context now
+            (self._uploads(caller.user) / files_hash).unlink(missing_ok=True)
+
+    def _context(self, user: str, hashes: tuple[str, ...]) -> Path | None:
+        """The uploads the COPY steps name, unpacked into one folder of the build's."""
+        if not hashes:
+            return None
+        contexts = self.setup.data_dir / "build-contexts"
+        contexts.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="e2b-", dir=contexts))
+        try:
+            for files_hash in dict.fromkeys(hashes):
+                upload = self._uploads(user) / files_hash
+                if not upload.exists():
+                    raise InvalidArgument("filesHash", f"{files_hash[:12]}… was not uploaded: "
+                                          "ask GET /templates/{id}/files/{hash} first")
+                unpack(upload.read_bytes(), folder, self.setup.context_mib)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return folder
+
+    def status(self, deps: Deps, _registry: object, caller: Caller, template: str,
+               build_id: str, query: dict[str, str]) -> dict[str, Any]:
+        raw = query.get("logsOffset", "0")
+        if not raw.isdigit() or len(raw) > 9:
+            raise InvalidArgument("logsOffset", "a count of log entries")
+        if not _BUILD.match(build_id):
+            raise InvalidArgument("buildID", "the build ID `POST /v3/templates` answered")
+        build = builder.get(deps, caller, BuildGetIn(build_id=build_id)).build
+        if build.image != template:
+            raise InvalidArgument("build_id", f"no build {build_id} of {template[:64]!r}")
+        with deps.store.read() as tx:
+            row = tx.builds.get(build_id)
+        recipe = row.recipe if row is not None else ""
+        when = build.ended_at or deps.clock.now().isoformat()
+        lines = build.log.splitlines()
+
+        def entries(chosen: list[str]) -> list[dict[str, str]]:
+            return [{"timestamp": when, "message": line,
+                     "level": "error" if line.startswith("failed: ") else "info"}
+                    for line in chosen]
+
+        page = entries(lines[int(raw):int(raw) + LOG_PAGE])
+        answer: dict[str, Any] = {"templateID": template, "buildID": build_id,
+                                  "status": STATES.get(build.state, "building"),
+                                  "logEntries": page, "logs": [e["message"] for e in page]}
+        if build.state == "failed":
+            failure = BuildFailed(build.error or "the build failed")
+            answer["reason"] = {"message": shapes.message_of(failure),
+                                "step": step_of(recipe, build.error),
+                                "logEntries": entries(lines[-20:])}
+        return answer
+
+    def alias(self, deps: Deps, _registry: object, caller: Caller,
+              alias: str) -> dict[str, Any]:
+        with deps.store.read() as tx:
+            row = tx.owned_images.get(alias)
+            if alias not in deps.images.names() or not sees(row, caller, alias):
+                raise ImageNotFound(alias[:64], visible_names(deps, tx, caller))
+        return {"templateID": alias, "public": row is None or row.published}
+
+
+def template_name(value: object, field: str) -> str:
+    """A template's name: a Rift image name (lower case, digits, `.`, `_`, `-`)."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise InvalidArgument(field, "a template's name is a Rift image name: lower case "
+                              "letters, digits, '.', '_' and '-' (no ':tag')")
+    return value

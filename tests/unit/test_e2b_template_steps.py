@@ -1,0 +1,95 @@
+"""E2B's template steps as a Rift recipe (rift.e2b.template_steps): each step's
+lines, read back by the builder's own parser; a step's own user only for it; a
+mode as a chmod; a command of several lines in the JSON form; a ready command
+that waits for a port as EXPOSE, any other left unrun (and said so); `force` as
+no_cache; and a recipe line named back as E2B's step."""
+
+from __future__ import annotations
+
+import pytest
+
+from rift.domain.errors import InvalidArgument
+from rift.domain.recipes import parse, plan
+from rift.e2b.template_steps import step_of, translate
+
+H = "ab" * 32
+
+
+def _copy(src: str, dest: str, user: str = "", mode: str = "") -> dict[str, object]:
+    return {"type": "COPY", "args": [src, dest, user, mode], "force": False, "filesHash": H}
+
+
+def test_each_step_becomes_its_recipe_lines_which_the_builder_reads() -> None:
+    made = translate({"fromTemplate": "tiny", "force": False, "steps": [
+        {"type": "ENV", "args": ["GREETING", "hello world", "N", "1"], "force": False},
+        _copy("site", "/srv/www/", "user", "0755"),
+        {"type": "RUN", "args": ["apt-get update && apt-get install -y vim", "root"]},
+        {"type": "USER", "args": ["user"]},
+        {"type": "WORKDIR", "args": ["/home/user"]},
+        {"type": "RUN", "args": ["pip install --user numpy"]},
+        {"type": "RUN", "args": ["echo one\necho two", "root"]},
+    ], "startCmd": "python -m http.server 8000",
+        "readyCmd": '[ -n "$(ss -Htuln sport = :8000)" ]'}, "debian")
+    assert made.recipe.splitlines() == [
+        "# e2b step base", "FROM tiny",
+        "# e2b step 1", "ENV GREETING='hello world' N=1",
+        "# e2b step 2", "COPY --chown=user site /srv/www/", "RUN chmod 0755 /srv/www/site",
+        "# e2b step 3", "RUN apt-get update && apt-get install -y vim",
+        "# e2b step 4", "USER user",
+        "# e2b step 5", "WORKDIR /home/user",
+        "# e2b step 6", "RUN pip install --user numpy",
+        "# e2b step 7", "USER root", 'RUN ["/bin/sh", "-c", "echo one\\necho two"]',
+        "USER user",
+        "# e2b step finalize", "EXPOSE 8000", "CMD python -m http.server 8000"]
+    recipe = parse(made.recipe)
+    assert (recipe.base, recipe.settings.cmd, recipe.settings.ports, recipe.settings.user) == (
+        "tiny", "python -m http.server 8000", (8000,), "user")
+    assert dict(recipe.settings.env) == {"GREETING": "hello world", "N": "1"}
+    planned = plan(recipe, "root", {6: "digest"})
+    assert [p.step.instruction for p in planned if p.changes_guest] == [
+        "COPY", "RUN", "RUN", "RUN", "RUN"]
+    assert (made.hashes, made.no_cache) == ((H,), False)
+
+
+@pytest.mark.parametrize(("ready", "line"), [
+    ("curl -s -o /dev/null -w \"%{http_code}\" 'http://localhost:3000/health' | grep -q 200",
+     "EXPOSE 3000"),
+    ("sleep 20", "# readyCmd not run: the VM is saved once startCmd is started"),
+    ("pgrep nginx > /dev/null", "# readyCmd not run: the VM is saved once startCmd is started"),
+])
+def test_a_ready_command_waits_for_its_port_or_is_said_not_run(ready: str, line: str) -> None:
+    made = translate({"steps": [], "startCmd": "[ -x app ] && ./app", "readyCmd": ready},
+                     "debian")
+    lines = made.recipe.splitlines()
+    assert lines[1] == "FROM debian"  # E2B's default base: RIFT_DEFAULT_IMAGE
+    assert lines[-2:] == [line, 'CMD ["/bin/sh", "-c", "[ -x app ] && ./app"]']
+    parse(made.recipe)
+
+
+def test_force_anywhere_means_no_cache_and_bad_steps_are_refused_naming_them() -> None:
+    assert translate({"steps": [{"type": "RUN", "args": ["true"], "force": True}]},
+                     "debian").no_cache
+    assert translate({"force": True, "fromImage": "e2bdev/base:latest"}, "tiny").recipe \
+        == "# e2b step base\nFROM tiny\n"
+    for body, field in [
+        ({"steps": [{"type": "ADD", "args": ["x"]}]}, "steps[0].type"),
+        ({"steps": [{"type": "RUN", "args": []}]}, "steps[0].args"),
+        ({"steps": [{"type": "ENV", "args": ["A"]}]}, "steps[0].args"),
+        ({"steps": [{"type": "COPY", "args": ["a", "/b", "", ""]}]}, "steps[0].filesHash"),
+        ({"steps": [_copy("a", "/b", "", "rwx")]}, "steps[0].args"),
+        ({"fromImageRegistry": {"type": "registry"}}, "fromImageRegistry"),
+        ({"startCmd": "  "}, "startCmd"),
+    ]:
+        with pytest.raises(InvalidArgument) as caught:
+            translate(body, "debian")
+        assert caught.value.details["field"] == field, (body, caught.value)
+
+
+def test_a_recipe_line_names_e2bs_step() -> None:
+    recipe = translate({"steps": [{"type": "RUN", "args": ["true"]}, _copy("a", "/b")],
+                        "startCmd": "./serve"}, "debian").recipe
+    assert step_of(recipe, "line 2: FROM x names no image of yours") == "base"
+    assert step_of(recipe, "line 4: RUN exited 3") == "1"
+    assert step_of(recipe, "line 6: COPY a is outside the build context") == "2"
+    assert step_of(recipe, "CMD: port 80 did not answer") == "finalize"
+    assert step_of(recipe, None) == "finalize"
