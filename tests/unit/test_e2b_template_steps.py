@@ -6,6 +6,10 @@ no_cache; and a recipe line named back as E2B's step."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from rift.domain.errors import InvalidArgument
@@ -71,7 +75,7 @@ def test_force_anywhere_means_no_cache_and_bad_steps_are_refused_naming_them() -
                      "debian").no_cache
     assert translate({"force": True, "fromImage": "e2bdev/base:latest"}, "tiny").recipe \
         == "# e2b step base\nFROM tiny\n"
-    for body, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"steps": [{"type": "ADD", "args": ["x"]}]}, "steps[0].type"),
         ({"steps": [{"type": "RUN", "args": []}]}, "steps[0].args"),
         ({"steps": [{"type": "ENV", "args": ["A"]}]}, "steps[0].args"),
@@ -79,7 +83,8 @@ def test_force_anywhere_means_no_cache_and_bad_steps_are_refused_naming_them() -
         ({"steps": [_copy("a", "/b", "", "rwx")]}, "steps[0].args"),
         ({"fromImageRegistry": {"type": "registry"}}, "fromImageRegistry"),
         ({"startCmd": "  "}, "startCmd"),
-    ]:
+    ]
+    for body, field in cases:
         with pytest.raises(InvalidArgument) as caught:
             translate(body, "debian")
         assert caught.value.details["field"] == field, (body, caught.value)
@@ -93,3 +98,22 @@ def test_a_recipe_line_names_e2bs_step() -> None:
     assert step_of(recipe, "line 6: COPY a is outside the build context") == "2"
     assert step_of(recipe, "CMD: port 80 did not answer") == "finalize"
     assert step_of(recipe, None) == "finalize"
+
+
+def test_the_sdks_from_dockerfile_steps_read_as_the_same_recipe(tmp_path: Path) -> None:
+    from e2b import Template
+
+    dockerfile = ('FROM tiny\nARG NAME=web\nENV GREETING="hello $NAME"\nWORKDIR /srv\n'
+                  'COPY index.html www/\nRUN echo "$GREETING" > www/greeting\nUSER root\n'
+                  'EXPOSE 8080\nCMD ["httpd", "-f", "-p", "8080", "-h", "/srv/www"]\n')
+    (tmp_path / "index.html").write_text("hi\n")
+    sent = json.loads(Template.to_json(Template(file_context_path=str(tmp_path))
+                                       .from_dockerfile(dockerfile)))
+    made = translate(sent, "debian")
+    recipe = parse(made.recipe)
+    assert recipe.base == "tiny" and len(made.hashes) == 1
+    assert dict(recipe.settings.env)["GREETING"] == "hello web"
+    assert (recipe.settings.user, recipe.settings.workdir) == ("root", "/srv")
+    assert recipe.settings.cmd == "httpd -f -p 8080 -h /srv/www"
+    assert "# readyCmd not run: the VM is saved once startCmd is started" in made.recipe
+    assert any(line.startswith("COPY index.html") for line in made.recipe.splitlines())
