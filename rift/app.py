@@ -41,7 +41,7 @@ from rift.scheduler import PoolFiller, start_scheduler
 from rift.services.access import accounts
 from rift.services.background.heartbeat import resume
 from rift.services.background.sweeps import sweep
-from rift.services.builds import builder
+from rift.services.builds import restarts
 from rift.services.context import Caller, Deps
 from web.router import install as install_web
 
@@ -93,7 +93,7 @@ class AccessLog:
 def _before_calls(engine: Deps) -> None:
     """Before any call is taken: finish closes a crash cut off, then reconcile; and
     what the first login needs, so that it is no slower than the next."""
-    builder.fail_cut(engine)  # SPEC §19: a build a restart cut fails, its task closes
+    restarts.fail_cut(engine)  # SPEC §19: a build a restart cut fails, its task closes
     sweep(engine)
     accounts.prepare_logins()
 

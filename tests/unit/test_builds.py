@@ -20,13 +20,13 @@ from rift.domain.builds import OwnedImage
 from rift.domain.clock import FakeClock
 from rift.domain.errors import BuildFailed
 from rift.domain.recipes import parse
-from rift.services.builds import builder, engine
+from rift.services.builds import builder, engine, restarts
 from rift.services.builds.builder import BuildParts
 from rift.services.builds.context import Context
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import pool_filler, pools, tasks, vms
 from rift.services.operator.images import remove_image
-from tests.support.engine import ALICE, BOB, refused
+from tests.support.engine import ALICE, BOB, event_types, refused
 
 RECIPE = """\
 FROM tiny
@@ -83,6 +83,7 @@ class FakeLayers:
     names: set[str] = field(default_factory=set)
     images: dict[str, str] = field(default_factory=dict)  # image -> the layer it copies
     parents: dict[str, str] = field(default_factory=dict)  # layer -> what its disk backs on
+    half: set[str] = field(default_factory=set)  # layers' work folders a cut left
 
     def exists(self, name: str) -> bool:
         return name in self.names or name in self.images
@@ -95,7 +96,11 @@ class FakeLayers:
 
     def remove(self, name: str) -> None:
         self.names.discard(name)
+        self.half.discard(name)
         self.images.pop(name, None)
+
+    def stray(self) -> list[str]:
+        return sorted({n for n in self.names if n.startswith("layer-")} | self.half)
 
     def backing(self, name: str) -> str | None:
         return self.parents.get(name)
@@ -327,25 +332,33 @@ def test_a_build_is_read_by_its_owner_alone_with_its_log_from_an_offset(
     refused("invalid_argument", builder.get, deps, BOB, BuildGetIn(build_id=out.build.build_id))
 
 
-def test_a_build_left_running_by_a_restart_of_this_machine_fails_and_its_task_closes(
+def test_a_build_a_restart_cut_fails_records_it_closes_its_task_and_drops_half_layers(
         deps: Deps, context: Context) -> None:
-    _, out = _build(deps, RECIPE, context, FakeLayers())
+    layers = FakeLayers()
+    _, out = _build(deps, RECIPE, context, layers)
+    kept = set(layers.names)
     with deps.store.write() as tx:
         row = tx.builds.get(out.build.build_id)
         assert row is not None
         gone = f"{socket.gethostname()}/999999999"  # a process of this machine that ended
-        tx.builds.add(replace(row, id="build_cccccccc", state="running", ended_at=None,
-                              host=gone))
-        tx.builds.add(replace(row, id="build_dddddddd", state="running", ended_at=None,
-                              host=f"{socket.gethostname()}/{os.getpid()}"))  # still runs
-        tx.builds.add(replace(row, id="build_eeeeeeee", state="running", ended_at=None,
-                              host="another-machine/1"))  # that machine's to settle
+        for build_id, host in [("build_cccccccc", gone),
+                               ("build_dddddddd", f"{socket.gethostname()}/{os.getpid()}"),
+                               ("build_eeeeeeee", "another-machine/1")]:  # runs; not ours
+            tx.builds.add(replace(row, id=build_id, image="other", state="running",
+                                  ended_at=None, host=host))
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn, name="build_cccccccc"))
-    assert builder.fail_cut(deps) == ["build_cccccccc"]
+    layers.names.add("layer-" + "f" * 64)  # saved whole when the restart came: no row yet
+    layers.half.add(".add-layer-" + "0" * 64 + "-x1y2")  # being written when it came
+    assert restarts.fail_cut(deps, layers) == ["build_cccccccc"]
     got = builder.get(deps, ALICE, BuildGetIn(build_id="build_cccccccc")).build
     assert got.state == "failed" and "cut by a restart" in (got.error or "")
+    assert [builder.get(deps, ALICE, BuildGetIn(build_id=b)).build.state
+            for b in ("build_dddddddd", "build_eeeeeeee")] == ["running", "running"]
     assert tasks.get(deps, ALICE, command(c.TaskGetIn, task_id=opened.task.id)).task.status \
         == "closed"
+    assert event_types(deps, opened.task.id)[-2:] == ["build_cut", "closed"]
+    assert (layers.names, layers.half) == (kept, set())  # the whole ones with rows stay
+    assert restarts.fail_cut(deps, layers) == []  # settled once
 
 
 def test_the_node_example_reads_and_its_context_has_what_it_copies() -> None:

@@ -8,7 +8,7 @@ built-in or an operator's image: `invalid_argument`), records the build
 `running`, and runs it, in the background or in the caller's thread. Builds run
 one at a time per control plane's images folder (a lock file there, so `rift
 image build` and `rift serve` take turns). A build `rift serve` finds `running`
-at its start was cut by a restart: `fail_cut` fails it and closes its task.
+at its start was cut by a restart: rift.services.builds.restarts fails it.
 """
 
 from __future__ import annotations
@@ -24,23 +24,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rift.contract.builds import BuildGetIn, BuildOut, ImageBuildIn, ImageOut, ImagePublishIn
-from rift.contract.operator import TaskIdIn
 from rift.domain.builds import LAYER_PREFIX, Build, OwnedImage, new_build_id
 from rift.domain.errors import BuildFailed, ImageNotFound, InvalidArgument, RiftError
 from rift.domain.recipes import RecipeError, parse
 from rift.services.builds import engine
 from rift.services.builds import layers as kept_layers
 from rift.services.builds.context import Context
-from rift.services.builds.guest import VmBuildGuest, last_folder
+from rift.services.builds.guest import VmBuildGuest
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.image_access import BuildCaller, sees, visible_names
-from rift.services.lifecycle.tasks import close_as_operator
 from rift.services.operator.images import FolderLayers, check_unused
 from rift.services.ports.builds import BuildGuest, LayerFiles
 from rift.services.read import views
 
 BUILTIN = ("tiny", "debian", "python")  # the images `rift image build` makes itself
-_LOCK = threading.Lock()
+BUILD_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -194,10 +192,10 @@ def _keep_image(deps: Deps, build: Build) -> None:
 
 @contextmanager
 def _one_at_a_time(deps: Deps, log: _Log) -> Iterator[None]:
-    folder = _lock_folder(deps)
-    if not _LOCK.acquire(blocking=False):
+    folder = lock_folder(deps)
+    if not BUILD_LOCK.acquire(blocking=False):
         log.say("waiting for the build before it")
-        _LOCK.acquire()
+        BUILD_LOCK.acquire()
     try:
         if folder is None:
             yield
@@ -207,10 +205,10 @@ def _one_at_a_time(deps: Deps, log: _Log) -> Iterator[None]:
             fcntl.flock(held, fcntl.LOCK_EX)
             yield
     finally:
-        _LOCK.release()
+        BUILD_LOCK.release()
 
 
-def _lock_folder(deps: Deps) -> Path | None:
+def lock_folder(deps: Deps) -> Path | None:
     try:
         return deps.runtime.images("name")
     except InvalidArgument:
@@ -241,39 +239,3 @@ def publish(deps: Deps, caller: Caller, cmd: ImagePublishIn) -> ImageOut:
 def runner() -> str:
     """Where a build runs: this machine and process (a build's `host` column)."""
     return f"{socket.gethostname()}/{os.getpid()}"
-
-
-def _gone(where: str) -> bool:
-    """Whether the process that ran a build on this machine is gone (a build of
-    another machine, another replica's, is that machine's to settle)."""
-    machine, _, pid = where.rpartition("/")
-    if machine != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False  # it runs (or its id went to another process: left, to be safe)
-
-
-def fail_cut(deps: Deps) -> list[str]:
-    """At `rift serve`'s start: builds left `running` by a process of this machine
-    that is gone were cut by a restart; each fails, and its task (named after it)
-    closes."""
-    now = deps.clock.now()
-    with deps.store.write() as tx:
-        cut = [b for b in tx.builds.running() if _gone(b.host)]
-        for build in cut:
-            tx.builds.save(build.failed("cut by a restart of rift serve; build again", now),
-                           build)
-        open_tasks = [t.id for b in cut for t in tx.tasks.page(b.owner, "open", 500, None)
-                      if t.name == b.id]
-    for task_id in open_tasks:
-        close_as_operator(deps, TaskIdIn(task_id=task_id, by="sweep"))
-    for build in cut:  # a last state saved when the restart came
-        folder = last_folder(deps, build.id)
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
-    return [b.id for b in cut]

@@ -6,7 +6,9 @@ layers of each image name's latest build (succeeded, failed or running: a failed
 one's layers are the next try's cache) and every layer their disks back onto,
 and removes the rest, files and row: nothing kept is an overlay on anything
 removed. Rows of built images whose files are gone (`rift image remove`) go too,
-so the name is free again."""
+so the name is free again, and so do the layers a cut build left half-written or
+saved without their row (`sweep` runs with the build lock held: no build is
+saving one then)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,11 @@ def sweep(deps: Deps, files: LayerFiles) -> list[str]:
         files.remove(name)
         with deps.store.write() as tx:
             tx.owned_images.remove(name)
-    if gone:
-        deps.log.info("layers swept", extra={"removed": len(gone)})
-    return gone
+    # A cut build's leftovers: a layer half-written, or saved with no row yet. With the
+    # build lock held no build is saving one, so no row means no one's.
+    orphans = [name for name in files.stray() if name not in layers]
+    for name in orphans:
+        files.remove(name)
+    if gone or orphans:
+        deps.log.info("layers swept", extra={"removed": len(gone), "orphans": len(orphans)})
+    return gone + orphans

@@ -7,6 +7,7 @@ rift.services.lifecycle.guest_kinds.SnapshotGuest starts its VMs). A plain
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from hypervisor.base import ImageError, elsewhere
@@ -20,6 +21,7 @@ from hypervisor.snapshot_image import (
     snapshot_image,
 )
 from rift.contract.operator import ImageFromSnapshotIn
+from rift.domain.builds import LAYER_PREFIX
 from rift.domain.errors import InvalidArgument, SnapshotNotFound
 from rift.domain.model import Vm
 from rift.services.context import Deps
@@ -143,6 +145,9 @@ def layer_from_vm(deps: Deps, name: str, vm: Vm, snapshot_dir: Path) -> None:
         raise InvalidArgument("name", str(exc)) from exc
 
 
+HALF_WRITTEN = ".add-" + LAYER_PREFIX  # a layer's work folder that a cut left
+
+
 class FolderLayers:
     """The LayerFiles port of builds (SPEC §19) over the images folder: layers and
     built images are snapshot images; a built image is a standalone copy of its
@@ -175,8 +180,16 @@ class FolderLayers:
         add_snapshot_image(self.images_dir, name, source)
 
     def remove(self, name: str) -> None:
-        if (self.images_dir / name).exists():
+        if name.startswith(HALF_WRITTEN):  # a work folder (hypervisor.qcow2.new_image_folder)
+            shutil.rmtree(self.images_dir / name, ignore_errors=True)
+        elif (self.images_dir / name).exists():
             remove_image_files(self.images_dir, name)
+
+    def stray(self) -> list[str]:
+        if not self.images_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.images_dir.iterdir()
+                      if p.name.startswith((LAYER_PREFIX, HALF_WRITTEN)))
 
     def backing(self, name: str) -> str | None:
         try:

@@ -72,3 +72,7 @@ class LayerFiles(Protocol):
     def backing(self, name: str) -> str | None:
         """The layer (or image) whose disk layer `name`'s disk is an overlay on."""
         ...
+    def stray(self) -> list[str]:
+        """Every layer's folder there is, whole or half-written (a build cut while it
+        saved one), by a name `remove` takes."""
+        ...
