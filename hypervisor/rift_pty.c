@@ -136,7 +136,6 @@ static int cmd_run(int argc, char **argv) {
     char tty[TTY_MAX];
     strcpy(tty, name);
     set_size(master, rows, cols, "TIOCSWINSZ");
-    write_name(argv[4], tty);
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0) return 1;
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
@@ -147,10 +146,11 @@ static int cmd_run(int argc, char **argv) {
     pid_t pid = fork();
     if (pid < 0) return 1;
     if (pid == 0) child(tty, argv[6]);
+    write_name(argv[4], tty); /* once a signal can reach the shell: handlers set, child made */
     fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
     static char pending[PENDING_MAX], buf[65536];
     size_t pending_len = 0;
-    int in_open = 1, term_open = 1, status = 0, exited = 0;
+    int in_open = 1, term_open = 1, status = 0, exited = 0, hanging_up = 0;
     long drain_until = 0;
     while (term_open && !(exited && mono_ms() >= drain_until)) {
         struct pollfd p[3];
@@ -190,7 +190,13 @@ static int cmd_run(int argc, char **argv) {
         }
         if (hangup_asked) {
             hangup_asked = 0;
-            kill(-pid, SIGHUP);
+            hanging_up = 1;
+        }
+        if (hanging_up && !exited) {
+            /* again each turn (at most a second apart) until the shell is gone: one asked
+               before the child made its session (setsid) reaches no group, and one the
+               child took before it reset its handlers is lost */
+            if (kill(-pid, SIGHUP) < 0) kill(pid, SIGHUP);
             kill(-pid, SIGCONT);
         }
         if (!exited && waitpid(pid, &status, WNOHANG) == pid) {

@@ -141,3 +141,21 @@ def test_rift_pty_resizes_a_running_terminal_and_a_term_hangs_its_shell_up(
                               capture_output=True).returncode == 2
     assert subprocess.run([helper, "resize", str(tmp_path / "none"), "24", "80"],
                           check=False).returncode == 3
+
+
+def test_a_term_the_moment_the_terminal_is_named_still_hangs_its_shell_up(
+        helper: str, tmp_path: Path) -> None:
+    """A hang-up asked before the child has made its session (or reset its signals)
+    is sent again until the shell is gone: before, it reached no process group and
+    the helper waited for good (seen under load in make test)."""
+    for n in range(5):
+        tty = tmp_path / f"tty{n}"
+        proc = _run(helper, tty)
+        try:
+            _named(tty)
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.communicate(timeout=10)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 128 + signal.SIGHUP
