@@ -15,7 +15,16 @@ from rift.domain.model import Task
 from rift.domain.store_errors import DuplicateKey, StoreError
 from rift.store.changes import check_limit, check_list_status
 from rift.store.sql_base import SqlRepository
-from rift.store.tables import TASK_COLUMNS, events, execs, exposures, snapshots, tasks, vms
+from rift.store.tables import (
+    TASK_COLUMNS,
+    code_contexts,
+    events,
+    execs,
+    exposures,
+    snapshots,
+    tasks,
+    vms,
+)
 
 # What a transition may change: the lease state. `save` writes the part of it the
 # transition changed (against the task as this transaction read it), so a column
@@ -187,6 +196,7 @@ class SqlTasks(SqlRepository):
             self._conn.execute(delete(execs).where(execs.c.task_id.in_(ids)))
             self._conn.execute(delete(snapshots).where(snapshots.c.task_id.in_(ids)))
             self._conn.execute(delete(exposures).where(exposures.c.task_id.in_(ids)))
+            self._conn.execute(delete(code_contexts).where(code_contexts.c.task_id.in_(ids)))
             self._conn.execute(delete(vms).where(vms.c.task_id.in_(ids)))
             self._conn.execute(delete(tasks).where(tasks.c.id.in_(ids)))
         return ids

@@ -7,6 +7,7 @@ from sqlalchemy.engine import Connection
 
 from rift.store.sql_accounts import SqlTokens, SqlUsers
 from rift.store.sql_builds import SqlBuilds, SqlOwnedImages
+from rift.store.sql_code_contexts import SqlCodeContexts
 from rift.store.sql_events import SqlEvents
 from rift.store.sql_execs import SqlExecs
 from rift.store.sql_exposures import SqlExposures
@@ -28,9 +29,9 @@ class SqlTx:
     """Implements the engine's ``Tx`` port over one SQLAlchemy connection;
     ``writable`` is False inside ``store.read()``."""
 
-    __slots__ = ("builds", "events", "execs", "exposures", "fleet", "hosts", "meta",
-                 "owned_images", "pool_vms", "pools", "rates", "sandboxes", "snapshots", "tasks",
-                 "tokens", "users", "vms", "volumes", "web")
+    __slots__ = ("builds", "code_contexts", "events", "execs", "exposures", "fleet", "hosts",
+                 "meta", "owned_images", "pool_vms", "pools", "rates", "sandboxes", "snapshots",
+                 "tasks", "tokens", "users", "vms", "volumes", "web")
 
     def __init__(self, conn: Connection, *, writable: bool) -> None:
         self.tasks = SqlTasks(conn, writable=writable)
@@ -52,3 +53,4 @@ class SqlTx:
         self.volumes = SqlVolumes(conn, writable=writable)
         self.builds = SqlBuilds(conn, writable=writable)
         self.owned_images = SqlOwnedImages(conn, writable=writable)
+        self.code_contexts = SqlCodeContexts(conn, writable=writable)

@@ -21,6 +21,7 @@ from sqlalchemy import (
 )
 
 from rift.domain.builds import Build, OwnedImage
+from rift.domain.code_contexts import CodeContext
 from rift.domain.model import Event, Exec, Task, Vm
 from rift.domain.pools import Pool, PoolVm
 from rift.domain.records import Exposure, Snapshot
@@ -398,3 +399,24 @@ owned_images = Table(
 )
 BUILD_COLUMNS = tuple(builds.c[f.name] for f in fields(Build))
 OWNED_IMAGE_COLUMNS = tuple(owned_images.c[f.name] for f in fields(OwnedImage))
+
+# Code contexts (migration 0020, SPEC §20): a VM's kernels as the engine last knew
+# them (language, last run, a run in flight); the rows go in the transaction that
+# ends their VM, and with their task's tombstone.
+code_contexts = Table(
+    "code_contexts",
+    metadata,
+    Column("vm_id", String, ForeignKey("vms.id"), primary_key=True),
+    Column("id", String, primary_key=True),
+    Column("task_id", String, nullable=False),
+    Column("language", String, nullable=False),
+    Column("cwd", Text, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("last_run_at", UtcDateTime, nullable=True),
+    Column("execution_count", Integer, nullable=True),
+    Column("last_status", String, nullable=True),
+    Column("run_id", String, nullable=True),
+    Column("run_until", UtcDateTime, nullable=True),
+    Index("ix_code_contexts_task_id", "task_id"),
+)
+CODE_CONTEXT_COLUMNS = tuple(code_contexts.c[f.name] for f in fields(CodeContext))

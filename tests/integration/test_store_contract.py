@@ -977,7 +977,7 @@ def test_migrating_again_is_harmless_and_reaches_the_head(empty_sql_url: str) ->
     assert current_revision(empty_sql_url) is None
     upgrade(empty_sql_url)
     upgrade(empty_sql_url)
-    assert current_revision(empty_sql_url) == head_revision() == "0019"
+    assert current_revision(empty_sql_url) == head_revision() == "0020"
 
 
 def test_migration_0006_gives_vms_that_ran_a_boot_start_and_every_vm_ten_gib(

@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from rift.services.ports.builds import BuildRepository, OwnedImageRepository
+from rift.services.ports.code_contexts import CodeContextRepository
 from rift.services.ports.guest import (
     ExecGone,
     ExecRead,
@@ -118,6 +119,8 @@ class Tx(Protocol):
     def builds(self) -> BuildRepository: ...
     @property
     def owned_images(self) -> OwnedImageRepository: ...
+    @property
+    def code_contexts(self) -> CodeContextRepository: ...
 
 
 class Store(Protocol):
