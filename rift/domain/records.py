@@ -83,18 +83,21 @@ class ChangeMark:
     """Moves whenever anything the Boxes page shows may have changed: every state
     change appends an event, a touch moves an open task's last activity, each
     round of usage sampling (VMs' `stats`) sets its own mark, and so does each
-    change of a volume (they belong to no task: SPEC §18)."""
+    change of a volume (they belong to no task: SPEC §18) and of a VM's code
+    contexts (a run appends no event: SPEC §20)."""
 
     last_event_id: int
     last_activity_at: datetime | None
     usage_mark: str | None = None
     volumes_mark: str | None = None
+    code_mark: str | None = None
 
     @property
     def token(self) -> str:
         at = "" if self.last_activity_at is None else str(
             int(self.last_activity_at.timestamp() * 1_000_000))
-        return f"{self.last_event_id}.{at}.{self.usage_mark or ''}.{self.volumes_mark or ''}"
+        return (f"{self.last_event_id}.{at}.{self.usage_mark or ''}.{self.volumes_mark or ''}"
+                f".{self.code_mark or ''}")
 
 
 # A snapshot's life (SPEC §12): `making` while the VM is saved and its disk copied,

@@ -9,20 +9,21 @@ from typing import Any
 
 from sqlalchemy import Row, bindparam, delete, func, select, update
 
-from rift.domain import usage, volumes
+from rift.domain import code_contexts, usage, volumes
 from rift.domain.records import ChangeMark, LoginFailures, WebSession
 from rift.domain.store_errors import DuplicateKey, MissingReference, StoreError
 from rift.store.sql_base import SqlRepository
 from rift.store.tables import events, login_failures, meta, tasks, users, web_sessions
 
-# One statement, four index lookups: the events primary key's last entry, the
-# last entry of (status, last_activity_at) for open tasks, and two meta keys.
+# One statement, five index lookups: the events primary key's last entry, the
+# last entry of (status, last_activity_at) for open tasks, and three meta keys.
 CHANGE_MARK = select(
     select(func.max(events.c.id)).scalar_subquery(),
     select(func.max(tasks.c.last_activity_at))
     .where(tasks.c.status == "open").scalar_subquery(),
     select(meta.c.value).where(meta.c.key == usage.MARK_KEY).scalar_subquery(),
     select(meta.c.value).where(meta.c.key == volumes.MARK_KEY).scalar_subquery(),
+    select(meta.c.value).where(meta.c.key == code_contexts.MARK_KEY).scalar_subquery(),
 )
 
 
@@ -114,4 +115,4 @@ class SqlWeb(SqlRepository):
     def change_mark(self) -> ChangeMark:
         row = self._conn.execute(CHANGE_MARK).one()
         last_event, last_activity, usage_mark, volumes_mark = row[0], row[1], row[2], row[3]
-        return ChangeMark(int(last_event or 0), last_activity, usage_mark, volumes_mark)
+        return ChangeMark(int(last_event or 0), last_activity, usage_mark, volumes_mark, row[4])

@@ -159,7 +159,7 @@ def test_a_watched_run_hears_its_newest_line_and_its_stop_interrupts_the_kernel(
     deadline = time.monotonic() + 10
     while not watch.message.startswith("step") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert watch.target == f"{vm_id}/default"
+    assert watch.target.startswith(f"{vm_id}/default/run_")
     assert watch.message.startswith("step ")
     watch.stop()
     code.interrupt(cdeps, ALICE, handle, watch.target)  # what the door's stop does
@@ -169,6 +169,25 @@ def test_a_watched_run_hears_its_newest_line_and_its_stop_interrupts_the_kernel(
     assert ran.status in ("running", "interrupted")
     later = _run(cdeps, handle, vm_id, "i").execution
     assert later.status == "ok" and int(later.results[0].data["text/plain"]) < 999
+
+
+def test_a_run_whose_watch_stopped_before_it_began_interrupts_itself_and_no_other(
+        cdeps: Deps) -> None:
+    """A cancel that came before the guest had the run (an MCP task cancelled as it
+    starts) finds nothing to interrupt; the run interrupts itself once started, and
+    only itself: the next run of the context goes on."""
+    handle, vm_id = _vm(cdeps)
+    _run(cdeps, handle, vm_id, "kept = 'here'")
+    watch = Watch()
+    watch.stop()
+    ran = code.run(cdeps, ALICE, command(c.VmRunCodeIn, handle=handle, vm_id=vm_id, code=(
+        "import time\nwhile True: time.sleep(0.05)"), wait_s=30), watch).execution
+    assert ran.status == "running"  # as the guest had it when the wait stopped
+    after = _run(cdeps, handle, vm_id, "kept", wait_s=15).execution
+    assert (after.status, after.results[0].data["text/plain"]) == ("ok", "'here'")
+    ended = code.get_run(cdeps, ALICE, command(c.VmRunCodeGetIn, handle=handle, vm_id=vm_id,
+                                               run_id=ran.run_id)).execution
+    assert ended.status == "interrupted"
 
 
 def test_a_timeout_interrupts_the_kernel_and_the_context_goes_on(cdeps: Deps) -> None:
@@ -223,3 +242,4 @@ def test_the_guest_servers_http_is_read_without_trusting_it() -> None:
                 b"HTTP/1.0 200 OK\r\n\r\nnot json", b"HTTP/1.0 200 OK\r\n\r\n" + b"[" * 100_000):
         with pytest.raises(GuestError):
             parse_answer(bad, "vm_x")
+

@@ -1,12 +1,14 @@
 """Sleep and wake (SPEC §17) in the engine, on fake hosts and guests and the real
 store: which VMs the sweep puts to sleep and when, the room they give back, the
 calls that wake them (once, however many race), the views that do not, pause and
-destroy of a sleeping VM, a wake that fails, and changes a crash cut short."""
+destroy of a sleeping VM, a wake that fails, changes a crash cut short, and a run of
+code in flight keeping its VM awake as a running exec does."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +18,10 @@ from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.services.background import reconcile, sweeps
 from rift.services.context import Deps
-from rift.services.lifecycle import execs, files, forks, pauses, snapshots, tasks, vms
+from rift.services.lifecycle import code, execs, files, forks, pauses, snapshots, tasks, vms
+from rift.services.ports.code import CodeRequest
 from rift.services.read.views import task_now
+from tests.support.code_guest import HostCode
 from tests.support.engine import ALICE, BOB, event_types, refused
 from tests.support.fake_guest import FakeExecs, FakeLifecycle, fake_guests
 from tests.support.vm_rows import give_ssh_address, leave_cut_change
@@ -159,6 +163,37 @@ def test_a_running_exec_keeps_its_vm_awake_unless_the_task_says_always(
     clock.advance(QUIET_S)
     assert sweeps.sweep(gdeps).slept == [always]
     assert _status(gdeps, busy) == "running"
+
+
+def test_a_run_of_code_in_flight_keeps_its_vm_awake_as_an_exec_does_until_it_ends(
+        gdeps: Deps, clock: FakeClock, tmp_path: Path) -> None:
+    guest = HostCode(tmp_path)  # the real rift-code, here: one server for both VMs
+    try:
+        cdeps = replace(gdeps, code=guest)
+        handle, busy, _ = _vm(cdeps)
+        always_handle, always, _ = _vm(cdeps, sleep="always")
+        forever = "import time\nwhile True: time.sleep(0.05)"
+        running = code.run(cdeps, ALICE, command(c.VmRunCodeIn, handle=handle, vm_id=busy,
+                                                 code=forever, timeout_s=3600,
+                                                 wait_s=0)).execution
+        own = code.new_context(cdeps, ALICE, command(c.VmCodeContextNewIn,
+                                                     handle=always_handle, vm_id=always))
+        other = code.run(cdeps, ALICE, command(
+            c.VmRunCodeIn, handle=always_handle, vm_id=always, code=forever,
+            context_id=own.context.id, timeout_s=3600, wait_s=0)).execution
+        assert running.status == "running"
+        clock.advance(QUIET_S)
+        assert sweeps.sweep(cdeps).slept == [always]  # the guest says it still runs
+        assert _status(cdeps, busy) == "running"
+        for context_id in ("default", own.context.id):  # they end, and no call reads them
+            guest.request(None, CodeRequest(method="POST", timeout_s=5,
+                                            path=f"/contexts/{context_id}/interrupt"))
+        for run in (running, other):
+            guest.request(None, CodeRequest(method="GET", path=f"/runs/{run.run_id}?"
+                                            "wait_ms=10000", timeout_s=15))
+        assert sweeps.sweep(cdeps).slept == [busy]
+    finally:
+        guest.close()
 
 
 def test_a_call_that_touched_the_task_keeps_its_vm_awake(gdeps: Deps, clock: FakeClock) -> None:

@@ -16,6 +16,7 @@ from rift.domain.model import Vm
 from rift.services.background.heartbeat import beat
 from rift.services.background.reconcile import ReconcileReport, reconcile
 from rift.services.context import SWEEP, Deps
+from rift.services.lifecycle import code_records
 from rift.services.lifecycle.exec_ends import record_ends
 from rift.services.lifecycle.sleeps import sleep_quiet
 from rift.services.lifecycle.snapshot_files import dead_snapshot_files
@@ -114,6 +115,7 @@ def sweep(deps: Deps) -> SweepReport:
     report.reconciled = reconcile(deps)
     report.snapshots_settled = settle_snapshots(deps) + dead_snapshot_files(deps)
     report.execs_ended = record_ends(deps)
+    code_records.expire(deps)
     report.slept = sleep_quiet(deps)
     beat(deps)
     if report.closed or report.destroyed or report.purged or report.refused:

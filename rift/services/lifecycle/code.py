@@ -1,8 +1,9 @@
 """Code contexts (SPEC §20): code run in a kernel that keeps its state, in a VM's
 guest, by rift-code (hypervisor/rift_code.py) through the `GuestCode` port. The
 contexts and their runs live in the guest (its server's memory, so a pause, a sleep
-or a fork keeps them and a reboot ends them); Rift keeps no row of them, so a VM's
-end has nothing of them to end.
+or a fork keeps them and a reboot ends them); Rift keeps a row of each
+(rift.services.lifecycle.code_records: its language, its last run, a run in flight)
+for the VM's view, the Boxes page and the sleep sweep, gone with the VM.
 
 A run behaves as an exec (SPEC §10): it goes on in the guest past the call, the
 call waits for its end at most `wait_s` (in steps of STEP_S under a `Watch`, which
@@ -26,10 +27,12 @@ from rift.contract.code import (
     VmRunCodeGetIn,
     VmRunCodeIn,
 )
+from rift.domain.code_contexts import RunStart
 from rift.domain.errors import ContextNotFound, GuestUnreachable, InvalidArgument
 from rift.domain.ids import new_context_id, new_run_id
 from rift.domain.model import Task, Vm
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import code_records
 from rift.services.lifecycle.execs import in_flight
 from rift.services.lifecycle.guest_kinds import reach
 from rift.services.lifecycle.leases import (
@@ -54,20 +57,22 @@ RUNS_KEPT = 64  # the runs the guest's server keeps (hypervisor/rift_code.py)
 def run(deps: Deps, caller: Caller, cmd: VmRunCodeIn, watch: Watch | None = None) -> RunCodeOut:
     """`rift_vm_run_code`: run `cmd.code` in the context (the VM's default one unless
     named) and answer its execution at its end or after `wait_s`."""
-    task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
     context_id = cmd.context_id or DEFAULT
-    wait = deps.limits.exec_wait_s if cmd.wait_s is None else cmd.wait_s
     run_id = new_run_id()
+    task, vm, port = guest_vm(deps, caller, cmd.handle, cmd.vm_id,
+                               RunStart(context_id, run_id, cmd.timeout_s))
+    wait = deps.limits.exec_wait_s if cmd.wait_s is None else cmd.wait_s
     if watch is not None:
-        watch.begun(f"{vm.id}/{context_id}")
+        watch.begun(f"{vm.id}/{context_id}/{run_id}")
     deadline = time.monotonic() + wait
-    step = wait if watch is None else min(wait, STEP_S)
+    step = wait if watch is None else 0 if watch.stopped else min(wait, STEP_S)
     with in_flight(deps, task.id, wait):
-        answer = _ask(port, vm, _req("POST", "/runs", step, {
+        answer = ask(port, vm, req("POST", "/runs", step, {
             "run_id": run_id, "context_id": context_id, "code": cmd.code,
             "timeout_s": cmd.timeout_s, "wait_ms": int(step * 1000), "env": cmd.env or {}}),
             context_id)
         view = _followed(port, vm, answer, deadline, watch)
+    code_records.run_seen(deps, vm, view, cmd.timeout_s)
     return RunCodeOut(execution=view)
 
 
@@ -75,15 +80,16 @@ def get_run(deps: Deps, caller: Caller, cmd: VmRunCodeGetIn,
             watch: Watch | None = None) -> RunCodeOut:
     """`rift_vm_run_code_get`: a run's execution as the guest has it now, waiting up to
     `wait_s` for its end (in steps under a `watch`)."""
-    task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    task, vm, port = guest_vm(deps, caller, cmd.handle, cmd.vm_id)
     deadline = time.monotonic() + cmd.wait_s
     step = cmd.wait_s if watch is None else min(cmd.wait_s, STEP_S)
     with in_flight(deps, task.id, cmd.wait_s):
-        answer = _ask(port, vm, _req("GET", f"/runs/{cmd.run_id}?wait_ms={int(step * 1000)}",
+        answer = ask(port, vm, req("GET", f"/runs/{cmd.run_id}?wait_ms={int(step * 1000)}",
                                      step), DEFAULT)
         if watch is not None and isinstance(answer, dict):
-            watch.begun(f"{vm.id}/{answer.get('context_id')}")
+            watch.begun(f"{vm.id}/{answer.get('context_id')}/{cmd.run_id}")
         view = _followed(port, vm, answer, deadline, watch)
+    code_records.run_seen(deps, vm, view)
     return RunCodeOut(execution=view)
 
 
@@ -98,53 +104,67 @@ def _followed(port: GuestCode, vm: Vm, answer: Any, deadline: float,
         if left <= 0:
             break
         step = min(left, STEP_S)
-        answer = _ask(port, vm, _req("GET", f"/runs/{view.run_id}?wait_ms={int(step * 1000)}",
+        answer = ask(port, vm, req("GET", f"/runs/{view.run_id}?wait_ms={int(step * 1000)}",
                                      step), view.context_id)
         view, newest = code_views.execution(vm.id, answer)
+    if view.status == "running" and watch is not None and watch.stopped:
+        # stopped before the guest had the run (a cancel racing its start): this run
+        # is interrupted here too; the context's next runs are not
+        ask(port, vm, req("POST", f"/contexts/{view.context_id}/interrupt", 0,
+                          {"run_id": view.run_id}), view.context_id)
     return view
 
 
 def interrupt(deps: Deps, caller: Caller, handle: str | None, target: str) -> None:
-    """Interrupt the run in flight in a context (`target`: `<vm id>/<context id>`, what
-    `run` told its watch): a cancelled `rift_vm_run_code`. The context goes on."""
-    vm_id, _, context_id = target.partition("/")
-    _task, vm, port = _guest_vm(deps, caller, handle, vm_id)
-    _ask(port, vm, _req("POST", f"/contexts/{context_id}/interrupt", 0), context_id)
+    """Interrupt a run (`target`: `<vm id>/<context id>/<run id>`, what `run` told its
+    watch; without the run id, every run of the context not ended): a cancelled
+    `rift_vm_run_code`. The context goes on."""
+    vm_id, _, rest = target.partition("/")
+    context_id, _, run_id = rest.partition("/")
+    _task, vm, port = guest_vm(deps, caller, handle, vm_id)
+    ask(port, vm, req("POST", f"/contexts/{context_id}/interrupt", 0,
+                      {"run_id": run_id} if run_id else None), context_id)
 
 
 def new_context(deps: Deps, caller: Caller, cmd: VmCodeContextNewIn) -> ContextOut:
     """`rift_vm_code_context_new`: start a kernel of its own in the VM's guest."""
-    _task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    _task, vm, port = guest_vm(deps, caller, cmd.handle, cmd.vm_id)
     context_id = new_context_id()
-    answer = _ask(port, vm, _req("POST", "/contexts", KERNEL_START_S, {
+    answer = ask(port, vm, req("POST", "/contexts", KERNEL_START_S, {
         "id": context_id, "language": cmd.language, "cwd": cmd.cwd}), context_id,
         failed_field="cwd" if cmd.cwd else None)
-    return ContextOut(context=code_views.context(vm.id, answer))
+    made = code_views.context(vm.id, answer)
+    code_records.made(deps, vm, made)
+    return ContextOut(context=made)
 
 
 def list_contexts(deps: Deps, caller: Caller, cmd: VmCodeContextListIn) -> ContextListOut:
     """`rift_vm_code_context_list`: the VM's contexts as its guest keeps them."""
-    _task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
-    return ContextListOut(contexts=code_views.contexts(
-        vm.id, _ask(port, vm, _req("GET", "/contexts", 0), DEFAULT)))
+    _task, vm, port = guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    listed = code_views.contexts(vm.id, ask(port, vm, req("GET", "/contexts", 0), DEFAULT))
+    code_records.synced(deps, vm, listed)
+    return ContextListOut(contexts=listed)
 
 
 def restart(deps: Deps, caller: Caller, cmd: VmCodeContextIn) -> ContextOut:
     """`rift_vm_code_context_restart`: a new kernel for the context; its state is gone."""
-    _task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
-    answer = _ask(port, vm, _req("POST", f"/contexts/{cmd.context_id}/restart",
+    _task, vm, port = guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    answer = ask(port, vm, req("POST", f"/contexts/{cmd.context_id}/restart",
                                  KERNEL_START_S), cmd.context_id)
-    return ContextOut(context=code_views.context(vm.id, answer))
+    started = code_views.context(vm.id, answer)
+    code_records.made(deps, vm, started)
+    return ContextOut(context=started)
 
 
 def delete(deps: Deps, caller: Caller, cmd: VmCodeContextIn) -> ContextOut:
     """`rift_vm_code_context_delete`: stop the context's kernel and forget it."""
-    _task, vm, port = _guest_vm(deps, caller, cmd.handle, cmd.vm_id)
-    found = code_views.contexts(vm.id, _ask(port, vm, _req("GET", "/contexts", 0), DEFAULT))
+    _task, vm, port = guest_vm(deps, caller, cmd.handle, cmd.vm_id)
+    found = code_views.contexts(vm.id, ask(port, vm, req("GET", "/contexts", 0), DEFAULT))
     gone = next((one for one in found if one.id == cmd.context_id), None)
     if gone is None:
         raise ContextNotFound(cmd.context_id, vm.id)
-    _ask(port, vm, _req("DELETE", f"/contexts/{cmd.context_id}", 0), cmd.context_id)
+    ask(port, vm, req("DELETE", f"/contexts/{cmd.context_id}", 0), cmd.context_id)
+    code_records.deleted(deps, vm, cmd.context_id)
     return ContextOut(context=gone.model_copy(update={"alive": False, "running": None}))
 
 
@@ -163,14 +183,19 @@ def code_ready(deps: Deps, vm: Vm) -> None:
 
 # -- helpers ------------------------------------------------------------------------------
 
-def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
-              vm_id: str) -> tuple[Task, Vm, GuestCode]:
-    """The handle's task, its running VM (woken when it sleeps) and the port to it."""
+def guest_vm(deps: Deps, caller: Caller, handle: str | None, vm_id: str,
+              begin: RunStart | None = None) -> tuple[Task, Vm, GuestCode]:
+    """The handle's task, its running VM (woken when it sleeps) and the port to it;
+    with `begin`, the run recorded in flight in the same transaction."""
     parsed = parse_handle(handle)
 
     def work(tx: Tx) -> tuple[Task, Vm]:
-        task = check_handle(deps, tx, caller, parsed, deps.clock.now())
-        return task, task_vm(tx, task, vm_id, running=False)
+        now = deps.clock.now()
+        task = check_handle(deps, tx, caller, parsed, now)
+        vm = task_vm(tx, task, vm_id, running=False)
+        if begin is not None and vm.status == "running" and vm.change is None:
+            code_records.run_begun(tx, vm, begin, now)
+        return task, vm
 
     def checked() -> tuple[Task, Vm]:
         task, vm = in_write(deps.store, work)
@@ -183,12 +208,12 @@ def _guest_vm(deps: Deps, caller: Caller, handle: str | None,
     return task, vm, deps.code
 
 
-def _req(method: Any, path: str, wait_s: float, body: dict[str, Any] | None = None,
+def req(method: Any, path: str, wait_s: float, body: dict[str, Any] | None = None,
          ) -> CodeRequest:
     return CodeRequest(method=method, path=path, body=body, timeout_s=wait_s + SLACK_S)
 
 
-def _ask(port: GuestCode, vm: Vm, request: CodeRequest, context_id: str, *,
+def ask(port: GuestCode, vm: Vm, request: CodeRequest, context_id: str, *,
          failed_field: str | None = None) -> Any:
     """The guest server's answer to one request; its refusals as Rift's."""
     try:

@@ -12,7 +12,8 @@ waits to wake it. Quiet is measured from the task's last activity plus one
 activity step (RIFT_ACTIVITY_STEP_S: the stored clock moves at most once a step),
 so no call has begun for at least the sleep time; a call that waits on a guest
 moves the clock while it waits (execs' `in_flight`). A VM with a running exec
-stays awake unless its task says `sleep: "always"`.
+stays awake unless its task says `sleep: "always"`, and so does one with a run of
+code in flight (SPEC §20: rift.services.lifecycle.code_records).
 
 A wake is one compare-and-set (sleeping → sleeping, `waking`): of calls racing
 on one VM (threads or replicas), one wakes it and the others wait for it to run
@@ -43,6 +44,7 @@ from rift.domain.errors import (
 )
 from rift.domain.model import NewEvent, Task, Vm
 from rift.services.context import SWEEP, Deps
+from rift.services.lifecycle import code_records
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.teardown import destroy_domain, host_uri, vm_ended
@@ -181,6 +183,7 @@ def sleep_quiet(deps: Deps) -> list[str]:
         found = tx.fleet.sleep_candidates(default_cutoff, now - step, BATCH)
     slept: list[str] = []
     for vm in found:
+        code_records.settle(deps, vm)  # its runs in flight that ended unread
         try:
             if put_to_sleep(deps, vm):
                 slept.append(vm.id)
@@ -199,7 +202,8 @@ def put_to_sleep(deps: Deps, vm: Vm) -> bool:
     def due(tx: Tx, task: Task, now: datetime) -> dict[str, object] | None:
         if not _due(deps, task, now):
             return None
-        if task.sleep != "always" and tx.execs.of_task(task.id, vm.id, running_only=True):
+        if task.sleep != "always" and (tx.execs.of_task(task.id, vm.id, running_only=True)
+                                       or code_records.busy(tx, vm.id, now)):
             return None
         return {"quiet_s": int((now - task.last_activity_at).total_seconds())}
 

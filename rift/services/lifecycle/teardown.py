@@ -19,7 +19,7 @@ from hypervisor.base import HypervisorError
 from rift.domain.errors import HypervisorFailed
 from rift.domain.model import DESTROYABLE_VM_STATUSES, CloseReason, Task, Vm
 from rift.services.context import Deps
-from rift.services.lifecycle import exec_ends, exposure_ends, volume_ends
+from rift.services.lifecycle import code_records, exec_ends, exposure_ends, volume_ends
 from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.ports import Tx
 
@@ -36,6 +36,7 @@ ENDERS: tuple[Ender, ...] = (
     exec_ends.end_for_vm,  # its running execs are lost
     exposure_ends.end_for_vm,  # its URLs answer 404 from the commit on
     volume_ends.end_for_vm,  # its volumes are detached, never deleted
+    code_records.end_for_vm,  # its code contexts' rows go (the kernels went with it)
 )
 
 
