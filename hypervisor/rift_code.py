@@ -13,9 +13,11 @@ and the context goes on; a kernel that died says so, and its context starts a ne
 one on its next run.
 
 Routes (JSON in and out): `GET /health`; `GET /contexts`; `POST /contexts` {id?,
-language, cwd?}; `POST /contexts/ID/restart`; `POST /contexts/ID/interrupt`;
+language, cwd?}; `POST /contexts/ID/restart`; `POST /contexts/ID/interrupt` {run_id?};
 `DELETE /contexts/ID`; `POST /runs` {run_id, context_id, code, timeout_s, wait_ms}
-and `GET /runs/ID?wait_ms=N`: a run's view once it ended or the wait passed.
+and `GET /runs/ID?wait_ms=N`: a run's view once it ended or the wait passed;
+`GET /runs/ID?wait_ms=N&parts=K`: its output after its first K parts as it comes
+(answered once there is some, it ended, or the wait passed).
 A run's output is capped here (each stream, each text form, each image; the
 control plane checks again): what it drops it says (`truncated`, `omitted`).
 
@@ -87,7 +89,7 @@ class Run:
         self.tail = ""
         self.ended_at: float | None = None
         self.done = threading.Event()
-        self.events: list[dict[str, Any]] = []  # as E2B's /execute streams them
+        self.events: list[dict[str, Any]] = []  # its parts, as they come
         self.changed = threading.Condition()
 
     def _event(self, event: dict[str, Any]) -> None:
@@ -135,8 +137,7 @@ class Run:
             kept[mime] = value
         if kept:
             self.results.append({"data": kept, "is_main_result": main})
-            self._event({"type": "result", "is_main_result": main,
-                         **{E2B_FORMS[m]: v for m, v in kept.items()}})
+            self._event({"type": "result", "data": kept, "is_main_result": main})
 
     def fail(self, name: str, value: str, tb: list[str]) -> None:
         lines = [ANSI.sub("", line).rstrip("\n") for line in tb]
@@ -162,12 +163,33 @@ class Run:
                 batch, finished = self.events[sent:], self.done.is_set()
             sent += len(batch)
             for event in batch:
-                write(json.dumps(event).encode() + b"\n")
+                line = event if event["type"] != "result" else {  # E2B's: forms by name
+                    "type": "result", "is_main_result": event["is_main_result"],
+                    **{E2B_FORMS[m]: v for m, v in event["data"].items()}}
+                write(json.dumps(line).encode() + b"\n")
             if finished and sent == len(self.events):
                 break
         write(json.dumps({"type": "number_of_executions",
                           "execution_count": self.count}).encode() + b"\n")
         write(b'{"type": "end_of_execution"}\n')
+
+    def parts_after(self, seen: int, wait: float) -> dict[str, Any]:
+        """Its output after the first `seen` parts, once there is some or it ended or
+        `wait` passed: each part as it came (`stdout`/`stderr` text, a `result`'s
+        MIME forms, the `error`), and its whole view once it ended."""
+        deadline = time.monotonic() + wait
+        with self.changed:
+            while len(self.events) <= seen and not self.done.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.changed.wait(left)
+            parts, ended = self.events[seen:], self.done.is_set()
+        answer = {"run_id": self.id, "context_id": self.context_id, "status": self.status,
+                  "newest_line": self.newest, "parts": parts, "parts_seen": seen + len(parts)}
+        if ended:
+            answer["execution"] = self.view()["execution"]
+        return answer
 
     def view(self) -> dict[str, Any]:
         return {"run_id": self.id, "context_id": self.context_id, "status": self.status,
@@ -466,6 +488,8 @@ class Server:
             found = self.runs.get(parts[1])
             if found is None:
                 return 404, {"error": "run_not_found"}
+            if "parts" in query:  # its output as it comes
+                return 200, found.parts_after(int(query["parts"][0]), wait)
             found.done.wait(wait)
             return 200, found.view()
         if len(parts) >= 2 and parts[0] == "contexts":
@@ -476,10 +500,12 @@ class Server:
                 with self.lock:
                     self.contexts.pop(ctx.id, None)
                 return 200, {"id": ctx.id}
-            if action == "interrupt":
+            if action == "interrupt":  # its runs not ended, or the one named
+                wanted = body.get("run_id")
                 with self.lock:
                     runs = [r for r in self.runs.values()
-                            if r.context_id == ctx.id and not r.done.is_set()]
+                            if r.context_id == ctx.id and not r.done.is_set()
+                            and wanted in (None, r.id)]
                 ctx.interrupt(runs)
                 return 200, ctx.view()
             if action == "restart":

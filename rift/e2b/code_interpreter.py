@@ -10,9 +10,11 @@ the same routes itself, its output streamed as it comes.)
 
 Who calls: the sandbox's envd access token (`X-Access-Token`, the task's handle), or
 its traffic token (`E2B-Traffic-Access-Token`, which the SDK sends for the contexts'
-calls) with the handle this process answered for the sandbox. A run answers when it
-ends (at most MAX_WAIT_S), its lines in E2B's order: stdout, stderr, results, the
-error, the execution count; `env_vars` are the run's own. E2B's template
+calls) with the handle this process answered for the sandbox. A run's lines stream as the
+kernel makes them (rift.services.lifecycle.code_stream: each stdout or stderr
+piece, each result, the error), then its execution count and its end, so the SDK's
+`on_stdout`/`on_stderr`/`on_result` hear each as it comes; a client that goes away
+interrupts the run; `env_vars` are the run's own. E2B's template
 `code-interpreter-v1` (the SDK's
 default) starts a VM of the `python` image where it is built (else of
 RIFT_DEFAULT_IMAGE: `debian` runs rift-code's own kernel), its kernel already
@@ -23,21 +25,24 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from rift.api.waiting import HeldStream
 from rift.contract import tools as c
-from rift.contract.base import MAX_WAIT_S, command
+from rift.contract.base import command
 from rift.contract.code import ExecutionView
 from rift.domain.errors import HandleRequired, InvalidArgument, RiftError
 from rift.e2b import ports
 from rift.e2b.envd import Call, EnvdPart, call_for, files_refusal
 from rift.services.context import Deps
-from rift.services.lifecycle import code
+from rift.services.lifecycle import code, code_stream
 from rift.services.lifecycle.exposures import Target
+from rift.services.read.code_views import Part
 
 JUPYTER_PORT = 49999  # the SDK's JUPYTER_PORT
 RUN_S = 300  # a run's timeout: the SDK's DEFAULT_TIMEOUT
@@ -45,22 +50,42 @@ FORMS = {"text/plain": "text", "text/html": "html", "text/markdown": "markdown",
          "image/png": "png", "image/svg+xml": "svg", "application/json": "json"}
 
 
-def execution_lines(execution: ExecutionView) -> bytes:
-    """A run as E2B's `/execute` streams it: one JSON object a line."""
+def _line(item: dict[str, Any]) -> bytes:
+    return json.dumps(item).encode() + b"\n"
+
+
+def part_line(part: Part) -> bytes:
+    """One piece of a run's output as E2B's `/execute` streams it: a JSON line."""
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    lines: list[dict[str, Any]] = []
-    if execution.stdout:
-        lines.append({"type": "stdout", "text": execution.stdout, "timestamp": at})
-    if execution.stderr:
-        lines.append({"type": "stderr", "text": execution.stderr, "timestamp": at})
-    for result in execution.results:
-        lines.append({"type": "result", "is_main_result": result.is_main_result,
-                      **{FORMS[m]: v for m, v in result.data.items() if m in FORMS}})
-    if execution.error is not None:
-        lines.append({"type": "error", **execution.error.model_dump()})
-    lines.append({"type": "number_of_executions", "execution_count": execution.execution_count})
-    lines.append({"type": "end_of_execution"})
-    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    if part.kind in ("stdout", "stderr"):
+        return _line({"type": part.kind, "text": part.text, "timestamp": at})
+    if part.result is not None:
+        return _line({"type": "result", "is_main_result": part.result.is_main_result,
+                      **{FORMS[m]: v for m, v in part.result.data.items() if m in FORMS}})
+    assert part.error is not None
+    return _line({"type": "error", **part.error.model_dump()})
+
+
+def execution_lines(items: Iterator[Part | ExecutionView]) -> Iterator[bytes]:
+    """A run's lines as they come, then its execution count and its end; a refusal
+    mid-run (its guest went) as the run's error. On the waiting threads; closed
+    early (the client went), it closes the run's stream, which interrupts it."""
+    try:
+        for item in items:
+            if isinstance(item, Part):
+                yield part_line(item)
+            else:
+                yield _line({"type": "number_of_executions",
+                             "execution_count": item.execution_count})
+        yield _line({"type": "end_of_execution"})
+    except RiftError as err:
+        yield _line({"type": "error", "name": err.code, "value": err.message,
+                     "traceback": ""})
+        yield _line({"type": "end_of_execution"})
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 def _context(view: c.ContextOut) -> dict[str, Any]:
@@ -100,19 +125,31 @@ class CodeInterpreterApi(EnvdPart):
         return body
 
     async def execute(self, request: Request) -> Response:
+        """A run whose lines stream as the kernel makes them: the call and the run's
+        start are ordinary calls (a refusal is the whole answer); then its output,
+        holding one of the caller's waiting places until the stream ends."""
         try:
             call = await self.state.waiting.run(None, self._call, request)
             body = await self._json(request)
-            language = body.get("language") or "python"
-            ran = await self.state.waiting.run(
-                call.caller.user, code.run, self.deps, call.caller, command(
-                    c.VmRunCodeIn, handle=call.handle, vm_id=call.vm_id,
-                    code=body.get("code") or "", language=language,
-                    context_id=body.get("context_id") or None, timeout_s=RUN_S,
-                    env=body.get("env_vars") or None, wait_s=MAX_WAIT_S))
+            cmd = command(c.VmRunCodeIn, handle=call.handle, vm_id=call.vm_id,
+                          code=body.get("code") or "", language=body.get("language") or "python",
+                          context_id=body.get("context_id") or None, timeout_s=RUN_S,
+                          env=body.get("env_vars") or None)
+            give = self.state.waiting.take(call.caller.user)
         except RiftError as err:
             return files_refusal(err)
-        return Response(execution_lines(ran.execution), media_type="application/x-ndjson")
+        try:
+            started = await self.state.waiting.run(None, code_stream.start, self.deps,
+                                                   call.caller, cmd)
+        except RiftError as err:
+            give()
+            return files_refusal(err)
+        except BaseException:
+            give()
+            raise
+        lines = execution_lines(code_stream.parts(self.deps, started))
+        return HeldStream(self.state.waiting.iterate(lines), give,
+                          media_type="application/x-ndjson")
 
     async def list_contexts(self, request: Request) -> Response:
         try:

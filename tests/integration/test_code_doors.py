@@ -1,18 +1,22 @@
 """Code contexts at the doors (SPEC §20): `rift_vm_run_code` over MCP answers a chart
 (a PNG, an SVG) also as image content after its text, and REST's `POST
 /vms/{id}/code` and the context routes make the same calls; both over the real
-rift-code run on this host (tests/support/code_guest.py)."""
+rift-code run on this host (tests/support/code_guest.py); and E2B's code
+interpreter SDK hears a run's output as it comes."""
 
 from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from starlette.testclient import TestClient
 
 from rift.app import create_app
@@ -20,8 +24,10 @@ from rift.config import Settings
 from rift.services.access import accounts
 from rift.services.context import Deps
 from tests.support.code_guest import HostCode
+from tests.support.e2b import e2b_opts
 from tests.support.fake_guest import fake_guests
 from tests.support.raw_mcp import RawMcp, call_tool
+from tests.support.servers import free_port
 from tests.support.vm_rows import give_ssh_address
 
 PIXEL = base64.b64encode(bytes.fromhex(
@@ -40,6 +46,27 @@ def _tasks_rpc(client: TestClient, token: str, method: str, params: dict[str, An
         return answer.json()["result"]
     return next(json.loads(line[5:]) for line in answer.text.splitlines()
                 if line.startswith("data:") and len(line) > 6)["result"]
+
+
+class Served:
+    """The app under uvicorn on a loopback port, in a thread of this process (the
+    SDKs speak HTTP to a server, not to a test client)."""
+
+    def __init__(self, deps: Deps, settings: Settings) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.server = uvicorn.Server(uvicorn.Config(
+            create_app(settings, deps), host="127.0.0.1",
+            port=int(self.url.rsplit(":", 1)[1]), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the app did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
 
 
 @pytest.fixture
@@ -141,3 +168,31 @@ def test_a_long_run_is_an_mcp_task_whose_cancel_interrupts_the_kernel(
         assert execution["results"][0]["data"]["text/plain"] == "'yes'", execution
         got = _tasks_rpc(client, token, "tasks/get", {"taskId": task["taskId"]})
         assert got["status"] == "cancelled", got
+
+
+def test_e2bs_sdk_hears_a_runs_output_as_the_kernel_makes_it(
+        deps: Deps, guest: HostCode, tmp_path: Path) -> None:
+    """E2B's code interpreter SDK's `run_code(on_stdout=…)` (SPEC §20) through the door,
+    over real HTTP: a cell that prints, sleeps a second and prints again is heard line
+    by line, the first before the cell ends; its result and count come after."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    deps = replace(deps, guests=fake_guests(), code=guest)
+    accounts.add_user(deps, "ada", "correct horse battery")
+    token = accounts.new_token(deps, "ada").token.value
+    served = Served(deps, Settings(data_dir=tmp_path, hypervisor_uri="fake:///local"))
+    try:
+        sbx = CodeSandbox.create(template="base", **e2b_opts(served.url, token))
+        with deps.store.write() as tx:
+            give_ssh_address(tx, f"vm_{sbx.sandbox_id}")
+        heard: list[tuple[float, str]] = []
+        ran = sbx.run_code("import time\nprint('first', flush=True)\ntime.sleep(1)\n"
+                           "print('second')\n6 * 7",
+                           on_stdout=lambda out: heard.append((time.monotonic(), out.line)))
+        ended = time.monotonic()
+        assert [line for _at, line in heard] == ["first\n", "second\n"]
+        assert ended - heard[0][0] >= 0.8, "the first line came only at the end"
+        assert (ran.text, ran.logs.stdout, ran.error) == ("42", ["first\n", "second\n"], None)
+        assert ran.execution_count is not None
+    finally:
+        served.stop()
