@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -46,11 +47,13 @@ class TemplateApi:
         return JSONResponse(made, status_code=201)
 
     async def upload(self, request: Request) -> Response:
-        data = await request.body()
-        try:
-            self.templates.upload(request.path_params["token"], data)
+        try:  # the token first: no body is read for a URL Rift did not give
+            user, files_hash = self.templates.claim(request.path_params["token"])
         except PermissionError as err:
             return JSONResponse(shapes.error_body(403, str(err)), status_code=403)
+        try:
+            data = await request.body()
+            await anyio.to_thread.run_sync(self.templates.upload, user, files_hash, data)
         except RiftError as err:
             return self.refusal(err)
         return Response(status_code=200)

@@ -94,14 +94,18 @@ class Templates:
         base = (self.setup.public_url or base_url).rstrip("/")
         return {"present": False, "url": f"{base}/e2b/template-uploads/{token}"}
 
-    def upload(self, token: str, data: bytes) -> None:
-        """PermissionError for a token this process did not give (or gave long ago)."""
+    def claim(self, token: str) -> tuple[str, str]:
+        """The (user, hash) an upload URL's token was given for, once: PermissionError
+        for a token this process did not give, gave long ago, or that was used."""
         with self._lock:
             held = self._links.pop(token, None)
         if held is None or held[2] < time.monotonic():
             raise PermissionError("this upload URL is not Rift's, or was used or expired: "
                                   "build the template again")
-        user, files_hash, _ = held
+        return held[0], held[1]
+
+    def upload(self, user: str, files_hash: str, data: bytes) -> None:
+        """Keep a claimed upload (at most RIFT_BUILD_CONTEXT_MIB) for the build to take."""
         if len(data) > self.setup.context_mib * MIB:
             raise InvalidArgument("context", f"the upload is over RIFT_BUILD_CONTEXT_MIB "
                                   f"({self.setup.context_mib} MiB)")
