@@ -14,10 +14,10 @@ one on its next run.
 
 Routes (JSON in and out): `GET /health`; `GET /contexts`; `POST /contexts` {id?,
 language, cwd?}; `POST /contexts/ID/restart`; `POST /contexts/ID/interrupt` {run_id?};
-`DELETE /contexts/ID`; `POST /runs` {run_id, context_id, code, timeout_s, wait_ms}
-and `GET /runs/ID?wait_ms=N`: a run's view once it ended or the wait passed;
-`GET /runs/ID?wait_ms=N&parts=K`: its output after its first K parts as it comes
-(answered once there is some, it ended, or the wait passed).
+`DELETE /contexts/ID`; `POST /runs` {run_id, context_id, code, timeout_s, wait_ms,
+parts?} and `GET /runs/ID?wait_ms=N`: a run's view once it ended or the wait passed;
+`GET /runs/ID?wait_ms=N&parts=K` (or `parts: 0` in the POST): its output after its
+first K parts as it comes (answered once there is some, it ended, or the wait passed).
 A run's output is capped here (each stream, each text form, each image; the
 control plane checks again): what it drops it says (`truncated`, `omitted`).
 
@@ -482,6 +482,8 @@ class Server:
             return 200, self.new_context(body).view()
         if parts == ["runs"] and method == "POST":
             run = self.start_run(body)
+            if isinstance(body.get("parts"), int):  # its output as it comes, from the start
+                return 200, run.parts_after(body["parts"], wait)
             run.done.wait(wait)
             return 200, run.view()
         if len(parts) == 2 and parts[0] == "runs":

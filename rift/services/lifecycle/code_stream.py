@@ -2,7 +2,8 @@
 interpreter's `run_code(on_stdout=…, on_result=…)`, whose SDK reads `/execute`'s
 lines as they arrive). The run is started as `rift_vm_run_code` starts one
 (`start`: the handle, the VM, the run recorded in flight; a refusal before any
-output), then `parts` reads its output after what it has seen, each read answered
+output; the guest answers the start itself with the run's first output, or its
+end), then `parts` reads its output after what it has seen, each read answered
 by the guest as soon as there is some (`GET /runs/ID?parts=K`), until it ends; the
 caps are applied again across the reads (1 MiB a stream, the forms of each
 result). Its task's activity clock moves while it streams; a reader that goes away
@@ -15,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from rift.contract.code import ExecutionView, OmittedView, VmRunCodeIn
 from rift.domain.code_contexts import INTERRUPT_GRACE_S, RunStart
@@ -39,6 +41,7 @@ class Started:
     run_id: str
     context_id: str
     timeout_s: int
+    first: Any  # the guest's answer to the start: its first parts (or its end)
 
 
 def start(deps: Deps, caller: Caller, cmd: VmRunCodeIn) -> Started:
@@ -46,10 +49,11 @@ def start(deps: Deps, caller: Caller, cmd: VmRunCodeIn) -> Started:
     context_id, run_id = cmd.context_id or DEFAULT, new_run_id()
     task, vm, port = guest_vm(deps, caller, cmd.handle, cmd.vm_id,
                               RunStart(context_id, run_id, cmd.timeout_s))
-    ask(port, vm, req("POST", "/runs", 0, {
-        "run_id": run_id, "context_id": context_id, "code": cmd.code,
-        "timeout_s": cmd.timeout_s, "wait_ms": 0, "env": cmd.env or {}}), context_id)
-    return Started(task, vm, run_id, context_id, cmd.timeout_s)
+    first = ask(port, vm, req("POST", "/runs", STEP_S, {
+        "run_id": run_id, "context_id": context_id, "code": cmd.code, "parts": 0,
+        "timeout_s": cmd.timeout_s, "wait_ms": int(STEP_S * 1000), "env": cmd.env or {}}),
+        context_id)
+    return Started(task, vm, run_id, context_id, cmd.timeout_s, first)
 
 
 def parts(deps: Deps, run: Started) -> Iterator[Part | ExecutionView]:
@@ -60,26 +64,30 @@ def parts(deps: Deps, run: Started) -> Iterator[Part | ExecutionView]:
     seen, view = 0, None
     try:
         with in_flight(deps, run.task.id, deadline - time.monotonic()):
-            while view is None:
+            answer = run.first
+            while True:
                 left = deadline - time.monotonic()
-                step = max(0.0, min(STEP_S, left))
-                answer = ask(deps.code, run.vm, req(
-                    "GET", f"/runs/{run.run_id}?wait_ms={int(step * 1000)}&parts={seen}",
-                    step), run.context_id)
                 got = code_views.parts(run.vm.id, answer, seen)
                 if got is None:  # an older rift-code: the whole view, at its end
                     whole, _newest = code_views.execution(run.vm.id, answer)
                     if whole.status != "running" or left <= 0:
                         yield from caps.of_view(whole)
                         view = whole
-                    continue
-                seen = got.seen
-                yield from caps.kept(got.parts)
-                if got.ended is not None:
-                    view = got.ended
-                elif left <= 0:  # its time is up: as it is now (interrupted below)
-                    view = code_views.execution(run.vm.id, ask(deps.code, run.vm, req(
-                        "GET", f"/runs/{run.run_id}", 0), run.context_id))[0]
+                        break
+                else:
+                    seen = got.seen
+                    yield from caps.kept(got.parts)
+                    if got.ended is not None:
+                        view = got.ended
+                        break
+                    if left <= 0:  # its time is up: as it is now (interrupted below)
+                        view = code_views.execution(run.vm.id, ask(deps.code, run.vm, req(
+                            "GET", f"/runs/{run.run_id}", 0), run.context_id))[0]
+                        break
+                step = max(0.0, min(STEP_S, left))
+                answer = ask(deps.code, run.vm, req(
+                    "GET", f"/runs/{run.run_id}?wait_ms={int(step * 1000)}&parts={seen}",
+                    step), run.context_id)
     finally:
         if view is None or view.status == "running":
             _interrupt(deps, run)
