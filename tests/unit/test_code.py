@@ -243,3 +243,18 @@ def test_the_guest_servers_http_is_read_without_trusting_it() -> None:
         with pytest.raises(GuestError):
             parse_answer(bad, "vm_x")
 
+
+
+def test_a_run_the_guest_refuses_is_not_recorded_in_flight(deps: Deps, guest: HostCode) -> None:
+    cdeps = replace(deps, guests=fake_guests(), code=ScriptedCode(None))  # no python3
+    handle, vm_id = _vm(cdeps)
+    refused("invalid_argument", lambda: _run(cdeps, handle, vm_id, "1"))
+    with cdeps.store.read() as tx:
+        assert tx.code_contexts.of_vms([vm_id]) == {vm_id: []}
+    cdeps = replace(cdeps, code=guest)
+    refused("context_not_found", lambda: _run(cdeps, handle, vm_id, "1",
+                                              context_id="ctx_aaaaaaaa"))
+    _run(cdeps, handle, vm_id, "1")
+    with cdeps.store.read() as tx:
+        [row] = tx.code_contexts.of_vms([vm_id])[vm_id]
+    assert (row.id, row.run_id, row.last_status) == ("default", None, "ok")

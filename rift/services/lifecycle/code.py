@@ -67,10 +67,14 @@ def run(deps: Deps, caller: Caller, cmd: VmRunCodeIn, watch: Watch | None = None
     deadline = time.monotonic() + wait
     step = wait if watch is None else 0 if watch.stopped else min(wait, STEP_S)
     with in_flight(deps, task.id, wait):
-        answer = ask(port, vm, req("POST", "/runs", step, {
-            "run_id": run_id, "context_id": context_id, "code": cmd.code,
-            "timeout_s": cmd.timeout_s, "wait_ms": int(step * 1000), "env": cmd.env or {}}),
-            context_id)
+        try:
+            answer = ask(port, vm, req("POST", "/runs", step, {
+                "run_id": run_id, "context_id": context_id, "code": cmd.code,
+                "timeout_s": cmd.timeout_s, "wait_ms": int(step * 1000),
+                "env": cmd.env or {}}), context_id)
+        except (ContextNotFound, InvalidArgument):  # the guest did not take it
+            code_records.run_refused(deps, vm, context_id, run_id)
+            raise
         view = _followed(port, vm, answer, deadline, watch)
     code_records.run_seen(deps, vm, view, cmd.timeout_s)
     return RunCodeOut(execution=view)

@@ -82,6 +82,20 @@ def run_seen(deps: Deps, vm: Vm, view: ExecutionView, timeout_s: int | None = No
         changed(tx)
 
 
+def run_refused(deps: Deps, vm: Vm, context_id: str, run_id: str) -> None:
+    """A run the guest refused (no python3, no such context): not in flight; a
+    default context it alone recorded, never run, goes."""
+    with deps.store.write() as tx:
+        found = tx.code_contexts.get(vm.id, context_id)
+        if found is None or found.run_id != run_id:
+            return
+        if found.id == DEFAULT and found.last_run_at is None:
+            tx.code_contexts.remove(vm.id, found.id)
+        else:
+            tx.code_contexts.put(replace(found, run_id=None, run_until=None))
+        changed(tx)
+
+
 def made(deps: Deps, vm: Vm, view: ContextView) -> None:
     """A context made, or started anew (restarted): no run, no count."""
     now = deps.clock.now()

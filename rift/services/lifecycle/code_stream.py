@@ -20,7 +20,7 @@ from typing import Any
 
 from rift.contract.code import ExecutionView, OmittedView, VmRunCodeIn
 from rift.domain.code_contexts import INTERRUPT_GRACE_S, RunStart
-from rift.domain.errors import RiftError
+from rift.domain.errors import ContextNotFound, InvalidArgument, RiftError
 from rift.domain.ids import new_run_id
 from rift.domain.model import Task, Vm
 from rift.services.context import Caller, Deps
@@ -49,10 +49,14 @@ def start(deps: Deps, caller: Caller, cmd: VmRunCodeIn) -> Started:
     context_id, run_id = cmd.context_id or DEFAULT, new_run_id()
     task, vm, port = guest_vm(deps, caller, cmd.handle, cmd.vm_id,
                               RunStart(context_id, run_id, cmd.timeout_s))
-    first = ask(port, vm, req("POST", "/runs", STEP_S, {
-        "run_id": run_id, "context_id": context_id, "code": cmd.code, "parts": 0,
-        "timeout_s": cmd.timeout_s, "wait_ms": int(STEP_S * 1000), "env": cmd.env or {}}),
-        context_id)
+    try:
+        first = ask(port, vm, req("POST", "/runs", STEP_S, {
+            "run_id": run_id, "context_id": context_id, "code": cmd.code, "parts": 0,
+            "timeout_s": cmd.timeout_s, "wait_ms": int(STEP_S * 1000),
+            "env": cmd.env or {}}), context_id)
+    except (ContextNotFound, InvalidArgument):  # the guest did not take it
+        code_records.run_refused(deps, vm, context_id, run_id)
+        raise
     return Started(task, vm, run_id, context_id, cmd.timeout_s, first)
 
 
