@@ -185,8 +185,10 @@ class Run:
                     break
                 self.changed.wait(left)
             parts, ended = self.events[seen:], self.done.is_set()
-        answer = {"run_id": self.id, "context_id": self.context_id, "status": self.status,
-                  "newest_line": self.newest, "parts": parts, "parts_seen": seen + len(parts)}
+        # its status is set a moment before it ends: until then it is running
+        answer = {"run_id": self.id, "context_id": self.context_id,
+                  "status": self.status if ended else "running", "newest_line": self.newest,
+                  "parts": parts, "parts_seen": seen + len(parts)}
         if ended:
             answer["execution"] = self.view()["execution"]
         return answer

@@ -92,3 +92,23 @@ def test_an_older_rift_code_without_parts_gives_its_output_at_the_end(deps: Deps
     assert [(p.kind, p.text or (p.result.data if p.result else None)) for p in found] == [
         ("stdout", "old\n"), ("result", {"text/plain": "7"})]
     assert view.execution_count == 3
+
+
+class _Answers(ScriptedCode):
+    """A guest that answers each request with the next of `answers` (the last again)."""
+
+    def __init__(self, *answers: CodeAnswer) -> None:
+        super().__init__(answers[0])
+        self.left = list(answers)
+
+    def request(self, vm: Any, request: Any) -> CodeAnswer:
+        return self.left.pop(0) if len(self.left) > 1 else self.left[0]
+
+
+def test_a_status_that_comes_before_the_runs_end_is_read_on_to_its_end(deps: Deps) -> None:
+    early = _answer(parts=[{"type": "stdout", "text": "a\n"}], parts_seen=1)  # no execution
+    still = _answer(parts=[], parts_seen=1)
+    ended = _answer(parts=[], parts_seen=1, execution=EXECUTION)
+    guest = _Answers(early, still, ended)  # the start, then two reads
+    found, view, _ = _stream(replace(deps, guests=fake_guests(), code=guest), "1")
+    assert [p.text for p in found] == ["a\n"] and view.execution_count == 3

@@ -123,7 +123,9 @@ def parts(vm_id: str, answer: Any, seen: int) -> PartsAnswer | None:
             raise TypeError("no parts")
         said = [_Streamed.model_validate(one) for one in answer["parts"]]
         status = answer.get("status")
-        ended = execution(vm_id, answer)[0] if status != "running" else None
+        # ended once its whole view comes (a status alone may come a moment before)
+        ended = execution(vm_id, answer)[0] \
+            if status != "running" and "execution" in answer else None
     except (ValidationError, TypeError) as exc:
         raise GuestUnreachable(vm_id, f"rift-code answered malformed output: {exc}"[:500]) \
             from exc
