@@ -6,6 +6,7 @@ sandbox for the module."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -111,7 +112,8 @@ def test_e2bs_code_interpreter_runs_code_in_contexts_with_its_charts(world: Worl
     """E2B's code interpreter SDK (`e2b-code-interpreter`) on the same sandbox (SPEC §20):
     `run_code` keeps state, answers its results, logs, errors and count, a run's envs, a
     PNG as its chart, and contexts are made, listed, restarted and removed (rift-code's
-    own kernel: debian has no ipykernel)."""
+    own kernel: debian has no ipykernel); the kernel is root's, as Rift's execs are, and
+    `on_stdout` hears a line before the cell ends."""
     from e2b_code_interpreter import Sandbox as CodeSandbox
 
     opts = e2b_opts(world.srv.url, world.srv.token)
@@ -135,3 +137,11 @@ def test_e2bs_code_interpreter_runs_code_in_contexts_with_its_charts(world: Worl
     sbx.restart_code_context(context)
     sbx.remove_code_context(context)
     assert context.id not in [c.id for c in sbx.list_code_contexts()]
+    # the kernel runs as rift_vm_exec does (root), and its output streams as it comes
+    heard: list[float] = []
+    sbx.run_code("import getpass, time\nprint(getpass.getuser(), flush=True)\n"
+                 "time.sleep(1)\nprint('done')",
+                 on_stdout=lambda out: heard.append(time.monotonic()))
+    ended = time.monotonic()
+    assert len(heard) == 2 and ended - heard[0] >= 0.8, (heard, ended)
+    assert sbx.run_code("import getpass; getpass.getuser()").text == "'root'"
