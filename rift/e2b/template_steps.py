@@ -11,11 +11,12 @@ the cache) is the builder's (rift.services.builds); pure.
 - `RUN [cmd, user?]`: a RUN (its user, when given, only for that step);
   `COPY [src, dest, user, mode]`: a COPY (`--chown=user`), then a `chmod` as root
   when a mode is given; `ENV [k, v, ...]`, `WORKDIR`, `USER`: the same lines.
-- `startCmd` is the recipe's CMD. Its `readyCmd` is waited for when it waits for a
-  port (`wait_for_port(p)`, or `wait_for_url` on localhost): `EXPOSE p`, so the
-  build saves the VM once the port answers. Any other ready command is not run:
-  the VM is saved once the start command is started (it serves on from there in
-  every VM of the image) and the recipe says so in a comment.
+- `startCmd` is the recipe's CMD. Its `readyCmd`: `wait_for_port(p)`'s is `EXPOSE
+  p` (the builder waits until the port answers, from the control plane: the
+  guest needs no `ss`); any other (`wait_for_url`, `wait_for_file`,
+  `wait_for_process`, `wait_for_timeout`, a command of one's own) is the build's
+  ready command, run in the guest after the start until it exits 0 (the
+  builder's rule, within RIFT_BUILD_READY_S), noted in the recipe as a comment.
 - `force` on the template or any step: the build reuses no layer (`no_cache`).
 
 Each E2B step's lines follow a comment `# e2b step N` (N: the SDK's step number,
@@ -35,8 +36,7 @@ from rift.domain.errors import InvalidArgument
 
 MAX_STEPS = 500
 STEP_MARK = "# e2b step "
-_PORT_READY = re.compile(r"sport = :(\d{1,5})\b")
-_URL_READY = re.compile(r"https?://(?:localhost|127\.0\.0\.1|0\.0\.0\.0)(?::(\d{1,5}))?[/'\"\s]")
+_PORT_READY = re.compile(r'\[ -n "\$\(ss -Htuln sport = :(\d{1,5})\)" \]')
 _MODE = re.compile(r"^[0-7]{3,4}$")
 _LINE = re.compile(r"^line (\d+): ")
 E2B_BASE = ("base", "e2bdev/base", "e2bdev/base:latest")
@@ -47,6 +47,7 @@ class Translated:
     recipe: str
     no_cache: bool
     hashes: tuple[str, ...]  # the COPY steps' uploads (filesHash), in order
+    ready: str | None = None  # the start's ready command, unless it waits for a port
 
 
 def _strings(value: object, where: str, least: int, most: int) -> list[str]:
@@ -81,15 +82,10 @@ def base_of(body: dict[str, Any], default_image: str) -> str:
     return base.removesuffix(":latest")
 
 
-def _ready_port(ready: object) -> int | None:
-    if not isinstance(ready, str):
-        return None
-    found = _PORT_READY.search(ready) or _URL_READY.search(ready + " ")
-    if found is None:
-        return None
-    if found.group(1) is None:
-        return 443 if ready.lstrip().find("https://") >= 0 else 80
-    return int(found.group(1))
+def _ready_port(ready: str) -> int | None:
+    """The port `wait_for_port(p)`'s command waits for (`[ -n "$(ss -Htuln sport = :p)" ]`)."""
+    found = _PORT_READY.fullmatch(ready.strip())
+    return int(found.group(1)) if found else None
 
 
 class _Lines:
@@ -164,20 +160,25 @@ def translate(body: dict[str, Any], default_image: str) -> Translated:
     out.lines.append(f"FROM {base_of(body, default_image)}")
     hashes = [h for number, step in enumerate(steps, start=1)
               if (h := _step(out, number, step)) is not None]
-    start, ready = body.get("startCmd"), body.get("readyCmd")
+    start, ready = body.get("startCmd"), body.get("readyCmd") or None
+    if ready is not None and (not isinstance(ready, str) or len(ready) > 64 * 1024):
+        raise InvalidArgument("readyCmd", "a command")
+    waits: str | None = None
     if start is not None:
         if not isinstance(start, str) or not start.strip():
             raise InvalidArgument("startCmd", "a command")
         out.mark("finalize")
-        port = _ready_port(ready)
+        port = _ready_port(ready) if ready else None
         if port is not None:
             out.lines.append(f"EXPOSE {port}")
-        elif isinstance(ready, str) and ready.strip():
-            out.lines.append("# readyCmd not run: the VM is saved once startCmd is started")
+        elif ready and ready.strip():
+            waits = ready
+            out.lines.append("# readyCmd, run after the start until it exits 0: "
+                             + " ".join(ready.split())[:200].rstrip("\\"))
         out.lines.append(_command("CMD", start))
     forced = bool(body.get("force")) or any(isinstance(s, dict) and s.get("force")
                                             for s in steps)
-    return Translated("\n".join(out.lines) + "\n", forced, tuple(hashes))
+    return Translated("\n".join(out.lines) + "\n", forced, tuple(hashes), waits)
 
 
 def step_of(recipe: str, error: str | None) -> str:

@@ -124,7 +124,8 @@ class Templates:
         folder = self._context(caller.user, made.hashes)
         parts = BuildParts(context=Context(folder), ready_s=self.setup.ready_s,
                            remove_context=folder is not None,
-                           context_mib=self.setup.context_mib, build_id=build_id)
+                           context_mib=self.setup.context_mib, build_id=build_id,
+                           ready=made.ready)
         try:
             builder.submit(deps, caller, ImageBuildIn(name=name, recipe=made.recipe,
                                                       no_cache=made.no_cache), parts)

@@ -26,7 +26,7 @@ from e2b import (
     SandboxException,
     SandboxQuery,
     Template,
-    wait_for_port,
+    wait_for_file,
 )
 from e2b.exceptions import NotFoundException
 from e2b.sandbox.commands.command_handle import PtySize
@@ -249,15 +249,21 @@ def test_a_takeover_ends_the_sdk_lease_saying_who_holds_it(world: World) -> None
 
 def test_a_template_builds_an_image_whose_sandboxes_start_with_its_server_up(
         world: World, tmp_path: Path) -> None:
-    """`Template.build` through Rift's builder (rift.e2b.templates), and a sandbox of
-    its name started from the saved state, the start command already serving."""
+    """`Template.build` through Rift's builder (rift.e2b.templates), its ready command
+    run in the guest until it succeeds (busybox httpd without -f returns once it
+    listens), and a sandbox of its name started from the saved state, the start
+    command already serving."""
     (tmp_path / "index.html").write_text("<h1>built by Template</h1>\n")
     template = (Template(file_context_path=tmp_path).from_template("tiny")
                 .copy("index.html", "/srv/www/")
                 .run_cmd("echo $((6 * 7)) > /srv/www/answer")
-                .set_start_cmd("httpd -f -p 8080 -h /srv/www", wait_for_port(8080)))
-    built = Template.build(template, "site", **world.opts)  # type: ignore[arg-type]
+                .set_start_cmd("httpd -p 8080 -h /srv/www && touch /tmp/ready",
+                               wait_for_file("/tmp/ready")))
+    heard: list[str] = []
+    built = Template.build(template, "site", on_build_logs=lambda e: heard.append(e.message),
+                           **world.opts)  # type: ignore[arg-type]
     assert (built.template_id, built.name) == ("site", "site")
+    assert "the ready command succeeded" in heard, heard
     sbx = Sandbox.create(template="site", **world.opts)  # type: ignore[arg-type]
     try:
         assert sbx.get_info().template_id == "site"

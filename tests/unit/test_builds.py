@@ -116,12 +116,12 @@ def context(tmp_path: Path) -> Context:
 
 def _build(deps: Deps, recipe: str, context: Context, layers: FakeLayers,
            caller: Caller = ALICE, name: str = "site", no_cache: bool = False,
-           **guest: object) -> tuple[FakeGuest, BuildOut]:
+           ready: str | None = None, **guest: object) -> tuple[FakeGuest, BuildOut]:
     made = FakeGuest(layers, **guest)  # type: ignore[arg-type]
     assert isinstance(deps.clock, FakeClock)
     deps.clock.advance(1)  # builds are told apart by when they began
     parts = BuildParts(context=context, guest=lambda _c, _b: made, layers=layers,
-                       ready_s=0.5, background=False)
+                       ready_s=0.5, background=False, ready=ready)
     out = builder.submit(deps, caller, ImageBuildIn(name=name, recipe=recipe,
                                                     no_cache=no_cache), parts)
     return made, out
@@ -243,6 +243,22 @@ def test_a_cmd_is_started_and_saved_once_each_exposed_port_answers(
                         answers_after=-1)
     assert out.build.state == "failed" and out.build.error is not None
     assert "port 9090 did not answer within RIFT_BUILD_READY_S" in out.build.error
+
+
+def test_a_cmds_ready_command_runs_under_its_settings_until_it_succeeds_or_time_is_up(
+        deps: Deps, context: Context) -> None:
+    layers = FakeLayers()
+    recipe = "FROM tiny\nWORKDIR /srv\nUSER web\nCMD ./serve\n"
+    guest, out = _build(deps, recipe, context, layers, ready="[ -f /tmp/ready ]")
+    assert out.build.state == "succeeded", out.build.log
+    check = guest.scripts[-1]
+    assert "cd /srv" in check and "su -s /bin/sh web" in check and "/tmp/ready" in check
+    assert "the ready command succeeded" in out.build.log
+    again, out = _build(deps, recipe, context, layers, ready="pgrep serve",
+                        fail_on="pgrep")  # another ready command: not the layer saved before
+    assert again.started == ["tiny"] and out.build.state == "failed"
+    assert "the ready command did not succeed within RIFT_BUILD_READY_S (0.5 s); it said: " \
+        "E: Unable" in (out.build.error or ""), out.build.error
 
 
 @pytest.mark.parametrize(("recipe", "line"), [

@@ -1,7 +1,7 @@
 """E2B's template steps as a Rift recipe (rift.e2b.template_steps): each step's
 lines, read back by the builder's own parser; a step's own user only for it; a
 mode as a chmod; a command of several lines in the JSON form; a ready command
-that waits for a port as EXPOSE, any other left unrun (and said so); `force` as
+that waits for a port as EXPOSE, any other the build's ready command; `force` as
 no_cache; and a recipe line named back as E2B's step."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2b import wait_for_file, wait_for_port, wait_for_timeout, wait_for_url
 
 from rift.domain.errors import InvalidArgument
 from rift.domain.recipes import parse, plan
@@ -55,18 +56,25 @@ def test_each_step_becomes_its_recipe_lines_which_the_builder_reads() -> None:
     assert (made.hashes, made.no_cache) == ((H,), False)
 
 
-@pytest.mark.parametrize(("ready", "line"), [
-    ("curl -s -o /dev/null -w \"%{http_code}\" 'http://localhost:3000/health' | grep -q 200",
-     "EXPOSE 3000"),
-    ("sleep 20", "# readyCmd not run: the VM is saved once startCmd is started"),
-    ("pgrep nginx > /dev/null", "# readyCmd not run: the VM is saved once startCmd is started"),
+@pytest.mark.parametrize(("ready", "line", "runs"), [
+    (wait_for_port(3000).get_cmd(), "EXPOSE 3000", None),  # the builder's own port wait
+    (wait_for_url("http://localhost:3000/health").get_cmd(),
+     "# readyCmd, run after the start until it exits 0: curl -s -o /dev/null", "curl"),
+    (wait_for_timeout(20_000).get_cmd(), "# readyCmd, run after the start until it exits 0: "
+     "sleep 20", "sleep 20"),
+    (wait_for_file("/tmp/ready").get_cmd(), "# readyCmd, run after the start until it exits "
+     "0: [ -f /tmp/ready ]", "[ -f /tmp/ready ]"),
 ])
-def test_a_ready_command_waits_for_its_port_or_is_said_not_run(ready: str, line: str) -> None:
+def test_a_ready_command_is_a_port_wait_or_the_builds_ready_command(
+        ready: str, line: str, runs: str | None) -> None:
     made = translate({"steps": [], "startCmd": "[ -x app ] && ./app", "readyCmd": ready},
                      "debian")
     lines = made.recipe.splitlines()
     assert lines[1] == "FROM debian"  # E2B's default base: RIFT_DEFAULT_IMAGE
-    assert lines[-2:] == [line, 'CMD ["/bin/sh", "-c", "[ -x app ] && ./app"]']
+    assert lines[-2].startswith(line), lines
+    assert lines[-1] == 'CMD ["/bin/sh", "-c", "[ -x app ] && ./app"]'
+    assert (made.ready == ready) if runs else made.ready is None
+    assert runs is None or runs in (made.ready or "")
     parse(made.recipe)
 
 
@@ -115,5 +123,5 @@ def test_the_sdks_from_dockerfile_steps_read_as_the_same_recipe(tmp_path: Path) 
     assert dict(recipe.settings.env)["GREETING"] == "hello web"
     assert (recipe.settings.user, recipe.settings.workdir) == ("root", "/srv")
     assert recipe.settings.cmd == "httpd -f -p 8080 -h /srv/www"
-    assert "# readyCmd not run: the VM is saved once startCmd is started" in made.recipe
+    assert made.ready == "sleep 20"  # the SDK's wait_for_timeout(20 s) for a CMD
     assert any(line.startswith("COPY index.html") for line in made.recipe.splitlines())

@@ -56,6 +56,7 @@ class BuildParts:
     remove_context: bool = False  # the context's folder is the build's own (REST's tar)
     context_mib: int = 10  # the largest context (RIFT_BUILD_CONTEXT_MIB)
     build_id: str | None = None  # the id the build takes (the E2B door answers it first)
+    ready: str | None = None  # a CMD's ready check beyond its ports (E2B's readyCmd)
 
 
 def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> BuildOut:
@@ -78,7 +79,7 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
                               recipe.base_line)
     check_unused(deps, cmd.name, "name", "building it again")  # its files are replaced
     the_plan = engine.make_plan(recipe, layers.identity(recipe.base), caller.user,
-                                 parts.context)
+                                 parts.context, parts.ready if recipe.settings.cmd else None)
     build = Build(id=parts.build_id or new_build_id(), image=cmd.name, owner=caller.user,
                   host=runner(), state="running", recipe=cmd.recipe,
                   no_cache=cmd.no_cache, created_at=deps.clock.now(),
@@ -142,7 +143,7 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
                                     [found[s.key] for s in the_plan.stages[:hits]])
             job = engine.Job(guest, parts.context, parts.ready_s, log.say, layers, build.id,
                              keep=lambda name, key: _keep_layer(deps, caller, build, name, key),
-                             found=found)
+                             found=found, ready=parts.ready)
             try:
                 last = engine.run(the_plan, hits, job)
                 check_unused(deps, build.image, "name", "building it again")  # again, now

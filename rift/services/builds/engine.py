@@ -54,9 +54,11 @@ class Plan:
     stages: list[Stage]
 
 
-def make_plan(recipe: Recipe, identity: str, owner: str, context: Context) -> Plan:
-    """The steps with their keys; build_failed for a COPY whose source is outside the
-    context or missing (before any VM starts)."""
+def make_plan(recipe: Recipe, identity: str, owner: str, context: Context,
+              ready: str | None = None) -> Plan:
+    """The steps with their keys (`ready`, a CMD's ready command, in the last's);
+    build_failed for a COPY whose source is outside the context or missing (before
+    any VM starts)."""
     digests = {p.step.line: context.digest(p.step.line, p.copy)
                for p in plan(recipe, "-") if p.copy is not None}
     root = root_key(recipe.base, identity, owner)
@@ -65,7 +67,8 @@ def make_plan(recipe: Recipe, identity: str, owner: str, context: Context) -> Pl
     last = planned[-1].key if planned else root
     final = recipe.settings
     if final.cmd is not None:
-        stages.append(Stage(layer_key(last, f"START {final.cmd} PORTS {final.ports}", {}), None))
+        started = f"START {final.cmd} PORTS {final.ports}" + (f" READY {ready}" if ready else "")
+        stages.append(Stage(layer_key(last, started, {}), None))
     elif not stages:
         stages.append(Stage(layer_key(last, "SAVE", {}), None))
     return Plan(recipe, planned, stages)
@@ -99,6 +102,7 @@ class Job:
     build_id: str
     keep: Callable[[str, str], None] = lambda name, key: None  # records a layer made
     found: Mapping[str, str] = field(default_factory=dict)  # key -> its layer, made before
+    ready: str | None = None  # a command that exits 0 once the CMD is ready (E2B's readyCmd)
     saved: list[tuple[str, str]] = field(default_factory=list)  # (layer, key) made
 
     def save(self, key: str, *, last: bool = False) -> str:
@@ -150,7 +154,7 @@ def run(the_plan: Plan, hits: int, job: Job) -> str:
             job.save(p.key, last=p is last.planned)  # the last: its VM need not run on
             say(f"step {number}/{total}: done in {time.monotonic() - clock:.1f} s")
     if last.planned is None:
-        _start(the_plan.recipe.settings, guest, job.ready_s, say)
+        _start(the_plan.recipe.settings, guest, job, say)
         return job.save(last.key, last=True)
     return job.saved[-1][0]
 
@@ -172,7 +176,9 @@ def _change(p: Planned, guest: BuildGuest, context: Context, say: Say) -> None:
                           output=output[-OUTPUT_TAIL:])
 
 
-def _start(s: Settings, guest: BuildGuest, ready_s: float, say: Say) -> None:
+def _start(s: Settings, guest: BuildGuest, job: Job, say: Say) -> None:
+    """Start the CMD, then wait (at most RIFT_BUILD_READY_S in all) until each EXPOSEd
+    port answers and the ready command, when there is one, exits 0."""
     if s.cmd is None:
         return
     say(f"starting CMD {s.cmd}")
@@ -180,12 +186,30 @@ def _start(s: Settings, guest: BuildGuest, ready_s: float, say: Say) -> None:
     if code != 0:
         raise BuildFailed(f"CMD could not start (exit {code})", None, exit_code=code,
                           output=output[-OUTPUT_TAIL:])
+    ready_s = job.ready_s
     deadline = time.monotonic() + ready_s
+
+    def too_late(what: str) -> None:
+        if time.monotonic() > deadline:
+            _, log = guest.run(scripts.tail_script(OUTPUT_TAIL), 30)
+            raise BuildFailed(f"CMD: {what} within RIFT_BUILD_READY_S ({ready_s:g} s)", None,
+                              output=log)
+        time.sleep(0.2)
+
     for port in s.ports:
         while not guest.answers(port):
-            if time.monotonic() > deadline:
-                _, log = guest.run(scripts.tail_script(OUTPUT_TAIL), 30)
-                raise BuildFailed(f"CMD: port {port} did not answer within "
-                                  f"RIFT_BUILD_READY_S ({ready_s:g} s)", None, output=log)
-            time.sleep(0.2)
+            too_late(f"port {port} did not answer")
         say(f"port {port} answers")
+    if job.ready is not None:
+        script = scripts.ready_script(s, job.ready)
+        while True:
+            code, said = guest.run(script, max(1, int(deadline - time.monotonic())) + 1)
+            if code == 0:
+                break
+            if time.monotonic() > deadline:
+                raise BuildFailed(f"CMD: the ready command did not succeed within "
+                                  f"RIFT_BUILD_READY_S ({ready_s:g} s); it said: "
+                                  f"{said[-200:].strip() or '(nothing)'}", None, exit_code=code,
+                                  output=guest.run(scripts.tail_script(OUTPUT_TAIL), 30)[1])
+            time.sleep(0.2)
+        say("the ready command succeeded")

@@ -53,5 +53,11 @@ def start_script(s: Settings) -> str:
         _as_user(s.user, body)
 
 
+def ready_script(s: Settings, command: str) -> str:
+    """A CMD's ready check (E2B's readyCmd): `/bin/sh -c` it under the CMD's settings."""
+    body = _exports(s) + _in_workdir(s) + f"exec /bin/sh -c {quote(command)}\n"
+    return _as_user(s.user, body)
+
+
 def tail_script(limit: int = 2000) -> str:
     return f"tail -c {limit} {CMD_LOG} 2>/dev/null || true\n"
