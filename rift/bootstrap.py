@@ -14,6 +14,7 @@ from pathlib import Path
 from hypervisor import Hypervisor, open_hypervisor
 from hypervisor.base import QEMU_USER, CpuLimits
 from hypervisor.exec_helper import exec_helper
+from hypervisor.volume_content import VolumeContent
 from hypervisor.volumes import PARENTS, VolumeFolder
 from rift.catalog import DirectoryImages
 from rift.config import Settings
@@ -130,6 +131,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         host_files=RemoteFiles(links, runtime.serial_dir, runtime.vm_disks_dir),
         volume_files=HostVolumes(VolumeFolder(qemu_dir(settings.data_dir / "volumes")), links),
         mounts=SshMounts(shell),
+        volume_content=VolumeContent(),
         code=SshCode(shell.files, shell.runner),
     )
     qemu_dir(settings.data_dir / "volumes" / PARENTS)

@@ -109,6 +109,43 @@ class Attachment:
         return replace(self, state="attached")
 
 
+@dataclass(frozen=True)
+class KeptVolume:
+    """A volume as a VM snapshot keeps it (SPEC §12, §18): held by the VM at `path`,
+    read-only or not, `size_gib` then. A fork of the snapshot (a restore of it
+    into another task alike) attaches it, read-only at `path`, only when the VM
+    held it read-only; `rift_volume_clone` with the snapshot's id makes a volume
+    of any of them. Kept in the snapshot's `snapshot_made` event (`volumes`)."""
+
+    volume_id: str
+    path: str
+    read_only: bool
+    size_gib: int
+
+    @property
+    def forks_attach(self) -> bool:
+        return self.read_only
+
+    def detail(self) -> dict[str, object]:
+        return {"volume_id": self.volume_id, "path": self.path,
+                "read_only": self.read_only, "size_gib": self.size_gib}
+
+    @staticmethod
+    def listed(details: dict[str, object]) -> list[KeptVolume]:
+        """The volumes a `snapshot_made` event's details list (an entry of another
+        shape, as the bare ids of older events, is left out)."""
+        found = details.get("volumes")
+        kept = []
+        for item in found if isinstance(found, list) else []:
+            if isinstance(item, dict) and isinstance(item.get("volume_id"), str) \
+                    and isinstance(item.get("path"), str) \
+                    and isinstance(item.get("read_only"), bool) \
+                    and isinstance(item.get("size_gib"), int):
+                kept.append(KeptVolume(item["volume_id"], item["path"], item["read_only"],
+                                       item["size_gib"]))
+        return kept
+
+
 def mount_path(path: str) -> str:
     """`path` normalized, or InvalidArgument: absolute, not `/`, not under the guest's
     system folders (FORBIDDEN_ROOTS), no `..`."""
@@ -144,3 +181,23 @@ def free_target(taken: list[str]) -> str:
         if target not in taken:
             return target
     raise InvalidArgument("volume_id", f"a VM takes at most {len(TARGETS)} volumes")
+
+
+class PathMissing(InvalidArgument):
+    """A path not on the volume (its content API): `invalid_argument`, answered 404
+    at the E2B door."""
+
+    status = 404
+
+    def __init__(self, volume_id: str, path: str) -> None:
+        super().__init__("path", f"{path} is not on volume {volume_id}")
+
+
+class PathTaken(InvalidArgument):
+    """A path on the volume that is there and may not be (or not a folder where one
+    is needed): `invalid_argument`, answered 409 at the E2B door."""
+
+    status = 409
+
+    def __init__(self, volume_id: str, path: str, why: str) -> None:
+        super().__init__("path", f"{path} on volume {volume_id}: {why}")

@@ -6,9 +6,11 @@ read. rift.api.gate's `TokenGate` runs it for every request under `/e2b`.
 - The data plane (envd's RPCs and `/files`): `X-Access-Token` must hold the task
   of the sandbox it names, checked as the engine checks a handle (a stale one is
   refused naming the holder, its event recorded), or for `/files` a URL signed
-  with that token (checked by the route); `/health` asks nothing, nor E2B's volume
-  content API (answered 501), nor a template's upload URL (its token checked by
-  its route). E2B's code interpreter's calls (`/execute`,
+  with that token (checked by the route); `/health` asks nothing, nor a
+  template's upload URL (its token checked by its route). E2B's volume content
+  API (`/volumecontent/`) sends its volume's token as `Authorization: Bearer`: the
+  door answered the caller's API key as that token (rift.e2b.volumes), checked here
+  as an `X-API-Key` is. E2B's code interpreter's calls (`/execute`,
   `/contexts`) carry the sandbox's access or traffic token, checked by their routes.
 """
 
@@ -33,9 +35,9 @@ STREAMS = ("/process.Process/Start", "/process.Process/Connect",
            "/filesystem.Filesystem/WatchDir")  # server streams: refused in the stream
 DATA_PLANE = (*RPCS, "/files")
 OPEN = ("/health",)
-# Calls the door answers 501 whoever asks: E2B's volume content API, whose bearer is a
-# volume token and no API key (rift.e2b.volume_routes).
-NOT_SERVED = ("/volumecontent/",)
+# E2B's volume content API: its bearer token is the volume's, which the door answers
+# as the caller's API key (rift.e2b.volume_content)
+VOLUME_CONTENT = "/volumecontent/"
 # E2B's code interpreter's calls (no API key: its SDK sends the sandbox's access or
 # traffic token), checked by its routes before they read a body (rift.e2b.code_interpreter)
 CODE_INTERPRETER = ("/execute", "/contexts")
@@ -69,7 +71,7 @@ async def first_check(state: AppState, scope: Scope) -> Response | None:
     path = scope["path"][len(PREFIX):]
     headers = Headers(scope=scope)
     try:
-        if path in OPEN or path.startswith(NOT_SERVED) or _signed(path, headers, scope) \
+        if path in OPEN or _signed(path, headers, scope) \
                 or path in CODE_INTERPRETER or path.startswith(("/contexts/", UPLOADS)):
             return None
         if path.startswith(DATA_PLANE):
@@ -82,8 +84,11 @@ async def first_check(state: AppState, scope: Scope) -> Response | None:
                 return unary_refusal(fault_of(err)) if path.startswith(RPCS) \
                     else files_refusal(err)
             return None
-        caller = await anyio.to_thread.run_sync(sandboxes.caller_of, state.deps,
-                                                headers.get("x-api-key"))
+        key = headers.get("x-api-key")
+        if path.startswith(VOLUME_CONTENT):
+            scheme, _, bearer = headers.get("authorization", "").partition(" ")
+            key = bearer.strip() if scheme.lower() == "bearer" else None
+        caller = await anyio.to_thread.run_sync(sandboxes.caller_of, state.deps, key)
     except RiftError as err:
         status = shapes.status_of(err)
         return JSONResponse(shapes.error_body(status, shapes.message_of(err)),

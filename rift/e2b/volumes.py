@@ -10,9 +10,9 @@ Blocking: the routes run these in worker threads.
   VM). The volume id is Rift's (`vol_…`); an id that is not one is 404, as an
   unknown one.
 - **The token** E2B answers authorizes its volume content API (files in a volume
-  with no sandbox), which Rift does not serve: the token answered is a fixed
-  word, no credential (`CONTENT_TOKEN`), and a content call sent to the door is
-  501 (its catch-all).
+  with no sandbox: rift.e2b.volume_content): the door answers the API key the call
+  came with (a Rift API token the caller holds already; nothing is stored), so the
+  content API answers that user, for that user's volumes only.
 - **`volumeMounts`** on a sandbox's create: rift.e2b.volume_mounts.
 """
 
@@ -30,12 +30,12 @@ from rift.services.context import Caller, Deps
 from rift.services.lifecycle import volumes
 
 E2B_VOLUME_GIB = 10  # E2B asks for no size: sparse, so it takes what is written
-CONTENT_TOKEN = "rift-serves-no-volume-content-api"  # noqa: S105 (a word, no secret)
 
 
-def _and_token(volume: VolumeView) -> dict[str, Any]:
-    """E2B's `VolumeAndToken` (no `domain`: only E2B's own clusters answer one)."""
-    return {"volumeID": volume.id, "name": volume.name, "token": CONTENT_TOKEN}
+def _and_token(volume: VolumeView, key: str | None) -> dict[str, Any]:
+    """E2B's `VolumeAndToken` (no `domain`: only E2B's own clusters answer one); the
+    token is the caller's own key, the content API's bearer."""
+    return {"volumeID": volume.id, "name": volume.name, "token": key or ""}
 
 
 def _volume_id(text: str) -> str:
@@ -45,14 +45,14 @@ def _volume_id(text: str) -> str:
 
 
 def create(deps: Deps, registry: Registry, caller: Caller, body: dict[str, Any],
-           ) -> dict[str, Any]:
+           key: str | None) -> dict[str, Any]:
     """POST /volumes: an empty ext4 volume of E2B_VOLUME_GIB named `name`."""
     name = body.get("name")
     if not isinstance(name, str):
         raise InvalidArgument("name", "the volume's name (a string)")
     made = volumes.new(deps, caller, command(c.VolumeNewIn, name=name,
                                              size_gib=E2B_VOLUME_GIB))
-    return _and_token(made.volume)
+    return _and_token(made.volume, key)
 
 
 def listing(deps: Deps, registry: Registry, caller: Caller) -> list[dict[str, Any]]:
@@ -61,10 +61,11 @@ def listing(deps: Deps, registry: Registry, caller: Caller) -> list[dict[str, An
     return [{"volumeID": v.id, "name": v.name} for v in found]
 
 
-def info(deps: Deps, registry: Registry, caller: Caller, volume_id: str) -> dict[str, Any]:
+def info(deps: Deps, registry: Registry, caller: Caller, volume_id: str,
+         key: str | None) -> dict[str, Any]:
     """GET /volumes/{id}."""
     found = volumes.get(deps, caller, c.VolumeIdIn(volume_id=_volume_id(volume_id)))
-    return _and_token(found.volume)
+    return _and_token(found.volume, key)
 
 
 def delete(deps: Deps, registry: Registry, caller: Caller, volume_id: str) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from hypervisor.base import DomainSpec, HypervisorError
+from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from rift.domain.errors import GuestUnreachable, HypervisorFailed, InvalidArgument
 from rift.domain.model import Vm
 from rift.services.ports.guest import ExecRead, ExecStart, GuestExec, Guests, PortChannel
@@ -191,6 +191,15 @@ class NoVolumeFiles:
 
     def thaw(self, uri: str, snapshot_id: str) -> None:
         return None
+
+
+class NoVolumeContent:
+    """Without real guests no volume has a file to read or write."""
+
+    def _none(self, *args: object, **kwargs: object) -> Any:
+        raise ImageError("volumes have no files without real guests")
+
+    list = stat = read = write = make_dir = set_meta = remove = _none
 
 
 class NoGuestMounts:

@@ -16,6 +16,7 @@ from rift.services.absent import (
     NoGuestMounts,
     NoHostFiles,
     NoRuntime,
+    NoVolumeContent,
     NoVolumeFiles,
     no_guests,
 )
@@ -29,6 +30,7 @@ from rift.services.ports import (
     VolumeFiles,
 )
 from rift.services.ports.code import GuestCode, NoGuestCode
+from rift.services.ports.volumes import VolumeContent
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,7 @@ class Deps:
     # rift.bootstrap wires them
     volume_files: VolumeFiles = field(default_factory=NoVolumeFiles)
     mounts: GuestMounts = field(default_factory=NoGuestMounts)
+    volume_content: VolumeContent = field(default_factory=NoVolumeContent)  # E2B's content API
     # the guests' code contexts (SPEC §20); none unless rift.bootstrap wires them
     code: GuestCode = field(default_factory=NoGuestCode)
 

@@ -252,14 +252,51 @@ def test_a_sandboxs_logs_are_its_tasks_events_through_e2bs_own_api_client(
         Sandbox.kill(sbx.sandbox_id, **door.opts)
 
 
+def _content_api(door: Door, vol: Any) -> None:
+    """A detached volume's files through E2B's volume content API, no sandbox."""
+    from e2b.exceptions import VolumeException, VolumePathNotFoundException
+    from e2b.volume.types import VolumeFileType
+
+    o = door.opts
+    assert vol.token == o["api_key"]  # the bearer is the caller's own key
+    made = vol.make_dir("/src/deep", force=True, mode=0o750, **o)
+    assert (made.type, made.mode) == (VolumeFileType.DIRECTORY, 0o750)
+    wrote = vol.write_file("/src/note.txt", "kept without a sandbox", mode=0o600, uid=1000,
+                           **o)
+    assert (wrote.type, wrote.size, wrote.mode, wrote.uid) == (VolumeFileType.FILE, 22,
+                                                               0o600, 1000)
+    assert vol.read_file("/src/note.txt", **o) == "kept without a sandbox"
+    assert vol.read_file("/src/note.txt", format="bytes", **o) == b"kept without a sandbox"
+    assert sorted((e.path, e.type) for e in vol.list("/src", depth=2, **o)) == [
+        ("/src/deep", VolumeFileType.DIRECTORY), ("/src/note.txt", VolumeFileType.FILE)]
+    assert vol.exists("/src/deep", **o) and not vol.exists("/nope", **o)
+    assert vol.get_info("/src/note.txt", **o).mtime.year >= 2024
+    assert vol.update_metadata("/src/deep", mode=0o700, gid=5, **o).gid == 5
+    with pytest.raises(VolumeException, match=r"409|there already"):
+        vol.write_file("/src/note.txt", "again", **o)  # only with force
+    assert vol.write_file("/src/note.txt", "again, forced", force=True, **o).size == 13
+    with pytest.raises(VolumePathNotFoundException):
+        vol.read_file("/nope", **o)
+    with pytest.raises(VolumePathNotFoundException):
+        vol.write_file("/no/such/folder/x", "x", **o)
+    vol.remove("/src/deep", **o)
+    assert not vol.exists("/src/deep", **o) and vol.exists("/src/note.txt", **o)
+
+
 def test_volumes_through_e2bs_own_volume_api_and_volume_mounts(door: Door) -> None:
     """E2B's `Volume` (create, list, get, connect, destroy) are Rift's volumes of the
     key's user; `volume_mounts` on create attach them to the sandbox's VM (by name),
     its detail answers them; a delete while attached is 409 naming the VM; the
-    sandbox's kill detaches, never deletes; another user's volume is an unknown one;
-    the content API is 501."""
+    sandbox's kill detaches, never deletes; another user's volume is an unknown one.
+    E2B's volume content API reads and writes the detached volume's files (its real
+    ext4, on the test driver's host) and refuses an attached one (409, volume_busy)."""
     from e2b import Volume
-    from e2b.exceptions import NotFoundException, SandboxException, VolumeException
+    from e2b.exceptions import (
+        NotFoundException,
+        SandboxException,
+        VolumeException,
+        VolumePathNotFoundException,
+    )
 
     vol = Volume.create("e2b-data", **door.opts)
     assert vol.volume_id.startswith("vol_") and vol.name == "e2b-data"
@@ -273,8 +310,13 @@ def test_volumes_through_e2bs_own_volume_api_and_volume_mounts(door: Door) -> No
         Volume.create("e2b-data", **door.opts)  # names are unique per user: 400
     with pytest.raises(SandboxException, match="volume_not_found"):  # 404
         Sandbox.create(volume_mounts={"/data": "no-such-volume"}, timeout=60, **door.opts)
+    _content_api(door, vol)
     sbx = Sandbox.create(volume_mounts={"/data": vol}, timeout=60, **door.opts)
     try:
+        with pytest.raises(VolumeException, match="volume_busy") as held:
+            vol.read_file("/src/note.txt", **door.opts)  # its VM's while attached
+        assert f"vm_{sbx.sandbox_id}" in str(held.value) and "rift_vm_detach_volume" in \
+            str(held.value)
         assert sbx.get_info().volume_mounts == [{"name": "e2b-data", "path": "/data"}]
         listed_sbx = Sandbox.list(**door.opts).next_items()
         assert [s.volume_mounts for s in listed_sbx if s.sandbox_id == sbx.sandbox_id] == \
@@ -291,10 +333,10 @@ def test_volumes_through_e2bs_own_volume_api_and_volume_mounts(door: Door) -> No
     with pytest.raises(NotFoundException):
         Volume.get_info(vol.volume_id, **other)
     assert Volume.destroy(vol.volume_id, **other) is False  # 404: not hers
-    content = httpx.get(f"{door.srv.url}/e2b/volumecontent/{vol.volume_id}/dir",
-                        params={"path": "/"}, headers={"Authorization": f"Bearer {vol.token}"},
-                        timeout=30)
-    assert content.status_code == 501 and "volumeMounts" in content.text
+    with pytest.raises(VolumePathNotFoundException):  # hers: none of this user's
+        Volume.connect(vol.volume_id, **door.opts).read_file(
+            "/src/note.txt", **{**door.opts, "token": other["api_key"]})
+    assert vol.read_file("/src/note.txt", **door.opts) == "again, forced"  # kept, detached
     assert Volume.destroy(vol.volume_id, **door.opts) is True
     assert Volume.destroy(vol.volume_id, **door.opts) is False
     assert Volume.destroy("not-a-volume", **door.opts) is False

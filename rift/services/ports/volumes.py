@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from hypervisor.volume_content import Entry, Meta
 from rift.domain.model import Vm
 from rift.domain.volumes import Attachment, Volume
 
@@ -105,3 +106,19 @@ class GuestMounts(Protocol):
         """Write out what the guest caches and the journal of each file system mounted
         at `paths` (its volumes written), before a snapshot keeps them."""
         ...
+
+
+class VolumeContent(Protocol):
+    """A detached volume's files on its host, with no guest (E2B's volume content
+    API): hypervisor.volume_content. `volume_file` is `VolumeFiles.path`'s. Raises
+    FileNotFoundError, FileExistsError, NotADirectoryError or IsADirectoryError for
+    a path of the wrong kind, OSError or ImageError when the host cannot."""
+
+    def list(self, uri: str, volume_file: str, path: str, depth: int) -> list[Entry]: ...
+    def stat(self, uri: str, volume_file: str, path: str) -> Entry: ...
+    def read(self, uri: str, volume_file: str, path: str) -> bytes: ...
+    def write(self, uri: str, volume_file: str, path: str, data: bytes, meta: Meta,
+              ) -> Entry: ...
+    def make_dir(self, uri: str, volume_file: str, path: str, meta: Meta) -> Entry: ...
+    def set_meta(self, uri: str, volume_file: str, path: str, meta: Meta) -> Entry: ...
+    def remove(self, uri: str, volume_file: str, path: str) -> None: ...
