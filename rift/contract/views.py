@@ -125,8 +125,23 @@ class VmView(Output):
     volumes: list[VolumeMountView]
     stats: StatsView | None
 
+class KeptVolumeView(Output):
+    """A volume a snapshot keeps (SPEC §18), as its VM held it when it was taken: at
+    `path`, read-only or not, `size_gib` then. A fork of the snapshot attaches it
+    (read-only, at `path`) only where `forks_attach`: the VM held it read-only (and
+    still does when the fork starts); rift_volume_clone with the snapshot's id makes
+    a volume of any of them."""
+
+    volume_id: str
+    path: str
+    read_only: bool
+    size_gib: int
+    forks_attach: bool
+
+
 class SnapshotView(Output):
-    """A VM's memory and disk as of one moment (SPEC §12), kept for forks."""
+    """A VM's memory and disk as of one moment (SPEC §12), kept for forks, and the
+    volumes it keeps (SPEC §18)."""
 
     id: str
     task_id: str
@@ -134,6 +149,7 @@ class SnapshotView(Output):
     name: str
     created_at: str
     bytes: int
+    volumes: list[KeptVolumeView]
 
 class TaskView(Output):
     id: str

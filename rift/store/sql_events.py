@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, select
@@ -40,4 +42,16 @@ class SqlEvents(SqlRepository):
             .order_by(events.c.id)
             .limit(limit)
         )
+        return [event_of(row) for row in self._conn.execute(query)]
+
+    def of_type(self, task_ids: Sequence[str], event_type: str,
+                since: datetime | None = None) -> list[Event]:
+        """The asked tasks' events of one type (at or after `since`), oldest first."""
+        if not task_ids:
+            return []
+        query = (select(*EVENT_COLUMNS)
+                 .where(events.c.task_id.in_(list(task_ids)), events.c.type == event_type)
+                 .order_by(events.c.id))
+        if since is not None:
+            query = query.where(events.c.at >= since)
         return [event_of(row) for row in self._conn.execute(query)]

@@ -135,3 +135,12 @@ def test_rift_vm_new_attaches_volumes_at_both_doors(settings: Settings, deps: De
                                            "read_only": True}]
         vms = client.get(f"/api/v1/tasks/{task_id}", headers=held).json()["task"]["vms"]
         assert len(vms) == 2  # the refused call left no VM
+        # a snapshot lists the volumes it keeps, in one shape at each door
+        snap = client.post(f"/api/v1/vms/{made.json()['vm']['id']}/snapshots", headers=held,
+                           json={})
+        assert snap.status_code == 201, snap.text
+        kept = [{"volume_id": work, "path": "/work", "read_only": False, "size_gib": 1,
+                 "forks_attach": False}]
+        assert snap.json()["snapshot"]["volumes"] == kept
+        seen = call_tool(client, token, "rift_task_get", {"task_id": task_id})
+        assert [s["volumes"] for s in seen["structuredContent"]["task"]["snapshots"]] == [kept]

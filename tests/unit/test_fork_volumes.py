@@ -87,6 +87,37 @@ def test_a_fork_gets_the_read_only_volumes_and_not_the_writable_ones(
     assert event_types(vdeps, task_id).count("volume_attached") == 2 + 2
 
 
+def test_a_snapshots_view_lists_the_volumes_it_keeps_and_which_a_fork_attaches(
+        vdeps: Deps) -> None:
+    """The snapshot's answer, the task's view and a delete's answer list each volume
+    its VM held (path, read-only or not, size then); a fork attaches the read-only
+    ones, at that path, and those only. A snapshot of a VM holding none lists none."""
+    from rift.services.lifecycle import tasks
+
+    task_id, handle, vm_id = _vm(vdeps)
+    written, shared = _volume(vdeps, "written", 4), _volume(vdeps, "shared", 2)
+    bare = snapshots.make(vdeps, ALICE, command(c.VmSnapshotIn, handle=handle,
+                                                vm_id=vm_id)).snapshot
+    _attach(vdeps, handle, vm_id, written, "/work")
+    _attach(vdeps, handle, vm_id, shared, "/data", read_only=True)
+    snap = snapshots.make(vdeps, ALICE, command(c.VmSnapshotIn, handle=handle,
+                                                vm_id=vm_id)).snapshot
+    kept = [(k.volume_id, k.path, k.read_only, k.size_gib, k.forks_attach)
+            for k in snap.volumes]
+    assert kept == [(written, "/work", False, 4, False), (shared, "/data", True, 2, True)]
+    assert bare.volumes == []
+    shown = tasks.get(vdeps, ALICE, command(c.TaskGetIn, task_id=task_id)).task.snapshots
+    assert {s.id: s.volumes for s in shown} == {bare.id: [], snap.id: snap.volumes}
+    made = fork(vdeps, ALICE, command(c.VmForkIn, handle=handle, snapshot_id=snap.id)).vms
+    assert [(m.volume_id, m.path, m.read_only) for m in made[0].volumes] == [
+        (k.volume_id, k.path, True) for k in snap.volumes if k.forks_attach]
+    gone = snapshots.delete(vdeps, ALICE, command(c.VmSnapshotDeleteIn, handle=handle,
+                                                  snapshot_id=snap.id)).snapshot
+    assert gone.volumes == snap.volumes
+    shown = tasks.get(vdeps, ALICE, command(c.TaskGetIn, task_id=task_id)).task.snapshots
+    assert [s.id for s in shown] == [bare.id]
+
+
 def test_a_fork_from_a_snapshot_drops_a_read_only_volume_its_source_no_longer_holds(
         vdeps: Deps, local_hv: FakeHypervisor) -> None:
     _, handle, vm_id = _vm(vdeps)
@@ -164,7 +195,8 @@ def test_a_snapshot_keeps_its_vms_volumes_and_a_clone_of_one_outlives_both(
         task_id = tx.vms.get(vm_id).task_id  # type: ignore[union-attr]
         made = [e.details for e in tx.events.page(task_id, 0, 1000)
                 if e.type == "snapshot_made"]
-    assert made[0]["volumes"] == [vol]  # the event names what it keeps
+    assert made[0]["volumes"] == [  # the event lists what it keeps, as the VM held it
+        {"volume_id": vol, "path": "/work", "read_only": False, "size_gib": 4}]
     volume_attach.detach(vdeps, ALICE, command(c.VmDetachVolumeIn, handle=handle,
                                                vm_id=vm_id, volume_id=vol))
     volumes.resize(vdeps, ALICE, command(c.VolumeResizeIn, volume_id=vol, size_gib=6))

@@ -53,7 +53,9 @@ def make(deps: Deps, caller: Caller, cmd: VmSnapshotIn) -> SnapshotOut:
     """`rift_vm_snapshot`: snapshot a running VM of the handle's task; it runs on after."""
     parsed = parse_handle(cmd.handle)
     snap, vm, uri = begin(deps, caller, parsed, cmd.vm_id, cmd.name)
-    return SnapshotOut(snapshot=views.snapshot(take(deps, caller, snap, vm, uri)))
+    made = take(deps, caller, snap, vm, uri)
+    with deps.store.read() as tx:  # with the volumes it keeps
+        return SnapshotOut(snapshot=views.snapshot_now(tx, made))
 
 
 def begin(deps: Deps, caller: Caller, parsed: Handle, vm_id: str,
@@ -115,7 +117,7 @@ def take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snapsh
         raise HypervisorFailed(f"the snapshot could not be saved: {exc}", host=vm.host) from exc
     failure: Exception | None = None
     overlay = vm_files(deps).overlay_path(vm.id)
-    size, kept = 0, []
+    size, kept = 0, []  # the volumes it keeps (volume_snapshots.freeze_held)
     try:
         if overlay is not None and folder is not None and hv.disk.is_file(str(overlay)):
             hv.disk.copy_sparse(str(overlay), str(folder / DISK_FILE))
@@ -142,8 +144,9 @@ def take(deps: Deps, caller: Caller, snap: Snapshot, vm: Vm, uri: str) -> Snapsh
         raise HypervisorFailed(f"the snapshot's disk could not be written: {failure}",
                                host=vm.host) from failure
     made, event = snap.made(size, host_key, caller.label, deps.clock.now())
-    if kept:  # the volumes it keeps, for rift_volume_clone's snapshot_id
-        event = replace(event, details={**event.details, "volumes": kept})
+    if kept:  # the volumes it keeps: its view lists them, rift_volume_clone clones them
+        event = replace(event, details={**event.details,
+                                        "volumes": [k.detail() for k in kept]})
     with deps.store.write() as tx:
         tx.snapshots.save(made, snap)
         _end_snapshotting(tx, vm.id)
@@ -211,8 +214,10 @@ def delete(deps: Deps, caller: Caller, cmd: VmSnapshotDeleteIn) -> SnapshotOut:
         return snap
 
     snap = in_write(deps.store, mark)
+    with deps.store.read() as tx:  # as it was, with the volumes it kept
+        view = views.snapshot_now(tx, snap)
     finish_delete(deps, snap)
-    return SnapshotOut(snapshot=views.snapshot(snap))
+    return SnapshotOut(snapshot=view)
 
 
 def finish_delete(deps: Deps, snap: Snapshot) -> None:

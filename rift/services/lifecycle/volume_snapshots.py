@@ -12,6 +12,9 @@ new volume of one of them, whether or not the volume still exists.
   writes between that and the save is in the snapshot's memory, not in the kept
   copy, which is as a power cut would leave it (ext4 replays its journal at a
   writable mount).
+- **Listed** in the snapshot's view (`volumes`: each with the path it was held
+  at, read-only or not, its size then, and whether a fork attaches it), from the
+  `snapshot_made` event's `volumes`, which records them (rift.domain.volumes.KeptVolume).
 - **Cloned** (`clone_source`): the snapshot must be the caller's and ready, and
   keep that volume; the clone has the kept size and lives on the snapshot's host.
 - **Gone** with the snapshot's files (`snapshot_files.remove_files`: `thaw`); a
@@ -23,6 +26,7 @@ from __future__ import annotations
 from hypervisor.base import ImageError
 from rift.domain.errors import InvalidArgument, RiftError, SnapshotNotFound
 from rift.domain.model import Vm
+from rift.domain.volumes import KeptVolume
 from rift.services.context import Caller, Deps
 from rift.services.ports import Tx
 
@@ -42,14 +46,18 @@ def flush_held(deps: Deps, vm: Vm) -> None:
             "vm_id": vm.id, "error": exc.message})
 
 
-def freeze_held(deps: Deps, vm: Vm, snapshot_id: str, uri: str) -> list[str]:
-    """Keep, for the snapshot, every volume the stopped VM holds; answers their ids.
-    OSError or ImageError when the host refuses (the snapshot is not made)."""
+def freeze_held(deps: Deps, vm: Vm, snapshot_id: str, uri: str) -> list[KeptVolume]:
+    """Keep, for the snapshot, every volume the stopped VM holds; answers them as
+    kept (the snapshot's view lists them). OSError or ImageError when the host
+    refuses (the snapshot is not made)."""
     with deps.store.read() as tx:
         held = tx.volumes.of_vms([vm.id])[vm.id]
+        sizes = {att.volume_id: row.size_gib for att in held
+                 if (row := tx.volumes.get(att.volume_id)) is not None}
     for att in held:
         deps.volume_files.freeze(uri, att.volume_id, snapshot_id)
-    return [att.volume_id for att in held]
+    return [KeptVolume(att.volume_id, att.path, att.read_only, sizes.get(att.volume_id, 0))
+            for att in held]
 
 
 def clone_source(deps: Deps, tx: Tx, caller: Caller, snapshot_id: str,

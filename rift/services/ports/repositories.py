@@ -236,6 +236,10 @@ class EventRepository(Protocol):
     def page(self, task_id: str, after_id: int, limit: int) -> list[Event]:
         """The task's events with ids above ``after_id``, oldest first."""
         ...
+    def of_type(self, task_ids: Sequence[str], event_type: str,
+                since: datetime | None = None) -> list[Event]:
+        """The asked tasks' events of one type (at or after `since`), oldest first."""
+        ...
 
 
 class RateWindows(Protocol):

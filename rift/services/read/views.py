@@ -21,6 +21,7 @@ from rift.contract.views import (
     EventView,
     ExecView,
     ExposureView,
+    KeptVolumeView,
     PortView,
     SnapshotView,
     SshView,
@@ -39,7 +40,7 @@ from rift.domain.builds import Build, OwnedImage
 from rift.domain.clock import iso
 from rift.domain.model import Event, Exec, Host, Task, Vm
 from rift.domain.records import Exposure, Snapshot
-from rift.domain.volumes import Attachment, Volume
+from rift.domain.volumes import Attachment, KeptVolume, Volume
 from rift.services.context import Deps
 from rift.services.ports import Tx
 
@@ -109,10 +110,30 @@ def exposure(made: Exposure, url: str) -> ExposureView:
                                         created_at=iso(made.created_at) or "")
 
 
-def snapshot(snap: Snapshot) -> SnapshotView:
+def snapshot(snap: Snapshot, kept: Sequence[KeptVolume] = ()) -> SnapshotView:
+    """A snapshot with the volumes it keeps (`kept_volumes`)."""
     return SnapshotView.model_construct(
         id=snap.id, task_id=snap.task_id, vm_id=snap.vm_id, name=snap.name,
-        created_at=iso(snap.created_at) or "", bytes=snap.bytes)
+        created_at=iso(snap.created_at) or "", bytes=snap.bytes,
+        volumes=[KeptVolumeView.model_construct(
+            volume_id=k.volume_id, path=k.path, read_only=k.read_only, size_gib=k.size_gib,
+            forks_attach=k.forks_attach) for k in kept])
+
+
+def kept_volumes(tx: Tx, snaps: Sequence[Snapshot]) -> dict[str, list[KeptVolume]]:
+    """Snapshot id -> the volumes it keeps, as its `snapshot_made` event lists them
+    (one read for all; none without a ready snapshot)."""
+    ready = [s for s in snaps if s.state == "ready"]
+    if not ready:
+        return {}
+    made = tx.events.of_type(sorted({s.task_id for s in ready}), "snapshot_made",
+                             since=min(s.created_at for s in ready))
+    return {str(e.details.get("snapshot_id")): KeptVolume.listed(e.details) for e in made}
+
+
+def snapshot_now(tx: Tx, snap: Snapshot) -> SnapshotView:
+    """A snapshot's view, read in `tx` with the volumes it keeps."""
+    return snapshot(snap, kept_volumes(tx, [snap]).get(snap.id, ()))
 
 
 # -- tasks -------------------------------------------------------------------------------
@@ -127,12 +148,14 @@ class TaskParts:
     snapshots: Sequence[Snapshot] = ()
     exposures: dict[str, list[Exposure]] | None = None
     volumes: dict[str, list[Attachment]] | None = None
+    kept: dict[str, list[KeptVolume]] | None = None  # by snapshot (kept_volumes)
 
 
 def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
     rules, held = deps.lease_rules, task.is_held
     have = parts or TaskParts()
     exposed, mounted = have.exposures or {}, have.volumes or {}
+    kept = have.kept or {}
     return TaskView.model_construct(
         id=task.id, name=task.name, owner=task.owner, status=task.status,
         holder=task.holder if held else None,
@@ -144,15 +167,18 @@ def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
         sleep_after_s=task.sleeps_after_s(deps.limits.task_sleep_s), sleep=task.sleep,
         vms=[vm_of(v, exposed.get(v.id, ()), mounted.get(v.id, ())) for v in have.vms],
         running_execs=have.running_execs,
-        snapshots=[snapshot(s) for s in have.snapshots if s.state == "ready"])
+        snapshots=[snapshot(s, kept.get(s.id, ())) for s in have.snapshots
+                   if s.state == "ready"])
 
 
 def task(deps: Deps, tx: Tx, row: Task) -> TaskView:
     """A task's view, read in `tx`."""
     found = tx.vms.of_task(row.id)
+    snaps = tx.snapshots.of_task(row.id)
     return task_of(deps, row, TaskParts(
-        found, tx.execs.count_running([row.id])[row.id], tx.snapshots.of_task(row.id),
-        tx.exposures.of_vms([v.id for v in found]), tx.volumes.of_vms([v.id for v in found])))
+        found, tx.execs.count_running([row.id])[row.id], snaps,
+        tx.exposures.of_vms([v.id for v in found]), tx.volumes.of_vms([v.id for v in found]),
+        kept=kept_volumes(tx, snaps)))
 
 
 def task_now(deps: Deps, task_id: str) -> TaskView:
@@ -175,8 +201,9 @@ def tasks(deps: Deps, tx: Tx, page: Sequence[Task], *, open_parts: bool = True,
     snaps = tx.snapshots.of_tasks(ids)
     vm_ids = [v.id for t in page for v in found.get(t.id, [])]
     exposed, mounted = tx.exposures.of_vms(vm_ids), tx.volumes.of_vms(vm_ids)
+    kept = kept_volumes(tx, [s for t in page for s in snaps[t.id]])
     return [task_of(deps, t, TaskParts(found.get(t.id, []), running[t.id], snaps[t.id],
-                                       exposed, mounted)) for t in page]
+                                       exposed, mounted, kept=kept)) for t in page]
 
 
 def event(row: Event) -> EventView:
