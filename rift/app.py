@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
@@ -42,6 +43,7 @@ from rift.services.access import accounts
 from rift.services.background.heartbeat import resume
 from rift.services.background.sweeps import sweep
 from rift.services.builds import restarts
+from rift.services.builds.context import CONTEXTS
 from rift.services.context import Caller, Deps
 from web.router import install as install_web
 
@@ -90,10 +92,11 @@ class AccessLog:
                                        "ms": round((time.perf_counter() - start) * 1000, 1)})
 
 
-def _before_calls(engine: Deps) -> None:
+def _before_calls(engine: Deps, data_dir: Path) -> None:
     """Before any call is taken: finish closes a crash cut off, then reconcile; and
     what the first login needs, so that it is no slower than the next."""
-    restarts.fail_cut(engine)  # SPEC §19: a build a restart cut fails, its task closes
+    # SPEC §19: a build a restart cut fails, its task closes, its leftovers go
+    restarts.fail_cut(engine, contexts=data_dir / CONTEXTS)
     sweep(engine)
     accounts.prepare_logins()
 
@@ -111,7 +114,7 @@ def create_app(settings: Settings, deps: Deps | None = None,
         engine = deps if deps is not None else await anyio.to_thread.run_sync(
             build_deps, settings)
         await anyio.to_thread.run_sync(resume, engine, settings.sweep_interval_s)
-        await anyio.to_thread.run_sync(_before_calls, engine)
+        await anyio.to_thread.run_sync(_before_calls, engine, settings.data_dir)
         state.start(engine)
         proxy = None
         # What egress `open` refuses besides the host (SPEC §15): each host's deny sets.

@@ -16,11 +16,9 @@ from __future__ import annotations
 import base64
 import binascii
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Header, Query, Request
@@ -42,10 +40,11 @@ from rift.contract.builds import (
     ImageOut,
     ImagePublishIn,
 )
+from rift.domain.builds import new_build_id
 from rift.domain.errors import InvalidArgument
 from rift.services.builds import builder
 from rift.services.builds.builder import BuildParts
-from rift.services.builds.context import unpack
+from rift.services.builds.context import context_folder, unpack
 
 __all__ = ["router"]
 
@@ -62,22 +61,18 @@ def build_image(request: Request, caller: CallerDep, body: ImageBuildIn) -> Any:
         archive = base64.b64decode(body.context, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise InvalidArgument("context", f"not base64: {exc}") from exc
-    folder = Path(tempfile.mkdtemp(prefix="context-", dir=_contexts(settings.data_dir)))
+    build_id = new_build_id()
+    folder = context_folder(settings.data_dir, build_id)
     try:
         context = unpack(archive, folder, settings.build_context_mib)
         parts = BuildParts(context=context, ready_s=settings.build_ready_s,
-                           remove_context=True, context_mib=settings.build_context_mib)
+                           remove_context=True, context_mib=settings.build_context_mib,
+                           build_id=build_id)
         return builder.submit(state.deps, caller, body.model_copy(update={"context": None}),
                               parts)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-
-
-def _contexts(data_dir: Path) -> Path:
-    folder = data_dir / "build-contexts"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 @router.get("/builds/{build_id}", response_model=BuildOut,

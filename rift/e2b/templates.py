@@ -40,7 +40,7 @@ from rift.e2b import shapes
 from rift.e2b.template_steps import step_of, translate
 from rift.services.builds import builder
 from rift.services.builds.builder import BuildParts
-from rift.services.builds.context import MIB, Context, unpack
+from rift.services.builds.context import MIB, Context, context_folder, unpack
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.image_access import sees, visible_names
 
@@ -121,7 +121,7 @@ class Templates:
         if not _BUILD.match(build_id):
             raise InvalidArgument("buildID", "the build ID `POST /v3/templates` answered")
         made = translate(body, deps.default_image)
-        folder = self._context(caller.user, made.hashes)
+        folder = self._context(caller.user, build_id, made.hashes)
         parts = BuildParts(context=Context(folder), ready_s=self.setup.ready_s,
                            remove_context=folder is not None,
                            context_mib=self.setup.context_mib, build_id=build_id,
@@ -141,13 +141,15 @@ class Templates:
         for files_hash in made.hashes:  # in the build's context now
             (self._uploads(caller.user) / files_hash).unlink(missing_ok=True)
 
-    def _context(self, user: str, hashes: tuple[str, ...]) -> Path | None:
+    def _context(self, user: str, build_id: str, hashes: tuple[str, ...]) -> Path | None:
         """The uploads the COPY steps name, unpacked into one folder of the build's."""
         if not hashes:
             return None
-        contexts = self.setup.data_dir / "build-contexts"
-        contexts.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix="e2b-", dir=contexts))
+        try:
+            folder = context_folder(self.setup.data_dir, build_id)
+        except FileExistsError as exc:
+            raise InvalidArgument("buildID", f"{build_id} is another build's; ask for a "
+                                  "new one") from exc
         try:
             for files_hash in dict.fromkeys(hashes):
                 upload = self._uploads(user) / files_hash

@@ -349,7 +349,7 @@ def test_a_build_is_read_by_its_owner_alone_with_its_log_from_an_offset(
 
 
 def test_a_build_a_restart_cut_fails_records_it_closes_its_task_and_drops_half_layers(
-        deps: Deps, context: Context) -> None:
+        deps: Deps, context: Context, tmp_path: Path) -> None:
     layers = FakeLayers()
     _, out = _build(deps, RECIPE, context, layers)
     kept = set(layers.names)
@@ -365,7 +365,12 @@ def test_a_build_a_restart_cut_fails_records_it_closes_its_task_and_drops_half_l
     opened = tasks.new(deps, ALICE, command(c.TaskNewIn, name="build_cccccccc"))
     layers.names.add("layer-" + "f" * 64)  # saved whole when the restart came: no row yet
     layers.half.add(".add-layer-" + "0" * 64 + "-x1y2")  # being written when it came
-    assert restarts.fail_cut(deps, layers) == ["build_cccccccc"]
+    contexts = tmp_path / "build-contexts"  # what REST and the E2B door unpack, per build
+    for build_id in ("build_cccccccc", "build_dddddddd"):
+        (contexts / build_id).mkdir(parents=True)
+        (contexts / build_id / "index.html").write_text("hi")
+    assert restarts.fail_cut(deps, layers, contexts=contexts) == ["build_cccccccc"]
+    assert [p.name for p in contexts.iterdir()] == ["build_dddddddd"]  # its build runs
     got = builder.get(deps, ALICE, BuildGetIn(build_id="build_cccccccc")).build
     assert got.state == "failed" and "cut by a restart" in (got.error or "")
     assert [builder.get(deps, ALICE, BuildGetIn(build_id=b)).build.state

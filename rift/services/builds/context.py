@@ -25,6 +25,16 @@ from rift.domain.errors import BuildFailed, InvalidArgument
 from rift.domain.recipes import Copy
 
 MIB = 1024 * 1024
+CONTEXTS = "build-contexts"  # in the data folder: the contexts doors unpack, one a build
+
+
+def context_folder(data_dir: Path, build_id: str) -> Path:
+    """A new folder for build `build_id`'s context (REST's tar, the E2B door's
+    uploads), named after it so a restart that cuts the build removes it
+    (rift.services.builds.restarts)."""
+    folder = data_dir / CONTEXTS / build_id
+    folder.mkdir(parents=True)
+    return folder
 
 
 class Context:

@@ -3,7 +3,8 @@ cleanly). A build's row names the process that runs it (`builder.runner`); at
 `rift serve`'s start, `fail_cut` fails each build left `running` by a process of
 this machine that is gone: its row `failed` (`cut by a restart of rift serve`),
 its task (named after it) records `build_cut` and closes, the last state it was
-saving goes, and so do the layers it left half-written or saved without their row
+saving and the context a door unpacked for it (`build-contexts/<build id>`) go,
+and so do the layers it left half-written or saved without their row
 (the layers' sweep, when no other build holds the lock; else that build's own
 sweep removes them). The layers it saved whole stay, the next build's cache. A cut
 build is not resumed: its steps' guest state went with its VM."""
@@ -14,6 +15,7 @@ import fcntl
 import os
 import shutil
 import socket
+from pathlib import Path
 
 from rift.contract.operator import TaskIdIn
 from rift.domain.model import NewEvent
@@ -41,7 +43,8 @@ def _gone(where: str) -> bool:
     return False  # it runs (or its id went to another process: left, to be safe)
 
 
-def fail_cut(deps: Deps, files: LayerFiles | None = None) -> list[str]:
+def fail_cut(deps: Deps, files: LayerFiles | None = None, *,
+             contexts: Path | None = None) -> list[str]:
     """At `rift serve`'s start: builds left `running` by a process of this machine
     that is gone were cut by a restart; each fails, its task (named after it) records
     `build_cut` and closes, and the layers it left half-written or without their row
@@ -61,10 +64,12 @@ def fail_cut(deps: Deps, files: LayerFiles | None = None) -> list[str]:
         deps.log.warning("build cut by a restart", extra={"build_id": build.id})
     for task_id, _ in open_tasks:
         close_as_operator(deps, TaskIdIn(task_id=task_id, by="sweep"))
-    for build in cut:  # a last state saved when the restart came
+    for build in cut:  # a last state saved when the restart came, and its context
         folder = last_folder(deps, build.id)
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+        if contexts is not None:
+            shutil.rmtree(contexts / build.id, ignore_errors=True)
     if cut:
         _sweep_if_free(deps, files)
     return [b.id for b in cut]
