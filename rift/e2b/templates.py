@@ -3,7 +3,8 @@
 image of the caller's; its ID and its name are the image's name.
 
 - `request` (`POST /v3/templates`): checks the name and answers a build ID (a Rift
-  build id, not yet recorded: the build takes it when it starts).
+  build id, not yet recorded: the build takes it when it starts); the user's
+  uploads no build took within a day go.
 - `upload_link` (`GET /templates/{id}/files/{hash}`): `present` when the caller's
   upload of that hash is here, else a one-time URL to `PUT` it to (`upload`), at
   most RIFT_BUILD_CONTEXT_MIB, kept in the data folder under the user's name.
@@ -48,6 +49,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _BUILD = re.compile(r"^build_[a-z2-7]{8}$")
 UPLOAD_S = 3600  # how long an upload URL holds
+KEEP_UPLOAD_S = 24 * 3600  # an upload no build took goes at the user's next build past this
 LOG_PAGE = 100  # log entries per status answer, as E2B's API pages them
 STATES = {"running": "building", "succeeded": "ready", "failed": "error"}
 
@@ -72,12 +74,23 @@ class Templates:
     def request(self, deps: Deps, _registry: object, caller: Caller,
                 body: dict[str, Any]) -> dict[str, Any]:
         name = template_name(body.get("name") or body.get("alias"), "name")
+        self.prune(caller.user, time.time() - KEEP_UPLOAD_S)
         tags = body.get("tags")
         if tags not in (None, [], ["default"], ["latest"]):
             raise InvalidArgument("tags", "a template is one Rift image: tags are not "
                                   "served; build each under a name of its own")
         return {"templateID": name, "buildID": new_build_id(), "public": False,
                 "names": [name], "tags": ["default"], "aliases": [name]}
+
+    def prune(self, user: str, before: float) -> list[str]:
+        """Remove the user's uploads (and half-written ones) last written before
+        `before` (a Unix time): ones an SDK sent and no build took."""
+        folder = self._uploads(user)
+        gone = [p for p in folder.iterdir() if p.stat().st_mtime < before] \
+            if folder.is_dir() else []
+        for path in gone:
+            path.unlink(missing_ok=True)
+        return [p.name for p in gone]
 
     def upload_link(self, deps: Deps, _registry: object, caller: Caller, template: str,
                     files_hash: str, base_url: str) -> dict[str, Any]:

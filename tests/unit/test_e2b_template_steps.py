@@ -2,11 +2,14 @@
 lines, read back by the builder's own parser; a step's own user only for it; a
 mode as a chmod; a command of several lines in the JSON form; a ready command
 that waits for a port as EXPOSE, any other the build's ready command; `force` as
-no_cache; and a recipe line named back as E2B's step."""
+no_cache; a recipe line named back as E2B's step; and the door's upload store
+(a URL claimed once, held to the limit, an upload no build took pruned)."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,8 @@ from e2b import wait_for_file, wait_for_port, wait_for_timeout, wait_for_url
 from rift.domain.errors import InvalidArgument
 from rift.domain.recipes import parse, plan
 from rift.e2b.template_steps import step_of, translate
+from rift.e2b.templates import Setup, Templates
+from rift.services.context import Caller
 
 H = "ab" * 32
 
@@ -125,3 +130,26 @@ def test_the_sdks_from_dockerfile_steps_read_as_the_same_recipe(tmp_path: Path) 
     assert recipe.settings.cmd == "httpd -f -p 8080 -h /srv/www"
     assert made.ready == "sleep 20"  # the SDK's wait_for_timeout(20 s) for a CMD
     assert any(line.startswith("COPY index.html") for line in made.recipe.splitlines())
+
+
+def test_an_upload_url_is_claimed_once_held_to_the_limit_and_an_untaken_upload_pruned(
+        tmp_path: Path) -> None:
+    templates = Templates(Setup(tmp_path, 1, 60.0, "https://rift.example"))
+    caller = Caller("alice", "e2b:sdk")
+    deps: Any = None  # the upload store reads no engine
+    link = templates.upload_link(deps, None, caller, "site", H, "http://ignored")
+    assert link["url"].startswith("https://rift.example/e2b/template-uploads/")
+    token = link["url"].rsplit("/", 1)[1]
+    user, files_hash = templates.claim(token)
+    with pytest.raises(PermissionError):
+        templates.claim(token)  # once
+    with pytest.raises(InvalidArgument):
+        templates.upload(user, files_hash, b"x" * (1024 * 1024 + 1))
+    templates.upload(user, files_hash, b"tar")
+    assert templates.upload_link(deps, None, caller, "site", H, "") == {"present": True}
+    kept = tmp_path / "e2b-uploads" / b"alice".hex() / H
+    assert kept.read_bytes() == b"tar"
+    assert templates.prune("alice", time.time() - 60) == []  # written just now: kept
+    old = time.time() - 2 * 86400
+    os.utime(kept, (old, old))
+    assert templates.prune("alice", time.time() - 86400) == [H] and not kept.exists()
