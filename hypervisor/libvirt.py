@@ -286,7 +286,7 @@ class LibvirtHypervisor:
             for disk in held:  # a volume written: never opened by two domains for writing
                 if not disk.read_only:
                     stand_ins[disk.serial] = stand_in_path(disk.path, spec.name, disk.target)
-                    make_stand_in(disk.path, stand_ins[disk.serial])
+                    make_stand_in(disk.path, stand_ins[disk.serial], self.disk)
             xml = without_volume_chains(with_volume_sources(xml, stand_ins))
         except (OSError, ValueError, ImageError) as exc:
             raise HypervisorError("fork", f"the saved state cannot be forked: {exc}") from exc

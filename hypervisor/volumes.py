@@ -21,9 +21,7 @@ folder of the data dir (`volumes/`), and the disk device XML that hot-plugs one.
   it (constant time too), `thaw` drops the snapshot's names when it goes.
 - **remove**: the file goes, and each frozen parent whose last child it was.
 
-Only this machine's files are reached here; a host elsewhere's are reached by
-rift.guest.host_volumes, through its SSH, by the same steps.
-"""
+This machine's files only; a host elsewhere's: rift.guest.host_volumes, by SSH."""
 
 from __future__ import annotations
 
@@ -32,11 +30,13 @@ import os
 import re
 import secrets
 import struct
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from hypervisor.base import ImageError, VolumeDisk, elsewhere
+from hypervisor.base import HostDisk, ImageError, VolumeDisk, elsewhere
 from hypervisor.commands import run_command
+from hypervisor.host_disk import LOCAL_DISK
 
 GIB = 1 << 30
 PARENTS = "parents"
@@ -226,11 +226,18 @@ def is_volume_id(text: str) -> bool:
     return _VOLUME_ID.fullmatch(text) is not None
 
 
-def make_stand_in(volume_path: str, path: str) -> None:
-    """An empty qcow2 at `path` the size of the volume at `volume_path`: what a fork's
-    domain holds in place of a volume it does not get (SPEC §18), until unplugged."""
-    run_command(["qemu-img", "create", "-q", "-f", "qcow2", path,
-                 str(_virtual_size(Path(volume_path)))], timeout_s=VOLUME_TIMEOUT_S)
+def make_stand_in(volume_path: str, path: str, disk: HostDisk = LOCAL_DISK) -> None:
+    """An empty qcow2 at `path` on `disk` (a host's files) the size of the volume at
+    `volume_path` there: what a fork's domain holds in place of a volume it does not
+    get (SPEC §18), until unplugged. Made here, written there (a splice of no byte)."""
+    header = disk.read_at(volume_path, 0, QCOW2_HEADER + 12)
+    if len(header) < QCOW2_HEADER + 12 or header[:4] != b"QFI\xfb":
+        raise ImageError(f"{volume_path} is no qcow2 volume")
+    with tempfile.TemporaryDirectory(prefix="rift-stand-in-") as folder:
+        made = Path(folder) / "stand-in.qcow2"
+        run_command(["qemu-img", "create", "-q", "-f", "qcow2", str(made),
+                     str(struct.unpack(">Q", header[24:32])[0])], timeout_s=VOLUME_TIMEOUT_S)
+        disk.spliced(volume_path, made.read_bytes(), disk.size(volume_path), path)
 
 
 def _overlay(parent: Path, path: Path, size: str) -> None:

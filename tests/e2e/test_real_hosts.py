@@ -157,7 +157,8 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     image is copied there, it boots on hv11's libvirt, and exec, files, a background
     exec and an exposure reach it through hv11's SSH (its port is on hv11's loopback,
     which this machine cannot reach), its QEMU runs as rift-qemu there; a volume is
-    made on hv11 and attached, written, detached and attached again; in make soak
+    made on hv11 and attached, written, detached and attached again, and a snapshot
+    keeps it there and a fork of that starts there without it; in make soak
     a debian VM boots there too (make test's debian there: a saved pool's, in
     test_pools_pauses_snapshots_and_forks_on_hosts_elsewhere)."""
     import httpx
@@ -205,7 +206,8 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
             await call(s, "rift_task_close", handle=handle)
             seen["after"] = _virsh(far_hosts[first], "list", "--all", "--name")
             await call(s, "rift_volume_delete", volume_id=seen["volume"]["id"])
-            seen["volume gone"] = _on_host(first, f"ls {real.data_dir}/volumes/")
+            seen["volume gone"] = _on_host(first, f"ls -A {real.data_dir}/volumes/ "
+                                                  f"{real.data_dir}/volumes/parents/")
             if SOAK:
                 await _debian_elsewhere(s, real, seen)
 
@@ -227,8 +229,16 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     assert volume["host"] == f"hv{first}", volume
     assert f"{volume['id']}.qcow2" in seen["volume there"].split(), seen["volume there"]
     assert not seen["volume here"]
-    assert seen["volume mounts"] == ([("/mnt/far", False)], [], [("/mnt/again", True)])
+    assert seen["volume mounts"] == ([("/mnt/far", False)], [], [("/mnt/again", False)])
     assert seen["volume again"].split() == ["kept", "on", "hv11", "-rwx------"], seen
+    kept, parents = seen["volume kept"]
+    assert kept == [{"volume_id": volume["id"], "path": "/mnt/again", "read_only": False,
+                     "size_gib": 1, "forks_attach": False}]
+    assert any(name.endswith(f".{volume['id']}.qcow2") for name in parents.split()), parents
+    # the fork runs there without the written volume (its stand-in made there, unplugged)
+    assert seen["volume fork"] == (f"hv{first}", "running", []), seen["volume fork"]
+    assert ".stand-in-" not in seen["volume thawed"] and \
+        f".{volume['id']}.qcow2" not in seen["volume thawed"], seen["volume thawed"]
     assert f"{volume['id']}.qcow2" not in seen["volume gone"].split(), seen["volume gone"]
     if SOAK:
         full = seen["debian"]
@@ -245,7 +255,9 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
 async def _volume_elsewhere(s: ClientSession, real: Server, handle: str, vm_id: str,
                             seen: dict[str, Any]) -> None:
     """A volume on the VM's host elsewhere: made, attached, written, detached, and
-    attached again (read-only, at another path)."""
+    attached again (at another path); a snapshot keeps it there and lists it, a fork
+    of that snapshot starts there without it (its stand-in made there), and the
+    snapshot's delete drops what it kept there."""
     from tests.support.mcp_clients import call
 
     volume = (await call(s, "rift_volume_new", name="far", size_gib=1))["volume"]
@@ -254,11 +266,11 @@ async def _volume_elsewhere(s: ClientSession, real: Server, handle: str, vm_id: 
     seen["volume there"] = _on_host(n, f"ls {real.data_dir}/volumes/")
     seen["volume here"] = (real.data_dir / "volumes" / f"{volume['id']}.qcow2").exists()
     mounts = []
-    for path, read_only in (("/mnt/far", False), ("/mnt/again", True)):
+    for path in ("/mnt/far", "/mnt/again"):
         got = (await call(s, "rift_vm_attach_volume", handle=handle, vm_id=vm_id,
-                          volume_id=volume["id"], path=path, read_only=read_only))["vm"]
+                          volume_id=volume["id"], path=path))["vm"]
         mounts.append([(v["path"], v["read_only"]) for v in got["volumes"]])
-        if read_only:
+        if path == "/mnt/again":
             break
         await call(s, "rift_vm_exec", handle=handle, vm_id=vm_id,
                    command="echo kept on hv11 > /mnt/far/note && chmod 700 /mnt/far/note")
@@ -269,6 +281,14 @@ async def _volume_elsewhere(s: ClientSession, real: Server, handle: str, vm_id: 
     seen["volume again"] = (await call(
         s, "rift_vm_exec", handle=handle, vm_id=vm_id,
         command="cat /mnt/again/note && ls -l /mnt/again/note | cut -d' ' -f1"))["stdout"]
+    snap = (await call(s, "rift_vm_snapshot", handle=handle, vm_id=vm_id))["snapshot"]
+    seen["volume kept"] = (snap["volumes"], _on_host(n, f"ls {real.data_dir}/volumes/parents/"))
+    fork = (await call(s, "rift_vm_fork", handle=handle, snapshot_id=snap["id"]))["vms"][0]
+    seen["volume fork"] = (fork["host"], fork["status"], fork["volumes"])
+    await call(s, "rift_vm_destroy", handle=handle, vm_id=fork["id"])
+    await call(s, "rift_vm_snapshot_delete", handle=handle, snapshot_id=snap["id"])
+    seen["volume thawed"] = _on_host(n, f"ls {real.data_dir}/volumes/ "
+                                        f"{real.data_dir}/volumes/parents/")
 
 
 async def _debian_elsewhere(s: ClientSession, real: Server, seen: dict[str, Any]) -> None:
