@@ -6,6 +6,7 @@ The real SSH of a host elsewhere: tests/e2e/test_real_hosts.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,13 +17,33 @@ from hypervisor.base import ImageError
 from hypervisor.volumes import PARENTS, VolumeFolder
 from rift.guest.host_volumes import HostVolumes
 from rift.guest.links import HostLinkError, HostLinks, SshTarget
-from tests.integration.test_volume_files import HERE, A, B, C, _has_ext4, _info, _io
 
 pytestmark = pytest.mark.skipif(
     any(shutil.which(tool) is None for tool in ("qemu-img", "qemu-io", "mkfs.ext4")),
     reason="needs qemu-img, qemu-io and mkfs.ext4 (scripts/libvirt.sh installs them)")
 
 FAR = "qemu+ssh://root@h2/system?no_verify=1"
+HERE = "qemu:///system"
+A, B, C = "vol_aaaaaaaa", "vol_bbbbbbbb", "vol_cccccccc"
+
+
+def _info(path: Path) -> dict[str, object]:
+    out = subprocess.run(["qemu-img", "info", "-U", "--output=json", str(path)],
+                         check=True, capture_output=True, text=True).stdout
+    info: dict[str, object] = json.loads(out)
+    return info
+
+
+def _io(path: Path, command: str) -> str:
+    """qemu-io's answer; a read's pattern check that fails says so (exit 1)."""
+    done = subprocess.run(["qemu-io", "-f", "qcow2", "-c", command, str(path)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0 or "Pattern verification failed" in done.stdout, done
+    return done.stdout
+
+
+def _has_ext4(path: Path) -> bool:
+    return "53 ef" in _io(path, "read -v 1080 2")  # ext4's magic in its superblock
 
 
 class ShHere(HostLinks):
