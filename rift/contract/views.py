@@ -76,6 +76,20 @@ class VolumeMountView(Output):
     read_only: bool
 
 
+class VmCodeContextView(Output):
+    """A code context of a VM (SPEC §20) as Rift last saw it: its language and
+    folder, its last run (when it ended, its status, the kernel's execution count)
+    and the run in flight (its id) if any. rift_vm_code_context_list asks the guest."""
+
+    id: str
+    language: str
+    cwd: str | None
+    last_run_at: str | None
+    last_status: str | None
+    execution_count: int | None
+    running: str | None
+
+
 class VolumeAttachmentView(Output):
     """Where a volume is attached: the VM, its task, the path, read-only or not."""
 
@@ -123,6 +137,7 @@ class VmView(Output):
     egress: Literal["open", "none"] | AllowView
     exposures: list[PortView]
     volumes: list[VolumeMountView]
+    code_contexts: list[VmCodeContextView]
     stats: StatsView | None
 
 class KeptVolumeView(Output):

@@ -1,8 +1,8 @@
 """The Boxes page in Chromium against a real `rift serve`: login, a task an MCP
 client made, live changes without a reload (takeover, close, a pause, a
-snapshot, the sweep, another replica), another user's tasks absent, hostile
-names as text, the session cookie, logout, and the screenshot in the README and
-docs/agents.md."""
+snapshot, the sweep, another replica, a VM's code contexts), another user's
+tasks absent, hostile names as text, the session cookie, logout, and the
+screenshot in the README and docs/agents.md."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ import math
 import os
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import expect
 
 from rift.domain import usage
+from rift.domain.code_contexts import CodeContext
 from rift.domain.ids import new_task_id
 from rift.domain.model import NewEvent, Task
+from rift.services.lifecycle import code_records
 from rift.store.sql import SqlStore
 from tests.support.browser import Agent, add_user, log_in, start_replica
 from tests.support.servers import Server, start_server, stop_server
@@ -151,6 +153,51 @@ def test_a_vms_cpu_and_memory_show_as_small_charts_that_follow_it_live(
     seen = agent.call("rift_vm_get", vm_id=vm["id"])["vm"]["stats"]
     assert seen["cpu_pct"] == 1.0 and seen["memory_used_mib"] == 150, seen
     assert (seen["net_rx_bytes"], seen["net_tx_bytes"]) == (1000, 2000)
+    agent.call("rift_task_close", handle=opened["handle"])
+
+
+def record_contexts(server: Server, vm_id: str, now: datetime, status: str = "error",
+                    own: bool = True) -> None:
+    """A VM's code contexts as the engine records them (rift.services.lifecycle.
+    code_records; libvirt's test driver, under this server, has no guest to run
+    code): the default one run 3 times, the last ending with `status`, and (`own`)
+    one of its own with a run in flight, with the mark that tells the Boxes pages."""
+    store = SqlStore(f"sqlite:///{(server.data_dir / 'rift.db').resolve()}")
+    try:
+        with store.write() as tx:
+            vm = tx.vms.get(vm_id)
+            assert vm is not None
+            tx.code_contexts.put(CodeContext(
+                vm_id=vm_id, id="default", task_id=vm.task_id, language="python", cwd=None,
+                created_at=now, last_run_at=now, execution_count=3, last_status=status))
+            if own:
+                tx.code_contexts.put(CodeContext(
+                    vm_id=vm_id, id="ctx_abcdefgh", task_id=vm.task_id, language="python",
+                    cwd="/srv/<b>data</b>", created_at=now, run_id="run_abcdefgh",
+                    run_until=now + timedelta(hours=1)))
+            code_records.changed(tx)
+    finally:
+        store.close()
+
+
+def test_a_vms_code_contexts_show_with_their_language_and_last_run_live(
+        server: Server, page: Any) -> None:
+    agent = Agent(server.url, server.token, "claude-code")
+    opened = agent.call("rift_task_new", name="notebook work")
+    vm = agent.call("rift_vm_new", handle=opened["handle"], image="tiny")["vm"]
+    log_in(page, server.url, "admin", server.password)
+    mark_page(page)
+    row = card(page, opened["task"]["id"]).locator(f"tr[data-vm='{vm['id']}']")
+    expect(row.locator("[data-h=Code]")).to_have_text("none")
+    record_contexts(server, vm["id"], datetime.now(UTC))
+    default = row.locator(".context[data-context='default']")
+    expect(default).to_contain_text("default python, ran")
+    expect(default).to_contain_text("#3")
+    expect(default.locator(".run-status")).to_have_text("error")
+    own = row.locator(".context[data-context='ctx_abcdefgh']")
+    expect(own).to_have_text("ctx_abcdefgh python, running")
+    expect(own).to_have_attribute("title", "in /srv/<b>data</b>")  # text, not markup
+    assert same_page(page)
     agent.call("rift_task_close", handle=opened["handle"])
 
 
@@ -310,6 +357,8 @@ def test_a_screenshot_of_a_few_tasks_for_the_readme(server: Server, browser: Any
             cpu_ns += int(10e9 * busy * (1 + 0.3 * math.sin(i / 3)))
             samples.append((start + 10 * i, cpu_ns, 1024 * (260 + 3 * i + 40 * (i % 7 == 0))))
         record_usage(server, vm["id"], samples)
+    record_contexts(server, built[0]["id"], datetime.now(UTC) - timedelta(minutes=2), "ok",
+                    own=False)
     shots = {"light": (1200, 900, "light"), "dark": (1200, 900, "dark"),
              "phone": (390, 844, "light")}
     for shot, (width, height, scheme) in shots.items():

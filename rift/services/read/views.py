@@ -28,6 +28,7 @@ from rift.contract.views import (
     StartView,
     StatsView,
     TaskView,
+    VmCodeContextView,
     VmView,
     VolumeAttachmentView,
     VolumeMountView,
@@ -38,6 +39,7 @@ from rift.domain import egress as egress_rules
 from rift.domain import usage
 from rift.domain.builds import Build, OwnedImage
 from rift.domain.clock import iso
+from rift.domain.code_contexts import CodeContext
 from rift.domain.model import Event, Exec, Host, Task, Vm
 from rift.domain.records import Exposure, Snapshot
 from rift.domain.volumes import Attachment, KeptVolume, Volume
@@ -59,9 +61,10 @@ def _egress(egress: str) -> Literal["open", "none"] | AllowView:
     return AllowView.model_construct(allow=listed)
 
 
-def vm_of(vm: Vm, exposures: Sequence[Exposure] = (),
-          volumes: Sequence[Attachment] = ()) -> VmView:
-    """The VM as it is, with its exposed ports (never their URLs) and its volumes."""
+def vm_of(vm: Vm, exposures: Sequence[Exposure] = (), volumes: Sequence[Attachment] = (),
+          contexts: Sequence[CodeContext] = ()) -> VmView:
+    """The VM as it is, with its exposed ports (never their URLs), its volumes and
+    its code contexts."""
     reachable = vm.status == "running" and vm.ssh_port is not None
     return VmView.model_construct(
         id=vm.id, task_id=vm.task_id, name=vm.name, image=vm.image, status=vm.status,
@@ -78,12 +81,22 @@ def vm_of(vm: Vm, exposures: Sequence[Exposure] = (),
                    for e in exposures],
         volumes=[VolumeMountView.model_construct(volume_id=a.volume_id, path=a.path,
                                                  read_only=a.read_only) for a in volumes],
+        code_contexts=[code_context(x) for x in contexts],
         stats=_stats(vm.stats) if vm.status == "running" else None)
 
 
 def vm(tx: Tx, row: Vm) -> VmView:
-    """A VM's view, read in `tx` with its exposed ports and its volumes."""
-    return vm_of(row, tx.exposures.of_vms([row.id])[row.id], tx.volumes.of_vms([row.id])[row.id])
+    """A VM's view, read in `tx` with its exposed ports, its volumes and contexts."""
+    return vm_of(row, tx.exposures.of_vms([row.id])[row.id], tx.volumes.of_vms([row.id])[row.id],
+                 tx.code_contexts.of_vms([row.id])[row.id])
+
+
+def code_context(row: CodeContext) -> VmCodeContextView:
+    """A code context as the VM's view shows it (SPEC §20): its last run, the one in
+    flight."""
+    return VmCodeContextView.model_construct(
+        id=row.id, language=row.language, cwd=row.cwd, last_run_at=iso(row.last_run_at),
+        last_status=row.last_status, execution_count=row.execution_count, running=row.run_id)
 
 
 def volume(row: Volume, holders: Sequence[Attachment] = (), host: Host | None = None
@@ -148,13 +161,14 @@ class TaskParts:
     snapshots: Sequence[Snapshot] = ()
     exposures: dict[str, list[Exposure]] | None = None
     volumes: dict[str, list[Attachment]] | None = None
+    contexts: dict[str, list[CodeContext]] | None = None
     kept: dict[str, list[KeptVolume]] | None = None  # by snapshot (kept_volumes)
 
 
 def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
     rules, held = deps.lease_rules, task.is_held
     have = parts or TaskParts()
-    exposed, mounted = have.exposures or {}, have.volumes or {}
+    exposed, mounted, contexts = have.exposures or {}, have.volumes or {}, have.contexts or {}
     kept = have.kept or {}
     return TaskView.model_construct(
         id=task.id, name=task.name, owner=task.owner, status=task.status,
@@ -165,7 +179,8 @@ def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
         closes_at=iso(rules.closes_at(task)), created_at=iso(task.created_at) or "",
         closed_at=iso(task.closed_at), close_reason=task.close_reason,
         sleep_after_s=task.sleeps_after_s(deps.limits.task_sleep_s), sleep=task.sleep,
-        vms=[vm_of(v, exposed.get(v.id, ()), mounted.get(v.id, ())) for v in have.vms],
+        vms=[vm_of(v, exposed.get(v.id, ()), mounted.get(v.id, ()), contexts.get(v.id, ()))
+             for v in have.vms],
         running_execs=have.running_execs,
         snapshots=[snapshot(s, kept.get(s.id, ())) for s in have.snapshots
                    if s.state == "ready"])
@@ -174,10 +189,11 @@ def task_of(deps: Deps, task: Task, parts: TaskParts | None = None) -> TaskView:
 def task(deps: Deps, tx: Tx, row: Task) -> TaskView:
     """A task's view, read in `tx`."""
     found = tx.vms.of_task(row.id)
+    vm_ids = [v.id for v in found]
     snaps = tx.snapshots.of_task(row.id)
     return task_of(deps, row, TaskParts(
         found, tx.execs.count_running([row.id])[row.id], snaps,
-        tx.exposures.of_vms([v.id for v in found]), tx.volumes.of_vms([v.id for v in found]),
+        tx.exposures.of_vms(vm_ids), tx.volumes.of_vms(vm_ids), tx.code_contexts.of_vms(vm_ids),
         kept=kept_volumes(tx, snaps)))
 
 
@@ -201,9 +217,10 @@ def tasks(deps: Deps, tx: Tx, page: Sequence[Task], *, open_parts: bool = True,
     snaps = tx.snapshots.of_tasks(ids)
     vm_ids = [v.id for t in page for v in found.get(t.id, [])]
     exposed, mounted = tx.exposures.of_vms(vm_ids), tx.volumes.of_vms(vm_ids)
+    contexts = tx.code_contexts.of_vms(vm_ids)
     kept = kept_volumes(tx, [s for t in page for s in snaps[t.id]])
     return [task_of(deps, t, TaskParts(found.get(t.id, []), running[t.id], snaps[t.id],
-                                       exposed, mounted, kept=kept)) for t in page]
+                                       exposed, mounted, contexts, kept=kept)) for t in page]
 
 
 def event(row: Event) -> EventView:
