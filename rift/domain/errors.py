@@ -298,10 +298,16 @@ class NoVolumeHost(NoCapacity):
 class VolumeHostDown(NoCapacity):
     """A volume whose host does not answer (SPEC §18): no VM can hold it until its
     host answers, or until Rift takes it to another host of this machine (its file
-    is here) once the host is lost (RIFT_HOST_LOST_S)."""
+    is here) once the host is lost (RIFT_HOST_LOST_S); one on a host elsewhere
+    waits for its host."""
 
-    def __init__(self, volume_id: str, host: str, since: str, lost_at: str | None) -> None:
-        if lost_at is not None:
+    def __init__(self, volume_id: str, host: str, since: str, lost_at: str | None,
+                 *, elsewhere: bool = False) -> None:
+        if elsewhere:
+            hint = (f"call again once host {host} answers: the volume's file is on that "
+                    "host's machine (a host elsewhere), so the volume waits for it; the "
+                    "operator's rift host list says why")
+        elif lost_at is not None:
             hint = (f"call again once host {host} answers, or after {lost_at} "
                     "(RIFT_HOST_LOST_S), when Rift takes the volume to a host of this "
                     "machine that answers; delete, grow and clone work meanwhile")

@@ -257,6 +257,33 @@ def test_a_volume_goes_to_a_host_that_takes_vms_this_machines_first(vdeps: Deps)
     refused("no_capacity", _volume, vdeps, "other")
 
 
+def test_a_volume_on_a_host_elsewhere_that_does_not_answer_waits_for_it(
+        vdeps: Deps, clock: FakeClock) -> None:
+    """Its file is on that host's machine: a VM that would hold it is refused naming
+    the host, before and after RIFT_HOST_LOST_S alike, and it is never taken to
+    another host."""
+    from rift.services.background.reconcile import mark_unreachable
+    from rift.services.operator import hosts
+
+    hosts.add_host(vdeps, "far", "qemu+ssh://root@h2/system?no_verify=1",
+                   hosts.HostSize(64, 1_000_000))
+    hosts.drain_host(vdeps, "local")
+    vol = _volume(vdeps)
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.host \
+        == "far"
+    hosts.drain_host(vdeps, "local", drained=False)
+    mark_unreachable(vdeps, "far", "connection refused")
+    _, handle, _ = _vm(vdeps)
+    for _ in range(2):
+        down = refused("no_capacity", vms.new, vdeps, ALICE, command(
+            c.VmNewIn, handle=handle, image="tiny", volumes=[{"volume_id": vol,
+                                                               "path": "/w"}]))
+        assert "host far" in down.message and "waits for it" in down.hint
+        clock.advance(vdeps.limits.host_lost_s)  # lost: still its host's
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.host \
+        == "far"
+
+
 def test_a_volume_says_its_host_is_unreachable_and_keeps_its_host_from_removal(
         vdeps: Deps, clock: FakeClock) -> None:
     from rift.services.background.reconcile import mark_reachable, mark_unreachable

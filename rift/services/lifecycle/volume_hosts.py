@@ -36,7 +36,9 @@ def answering(deps: Deps, tx: Tx, volume: Volume, want: str | None = None) -> Vo
         return volume
     since = host.unreachable_since
     lost_at = since + timedelta(seconds=deps.limits.host_lost_s)
-    if deps.clock.now() < lost_at or tx.volumes.holders(volume.id) or elsewhere(host.uri):
+    if elsewhere(host.uri):  # its file is on that host's machine: it waits for it
+        raise VolumeHostDown(volume.id, host.name, iso(since) or "", None, elsewhere=True)
+    if deps.clock.now() < lost_at or tx.volumes.holders(volume.id):
         raise VolumeHostDown(volume.id, host.name, iso(since) or "",
                              iso(lost_at) if deps.clock.now() < lost_at else None)
     here = [h for h in sorted(tx.hosts.all(), key=lambda h: h.name)
