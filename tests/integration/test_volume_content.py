@@ -64,3 +64,23 @@ def test_paths_are_made_absolute_and_normal_and_quotes_refused() -> None:
     for bad in ('/a"b', "/a\\b", "/a\nb"):
         with pytest.raises(ValueError):
             clean_path(bad)
+
+
+def test_a_volume_whose_journal_needs_replaying_is_read_but_not_written(
+        tmp_path: Path) -> None:
+    """A guest cut off while it wrote leaves its journal to replay: debugfs would
+    write past it, so a write is refused (saying to mount it in a VM once); reads go on."""
+    import subprocess
+
+    folder = VolumeFolder(tmp_path / "volumes")
+    folder.make(HERE, "vol_aaaaaaaa", 1)
+    vol, files = folder.path(HERE, "vol_aaaaaaaa"), VolumeContent()
+    files.write(HERE, vol, "/kept", b"before", Meta())
+    raw = tmp_path / "v.raw"
+    subprocess.run(["qemu-img", "convert", "-q", "-O", "raw", vol, str(raw)], check=True)
+    subprocess.run(["debugfs", "-w", "-R", "feature needs_recovery", str(raw)], check=True,
+                   capture_output=True)
+    subprocess.run(["qemu-img", "convert", "-q", "-O", "qcow2", str(raw), vol], check=True)
+    assert files.read(HERE, vol, "/kept") == b"before"
+    with pytest.raises(OSError, match="journal needs replaying"):
+        files.write(HERE, vol, "/new", b"x", Meta())
