@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
@@ -182,6 +183,32 @@ def test_e2bs_execute_streams_a_run_as_its_code_interpreter_reads_it(server: Ser
     assert (result["text"], result["is_main_result"]) == ("42", True)
     assert lines[-2]["type"] == "number_of_executions" and lines[-2]["execution_count"] >= 1
     assert lines[-1] == {"type": "end_of_execution"}
+
+
+def test_a_runs_parts_are_read_as_they_come_and_its_view_once_it_ended(server: Server) -> None:
+    """`POST /runs` with `parts` and `GET /runs/ID?parts=K`: each answer comes as soon as
+    the run has parts past K, `running` until it ended, then with its whole view; an
+    interrupt naming another run leaves this one alone."""
+    server.runs = getattr(server, "runs", 0) + 1
+    run_id = f"run_parts{server.runs}"
+    status, first = server.call("POST", "/runs", {
+        "run_id": run_id, "context_id": "default", "timeout_s": 20, "wait_ms": 10_000,
+        "parts": 0, "code": "import time\nprint('a', flush=True)\ntime.sleep(0.5)\n"
+                            "print('b')\n7"})
+    assert status == 200 and first["status"] == "running" and "execution" not in first
+    assert first["parts"] == [{"type": "stdout", "text": "a\n", "timestamp": ANY}]
+    assert server.call("POST", "/contexts/default/interrupt", {"run_id": "run_other"})[0] \
+        == 200
+    seen, parts, answer = first["parts_seen"], list(first["parts"]), first
+    while "execution" not in answer:
+        answer = server.call("GET", f"/runs/{run_id}?wait_ms=10000&parts={seen}")[1]
+        assert answer["parts_seen"] == seen + len(answer["parts"])
+        seen, parts = answer["parts_seen"], parts + answer["parts"]
+    assert answer["status"] == "ok"
+    assert {p["type"] for p in parts[:-1]} == {"stdout"} and parts[-1]["type"] == "result"
+    assert "".join(p.get("text", "") for p in parts) == "a\nb\n"
+    assert (parts[-1]["data"], parts[-1]["is_main_result"]) == ({"text/plain": "7"}, True)
+    assert answer["execution"]["results"][0]["data"] == {"text/plain": "7"}
 
 
 def test_a_runs_environment_is_its_own(server: Server) -> None:
