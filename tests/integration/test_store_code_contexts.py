@@ -7,43 +7,13 @@ task's tombstone."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
 from rift.domain.code_contexts import CodeContext, RunEnd
-from rift.domain.ids import new_task_id, new_vm_id
-from rift.domain.model import Task, Vm
 from rift.domain.store_errors import MissingReference
 from rift.services.ports import Store
-
-T0 = datetime(2026, 1, 1, 12, 0, 0, 250_000, tzinfo=UTC)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
-
-
-def a_task(**changes: Any) -> Task:
-    return replace(Task(id=new_task_id(), owner="ada", name="notebook", status="open",
-                        lease_gen=0, secret_digest="a" * 64, holder="mcp:claude-code",
-                        held_since=T0, last_activity_at=T0, created_at=T0), **changes)
-
-
-def a_vm(task: Task, **changes: Any) -> Vm:
-    return replace(Vm(id=new_vm_id(), task_id=task.id, owner=task.owner, name="web",
-                      image="tiny", status="running", host="local", vcpus=1, memory_mib=256,
-                      created_at=T0), **changes)
-
-
-def insert(store: Store, *rows: Task | Vm) -> None:
-    with store.write() as tx:
-        for row in rows:
-            if isinstance(row, Task):
-                tx.tasks.add(row)
-            else:
-                tx.vms.add(row)
+from tests.support.store_rows import a_task, a_vm, at, insert
 
 
 def a_context(vm_id: str, task_id: str, context_id: str = "default",
@@ -54,7 +24,7 @@ def a_context(vm_id: str, task_id: str, context_id: str = "default",
 
 def test_contexts_are_written_read_per_vm_oldest_first_and_need_their_vm(store: Store) -> None:
     task = a_task()
-    vm, other = a_vm(task), a_vm(task)
+    vm, other = a_vm(task, status="running"), a_vm(task, status="running")
     insert(store, task, vm, other)
     with store.write() as tx:
         tx.code_contexts.put(a_context(vm.id, task.id, "ctx_bbbbbbbb", after=2))
@@ -74,7 +44,7 @@ def test_contexts_are_written_read_per_vm_oldest_first_and_need_their_vm(store: 
 
 def test_a_runs_start_and_end_move_its_run_in_flight_and_its_last_run(store: Store) -> None:
     task = a_task()
-    vm = a_vm(task)
+    vm = a_vm(task, status="running")
     insert(store, task, vm)
     with store.write() as tx:
         tx.code_contexts.put(a_context(vm.id, task.id))
@@ -105,7 +75,8 @@ def test_a_runs_start_and_end_move_its_run_in_flight_and_its_last_run(store: Sto
 def test_runs_past_their_bound_expire_and_rows_go_with_their_vm_and_tombstone(
         store: Store) -> None:
     task, gone = a_task(), a_task(status="closed", closed_at=at(-100), close_reason="idle")
-    vm, kept, purged = a_vm(task), a_vm(task), a_vm(gone, status="destroyed")
+    vm, kept, purged = (a_vm(task, status="running"), a_vm(task, status="running"),
+                       a_vm(gone, status="destroyed"))
     insert(store, task, gone, vm, kept, purged)
     with store.write() as tx:
         tx.code_contexts.put(a_context(vm.id, task.id))

@@ -26,29 +26,7 @@ from rift.domain.store_errors import DuplicateKey, MissingReference, ReadOnlyTra
 from rift.services.ports import Store
 from rift.store.migrate import current_revision, head_revision, upgrade
 from rift.store.tables import metadata
-
-T0 = datetime(2026, 1, 1, 12, 0, 0, 250_000, tzinfo=UTC)
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
-
-
-def a_task(owner: str = "ada", **changes: Any) -> Task:
-    task = Task(
-        id=new_task_id(), owner=owner, name="build the thing", status="open", lease_gen=0,
-        secret_digest="a" * 64, holder="mcp:claude-code", held_since=T0,
-        last_activity_at=T0, created_at=T0,
-    )
-    return dataclasses.replace(task, **changes)
-
-
-def a_vm(task: Task, **changes: Any) -> Vm:
-    vm = Vm(
-        id=new_vm_id(), task_id=task.id, owner=task.owner, name="web", image="tiny",
-        status="creating", host="local", vcpus=1, memory_mib=256, created_at=T0,
-    )
-    return dataclasses.replace(vm, **changes)
+from tests.support.store_rows import T0, a_task, a_vm, at, insert
 
 
 def an_exec(vm: Vm, **changes: Any) -> Exec:
@@ -60,16 +38,6 @@ def an_exec(vm: Vm, **changes: Any) -> Exec:
 def a_token(user: str, digest: str, created_at: datetime = T0) -> ApiToken:
     return ApiToken(id=new_token_id(), user=user, label="laptop", digest=digest,
                     created_at=created_at)
-
-
-def insert(store: Store, *rows: Task | Vm) -> None:
-    """Tasks and VMs, in one transaction, in the order given."""
-    with store.write() as tx:
-        for row in rows:
-            if isinstance(row, Task):
-                tx.tasks.add(row)
-            else:
-                tx.vms.add(row)
 
 
 def ids(rows: list[Task] | list[Vm] | list[Exec]) -> list[str]:
