@@ -1,7 +1,8 @@
 """A guest's code contexts for the engine's tests: the real rift-code
 (hypervisor/rift_code.py) run here by Debian's python3, reached over HTTP on the
 loopback as the SSH tunnel reaches a guest's (`HostCode`), and a guest that answers
-whatever a test scripts (`ScriptedCode`: a hostile one)."""
+whatever a test scripts (`ScriptedCode`: a hostile one); a VM to run code in and a
+run through the engine (`code_vm`, `run_code`)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,33 @@ import subprocess
 import time
 from pathlib import Path
 
+from rift.contract import tools as c
+from rift.contract.base import command
 from rift.domain.model import Vm
 from rift.guest.code import SOURCE
+from rift.services.context import Deps
+from rift.services.lifecycle import code, tasks, vms
 from rift.services.ports.code import CodeAnswer, CodeRequest, NoPython
+from tests.support.engine import ALICE
+from tests.support.vm_rows import give_ssh_address
 
 PYTHON = "/usr/bin/python3"  # Debian's, with python3-ipykernel (scripts/setup.sh)
+
+
+def code_vm(deps: Deps) -> tuple[str, str]:
+    """A task of ALICE's and a running VM in it with an SSH address: (handle, VM id)."""
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
+    with deps.store.write() as tx:
+        give_ssh_address(tx, vm.id)
+    return str(opened.handle), vm.id
+
+
+def run_code(deps: Deps, handle: str, vm_id: str, code_text: str,
+             **more: object) -> c.RunCodeOut:
+    """`rift_vm_run_code` as ALICE, through the engine."""
+    return code.run(deps, ALICE, command(c.VmRunCodeIn, handle=handle, vm_id=vm_id,
+                                         code=code_text, **more))
 
 
 class HostCode:

@@ -19,13 +19,12 @@ import pytest
 from rift.contract import tools as c
 from rift.contract.base import command
 from rift.services.context import Deps
-from rift.services.lifecycle import code, tasks, vms
+from rift.services.lifecycle import code
 from rift.services.ports.code import CodeAnswer
 from rift.services.ports.watch import Watch
-from tests.support.code_guest import HostCode, ScriptedCode
+from tests.support.code_guest import HostCode, ScriptedCode, code_vm, run_code
 from tests.support.engine import ALICE, BOB, refused
 from tests.support.fake_guest import fake_guests
-from tests.support.vm_rows import give_ssh_address
 
 
 @pytest.fixture(scope="module")
@@ -40,34 +39,21 @@ def cdeps(deps: Deps, guest: HostCode) -> Deps:
     return replace(deps, guests=fake_guests(), code=guest)
 
 
-def _vm(deps: Deps) -> tuple[str, str]:
-    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
-    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
-    with deps.store.write() as tx:
-        give_ssh_address(tx, vm.id)
-    return str(opened.handle), vm.id
-
-
-def _run(deps: Deps, handle: str, vm_id: str, code_text: str, **more: object) -> c.RunCodeOut:
-    return code.run(deps, ALICE, command(c.VmRunCodeIn, handle=handle, vm_id=vm_id,
-                                         code=code_text, **more))
-
-
 def test_a_run_keeps_its_state_in_the_default_context_and_answers_its_forms(
         cdeps: Deps) -> None:
-    handle, vm_id = _vm(cdeps)
-    first = _run(cdeps, handle, vm_id, "total = 40\nprint('set')").execution
+    handle, vm_id = code_vm(cdeps)
+    first = run_code(cdeps, handle, vm_id, "total = 40\nprint('set')").execution
     assert (first.status, first.stdout, first.results, first.context_id) == \
         ("ok", "set\n", [], "default")
     assert first.run_id.startswith("run_")
-    second = _run(cdeps, handle, vm_id, "total + 2").execution
+    second = run_code(cdeps, handle, vm_id, "total + 2").execution
     assert [(r.data, r.is_main_result) for r in second.results] == [({"text/plain": "42"}, True)]
     assert second.execution_count == (first.execution_count or 0) + 1
-    env = _run(cdeps, handle, vm_id, "import os; os.environ['GREETING']",
+    env = run_code(cdeps, handle, vm_id, "import os; os.environ['GREETING']",
                env={"GREETING": "hello"}).execution
     assert env.results[0].data["text/plain"] == "'hello'"
-    refused("invalid_argument", lambda: _run(cdeps, handle, vm_id, "1", env={"1x": "no"}))
-    failed = _run(cdeps, handle, vm_id, "int('x')").execution
+    refused("invalid_argument", lambda: run_code(cdeps, handle, vm_id, "1", env={"1x": "no"}))
+    failed = run_code(cdeps, handle, vm_id, "int('x')").execution
     assert failed.status == "error" and failed.error is not None
     assert (failed.error.name, failed.error.value) == (
         "ValueError", "invalid literal for int() with base 10: 'x'")
@@ -75,15 +61,15 @@ def test_a_run_keeps_its_state_in_the_default_context_and_answers_its_forms(
 
 def test_contexts_are_made_listed_restarted_and_deleted_and_unknown_ones_refused(
         cdeps: Deps, tmp_path: Path) -> None:
-    handle, vm_id = _vm(cdeps)
+    handle, vm_id = code_vm(cdeps)
     made = code.new_context(cdeps, ALICE, command(c.VmCodeContextNewIn, handle=handle,
                                                   vm_id=vm_id, cwd=str(tmp_path))).context
     assert made.id.startswith("ctx_") and (made.vm_id, made.cwd, made.alive) == \
         (vm_id, str(tmp_path), True)
-    _run(cdeps, handle, vm_id, "mine = 1", context_id=made.id)
-    where = _run(cdeps, handle, vm_id, "import os; os.getcwd()", context_id=made.id)
+    run_code(cdeps, handle, vm_id, "mine = 1", context_id=made.id)
+    where = run_code(cdeps, handle, vm_id, "import os; os.getcwd()", context_id=made.id)
     assert where.execution.results[0].data["text/plain"] == repr(str(tmp_path))
-    missing = _run(cdeps, handle, vm_id, "'mine' in globals()").execution  # default: apart
+    missing = run_code(cdeps, handle, vm_id, "'mine' in globals()").execution  # default: apart
     assert missing.results[0].data["text/plain"] == "False"
     listed = code.list_contexts(cdeps, ALICE, command(c.VmCodeContextListIn, handle=handle,
                                                       vm_id=vm_id)).contexts
@@ -91,13 +77,13 @@ def test_contexts_are_made_listed_restarted_and_deleted_and_unknown_ones_refused
     assert next(x for x in listed if x.id == made.id).last_run_at is not None
     code.restart(cdeps, ALICE, command(c.VmCodeContextIn, handle=handle, vm_id=vm_id,
                                        context_id=made.id))
-    after = _run(cdeps, handle, vm_id, "'mine' in globals()", context_id=made.id).execution
+    after = run_code(cdeps, handle, vm_id, "'mine' in globals()", context_id=made.id).execution
     assert after.results[0].data["text/plain"] == "False"
     gone = code.delete(cdeps, ALICE, command(c.VmCodeContextIn, handle=handle, vm_id=vm_id,
                                              context_id=made.id)).context
     assert (gone.id, gone.alive) == (made.id, False)
     for call in (
-            lambda: _run(cdeps, handle, vm_id, "1", context_id=made.id),
+            lambda: run_code(cdeps, handle, vm_id, "1", context_id=made.id),
             lambda: code.restart(cdeps, ALICE, command(c.VmCodeContextIn, handle=handle,
                                                        vm_id=vm_id, context_id=made.id)),
             lambda: code.delete(cdeps, ALICE, command(c.VmCodeContextIn, handle=handle,
@@ -109,8 +95,8 @@ def test_contexts_are_made_listed_restarted_and_deleted_and_unknown_ones_refused
 
 def test_an_unknown_language_is_refused_naming_the_languages_and_other_users_see_no_vm(
         cdeps: Deps) -> None:
-    handle, vm_id = _vm(cdeps)
-    err = refused("invalid_argument", lambda: _run(cdeps, handle, vm_id, "1", language="ruby"))
+    handle, vm_id = code_vm(cdeps)
+    err = refused("invalid_argument", lambda: run_code(cdeps, handle, vm_id, "1", language="ruby"))
     assert err.details["field"] == "language" and "python" in err.message
     refused("invalid_argument", lambda: code.new_context(cdeps, ALICE, command(
         c.VmCodeContextNewIn, handle=handle, vm_id=vm_id, language="r")))
@@ -120,20 +106,20 @@ def test_an_unknown_language_is_refused_naming_the_languages_and_other_users_see
 
 def test_a_run_past_its_wait_goes_on_and_a_stop_interrupts_it_leaving_the_context(
         cdeps: Deps) -> None:
-    handle, vm_id = _vm(cdeps)
-    _run(cdeps, handle, vm_id, "kept = 'here'")
-    slow = _run(cdeps, handle, vm_id, "import time\nprint('started', flush=True)\n"
+    handle, vm_id = code_vm(cdeps)
+    run_code(cdeps, handle, vm_id, "kept = 'here'")
+    slow = run_code(cdeps, handle, vm_id, "import time\nprint('started', flush=True)\n"
                 "while True: time.sleep(0.05)", wait_s=0).execution
     assert slow.status == "running"
     code.interrupt(cdeps, ALICE, handle, f"{vm_id}/default")
-    after = _run(cdeps, handle, vm_id, "kept").execution  # waits for the interrupted run
+    after = run_code(cdeps, handle, vm_id, "kept").execution  # waits for the interrupted run
     assert (after.status, after.results[0].data["text/plain"]) == ("ok", "'here'")
 
 
 def test_a_run_past_its_wait_is_read_on_to_its_end_and_an_unknown_one_refused(
         cdeps: Deps) -> None:
-    handle, vm_id = _vm(cdeps)
-    slow = _run(cdeps, handle, vm_id, "import time\ntime.sleep(0.5)\nprint('done')\n7",
+    handle, vm_id = code_vm(cdeps)
+    slow = run_code(cdeps, handle, vm_id, "import time\ntime.sleep(0.5)\nprint('done')\n7",
                 wait_s=0).execution
     assert slow.status == "running"
     read = code.get_run(cdeps, ALICE, command(c.VmRunCodeGetIn, handle=handle, vm_id=vm_id,
@@ -148,7 +134,7 @@ def test_a_run_past_its_wait_is_read_on_to_its_end_and_an_unknown_one_refused(
 def test_a_watched_run_hears_its_newest_line_and_its_stop_interrupts_the_kernel(
         cdeps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("rift.services.lifecycle.code.STEP_S", 0.2)
-    handle, vm_id = _vm(cdeps)
+    handle, vm_id = code_vm(cdeps)
     watch = Watch()
     answers: list[c.RunCodeOut] = []
     runner = threading.Thread(target=lambda: answers.append(code.run(
@@ -167,7 +153,7 @@ def test_a_watched_run_hears_its_newest_line_and_its_stop_interrupts_the_kernel(
     assert not runner.is_alive()
     ran = answers[0].execution
     assert ran.status in ("running", "interrupted")
-    later = _run(cdeps, handle, vm_id, "i").execution
+    later = run_code(cdeps, handle, vm_id, "i").execution
     assert later.status == "ok" and int(later.results[0].data["text/plain"]) < 999
 
 
@@ -176,14 +162,14 @@ def test_a_run_whose_watch_stopped_before_it_began_interrupts_itself_and_no_othe
     """A cancel that came before the guest had the run (an MCP task cancelled as it
     starts) finds nothing to interrupt; the run interrupts itself once started, and
     only itself: the next run of the context goes on."""
-    handle, vm_id = _vm(cdeps)
-    _run(cdeps, handle, vm_id, "kept = 'here'")
+    handle, vm_id = code_vm(cdeps)
+    run_code(cdeps, handle, vm_id, "kept = 'here'")
     watch = Watch()
     watch.stop()
     ran = code.run(cdeps, ALICE, command(c.VmRunCodeIn, handle=handle, vm_id=vm_id, code=(
         "import time\nwhile True: time.sleep(0.05)"), wait_s=30), watch).execution
     assert ran.status == "running"  # as the guest had it when the wait stopped
-    after = _run(cdeps, handle, vm_id, "kept", wait_s=15).execution
+    after = run_code(cdeps, handle, vm_id, "kept", wait_s=15).execution
     assert (after.status, after.results[0].data["text/plain"]) == ("ok", "'here'")
     ended = code.get_run(cdeps, ALICE, command(c.VmRunCodeGetIn, handle=handle, vm_id=vm_id,
                                                run_id=ran.run_id)).execution
@@ -191,12 +177,12 @@ def test_a_run_whose_watch_stopped_before_it_began_interrupts_itself_and_no_othe
 
 
 def test_a_timeout_interrupts_the_kernel_and_the_context_goes_on(cdeps: Deps) -> None:
-    handle, vm_id = _vm(cdeps)
-    _run(cdeps, handle, vm_id, "n = 7")
-    out = _run(cdeps, handle, vm_id, "while True: pass", timeout_s=1).execution
+    handle, vm_id = code_vm(cdeps)
+    run_code(cdeps, handle, vm_id, "n = 7")
+    out = run_code(cdeps, handle, vm_id, "while True: pass", timeout_s=1).execution
     assert out.status == "timed_out" and out.error is not None
     assert out.error.name == "KeyboardInterrupt"
-    assert _run(cdeps, handle, vm_id, "n").execution.results[0].data["text/plain"] == "7"
+    assert run_code(cdeps, handle, vm_id, "n").execution.results[0].data["text/plain"] == "7"
 
 
 def _hostile(execution: dict[str, object]) -> CodeAnswer:
@@ -214,22 +200,22 @@ def test_what_a_guest_answers_is_capped_again_and_a_malformed_answer_is_refused(
                       "execution_count": 1, "truncated": False, "omitted": [],
                       "duration_ms": 5})
     cdeps = replace(deps, guests=fake_guests(), code=ScriptedCode(flood))
-    handle, vm_id = _vm(cdeps)
-    out = _run(cdeps, handle, vm_id, "1").execution
+    handle, vm_id = code_vm(cdeps)
+    out = run_code(cdeps, handle, vm_id, "1").execution
     assert len(out.stdout) == 1 << 20 and out.truncated
     assert out.results[0].data == {"text/plain": "p", "text/html": "h" * (1 << 20)}
     assert [(o.mime, o.bytes) for o in out.omitted] == [("image/png", 5 << 20)]
     cdeps = replace(cdeps, code=ScriptedCode(_hostile({"results": "no"})))
-    assert "malformed" in refused("guest_unreachable", lambda: _run(cdeps, handle, vm_id,
+    assert "malformed" in refused("guest_unreachable", lambda: run_code(cdeps, handle, vm_id,
                                                                     "1")).message
     cdeps = replace(cdeps, code=ScriptedCode(None))
-    err = refused("invalid_argument", lambda: _run(cdeps, handle, vm_id, "1"))
+    err = refused("invalid_argument", lambda: run_code(cdeps, handle, vm_id, "1"))
     assert "python3" in err.message
 
 
 def test_a_control_plane_without_guest_access_runs_no_code(deps: Deps) -> None:
-    handle, vm_id = _vm(deps)
-    refused("guest_unreachable", lambda: _run(deps, handle, vm_id, "1"))
+    handle, vm_id = code_vm(deps)
+    refused("guest_unreachable", lambda: run_code(deps, handle, vm_id, "1"))
 
 
 def test_the_guest_servers_http_is_read_without_trusting_it() -> None:
@@ -247,14 +233,14 @@ def test_the_guest_servers_http_is_read_without_trusting_it() -> None:
 
 def test_a_run_the_guest_refuses_is_not_recorded_in_flight(deps: Deps, guest: HostCode) -> None:
     cdeps = replace(deps, guests=fake_guests(), code=ScriptedCode(None))  # no python3
-    handle, vm_id = _vm(cdeps)
-    refused("invalid_argument", lambda: _run(cdeps, handle, vm_id, "1"))
+    handle, vm_id = code_vm(cdeps)
+    refused("invalid_argument", lambda: run_code(cdeps, handle, vm_id, "1"))
     with cdeps.store.read() as tx:
         assert tx.code_contexts.of_vms([vm_id]) == {vm_id: []}
     cdeps = replace(cdeps, code=guest)
-    refused("context_not_found", lambda: _run(cdeps, handle, vm_id, "1",
+    refused("context_not_found", lambda: run_code(cdeps, handle, vm_id, "1",
                                               context_id="ctx_aaaaaaaa"))
-    _run(cdeps, handle, vm_id, "1")
+    run_code(cdeps, handle, vm_id, "1")
     with cdeps.store.read() as tx:
         [row] = tx.code_contexts.of_vms([vm_id])[vm_id]
     assert (row.id, row.run_id, row.last_status) == ("default", None, "ok")

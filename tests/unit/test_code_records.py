@@ -16,11 +16,10 @@ from rift.contract.base import command
 from rift.domain.clock import FakeClock, iso
 from rift.domain.code_contexts import CodeContext
 from rift.services.context import Deps
-from rift.services.lifecycle import code, tasks, vms
-from tests.support.code_guest import HostCode
+from rift.services.lifecycle import code, vms
+from tests.support.code_guest import HostCode, code_vm, run_code
 from tests.support.engine import ALICE
 from tests.support.fake_guest import fake_guests
-from tests.support.vm_rows import give_ssh_address
 
 
 @pytest.fixture
@@ -30,19 +29,6 @@ def cdeps(deps: Deps, tmp_path: Path) -> Iterator[Deps]:
     guest.close()
 
 
-def _vm(deps: Deps) -> tuple[str, str]:
-    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
-    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
-    with deps.store.write() as tx:
-        give_ssh_address(tx, vm.id)
-    return str(opened.handle), vm.id
-
-
-def _run(deps: Deps, handle: str, vm_id: str, code_text: str, **more: object) -> c.RunCodeOut:
-    return code.run(deps, ALICE, command(c.VmRunCodeIn, handle=handle, vm_id=vm_id,
-                                         code=code_text, **more))
-
-
 def _contexts(deps: Deps, vm_id: str) -> dict[str, c.VmCodeContextView]:
     view = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
     return {x.id: x for x in view.code_contexts}
@@ -50,9 +36,9 @@ def _contexts(deps: Deps, vm_id: str) -> dict[str, c.VmCodeContextView]:
 
 def test_the_vm_view_lists_its_contexts_as_they_are_made_run_restarted_and_deleted(
         cdeps: Deps, clock: FakeClock) -> None:
-    handle, vm_id = _vm(cdeps)
+    handle, vm_id = code_vm(cdeps)
     assert _contexts(cdeps, vm_id) == {}
-    first = _run(cdeps, handle, vm_id, "x = 1\nx").execution
+    first = run_code(cdeps, handle, vm_id, "x = 1\nx").execution
     shown = _contexts(cdeps, vm_id)["default"]
     assert (shown.language, shown.last_status, shown.execution_count, shown.running) == (
         "python", "ok", first.execution_count, None)
@@ -62,11 +48,11 @@ def test_the_vm_view_lists_its_contexts_as_they_are_made_run_restarted_and_delet
     fresh = _contexts(cdeps, vm_id)[made.id]
     assert (fresh.cwd, fresh.last_run_at, fresh.execution_count) == ("/tmp", None, None)
     clock.advance(5)
-    _run(cdeps, handle, vm_id, "1/0", context_id=made.id)
+    run_code(cdeps, handle, vm_id, "1/0", context_id=made.id)
     failed = _contexts(cdeps, vm_id)[made.id]
     assert (failed.last_status, failed.execution_count, failed.last_run_at) == (
         "error", 1, iso(clock.now()))
-    slow = _run(cdeps, handle, vm_id, "import time\ntime.sleep(0.3)", context_id=made.id,
+    slow = run_code(cdeps, handle, vm_id, "import time\ntime.sleep(0.3)", context_id=made.id,
                 wait_s=0).execution
     assert _contexts(cdeps, vm_id)[made.id].running == slow.run_id
     code.get_run(cdeps, ALICE, command(c.VmRunCodeGetIn, handle=handle, vm_id=vm_id,
