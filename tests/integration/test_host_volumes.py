@@ -6,8 +6,6 @@ The real SSH of a host elsewhere: tests/e2e/test_real_hosts.py."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,33 +15,10 @@ from hypervisor.base import ImageError
 from hypervisor.volumes import PARENTS, VolumeFolder
 from rift.guest.host_volumes import HostVolumes
 from rift.guest.links import HostLinkError, HostLinks, SshTarget
+from tests.support.qcow2_tools import HERE, NEEDS_TOOLS, A, B, C, has_ext4, qcow2_info, qemu_io
 
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(tool) is None for tool in ("qemu-img", "qemu-io", "mkfs.ext4")),
-    reason="needs qemu-img, qemu-io and mkfs.ext4 (scripts/libvirt.sh installs them)")
-
+pytestmark = NEEDS_TOOLS
 FAR = "qemu+ssh://root@h2/system?no_verify=1"
-HERE = "qemu:///system"
-A, B, C = "vol_aaaaaaaa", "vol_bbbbbbbb", "vol_cccccccc"
-
-
-def _info(path: Path) -> dict[str, object]:
-    out = subprocess.run(["qemu-img", "info", "-U", "--output=json", str(path)],
-                         check=True, capture_output=True, text=True).stdout
-    info: dict[str, object] = json.loads(out)
-    return info
-
-
-def _io(path: Path, command: str) -> str:
-    """qemu-io's answer; a read's pattern check that fails says so (exit 1)."""
-    done = subprocess.run(["qemu-io", "-f", "qcow2", "-c", command, str(path)],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0 or "Pattern verification failed" in done.stdout, done
-    return done.stdout
-
-
-def _has_ext4(path: Path) -> bool:
-    return "53 ef" in _io(path, "read -v 1080 2")  # ext4's magic in its superblock
 
 
 class ShHere(HostLinks):
@@ -70,22 +45,22 @@ def test_a_host_elsewhere_makes_clones_freezes_and_removes_as_this_machine_does(
     far.make(FAR, A, 4)
     a = Path(far.path(FAR, A))
     assert a == folder.file(A) and links.ran and links.ran[0][0] == "h2"
-    assert _info(a)["virtual-size"] == 4 << 30 and _has_ext4(a)
+    assert qcow2_info(a)["virtual-size"] == 4 << 30 and has_ext4(a)
     assert a.stat().st_blocks * 512 < 64 << 20  # sparse there too
     assert [p.name for p in a.parent.iterdir() if p.name.startswith(".")] == []
-    _io(a, "write -P 0x61 1G 1M")
+    qemu_io(a, "write -P 0x61 1G 1M")
     far.clone(FAR, A, B)
     b = Path(far.path(FAR, B))
-    _io(b, "write -P 0x62 1G 1M")  # the clone's writes never reach its source
-    assert "Pattern verification failed" not in _io(a, "read -P 0x61 1G 1M")
+    qemu_io(b, "write -P 0x62 1G 1M")  # the clone's writes never reach its source
+    assert "Pattern verification failed" not in qemu_io(a, "read -P 0x61 1G 1M")
     far.grow(FAR, A, 6)
-    assert _info(a)["virtual-size"] == 6 << 30
+    assert qcow2_info(a)["virtual-size"] == 6 << 30
     snap = "snap_aaaaaaaa"
     far.freeze(FAR, A, snap)
     assert far.frozen(FAR, snap) == {A: 6} == folder.frozen(HERE, snap)  # one layout
-    _io(a, "write -P 0x63 1G 1M")
+    qemu_io(a, "write -P 0x63 1G 1M")
     far.clone_frozen(FAR, snap, A, C)
-    assert "Pattern verification failed" not in _io(Path(far.path(FAR, C)),
+    assert "Pattern verification failed" not in qemu_io(Path(far.path(FAR, C)),
                                                     "read -P 0x61 1G 1M")
     with pytest.raises(OSError):
         far.clone_frozen(FAR, snap, B, "vol_dddddddd")  # it keeps no copy of B

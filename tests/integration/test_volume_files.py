@@ -5,7 +5,6 @@ volume grows, and a frozen parent goes with its last child."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -16,64 +15,40 @@ import pytest
 
 from hypervisor.base import ImageError, VolumeDisk
 from hypervisor.volumes import PARENTS, VolumeFolder, disk_xml, make_stand_in
+from tests.support.qcow2_tools import HERE, NEEDS_TOOLS, A, B, C, has_ext4, qcow2_info, qemu_io
 
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(tool) is None for tool in ("qemu-img", "qemu-io", "mkfs.ext4")),
-    reason="needs qemu-img, qemu-io and mkfs.ext4 (scripts/libvirt.sh installs them)")
-
-HERE = "qemu:///system"
-A, B, C = "vol_aaaaaaaa", "vol_bbbbbbbb", "vol_cccccccc"
-
-
-def _info(path: Path) -> dict[str, object]:
-    out = subprocess.run(["qemu-img", "info", "-U", "--output=json", str(path)],
-                         check=True, capture_output=True, text=True).stdout
-    info: dict[str, object] = json.loads(out)
-    return info
-
-
-def _io(path: Path, command: str) -> str:
-    """qemu-io's answer; a read's pattern check that fails says so (exit 1)."""
-    done = subprocess.run(["qemu-io", "-f", "qcow2", "-c", command, str(path)],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0 or "Pattern verification failed" in done.stdout, done
-    return done.stdout
-
-
-def _has_ext4(path: Path) -> bool:
-    # ext4's superblock at 1024, its magic 0xEF53 at offset 56 of it
-    return "53 ef" in _io(path, "read -v 1080 2")
+pytestmark = NEEDS_TOOLS
 
 
 def test_a_volume_is_sparse_ext4_and_its_clone_goes_its_own_way(tmp_path: Path) -> None:
     folder = VolumeFolder(tmp_path / "volumes")
     folder.make(HERE, A, 10)
     a = Path(folder.path(HERE, A))
-    info = _info(a)
+    info = qcow2_info(a)
     assert (info["format"], info["virtual-size"]) == ("qcow2", 10 << 30)
     assert a.stat().st_blocks * 512 < 64 << 20  # sparse: a few MiB of ext4's own
-    assert _has_ext4(a)
-    _io(a, "write -P 0x61 512M 1M")
+    assert has_ext4(a)
+    qemu_io(a, "write -P 0x61 512M 1M")
 
     began = time.monotonic()
     folder.clone(HERE, A, B)
     took = time.monotonic() - began
     b = Path(folder.path(HERE, B))
     assert took < 2, took  # two links and two empty overlays, whatever the size
-    assert "Pattern verification failed" not in _io(b, "read -P 0x61 512M 1M")  # it sees it
-    _io(b, "write -P 0x62 512M 1M")
-    _io(a, "write -P 0x63 513M 1M")
-    assert "Pattern verification failed" not in _io(a, "read -P 0x61 512M 1M")
-    assert "Pattern verification failed" not in _io(b, "read -P 0x62 512M 1M")
-    assert "Pattern verification failed" in _io(b, "read -P 0x63 513M 1M")
+    assert "Pattern verification failed" not in qemu_io(b, "read -P 0x61 512M 1M")  # it sees it
+    qemu_io(b, "write -P 0x62 512M 1M")
+    qemu_io(a, "write -P 0x63 513M 1M")
+    assert "Pattern verification failed" not in qemu_io(a, "read -P 0x61 512M 1M")
+    assert "Pattern verification failed" not in qemu_io(b, "read -P 0x62 512M 1M")
+    assert "Pattern verification failed" in qemu_io(b, "read -P 0x63 513M 1M")
     parents = list((tmp_path / "volumes" / PARENTS).iterdir())
     assert len(parents) == 2 and parents[0].stat().st_ino == parents[1].stat().st_ino
 
     folder.grow(HERE, B, 12)
-    assert _info(b)["virtual-size"] == 12 << 30
+    assert qcow2_info(b)["virtual-size"] == 12 << 30
     folder.clone(HERE, B, C)  # a chain: C on B's frozen file on A's
     folder.remove(HERE, A)
-    assert _has_ext4(Path(folder.path(HERE, C)))
+    assert has_ext4(Path(folder.path(HERE, C)))
     folder.remove(HERE, B)
     assert len(list((tmp_path / "volumes" / PARENTS).iterdir())) == 2  # C's chain
     folder.remove(HERE, C)
@@ -101,13 +76,13 @@ def test_the_disk_xml_names_the_volume_as_its_serial_and_is_read_only_when_asked
 def test_a_forks_stand_in_is_an_empty_qcow2_the_volumes_size(tmp_path: Path) -> None:
     folder = VolumeFolder(tmp_path / "volumes")
     folder.make(HERE, A, 3)
-    _io(Path(folder.path(HERE, A)), "write -P 0x5a 0 1M")
+    qemu_io(Path(folder.path(HERE, A)), "write -P 0x5a 0 1M")
     stand_in = tmp_path / ".stand-in-rift-vm_fork0001-vdc.qcow2"
     make_stand_in(folder.path(HERE, A), str(stand_in))
-    info = _info(stand_in)
+    info = qcow2_info(stand_in)
     assert (info["format"], info["virtual-size"]) == ("qcow2", 3 << 30)
     assert "backing-filename" not in info  # nothing of the volume reaches it
-    assert "Pattern verification failed" in _io(stand_in, "read -P 0x5a 0 1M")
+    assert "Pattern verification failed" in qemu_io(stand_in, "read -P 0x5a 0 1M")
 
 
 def test_used_bytes_counts_what_is_written_and_the_parents_a_clone_reads(
@@ -117,7 +92,7 @@ def test_used_bytes_counts_what_is_written_and_the_parents_a_clone_reads(
     folder.make(HERE, A, 10)
     empty = folder.used_bytes(HERE, A)
     assert empty is not None and 0 < empty < 64 << 20  # ext4's own, not the 10 GiB
-    _io(Path(folder.path(HERE, A)), "write -P 0x61 512M 32M")  # past ext4's own
+    qemu_io(Path(folder.path(HERE, A)), "write -P 0x61 512M 32M")  # past ext4's own
     written = folder.used_bytes(HERE, A)
     assert written is not None and written - empty >= 32 << 20
     folder.clone(HERE, A, B)
@@ -137,26 +112,26 @@ def test_a_frozen_volume_is_cloned_as_it_was_and_goes_with_its_snapshot(
     parents = tmp_path / "volumes" / PARENTS
     folder.make(HERE, A, 4)
     a = Path(folder.path(HERE, A))
-    _io(a, "write -P 0x61 1G 1M")
+    qemu_io(a, "write -P 0x61 1G 1M")
     began = time.monotonic()
     folder.freeze(HERE, A, snap)
     assert time.monotonic() - began < 2  # two links and one empty overlay
     assert folder.frozen(HERE, snap) == {A: 4} and folder.frozen(HERE, "snap_bbbbbbbb") == {}
-    _io(a, "write -P 0x62 1G 1M")  # the volume goes on writable
+    qemu_io(a, "write -P 0x62 1G 1M")  # the volume goes on writable
     folder.grow(HERE, A, 6)
     folder.remove(HERE, A)
     assert folder.frozen(HERE, snap) == {A: 4}  # kept though the volume is gone
     folder.clone_frozen(HERE, snap, A, B)
     b = Path(folder.path(HERE, B))
-    assert _info(b)["virtual-size"] == 4 << 30 and _has_ext4(b)
-    assert "Pattern verification failed" not in _io(b, "read -P 0x61 1G 1M")
+    assert qcow2_info(b)["virtual-size"] == 4 << 30 and has_ext4(b)
+    assert "Pattern verification failed" not in qemu_io(b, "read -P 0x61 1G 1M")
     with pytest.raises(FileNotFoundError):
         folder.clone_frozen(HERE, snap, C, "vol_dddddddd")  # it keeps no C
     with pytest.raises(ImageError):
         folder.thaw("", "../etc")
     folder.thaw("", snap)
     assert folder.frozen(HERE, snap) == {}
-    assert "Pattern verification failed" not in _io(b, "read -P 0x61 1G 1M")
+    assert "Pattern verification failed" not in qemu_io(b, "read -P 0x61 1G 1M")
     folder.remove(HERE, B)
     assert list(parents.iterdir()) == []  # nothing left of A, its freeze or B
 
