@@ -32,7 +32,7 @@ from tests.support.mcp_clients import call, mcp_session, run
 from tests.support.netns import namespace, serving, wait_listening
 from tests.support.real_guests import RealSettings, Rig
 from tests.support.servers import Server, real_vms_missing, wait_until
-from tests.support.soak import SOAK
+from tests.support.soak import SOAK, long_form
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -146,6 +146,8 @@ LEGS = ("pooled before the restart",) + (("pooled after it",) if SOAK else ())
 
 
 @pytest.mark.timeout(3 * BOOT_S + 6 * CHORE_S + 240)
+@long_form("tests/unit/test_guest_trust.py (the file's checks, the command that installs "
+           "it in a folder standing for a guest's root, when a guest is given it)")
 def test_debian_guests_trust_the_operators_ca_once_it_is_set_pooled_vms_of_before_too(
         rig: Rig, site: Path) -> None:
     ca = load_guest_ca(site)

@@ -28,7 +28,7 @@ import pytest
 
 from tests.support.real_guests import RealSettings
 from tests.support.servers import COUNTER, Server, wait_until
-from tests.support.soak import SOAK
+from tests.support.soak import SOAK, long_form
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")]
@@ -169,6 +169,8 @@ def _fleet(plane: Server, far_hosts: dict[int, str]) -> None:
                "hv11's peer set names hv12 and hv12's fleet set hv11", every_s=1)
 
 
+@long_form("test_the_migration_ports_answer_the_fleet_only below; a live migration: "
+           "tests/e2e/test_real_hosts.py's drain --move; the fleet's certificates: tests/ansible")
 def test_a_debian_vm_moves_over_migration_tls_and_only_with_the_fleets_certificates(
         plane: Server, far_hosts: dict[int, str], tmp_path: Path) -> None:
     from tests.support.mcp_clients import call, mcp_session, run
