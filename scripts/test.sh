@@ -21,37 +21,22 @@ fi
 if [ $# -gt 0 ] || [ "${RIFT_TEST_SERIAL:-}" = 1 ]; then
   exec .venv/bin/python -m pytest --durations=40 "$@"
 fi
-# The whole suite in three runs at once, then the rest: the Ansible roles' test (two
-# minutes of apt, pip and a fleet of chroots in network namespaces of its own); the
-# unit tests (the engine on fakes) and the E2B door's tests on the test driver; and
-# the browser's and the other doors' tests on the test driver. None of them times
-# an answer, and they leave each other the CPU they wait for (measured with the
-# machine otherwise quiet: 181 s for the three, each part 154-175 s). The tests
-# that time an answer, and the real guests, come after they have ended.
-first=(tests/browser tests/e2e/test_mcp_*.py tests/e2e/test_rest.py
+# The whole suite: the Ansible roles' test (two minutes of apt, pip and a fleet of
+# chroots in network namespaces of its own) runs beside the first part of the rest,
+# the tests that time nothing: the browser's and the doors' on the test driver.
+# The tests that time an answer, and the real guests, come after it has ended.
+first=(tests/browser tests/e2e/test_e2b_*.py tests/e2e/test_mcp_*.py tests/e2e/test_rest.py
        tests/e2e/test_operator_token.py)
-second=(tests/unit tests/e2e/test_e2b_*.py)
-beside() {  # LOG TESTS...: a pytest run in the background, its output kept for later
-  local log=$1
-  shift
-  .venv/bin/python -m pytest -p no:cacheprovider --durations=5 "$@" >"$log" 2>&1 &
-}
-ansible_log=$(mktemp /tmp/rift-tests-ansible.XXXXXX)
-second_log=$(mktemp /tmp/rift-tests-unit-e2b.XXXXXX)
-beside "$ansible_log" tests/ansible
+ansible_log=$(mktemp /tmp/rift-ansible-tests.XXXXXX)
+.venv/bin/python -m pytest -p no:cacheprovider --durations=5 tests/ansible \
+  >"$ansible_log" 2>&1 &
 ansible=$!
-beside "$second_log" "${second[@]}"
-second_run=$!
 status=0
 .venv/bin/python -m pytest --durations=20 "${first[@]}" || status=$?
-for run in "$ansible:tests/ansible:$ansible_log" "$second_run:${second[*]}:$second_log"; do
-  IFS=: read -r pid what log <<<"$run"
-  wait "$pid" || status=$((status ? status : $?))
-  echo "---- $what, run beside the tests above ----"
-  cat "$log"
-  rm -f "$log"
-done
-done_parts=("${first[@]}" tests/ansible "${second[@]}")
-.venv/bin/python -m pytest --durations=40 "${done_parts[@]/#/--ignore=}" tests \
-  || status=$((status ? status : $?))
+wait "$ansible" || status=$((status ? status : $?))
+echo "---- tests/ansible, run beside the tests above ----"
+cat "$ansible_log"
+rm -f "$ansible_log"
+.venv/bin/python -m pytest --durations=40 --ignore=tests/ansible \
+  "${first[@]/#/--ignore=}" tests || status=$((status ? status : $?))
 exit "$status"
