@@ -122,8 +122,24 @@ def test_a_catastrophic_view_is_refused_at_once(
                   "no view")
 
 
+STALL_S = 3.0  # the stalled calls' deadline in the test below
+
+
+@pytest.fixture
+def patient_shell(tmp_path: Path) -> Iterator[SshGuestShell]:
+    key_for_task(tmp_path, "task_stalls")
+    made = SshGuestShell(tmp_path, ShellSettings(file_timeout_s=STALL_S, connect_timeout_s=5.0))
+    yield made
+    made.close()
+
+
 def test_stalled_guests_make_no_other_vm_wait(
-        guests: dict[str, Vm], shell: SshGuestShell) -> None:
+        guests: dict[str, Vm], patient_shell: SshGuestShell) -> None:
+    # A call of the fine VM's queued behind a stalled one would wait until that one's
+    # deadline (STALL_S); the bound below is half of it, so a loaded machine's slow
+    # call (0.56 s has been seen) is not taken for one. Latency itself is measured in
+    # bench/hostile, not asserted here.
+    shell = patient_shell
     outcomes: list[BaseException | None] = []
 
     def stalled_call(mode: str) -> None:
@@ -148,7 +164,7 @@ def test_stalled_guests_make_no_other_vm_wait(
         thread.join(10)
         assert not thread.is_alive()  # each stalled call's thread is free again
     assert len(outcomes) == 6 and all(isinstance(o, GuestError) for o in outcomes), outcomes
-    assert len(answered) >= 5 and max(answered) < 0.5, answered
+    assert len(answered) >= 5 and max(answered) < STALL_S / 2, answered
 
 
 def test_a_guest_that_accepts_and_never_speaks_ssh_fails_at_the_connect_timeout(

@@ -150,8 +150,11 @@ def test_a_user_has_a_budget_of_waiting_calls_and_short_calls_never_wait_behind_
                 assert bob.get("/api/v1/tasks").status_code == 200
                 assert bob.post("/api/v1/tasks", json={}).status_code == 201
                 took.append(time.monotonic() - started)
+        # a call queued behind the held ones would wait until they are let go, which is
+        # never within this loop (httpx's 10 s timeout): 5 s tells one from the other
+        # on a loaded machine (1.03 s has been seen); latency is bench/hostile's
         took.sort()
-        assert took[-1] < 1.0, f"bob's slowest pair of calls: {took[-1]:.2f} s"
+        assert took[-1] < 5.0, f"bob's slowest pair of calls: {took[-1]:.2f} s"
         assert all(not f.done() for f in held)
         release.set()
         for future in held:
