@@ -221,7 +221,9 @@ def test_forty_wrong_logins_at_once_leave_another_users_calls_prompt(server: Ser
     # 3 free checks for carol from this address; the rest turned away unchecked
     assert answers.count(401) <= 3 and answers.count(429) >= 37, answers
     took.sort()
-    assert took[-1] < 1.0, f"bob's slowest call took {took[-1]:.2f} s (median " \
+    # 40 argon2 checks at once made this 3.8 s on an idle machine; 2 s leaves room
+    # for a loaded one (latency itself is bench/hostile's)
+    assert took[-1] < 2.0, f"bob's slowest call took {took[-1]:.2f} s (median " \
         f"{took[len(took) // 2]:.3f} s)"
 
 

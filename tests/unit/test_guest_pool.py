@@ -168,7 +168,7 @@ def test_a_vm_whose_connect_stalls_makes_no_other_vms_call_wait() -> None:
         with pool.lease("vm_b", ("127.0.0.1", 40023), 1) as transport:
             assert transport.is_active()
         pool.close_vm("vm_b")
-        assert time.monotonic() - began < 0.5
+        assert time.monotonic() - began < 3.0  # behind the stuck one: 10 s
     finally:
         release.set()
         stuck.join(5)

@@ -55,8 +55,8 @@ def test_a_call_waits_for_the_warm_up_in_flight_then_goes_on(
     assert ran == ["vm_warm0001"] and 0.15 < waited[0] < 5
     assert warmer.warming == {}
     began = time.monotonic()
-    warmer.settle("vm_warm0001")  # none in flight: no wait
-    assert time.monotonic() - began < 0.05
+    warmer.settle("vm_warm0001")  # none in flight: no wait (a wait is WARM_S, 10 s)
+    assert time.monotonic() - began < 1.0
 
 
 def test_a_warm_up_that_hangs_holds_a_call_no_longer_than_its_bound(

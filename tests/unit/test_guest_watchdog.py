@@ -17,7 +17,7 @@ def test_a_block_still_running_at_its_deadline_gets_its_action_run() -> None:
     began = time.monotonic()
     with dog.guard(began + 0.1, stuck.set) as guard:
         assert stuck.wait(5)
-    assert guard.fired and time.monotonic() - began < 1.0
+    assert guard.fired and time.monotonic() - began < 4.0  # not at the wait's 5 s
     dog.stop()
 
 
