@@ -16,7 +16,7 @@ from rift.contract.base import command
 from rift.domain.clock import FakeClock, iso
 from rift.domain.code_contexts import CodeContext
 from rift.services.context import Deps
-from rift.services.lifecycle import code, vms
+from rift.services.lifecycle import code, forks, vms
 from tests.support.code_guest import HostCode, code_vm, run_code
 from tests.support.engine import ALICE
 from tests.support.fake_guest import fake_guests
@@ -75,3 +75,20 @@ def test_the_vm_view_lists_its_contexts_as_they_are_made_run_restarted_and_delet
     vms.destroy(cdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=vm_id))
     with cdeps.store.read() as tx:
         assert tx.code_contexts.of_vms([vm_id]) == {vm_id: []}
+
+
+def test_a_fork_of_a_running_vm_lists_its_sources_contexts_at_once(
+        cdeps: Deps, clock: FakeClock) -> None:
+    handle, vm_id = code_vm(cdeps)
+    run_code(cdeps, handle, vm_id, "x = 1\nx")
+    made = code.new_context(cdeps, ALICE, command(c.VmCodeContextNewIn, handle=handle,
+                                                  vm_id=vm_id, cwd="/tmp")).context
+    clock.advance(5)
+    run_code(cdeps, handle, vm_id, "1/0", context_id=made.id)
+    source = _contexts(cdeps, vm_id)
+    [fork] = forks.fork(cdeps, ALICE, command(c.VmForkIn, handle=handle, vm_id=vm_id)).vms
+    assert {x.id: x for x in fork.code_contexts} == source  # in its first answer, too
+    assert _contexts(cdeps, fork.id) == source  # no run or list in the fork before
+    assert (source[made.id].cwd, source[made.id].last_status) == ("/tmp", "error")
+    vms.destroy(cdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=fork.id))
+    assert _contexts(cdeps, vm_id) == source  # the source's rows are its own

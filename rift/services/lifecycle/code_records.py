@@ -96,6 +96,17 @@ def run_refused(deps: Deps, vm: Vm, context_id: str, run_id: str) -> None:
         changed(tx)
 
 
+def forked(tx: Tx, source_id: str, fork: Vm) -> None:
+    """A fork of a running VM starts with its source's contexts (its memory holds their
+    kernels): their rows copied to it, so its view lists them at once, each with its
+    last run; a run the source had in flight is not counted as the fork's (the next
+    list asks the fork's guest)."""
+    for row in tx.code_contexts.of_vms([source_id])[source_id]:
+        tx.code_contexts.put(replace(row, vm_id=fork.id, task_id=fork.task_id, run_id=None,
+                                     run_until=None))
+        changed(tx)
+
+
 def made(deps: Deps, vm: Vm, view: ContextView) -> None:
     """A context made, or started anew (restarted): no run, no count."""
     now = deps.clock.now()

@@ -40,6 +40,7 @@ from rift.domain.model import NewEvent, Task, Vm
 from rift.domain.records import Snapshot
 from rift.domain.secrets import Handle
 from rift.services.context import Caller, Deps
+from rift.services.lifecycle import code_records
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_disk
 from rift.services.lifecycle.fork_volumes import carry
@@ -136,6 +137,8 @@ def _fork(deps: Deps, caller: Caller, cmd: VmForkIn, snap: Snapshot,
                     memory_mib=snap.memory_mib, disk_gib=snap.disk_gib, created_at=now,
                     ssh_host=SSH_HOST if port else None, ssh_port=port, egress=egress)
             tx.vms.add(vm)
+            if cmd.vm_id is not None:  # its snapshot taken for it: the source's contexts now
+                code_records.forked(tx, cmd.vm_id, vm)
             tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label, {
                 "vm_id": fork_id, "name": vm.name, "image": vm.image, "host": host.name,
                 "vcpus": vm.vcpus, "memory_mib": vm.memory_mib, "disk_gib": vm.disk_gib,
