@@ -56,6 +56,9 @@ def _engine(data: Path) -> Deps:
     return build_deps(Settings(data_dir=data, hypervisor_uri=REAL_URI, log_level="WARNING"))
 
 
+PHASES: list[str] = []  # the last build's log lines that time its phases
+
+
 def _build(deps: Deps, name: str, recipe: str, context: Path, no_cache: bool) -> float:
     from rift.contract.builds import ImageBuildIn
     from rift.services.builds import builder
@@ -67,8 +70,11 @@ def _build(deps: Deps, name: str, recipe: str, context: Path, no_cache: bool) ->
     out = builder.submit(deps, Caller("admin", "bench"),
                          ImageBuildIn(name=name, recipe=recipe, no_cache=no_cache),
                          BuildParts(context=Context(context), background=False)).build
+    took = time.monotonic() - began
     assert out.state == "succeeded", out.log
-    return time.monotonic() - began
+    PHASES[:] = [line for line in out.log.splitlines() if " in " in line or " after " in line]
+    PHASES.append(f"the whole build: {took:.2f} s")
+    return took
 
 
 def _first_answer(deps: Deps, image: str, start_server: bool) -> float:
@@ -153,6 +159,7 @@ def _run(deps: Deps, context: Path) -> None:
         warm.append(_build(deps, "five", FIVE.format(last=f"warm{n}"), context, False))
     print(f"five steps: cold {[round(x, 2) for x in cold]} s, "
           f"last changed {[round(x, 2) for x in warm]} s", flush=True)
+    print("the last rebuild's phases:\n  " + "\n  ".join(PHASES), flush=True)
     _build(deps, "hello", HELLO, context, False)
     booted = [_first_answer(deps, "tiny", True) for _ in range(SAMPLES)]
     forked = [_first_answer(deps, "hello", False) for _ in range(SAMPLES)]

@@ -173,17 +173,31 @@ class SshLifecycle:
 
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:
+        return self._fork(vm, host_key, timeout_s, boot_key,
+                          lambda: self.life.refresh_identity(vm, mac))
+
+    def layer_forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
+                     boot_key: Path | None = None) -> str:
+        def same_key() -> str:
+            self.life.refresh_identity(vm, mac, keep_host_key=True)
+            return host_key or ""
+
+        return self._fork(vm, host_key, timeout_s, boot_key, same_key)
+
+    def _fork(self, vm: Vm, host_key: str | None, timeout_s: float, boot_key: Path | None,
+              identity: Callable[[], str]) -> str:
         def call() -> str:
             began = time.monotonic()
             if boot_key is not None:
                 keep_boot_key(self.keys_dir, vm.id, vm.id, source=boot_key)
             self.life.reconnect(vm, host_key, timeout_s)
             logged_in = time.monotonic()
-            line = self.life.refresh_identity(vm, mac)
+            line = identity()
             self.life.trust.ensure(vm)  # a fork of a guest from before the setting
             log.info("fork identity", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
-                "refresh_ms": round((time.monotonic() - logged_in) * 1000, 1)})
+                "refresh_ms": round((time.monotonic() - logged_in) * 1000, 1),
+                "host_key_kept": line == (host_key or "")})
             self.life.runner.warmer.warm_later(vm)  # its first exec as fast as the next
             return line
 

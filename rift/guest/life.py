@@ -27,6 +27,7 @@ from rift.guest.scripts import (
     hand_over_script,
     identity_script,
     in_standby,
+    same_host_key_script,
 )
 from rift.guest.steps import address, left
 from rift.guest.trust import GuestTrust
@@ -243,16 +244,19 @@ class ShellLife:
                              f"{reason}", vm_id=vm.id)
         return WARMED.encode() in collected.stdout
 
-    def refresh_identity(self, vm: Vm, mac: str) -> str:
+    def refresh_identity(self, vm: Vm, mac: str, *, keep_host_key: bool = False) -> str:
         """Give a fork (a guest restored from another's saved state) an identity of
         its own: a new SSH host key (its SSH server started anew with it; this
         connection stays), the MAC `mac` on its network interface (in Rift's own
         images: a cloud image's network configuration matches its MAC), fresh
         bytes of this host mixed into its entropy pool and its random number
         generator reseeded from it, and this host's clock (`rift-exec identity`).
-        Pins and answers the new host key line."""
+        Pins and answers the new host key line. With `keep_host_key` the host key
+        and the SSH server stay as they are: answers ""."""
+        make = same_host_key_script if keep_host_key else identity_script
+
         def once() -> Collected:
-            script = identity_script(mac, secrets.token_bytes(32), time.time())
+            script = make(mac, secrets.token_bytes(32), time.time())
             return self.runner.run(vm, script, None, HAND_OVER_S * 4, 4096)
 
         collected = once()
@@ -264,6 +268,8 @@ class ShellLife:
             reason = collected.stderr.decode("utf-8", "replace").strip()[-300:]
             raise GuestError(f"the fork's new identity failed (exit {status}): {reason}",
                              vm_id=vm.id)
+        if keep_host_key:
+            return ""
         lines = collected.stdout.decode("utf-8", "replace").split("\n")
         key_line = next((line for line in reversed(lines) if line.startswith("ssh-")), None)
         if key_line is None:

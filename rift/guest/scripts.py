@@ -102,6 +102,29 @@ def identity_script(mac: str, entropy: bytes, now: float) -> str:
             f"{_IDENTITY}")
 
 
+# A build's VM of a layer keeps its source's host key and SSH server (no restart to
+# wait for before its state is saved; every VM of a built image gets its own
+# identity at its start): `rift-exec identity` with empty key lines (the key stays
+# as it is), no pid file and no restart, so only the MAC, entropy and clock change.
+_SAME_HOST_KEY = r"""
+set -e
+mac=-
+if [ -x /usr/lib/rift/busybox ] || [ -f /run/dropbear.pid ]; then mac=$RIFT_MAC; fi
+exec "$RIFT_EXEC" identity / "$mac" "$RIFT_NOW_CS" 0 /run/rift-no-key - <<RIFT_END
+$RIFT_ENTROPY
+
+
+RIFT_END
+"""
+
+
+def same_host_key_script(mac: str, entropy: bytes, now: float) -> str:
+    """A fork's MAC, entropy and clock set as `identity_script` sets them, its host
+    key and SSH server left as they are."""
+    return (f"RIFT_MAC={shlex.quote(mac)} RIFT_ENTROPY={entropy.hex()} "
+            f"RIFT_NOW_CS={round(now * 100)} RIFT_EXEC={GUEST_PATH}\n{_SAME_HOST_KEY}")
+
+
 def hand_over_call(public_key_line: str, now: float, entropy: bytes) -> str:
     """The line that runs the hand-over: the task's key, fresh bytes, the host's clock."""
     return f"rift_hand_over {shlex.quote(public_key_line)} {entropy.hex()} {round(now)}"

@@ -108,6 +108,10 @@ class NoGuestLifecycle:
                boot_key: Path | None = None) -> str:
         return host_key or ""  # no identity to give: its source's stays
 
+    def layer_forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
+                     boot_key: Path | None = None) -> str:
+        return host_key or ""
+
     def close_vm(self, vm_id: str) -> None:
         return None
 

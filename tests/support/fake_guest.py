@@ -125,6 +125,11 @@ class FakeLifecycle:
         self.calls.append(("forked", vm.id))
         return host_key or ""
 
+    def layer_forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
+                     boot_key: Path | None = None) -> str:
+        self.calls.append(("layer_forked", vm.id))
+        return host_key or ""
+
     def close_vm(self, vm_id: str) -> None:
         self.calls.append(("close_vm", vm_id))
 

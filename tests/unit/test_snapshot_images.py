@@ -26,12 +26,13 @@ from rift.catalog import DirectoryImages
 from rift.contract import tools as c
 from rift.contract.base import command
 from rift.contract.operator import PoolSetIn
+from rift.domain.builds import layer_name
 from rift.domain.model import Vm
 from rift.services.context import Deps, GuestRuntime
 from rift.services.lifecycle import pools, tasks, vms
 from rift.services.lifecycle.guest_kinds import SnapshotGuest, guest_kind
 from tests.support.engine import ALICE, refused
-from tests.support.fake_guest import FakeKeys, fake_guests
+from tests.support.fake_guest import FakeKeys, FakeLifecycle, fake_guests
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
 
@@ -147,6 +148,28 @@ def test_a_vm_of_the_image_starts_from_its_state_on_an_overlay_of_its_disk(
     assert (spec.seed is not None) == (origin == "qcow2")
     kind.clean_up(vm.id)
     assert not Path(spec.disk).exists()
+
+
+def test_a_vm_of_a_layer_keeps_its_host_key_and_a_vm_of_an_image_gets_its_own(
+        tmp_path: Path) -> None:
+    """A build's VM of a layer (SPEC §19) is forked keeping its layer's host key and SSH
+    server (nothing to wait for before its state is saved); a VM of any other snapshot
+    image, a built image among them, gets an identity of its own."""
+    runtime = _runtime(tmp_path)
+    layer = layer_name("ab" * 32)
+    life = FakeLifecycle()
+    for number, name in enumerate(("counting", layer)):
+        made = tmp_path / name
+        made.mkdir()
+        add_snapshot_image(runtime.images_dir, name, _source(made, disk=False))
+        kind = guest_kind("qemu:///system", name, runtime,
+                          fake_guests(keys=_Keys(), lifecycle=life))
+        vm = Vm(id=f"vm_abcdefg{'hi'[number]}", task_id="task_abcdefgh", owner="alice",
+                name="x", image=name, status="creating", host="local", vcpus=2,
+                memory_mib=320, created_at=None, ssh_host="127.0.0.1",
+                ssh_port=23456)  # type: ignore[arg-type]
+        kind.wait_ready(vm)
+    assert life.calls == [("forked", "vm_abcdefgh"), ("layer_forked", "vm_abcdefgi")]
 
 
 class _Images:

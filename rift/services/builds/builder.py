@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -147,11 +148,16 @@ def _execute(deps: Deps, caller: Caller, build: Build, the_plan: engine.Plan,
             try:
                 last = engine.run(the_plan, hits, job)
                 check_unused(deps, build.image, "name", "building it again")  # again, now
+                clock = time.monotonic()
                 layers.image_from(last, build.image)
                 _keep_image(deps, build)
+                log.say(f"image {build.image} made in {time.monotonic() - clock:.1f} s")
             finally:
+                clock = time.monotonic()
                 guest.close()
                 kept_layers.sweep(deps, layers)
+                log.say(f"the VM closed and the layers swept in "
+                        f"{time.monotonic() - clock:.1f} s")
     except RiftError as exc:
         error = exc.message
         if exc.details.get("output"):

@@ -139,7 +139,9 @@ def run(the_plan: Plan, hits: int, job: Job) -> str:
         return job.found[stages[-1].key]
     start = job.found[stages[hits - 1].key] if hits else the_plan.recipe.base
     say(f"starting a VM of {start}")
+    clock = time.monotonic()
     guest.start(start)
+    say(f"the VM runs after {time.monotonic() - clock:.1f} s")
     last = stages[-1]
     for number, p in enumerate(planned[resume:], start=resume + 1):
         say(f"step {number}/{total}: {p.step.text}")
@@ -151,11 +153,16 @@ def run(the_plan: Plan, hits: int, job: Job) -> str:
                 raise
             except RiftError as exc:  # the guest's or the host's: its step named too
                 raise BuildFailed(f"{p.step.instruction}: {exc.message}", p.step.line) from exc
+            ran = time.monotonic()
             job.save(p.key, last=p is last.planned)  # the last: its VM need not run on
-            say(f"step {number}/{total}: done in {time.monotonic() - clock:.1f} s")
+            say(f"step {number}/{total}: done in {time.monotonic() - clock:.1f} s "
+                f"(ran {ran - clock:.1f} s, saved {time.monotonic() - ran:.1f} s)")
     if last.planned is None:
         _start(the_plan.recipe.settings, guest, job, say)
-        return job.save(last.key, last=True)
+        clock = time.monotonic()
+        name = job.save(last.key, last=True)
+        say(f"saved the running VM in {time.monotonic() - clock:.1f} s")
+        return name
     return job.saved[-1][0]
 
 

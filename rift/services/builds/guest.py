@@ -20,6 +20,7 @@ from rift.contract.operator import ImageFromSnapshotIn
 from rift.contract.snapshots import VmSnapshotDeleteIn, VmSnapshotIn
 from rift.contract.tasks import TaskCloseIn, TaskNewIn
 from rift.contract.vms import VmNewIn
+from rift.domain.builds import LAYER_PREFIX
 from rift.domain.errors import BuildFailed, RiftError
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import execs, snapshots, tasks, vms
@@ -30,7 +31,8 @@ KEEP_OUTPUT = 64 * 1024
 # A fork's SSH server starts anew with its new host key this long after the fork
 # (rift.guest.scripts.SETTLE_S, and the restart itself): a state saved before then
 # carries the restart to come, and every VM of an image made from it would wait for
-# it at its first login (3.5 s instead of 0.8 s for `tiny`).
+# it at its first login (3.5 s instead of 0.8 s for `tiny`). Only a build VM forked
+# from an image (FROM a built image) waits: one of a layer keeps the layer's host key.
 FORK_SETTLE_S = 3.0
 
 
@@ -63,7 +65,9 @@ class VmBuildGuest:
         if made.vm.status != "running":
             raise BuildFailed(f"the build's VM of {image} did not start: {made.vm.error}")
         self.vm_id = made.vm.id
-        self.forked_at = time.monotonic() if made.vm.start and made.vm.start.kind == "fork" \
+        # A VM of a layer keeps its layer's host key (SnapshotGuest): no restart to wait for.
+        forked = made.vm.start is not None and made.vm.start.kind == "fork"
+        self.forked_at = time.monotonic() if forked and not image.startswith(LAYER_PREFIX) \
             else None
 
     def run(self, script: str, timeout_s: int) -> tuple[int | None, str]:

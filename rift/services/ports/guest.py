@@ -201,6 +201,12 @@ class GuestLifecycle(Protocol):
         kept as the VM's boot key, the login takes it and hands the VM over to
         its own key."""
         ...
+    def layer_forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
+                     boot_key: Path | None = None) -> str:
+        """`forked` for a build's VM of a layer (SPEC §19): the MAC, entropy and
+        clock set the same, but its source's host key and SSH server stay (no
+        restart to wait for before its state is saved). Answers `host_key`."""
+        ...
     def close_vm(self, vm_id: str) -> None:
         """Close the VM's connections (calls in flight end) and forget its host key."""
         ...

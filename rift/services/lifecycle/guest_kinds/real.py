@@ -20,6 +20,7 @@ from hypervisor.qcow2 import (
     qcow2_image,
 )
 from hypervisor.snapshot_image import snapshot_image
+from rift.domain.builds import LAYER_PREFIX
 from rift.domain.errors import GuestUnreachable
 from rift.domain.model import DEFAULT_DISK_GIB, StartKind, Vm
 from rift.services.context import GuestRuntime
@@ -196,7 +197,9 @@ class SnapshotGuest(_RealGuest):
     disk's size: the saved kernel knows it) and, for a state of a qcow2 image,
     with a cloud-init seed of its own. Once it answers (logging in with the
     image's key, which the hand-over swaps for the VM's own at once) it gets an
-    identity of its own, as every fork does."""
+    identity of its own, as every fork does. A VM of a layer (a build's, SPEC §19:
+    only builds start them) keeps its layer's host key and SSH server, so its state
+    can be saved at once; a built image's VMs get their own at their start."""
 
     label = "snapshot"
     start_kind: StartKind = "fork"  # of the image's saved state
@@ -230,8 +233,9 @@ class SnapshotGuest(_RealGuest):
         image = snapshot_image(self.runtime.images_dir, self.image)
         timeout_s = self.runtime.boot_timeout_s
         try:
-            self.guests.lifecycle.forked(vm, image.host_key, mac_of(vm.id), timeout_s,
-                                         boot_key=image.key)
+            life = self.guests.lifecycle
+            fork = life.layer_forked if self.image.startswith(LAYER_PREFIX) else life.forked
+            fork(vm, image.host_key, mac_of(vm.id), timeout_s, boot_key=image.key)
         except GuestUnreachable as exc:
             raise NotReady(f"the guest did not answer SSH within {timeout_s:.0f}s of its "
                            f"restore: {exc.message}") from exc
