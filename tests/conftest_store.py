@@ -3,9 +3,10 @@
 There is one store, SQL. ``store`` runs a test once per database: ``sqlite``
 (a file in the test's tmp_path) and ``postgresql`` when
 ``RIFT_TEST_POSTGRES_URL`` names a database
-(``postgresql+psycopg://user@host:port/db``). That database is wiped: every
-table in it is dropped before each test and the migrations are run again, so
-each test starts from an empty schema.
+(``postgresql+psycopg://user@host:port/db``). Each test starts from that database
+migrated to the newest revision with no rows but the migrations' own: emptied by
+one TRUNCATE when it is already there, else wiped and migrated
+(tests.support.databases.migrated_and_empty).
 
 A migrated SQLite database is made once per test session (``sqlite_template``)
 and copied for each store a test asks for (``sqlite_url``, ``new_sqlite_url``):
@@ -28,8 +29,8 @@ from rift.store.sql import SqlStore
 from tests.support.databases import (
     SQL_KINDS,
     empty_database_url,
+    migrated_and_empty,
     skip_without_postgres,
-    wipe,
 )
 
 
@@ -77,8 +78,7 @@ def store(store_kind: str, new_sqlite_url: Callable[[], str]) -> Iterator[Store]
         url = new_sqlite_url()
     else:
         url = skip_without_postgres()
-        wipe(url)
-        upgrade(url)
+        migrated_and_empty(url)
     made = SqlStore(url)
     try:
         yield made

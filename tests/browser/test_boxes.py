@@ -391,11 +391,11 @@ def test_on_postgresql_a_change_through_one_replica_shows_live_on_the_other(
         browser: Any, tmp_path: Path) -> None:
     """Two `rift serve` replicas on one PostgreSQL database: the page on B follows
     a task made through A and its takeover, with no reload."""
-    from tests.support.databases import skip_without_postgres, wipe
+    from tests.support.databases import migrated_and_empty, skip_without_postgres
     from tests.support.servers import start_server
 
     url = skip_without_postgres()
-    wipe(url)
+    migrated_and_empty(url)
     (tmp_path / "a").mkdir()
     proc_a, a = start_server(tmp_path / "a", RIFT_DATABASE_URL=url)
     proc_b, b = start_replica(a, tmp_path / "b.log")

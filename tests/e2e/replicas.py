@@ -6,7 +6,7 @@ of the domains replica A made. libvirtd keeps the test driver's domains only
 while some client is connected: a test that kills its only server keeps a
 connection of its own open (tests/reliability/test_crashes.py). Each replica
 has its own data dir; the database
-is the throwaway one `make test` starts (RIFT_TEST_POSTGRES_URL), wiped first.
+is the throwaway one `make test` starts (RIFT_TEST_POSTGRES_URL), emptied first.
 These are the fixtures (a plugin of tests/conftest.py); the helpers are
 tests/support/replicas.py."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.databases import skip_without_postgres, wipe
+from tests.support.databases import migrated_and_empty, skip_without_postgres
 from tests.support.replicas import admin_of, replica_env, shared_host_missing
 from tests.support.servers import Server, launch, stop_server, wait_healthy
 
@@ -30,15 +30,15 @@ def pg_url() -> str:
 
 @pytest.fixture
 def replicas(pg_url: str, tmp_path: Path) -> Iterator[Callable[..., list[Server]]]:
-    """`start(n=2, **env)`: a wiped database and `n` replicas on it (stopped after).
-    The first migrates it and makes the admin; the others start once it has."""
+    """`start(n=2, **env)`: a database with no rows, migrated, and `n` replicas on it
+    (stopped after). The first makes the admin; the others start once it has."""
     missing = shared_host_missing()
     if missing:
         pytest.skip(missing)
     procs: list[subprocess.Popen[str]] = []
 
     def start(n: int = 2, **extra: str) -> list[Server]:
-        wipe(pg_url)
+        migrated_and_empty(pg_url)
         started = []
         for i in range(n):
             tmp = tmp_path / f"r{i}"

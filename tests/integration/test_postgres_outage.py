@@ -14,9 +14,8 @@ from sqlalchemy import create_engine, make_url, pool, text
 
 from rift.domain.errors import StoreUnavailable
 from rift.domain.model import User
-from rift.store.migrate import upgrade
 from rift.store.sql import SqlStore
-from tests.support.databases import skip_without_postgres, wipe
+from tests.support.databases import migrated_and_empty, skip_without_postgres
 
 
 def closed_port() -> int:
@@ -56,8 +55,7 @@ def cut_store_connections(url: str) -> int:
 
 def test_connections_the_server_cut_are_replaced_and_a_cut_transaction_leaves_nothing() -> None:
     url = skip_without_postgres()
-    wipe(url)
-    upgrade(url)
+    migrated_and_empty(url)
     store = SqlStore(str(make_url(url).update_query_dict({"application_name": APP})),
                      pool_size=2)
     try:
