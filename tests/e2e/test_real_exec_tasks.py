@@ -22,6 +22,7 @@ from tests.support.mcp_clients import MODERN, mcp_session, refused, run
 from tests.support.raw_mcp import LEGACY, RawMcp
 from tests.support.real_guests import Guest, RealSettings, Rig
 from tests.support.servers import Server, real_vms_missing, wait_until
+from tests.support.soak import long_form
 
 pytestmark = [
     pytest.mark.skipif(real_vms_missing() is not None, reason=real_vms_missing() or ""),
@@ -337,6 +338,7 @@ async def _boot_progress(real: Server, handle: str) -> list[str | None]:
     return heard
 
 
+@long_form("tests/unit/test_execs.py::test_a_call_waiting_on_its_guest_keeps_the_lease_active")
 def test_a_call_in_flight_keeps_its_lease_active_past_the_quiet_time(
         real: Server, vm: tuple[str, str]) -> None:
     """An exec waited on for 2.5 quiet times: another client's attach without
