@@ -306,11 +306,12 @@ class Hypervisor(Protocol):
         ...
 
     def migrate(self, name: str, dest_uri: str, dest_address: str,
-                dest_xml: str | None = None) -> None:
+                dest_xml: str | None = None, copy_volumes: bool = False) -> None:
         """Move a running domain, live, to the host at `dest_uri`: QEMU streams its
-        memory (and its own disk's blocks) straight to `dest_address` there; the
-        domain is then defined there and undefined here. `dest_xml`: its definition
-        there (another SSH port). On failure it runs here as before
+        memory (and its own disk's blocks; with `copy_volumes` its writable volumes'
+        too, onto the empty overlays made there) straight to `dest_address` there;
+        the domain is then defined there and undefined here. `dest_xml`: its
+        definition there (another SSH port). On failure it runs here as before
         (HypervisorError(op="migrate"))."""
         ...
 

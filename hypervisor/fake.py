@@ -63,6 +63,7 @@ class FakeHypervisor:
         self.state_disks: dict[str, dict[str, VolumeDisk]] = {}  # the volumes each held
         self.usage: dict[str, DomainStats] = {}  # what stats() answers per domain
         self.peers: Callable[[str], FakeHypervisor] | None = None  # migrate()'s other ends
+        self.volumes_copied: list[str] = []  # the domains migrate() carried volumes of
 
     # failure injection
 
@@ -202,7 +203,7 @@ class FakeHypervisor:
             domain.task_id = task_id
 
     def migrate(self, name: str, dest_uri: str, dest_address: str,
-                dest_xml: str | None = None) -> None:
+                dest_xml: str | None = None, copy_volumes: bool = False) -> None:
         """Moves the domain to the fake hypervisor `peers(dest_uri)` answers (tests
         set `peers`); injected failures leave it here."""
         with self._lock:
@@ -211,6 +212,8 @@ class FakeHypervisor:
                 raise HypervisorError("migrate", f"domain '{name}' cannot migrate")
             target = self.peers(dest_uri)
             del self.domains[name]
+            if copy_volumes:
+                self.volumes_copied.append(name)
         with target._lock:
             target.domains[name] = replace(domain, xml=dest_xml or domain.xml)
 

@@ -415,26 +415,34 @@ class LibvirtHypervisor:
             return {str(dom.name()): domain_stats(values) for dom, values in found}
 
     def migrate(self, name: str, dest_uri: str, dest_address: str,
-                dest_xml: str | None = None) -> None:
+                dest_xml: str | None = None, copy_volumes: bool = False) -> None:
         """Peer to peer: this host's libvirtd opens `dest_uri` itself (over the hosts'
-        SSH for qemu+ssh://). A guest with no disk of its own (kernel and initrd) goes
+        SSH for qemu+ssh://). A guest with no disk to carry (kernel and initrd) goes
         tunnelled through that connection: its memory never crosses the network in
-        clear and no migration port is opened. A guest with a disk: its blocks cannot
-        go tunnelled (libvirt refuses NBD over a tunnel with this QEMU), so QEMU
-        streams memory and disk to `dest_address` over libvirt's migration TLS (the
-        hosts' certificates in /etc/pki/qemu); a host without them refuses, and the
-        guest runs here as before."""
+        clear and no migration port is opened. A guest with a disk (its own, or with
+        `copy_volumes` its writable volumes): their blocks cannot go tunnelled (libvirt
+        refuses NBD over a tunnel with this QEMU), so QEMU streams memory and disks to
+        `dest_address` over libvirt's migration TLS (the hosts' certificates in
+        /etc/pki/qemu), each disk's top layer only (its backing files, and a read-only
+        volume, are there already); a host without them refuses, and the guest runs
+        here as before."""
         dom = self._domain("migrate", name)
         with _translated("migrate"):
-            has_disk = "<target dev='vda'" in dom.XMLDesc(0)
+            xml = dom.XMLDesc(0)
+        disks = ["vda"] if "<target dev='vda'" in xml else []
+        if copy_volumes:
+            try:
+                disks += [d.target for d in volume_disks(xml) if not d.read_only]
+            except ValueError as exc:
+                raise HypervisorError("migrate", f"{name}: {exc}") from exc
         flags = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PERSIST_DEST
                  | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE | libvirt.VIR_MIGRATE_UNSAFE
                  | libvirt.VIR_MIGRATE_PEER2PEER)
         params: dict[str, Any] = {}
-        if has_disk:  # its overlay lives on the host: its blocks go along (NBD), in TLS
+        if disks:  # on the host's own files: their blocks go along (NBD), in TLS
             flags |= libvirt.VIR_MIGRATE_NON_SHARED_INC | libvirt.VIR_MIGRATE_TLS
             params[libvirt.VIR_MIGRATE_PARAM_URI] = f"tcp://{dest_address}"
-            params[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = ["vda"]
+            params[libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS] = disks
         else:
             flags |= libvirt.VIR_MIGRATE_TUNNELLED
         if dest_xml is not None:

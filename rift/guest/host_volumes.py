@@ -8,9 +8,10 @@ step is one shell script run there with the host's own tools (`mkfs.ext4`,
 `qemu-img`, `ln`), doing what VolumeFolder does here (a sparse raw file made ext4
 and turned qcow2; clones and a snapshot's kept copies as frozen parents, hard
 links under `parents/` named at random; a file removed with each frozen parent
-whose last name it was). Nothing of a volume's bytes crosses the network. What
-its file takes there is not sampled (`used_bytes` is None: its whole size counts
-against the budget as ever). What goes wrong comes out as OSError.
+whose last name it was). Nothing of a volume's bytes crosses the network, but
+when a VM moving to another host carries it (`send`, rift.guest.volume_relay).
+What its file and its chain take there is read there (`stat`'s blocks), as here.
+What goes wrong comes out as OSError.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from hypervisor.volumes import (
     kept_prefix,
 )
 from rift.guest.links import HostLinkError, HostLinks, SshTarget, ssh_target
+from rift.guest.volume_relay import VolumeRelay
 
 # Shell helpers every script starts with: a qcow2's virtual size, and a file's
 # removal with each frozen parent (under parents/) whose last name it was.
@@ -58,6 +60,7 @@ class HostVolumes:
         self.links = links
         self.folder = str(local.folder.resolve())
         self.parents = f"{self.folder}/{PARENTS}"
+        self.relay = VolumeRelay(self.folder, links)
 
     # -- where ------------------------------------------------------------------------
 
@@ -185,6 +188,23 @@ class HostVolumes:
         return None
 
     def used_bytes(self, uri: str, volume_id: str) -> int | None:
-        if self._there(uri) is not None:
-            return None  # not sampled over SSH (the module's docstring)
-        return self.local.used_bytes(uri, volume_id)
+        target = self._there(uri)
+        if target is None:
+            return self.local.used_bytes(uri, volume_id)
+        said = self._run(target, (  # the allocated blocks of its file and of its chain
+            f"f={shlex.quote(self._file(volume_id))}\n"
+            '[ -e "$f" ] || { echo none; exit 0; }\n'
+            "qemu-img info -U --backing-chain \"$f\" | sed -n 's/^image: //p' |\n"
+            '  while read -r p; do stat -c "%b %B" "$p"; done |\n'
+            "  awk '{ s += $1 * $2 } END { print s + 0 }'\n")).strip()
+        if said == "none":
+            return None
+        if not said.isdigit():
+            raise OSError(errno.EIO, f"{target.host}: no usage of {volume_id}: {said[-200:]}")
+        return int(said)
+
+    def send(self, uri: str, dest_uri: str, volume_id: str, whole: bool) -> None:
+        if self._there(uri) is None and self._there(dest_uri) is None:
+            return None  # hosts of this machine share one folder
+        self.relay.send(uri, dest_uri, self._file(volume_id), whole)
+        return None

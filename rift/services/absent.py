@@ -183,6 +183,9 @@ class NoVolumeFiles:
     def used_bytes(self, uri: str, volume_id: str) -> int | None:
         return None
 
+    def send(self, uri: str, dest_uri: str, volume_id: str, whole: bool) -> None:
+        return None
+
     def freeze(self, uri: str, volume_id: str, snapshot_id: str) -> None:
         return None
 

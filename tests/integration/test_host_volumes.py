@@ -66,7 +66,9 @@ def test_a_host_elsewhere_makes_clones_freezes_and_removes_as_this_machine_does(
         far.clone_frozen(FAR, snap, B, "vol_dddddddd")  # it keeps no copy of B
     with pytest.raises(ImageError):
         far.path(FAR, "../etc")
-    assert far.used_bytes(FAR, A) is None  # not sampled over SSH
+    # what its file and its chain take, read there as here
+    assert far.used_bytes(FAR, A) == folder.used_bytes(HERE, A) > 1 << 20
+    assert far.used_bytes(FAR, "vol_dddddddd") is None  # no file
     far.thaw(FAR, snap)
     assert far.frozen(FAR, snap) == {}
     for vol in (A, B, C):

@@ -25,6 +25,9 @@ class Files:
     def used_bytes(self, uri: str, volume_id: str) -> int | None:
         return self.used.get(volume_id)
 
+    def send(self, uri: str, dest_uri: str, volume_id: str, whole: bool) -> None:
+        self.calls.append(("send", volume_id, uri, dest_uri, "whole" if whole else "top"))
+
     def path(self, uri: str, volume_id: str) -> str:
         return f"/volumes/{volume_id}.qcow2"
 

@@ -125,3 +125,84 @@ def test_a_vm_holding_volumes_moves_with_them_and_their_readers_move_together(
         details = [e.details for e in tx.events.page(moved.task_id, 0, 1000)
                    if e.type == "vm_moved"]
     assert details and details[0]["volumes"] == [work, shared]
+
+
+FAR = "qemu+ssh://root@far.example/system"
+
+
+def _far_after_start(deps: Deps, pool: FakePool) -> None:
+    """Host "far" (a fake, where its VMs started) is a host elsewhere from now on:
+    its URI becomes FAR's (the fake guests run only on fake URIs)."""
+    pool.by_uri[FAR] = pool.hypervisor("fake:///far")
+    with deps.store.write() as tx:
+        was = tx.hosts.get("far", lock=True)
+        assert was is not None
+        assert tx.hosts.save(was.resized(FAR, was.vcpus, was.memory_mib), was)
+
+
+def test_a_vm_holding_volumes_on_a_host_elsewhere_carries_them_and_shared_ones_stay(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor) -> None:
+    """From a host elsewhere a VM's volumes go with it: each put on the destination
+    first (`send`: an overlay for a writable one, a whole copy for one it only reads),
+    the migration carries their blocks (`copy_volumes`), the rows name the
+    destination and the source's files go; a volume there two VMs read stays with
+    both (`volume_busy` in the report); one no VM holds is copied whole and follows."""
+    from dataclasses import replace
+
+    from rift.services.lifecycle import volumes
+    from tests.support.volumes import Files, Mounts, attach, new_vm, new_volume
+
+    files = Files()
+    vdeps = replace(deps, volume_files=files, mounts=Mounts())
+    hosts.add_host(vdeps, "far", "fake:///far", HostSize(64, 1_000_000))
+    _, handle, writer = new_vm(vdeps)
+    _, handle_a, one = new_vm(vdeps)
+    _, handle_b, two = new_vm(vdeps)
+    work, kept, shared, spare = (new_volume(vdeps, n) for n in ("work", "kept", "shared",
+                                                                "spare"))
+    attach(vdeps, handle, writer, work, "/work")
+    attach(vdeps, handle, writer, kept, "/kept", read_only=True)
+    attach(vdeps, handle_a, one, shared, "/shared", read_only=True)
+    attach(vdeps, handle_b, two, shared, "/shared", read_only=True)
+    local_uri = next(h["uri"] for h in hosts.list_hosts(vdeps) if h["name"] == "local")
+    _far_after_start(vdeps, pool)
+    files.calls.clear()
+
+    report = drain_and_move(vdeps, "far")
+    assert report.moved == [(writer, "local")] and not report.failed
+    holding = ", ".join(sorted((one, two)))
+    why = (f"volume_busy: volume {shared}, on a host elsewhere, is held by VMs {holding}; "
+           "it moves with one VM only: rift_vm_detach_volume it from the others")
+    assert sorted(report.stayed) == sorted([(one, why), (two, why)])
+    assert report.volumes == [(spare, "local")]
+    assert files.calls == [
+        ("send", work, FAR, local_uri, "top"), ("send", kept, FAR, local_uri, "whole"),
+        ("remove", work), ("remove", kept),  # from far, once the rows name local
+        ("send", spare, FAR, local_uri, "whole"), ("remove", spare)]
+    assert pool.hypervisor(FAR).volumes_copied == [f"rift-{writer}"]
+    for vol, host in ((work, "local"), (kept, "local"), (shared, "far"), (spare, "local")):
+        assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=vol)).volume.host \
+            == host, vol
+    assert set(local_hv.domains[f"rift-{writer}"].disks) == {work, kept}
+
+
+def test_a_failed_move_from_a_host_elsewhere_removes_what_it_put_on_the_destination(
+        deps: Deps, pool: FakePool) -> None:
+    from dataclasses import replace
+
+    from rift.services.lifecycle import volumes
+    from tests.support.volumes import Files, Mounts, attach, new_vm, new_volume
+
+    files = Files()
+    vdeps = replace(deps, volume_files=files, mounts=Mounts())
+    hosts.add_host(vdeps, "far", "fake:///far", HostSize(64, 1_000_000))
+    _, handle, vm_id = new_vm(vdeps)
+    work = new_volume(vdeps)
+    attach(vdeps, handle, vm_id, work, "/work")
+    _far_after_start(vdeps, pool)
+    files.calls.clear()
+    pool.hypervisor(FAR).fail_next("migrate", "migration job: unexpectedly failed")
+    report = drain_and_move(vdeps, "far")
+    assert [v for v, _ in report.failed] == [vm_id] and not report.moved
+    assert [call[:2] for call in files.calls] == [("send", work), ("remove", work)]
+    assert volumes.get(vdeps, ALICE, command(c.VolumeIdIn, volume_id=work)).volume.host == "far"

@@ -16,7 +16,8 @@ moves. A migration that fails leaves that VM running where it was (libvirt's
 own rollback); the others still move. A VM holding volumes moves with them to a
 host of the same machine (their files are there), the VMs sharing a volume
 together (rift.services.operator.volume_moves); where none takes VMs it stays,
-and the report says why.
+and the report says why. From a host elsewhere a VM carries its volumes' files
+to its destination, whichever it is (one VM per volume).
 """
 
 from __future__ import annotations
@@ -30,13 +31,21 @@ from hypervisor.domain_xml import domain_xml_with_ssh_port
 from hypervisor.placement import HostLoad, choose_host, largest_free
 from rift.domain import egress as egress_rules
 from rift.domain.errors import InvalidArgument, NoCapacity
-from rift.domain.model import Vm
+from rift.domain.model import Host, Vm
 from rift.services.context import OPERATOR, Deps
 from rift.services.lifecycle.capacity import host_loads
 from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.lifecycle.launch import pick_ssh_port
 from rift.services.operator.hosts import drain_host
-from rift.services.operator.volume_moves import follow, move_detached, move_groups
+from rift.services.operator.volume_moves import (
+    carried_groups,
+    carry,
+    drop,
+    follow,
+    move_detached,
+    move_detached_far,
+    move_groups,
+)
 
 
 @dataclass
@@ -85,24 +94,19 @@ def _why_stays(vm: Vm) -> str:
     return f"{vm.status}: only running VMs move"
 
 
-def _volume_hosts(deps: Deps, source: str) -> list[str]:
-    """The other hosts of this machine taking VMs, by name: where the volumes of host
-    `source` may go (none for a host elsewhere: its files do not move yet)."""
+def _volume_hosts(deps: Deps, source: Host) -> list[Host]:
+    """Where the volumes no VM holds on host `source` go, the first first: the other
+    hosts taking VMs that answer, this machine's by name (the same folder), then for
+    a host elsewhere (its files are copied) those elsewhere by name."""
     with deps.store.read() as tx:
-        found = sorted(tx.hosts.all(), key=lambda h: h.name)
-    if any(h.name == source and elsewhere(h.uri) for h in found):
-        return []
-    return [h.name for h in found if h.name != source and not elsewhere(h.uri)
+        found = sorted(tx.hosts.all(), key=lambda h: (elsewhere(h.uri), h.name))
+    far = elsewhere(source.uri)
+    return [h for h in found if h.name != source.name and (far or not elsewhere(h.uri))
             and not h.drained and h.unreachable_since is None]
 
 
-def _why_volumes_stay(deps: Deps, source: str) -> str:
-    with deps.store.read() as tx:
-        host = tx.hosts.get(source)
-    if host is not None and elsewhere(host.uri):
-        return "it holds volumes, whose files on a host elsewhere do not move yet"
-    return ("it holds volumes, whose files stay on this machine, and no other host of it "
-            "takes VMs: rift_vm_detach_volume them to move it")
+WHY_VOLUMES_STAY = ("it holds volumes, whose files stay on this machine, and no other host "
+                    "of it takes VMs: rift_vm_detach_volume them to move it")
 
 
 def drain_and_move(deps: Deps, name: str) -> MoveReport:
@@ -119,14 +123,18 @@ def drain_and_move(deps: Deps, name: str) -> MoveReport:
     movable = {vm.id for vm in live if vm.status == "running" and vm.change is None
                and not egress_rules.proxied(vm.egress)}
     groups, stays = move_groups(live, movable, held, holders)
-    volume_hosts = _volume_hosts(deps, name)
-    if not volume_hosts:
-        why_not = _why_volumes_stay(deps, name)
-        stays.update({vm.id: why_not for g in groups for vm in g if held[vm.id]})
+    volume_hosts = _volume_hosts(deps, host)
+    far = elsewhere(host.uri)  # its volumes' files go with their VMs
+    if far:
+        groups, shared = carried_groups(groups, held, holders)
+        stays.update(shared)
+    elif not volume_hosts:
+        stays.update({vm.id: WHY_VOLUMES_STAY for g in groups for vm in g if held[vm.id]})
         groups = [g for g in groups if not any(held[vm.id] for vm in g)]
     report = MoveReport(stayed=[(vm.id, stays.get(vm.id) or _why_stays(vm))
                                 for vm in live if vm.id in stays or vm.id not in movable])
-    planned = plan_moves(deps, name, groups, {vm_id for vm_id, atts in held.items() if atts})
+    planned = plan_moves(deps, name, groups,
+                         () if far else {vm_id for vm_id, atts in held.items() if atts})
     drain_host(deps, name)
     for vm in (vm for g in groups for vm in g):
         try:
@@ -138,8 +146,10 @@ def drain_and_move(deps: Deps, name: str) -> MoveReport:
             continue
         report.moved.append((vm.id, moved.host))
     if volume_hosts:
-        report.volumes = [(vol, volume_hosts[0])
-                          for vol in move_detached(deps, name, volume_hosts[0])]
+        first = volume_hosts[0]
+        went = (move_detached_far(deps, name, host.uri, first.name, first.uri) if far
+                else move_detached(deps, name, first.name))
+        report.volumes = [(vol, first.name) for vol in went]
     return report
 
 
@@ -158,10 +168,22 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
         raise HypervisorError("migrate", f"{vm.domain_name}: {exc}") from exc
     # what it reads from its host's disk, there first
     kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
+    with deps.store.read() as tx:
+        held = tx.volumes.of_vms([vm.id])[vm.id]
+    carried = bool(held) and (elsewhere(source_host.uri) or elsewhere(dest_host.uri))
     started = deps.clock.now()
-    source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml)
+    if carried:  # their files are on the source's machine only: they go too
+        carry(deps, held, source_host.uri, dest_host.uri)
+    try:
+        source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml,
+                       copy_volumes=carried)
+    except HypervisorError:
+        if carried:
+            drop(deps, [att.volume_id for att in held], dest_host.uri)
+        raise
     deps.guests.lifecycle.drop_connections(vm.id)  # they went through the old host
     now = deps.clock.now()
+    went: list[str] = []
     with deps.store.write() as tx:
         current = tx.vms.get(vm.id, lock=True)
         if current is not None and current.status == "running":
@@ -173,6 +195,8 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
             tx.events.add(event)
         moved = tx.vms.get(vm.id)
     assert moved is not None
+    if carried and moved.host == dest:
+        drop(deps, went, source_host.uri)  # the rows name the destination's files now
     deps.log.info("VM moved", extra={"vm_id": vm.id, "from": vm.host, "to": dest})
     return moved
 

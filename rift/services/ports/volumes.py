@@ -89,6 +89,12 @@ class VolumeFiles(Protocol):
         """What its file and the frozen parents it reads take on the host (None: no
         file, or one this machine does not reach)."""
         ...
+    def send(self, uri: str, dest_uri: str, volume_id: str, whole: bool) -> None:
+        """Put the volume on the host at `dest_uri` too, at the same path, for a VM
+        moving there with it: its frozen parents, then its file (a whole copy when
+        `whole`: nobody writes it; else an empty overlay the migration fills).
+        Nothing for two hosts of this machine (they share the file)."""
+        ...
 
 
 class GuestMounts(Protocol):
