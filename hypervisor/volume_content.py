@@ -14,7 +14,8 @@ and the helper from opening one a VM holds.
 Answers `Entry`; FileNotFoundError for a path that is not there, FileExistsError for
 one that is and may not be, NotADirectoryError / IsADirectoryError for the wrong
 kind, OSError for a volume whose journal needs a guest's replay (before a write) or
-tools that fail, ImageError for a host elsewhere (not reached yet).
+tools that fail, ImageError for a host elsewhere (here; rift.guest.host_volume_content
+runs the same helper there, over the host's SSH).
 """
 
 from __future__ import annotations
@@ -80,42 +81,51 @@ class VolumeContent:
     volumes whose files are on this machine: each call a helper process."""
 
     def list(self, uri: str, volume_file: str, path: str, depth: int) -> list[Entry]:
-        found = _helper("list", uri, volume_file, path, depth=depth)
+        found = self._helper("list", uri, volume_file, path, depth=depth)
         return [Entry(**e) for e in found]
 
     def stat(self, uri: str, volume_file: str, path: str) -> Entry:
-        return Entry(**_helper("stat", uri, volume_file, path))
+        return Entry(**self._helper("stat", uri, volume_file, path))
 
     def read(self, uri: str, volume_file: str, path: str) -> bytes:
-        return base64.b64decode(_helper("read", uri, volume_file, path))
+        return base64.b64decode(self._helper("read", uri, volume_file, path))
 
     def write(self, uri: str, volume_file: str, path: str, data: bytes, owner: Meta,
               ) -> Entry:
-        return Entry(**_helper("write", uri, volume_file, path, meta=asdict(owner),
-                               data=base64.b64encode(data).decode()))
+        return Entry(**self._helper("write", uri, volume_file, path, meta=asdict(owner),
+                                    data=base64.b64encode(data).decode()))
 
     def make_dir(self, uri: str, volume_file: str, path: str, owner: Meta) -> Entry:
-        return Entry(**_helper("make_dir", uri, volume_file, path, meta=asdict(owner)))
+        return Entry(**self._helper("make_dir", uri, volume_file, path, meta=asdict(owner)))
 
     def set_meta(self, uri: str, volume_file: str, path: str, owner: Meta) -> Entry:
-        return Entry(**_helper("set_meta", uri, volume_file, path, meta=asdict(owner)))
+        return Entry(**self._helper("set_meta", uri, volume_file, path, meta=asdict(owner)))
 
     def remove(self, uri: str, volume_file: str, path: str) -> None:
-        _helper("remove", uri, volume_file, path)
+        self._helper("remove", uri, volume_file, path)
+
+    def _helper(self, op: str, uri: str, volume_file: str, path: str, **more: Any) -> Any:
+        asked = json.dumps({"op": op, "file": volume_file, "path": path, **more}).encode()
+        return answer_of(*self.run_helper(uri, asked))
+
+    def run_helper(self, uri: str, asked: bytes) -> tuple[bytes, str]:
+        """The helper's stdout for request `asked`, and what it said on stderr: a
+        process here (ImageError for a host elsewhere: rift.guest.host_volume_content
+        runs it there)."""
+        if elsewhere(uri):
+            raise ImageError(f"a volume's files without a VM are read here only, not on {uri}")
+        done = subprocess.run([sys.executable, "-m", "hypervisor.volume_debugfs"],
+                              input=asked, capture_output=True, timeout=HELPER_TIMEOUT_S,
+                              check=False)
+        return done.stdout, done.stderr.decode(errors="replace") or f"exit {done.returncode}"
 
 
-def _helper(op: str, uri: str, volume_file: str, path: str, **more: Any) -> Any:
-    if elsewhere(uri):
-        raise ImageError(f"a volume's files without a VM are read here only, not on {uri}")
-    asked = json.dumps({"op": op, "file": volume_file, "path": path, **more}).encode()
-    done = subprocess.run([sys.executable, "-m", "hypervisor.volume_debugfs"],
-                          input=asked, capture_output=True, timeout=HELPER_TIMEOUT_S,
-                          check=False)
+def answer_of(stdout: bytes, said: str) -> Any:
+    """The helper's answer (`ok`), or its fault raised."""
     try:
-        answer = json.loads(done.stdout)
+        answer = json.loads(stdout)
     except ValueError as exc:
-        said = done.stderr.decode(errors="replace").strip()[-300:]
-        raise OSError(f"the volume's helper failed: {said or done.returncode}") from exc
+        raise OSError(f"the volume's helper failed: {said.strip()[-300:]}") from exc
     if "fault" in answer:
         if answer["fault"] == "image":
             raise ImageError(answer["message"])

@@ -14,7 +14,6 @@ from pathlib import Path
 from hypervisor import Hypervisor, open_hypervisor
 from hypervisor.base import QEMU_USER, CpuLimits
 from hypervisor.exec_helper import exec_helper
-from hypervisor.volume_content import VolumeContent
 from hypervisor.volumes import PARENTS, VolumeFolder
 from rift.catalog import DirectoryImages
 from rift.config import Settings
@@ -26,6 +25,7 @@ from rift.guest.adapter import guests_of
 from rift.guest.code import SshCode
 from rift.guest.connections import ShellSettings
 from rift.guest.host_files import RemoteFiles, host_disk
+from rift.guest.host_volume_content import HostVolumeContent
 from rift.guest.host_volumes import HostVolumes
 from rift.guest.links import HostLinks
 from rift.guest.mounts import SshMounts
@@ -131,7 +131,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
         host_files=RemoteFiles(links, runtime.serial_dir, runtime.vm_disks_dir),
         volume_files=HostVolumes(VolumeFolder(qemu_dir(settings.data_dir / "volumes")), links),
         mounts=SshMounts(shell),
-        volume_content=VolumeContent(),
+        volume_content=HostVolumeContent(links, settings.data_dir / "tools"),
         code=SshCode(shell.files, shell.runner),
     )
     qemu_dir(settings.data_dir / "volumes" / PARENTS)

@@ -58,6 +58,55 @@ def test_a_detached_volumes_files_are_read_and_written_without_a_guest(
         files.stat("qemu+ssh://root@h2/system", vol, "/")
 
 
+class ShHere:
+    """A host's SSH that runs each command with this machine's `sh` (and its
+    python3, outside Rift's virtualenv), and copies nothing."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def ensure_file(self, target: object, local: Path, *, fresh: bool = False) -> bool:
+        return False  # "there" is here
+
+    def run_bytes(self, target: object, command: str, stdin: bytes = b"",
+                  timeout_s: float = 120.0, limit: int | None = None) -> bytes:
+        import subprocess
+
+        self.ran.append(command)
+        done = subprocess.run(["sh", "-c", command], input=stdin, capture_output=True,
+                              timeout=timeout_s, check=True,
+                              env={"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"})
+        return done.stdout
+
+
+def test_a_volume_on_a_host_elsewhere_is_read_and_written_by_the_helper_run_there(
+        tmp_path: Path) -> None:
+    """The helper goes there as one zip of its modules and runs with that host's
+    python3, nothing of Rift installed (rift.guest.host_volume_content)."""
+    from typing import Any
+
+    from rift.guest.host_volume_content import HostVolumeContent
+
+    far = "qemu+ssh://root@h2/system"
+    folder = VolumeFolder(tmp_path / "volumes")
+    folder.make(HERE, "vol_aaaaaaaa", 1)
+    vol, links = folder.path(HERE, "vol_aaaaaaaa"), ShHere()
+    files = HostVolumeContent(links, tmp_path / "tools")  # type: ignore[arg-type]
+    files.make_dir(far, vol, "/far", Meta(force=True))
+    files.write(far, vol, "/far/note", b"written there", Meta(mode=0o640))
+    there: Any = files.stat(far, vol, "/far/note")
+    assert (there.size, there.mode) == (13, 0o640)
+    assert files.read(far, vol, "/far/note") == b"written there"
+    assert VolumeContent().read(HERE, vol, "/far/note") == b"written there"  # one file
+    with pytest.raises(FileNotFoundError):
+        files.stat(far, vol, "/nope")
+    helper = tmp_path / "tools" / "rift-volume-helper.pyz"
+    assert links.ran and all(command == f"python3 {helper}" for command in links.ran)
+    before = helper.read_bytes()
+    files.stat(HERE, vol, "/far")  # a host here: this machine's own helper process
+    assert len(links.ran) == 5 and helper.read_bytes() == before
+
+
 def test_paths_are_made_absolute_and_normal_and_quotes_refused() -> None:
     assert [clean_path(p) for p in ("//x//y/", "src", "", "/a/../..")] == [
         "/x/y", "/src", "/", "/"]
