@@ -189,7 +189,8 @@ def routes(state: AppState, registry: Registry) -> list[Route]:
     files = Filesystem(procs)
     settings = state.settings
     templates = Templates(Setup(settings.data_dir, settings.build_context_mib,
-                                settings.build_ready_s, settings.public_url))
+                                settings.build_ready_s, settings.public_url),
+                          lambda: state.deps)
     everything = ["GET", "POST", "PUT", "PATCH", "DELETE"]
     return [
         Route("/v2/sandboxes", api.create, methods=["POST"]),

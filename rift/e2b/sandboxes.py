@@ -38,6 +38,7 @@ from rift.e2b import code_templates, shapes
 from rift.e2b import volume_mounts as e2b_volumes
 from rift.e2b.forking import names_snapshot, start_fork
 from rift.e2b.network import egress_of
+from rift.e2b.template_steps import untagged
 from rift.services.access import accounts
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import tasks, vms
@@ -161,7 +162,7 @@ def _template_of(body: dict[str, Any]) -> str:
     template = body.get("templateID")
     if not isinstance(template, str) or not 0 < len(template) <= 200:
         raise InvalidArgument("templateID", "the template (an image name; base is the default)")
-    return template
+    return untagged(template, "templateID")  # `name:default` is `name`; no other tag
 
 
 def _start_vm(deps: Deps, caller: Caller, template: str, egress: object,

@@ -48,7 +48,8 @@ class TemplateApi:
 
     async def upload(self, request: Request) -> Response:
         try:  # the token first: no body is read for a URL Rift did not give
-            user, files_hash = self.templates.claim(request.path_params["token"])
+            user, files_hash = await anyio.to_thread.run_sync(
+                self.templates.claim, request.path_params["token"])
         except PermissionError as err:
             return JSONResponse(shapes.error_body(403, str(err)), status_code=403)
         try:

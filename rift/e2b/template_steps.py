@@ -68,6 +68,22 @@ def _command(word: str, command: str) -> str:
     return f"{word} " + json.dumps(["/bin/sh", "-c", command])
 
 
+DEFAULT_TAGS = ("default", "latest")  # E2B's tag of a template's latest build
+
+
+def untagged(value: str, field: str) -> str:
+    """A template's reference without E2B's default tag (`name:default` and
+    `name:latest` are `name`); another tag is refused (invalid_argument on `field`):
+    Rift keeps one build per template, its latest."""
+    name, colon, tag = value.rpartition(":")
+    if not colon or tag in DEFAULT_TAGS:
+        return name or value
+    raise InvalidArgument(field, f"{value[:80]!r}: a Rift template is one image, its latest "
+                          f"build, with no tag but 'default': build it under a name of its "
+                          f"own (Template.build(template, '{name[:40]}-{tag[:20]}')) and "
+                          f"start that name")
+
+
 def base_of(body: dict[str, Any], default_image: str) -> str:
     """The image the template starts from (its FROM)."""
     if body.get("fromImageRegistry"):
@@ -79,6 +95,8 @@ def base_of(body: dict[str, Any], default_image: str) -> str:
         raise InvalidArgument("fromTemplate", "names a Rift image")
     if base in E2B_BASE:
         return default_image
+    if body.get("fromTemplate"):  # an E2B template's tag; an image's (fromImage) is Docker's
+        return untagged(base, "fromTemplate")
     return base.removesuffix(":latest")
 
 

@@ -17,12 +17,17 @@ image of the caller's; its ID and its name are the image's name.
   (Rift's message and code, and E2B's step).
 - `alias` (`GET /templates/aliases/{alias}`): whether the caller may start it.
 
-What a restart forgets: upload URLs not yet used (the SDK asks again on its next
-build). A build itself is the builder's record and survives as any build does.
+Upload URLs hold no state of their own: a token signs (HMAC-SHA256) its user, hash,
+expiry and a nonce with a key kept in the store's `meta` table (made by the first
+replica that needs it), so a URL outlives a restart and any replica on the same
+database takes it; its use is marked by a file beside the uploads (made once:
+a second use is refused), pruned with them. A build itself is the builder's record
+and survives as any build does.
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 import re
 import secrets
@@ -30,6 +35,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +44,7 @@ from rift.contract.builds import BuildGetIn, ImageBuildIn
 from rift.domain.builds import new_build_id
 from rift.domain.errors import BuildFailed, ImageNotFound, InvalidArgument
 from rift.e2b import shapes
-from rift.e2b.template_steps import step_of, translate
+from rift.e2b.template_steps import step_of, translate, untagged
 from rift.services.builds import builder
 from rift.services.builds.builder import BuildParts
 from rift.services.builds.context import MIB, Context, context_folder, unpack
@@ -49,6 +55,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _BUILD = re.compile(r"^build_[a-z2-7]{8}$")
 UPLOAD_S = 3600  # how long an upload URL holds
+UPLOAD_KEY = "e2b_upload_key"  # the `meta` row of the upload URLs' signing key (hex)
 KEEP_UPLOAD_S = 24 * 3600  # an upload no build took goes at the user's next build past this
 LOG_PAGE = 100  # log entries per status answer, as E2B's API pages them
 STATES = {"running": "building", "succeeded": "ready", "failed": "error"}
@@ -63,22 +70,40 @@ class Setup:
 
 
 class Templates:
-    def __init__(self, setup: Setup) -> None:
-        self.setup = setup
-        self._links: dict[str, tuple[str, str, float]] = {}  # token -> user, hash, until
+    def __init__(self, setup: Setup, deps: Callable[[], Deps]) -> None:
+        self.setup, self._deps = setup, deps
+        self._key: bytes | None = None  # the upload URLs' signing key (UPLOAD_KEY)
         self._lock = threading.Lock()
+
+    def _signing_key(self, deps: Deps) -> bytes:
+        with self._lock:
+            if self._key is None:
+                with deps.store.write() as tx:
+                    found = tx.meta.get(UPLOAD_KEY)
+                    if found is None:
+                        made = secrets.token_hex(32)
+                        found = made if tx.meta.swap(UPLOAD_KEY, None, made) \
+                            else tx.meta.get(UPLOAD_KEY)
+                assert found is not None
+                self._key = bytes.fromhex(found)
+            return self._key
+
+    def _signed(self, deps: Deps, payload: str) -> str:
+        return hmac.new(self._signing_key(deps), payload.encode(), "sha256").hexdigest()[:40]
 
     def _uploads(self, user: str) -> Path:
         return self.setup.data_dir / "e2b-uploads" / user.encode().hex()
 
     def request(self, deps: Deps, _registry: object, caller: Caller,
                 body: dict[str, Any]) -> dict[str, Any]:
-        name = template_name(body.get("name") or body.get("alias"), "name")
+        raw = body.get("name") or body.get("alias")
+        name = template_name(untagged(raw, "name") if isinstance(raw, str) else raw, "name")
         self.prune(caller.user, time.time() - KEEP_UPLOAD_S)
-        tags = body.get("tags")
-        if tags not in (None, [], ["default"], ["latest"]):
-            raise InvalidArgument("tags", "a template is one Rift image: tags are not "
-                                  "served; build each under a name of its own")
+        tags = body.get("tags") or []
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise InvalidArgument("tags", "a list of tags")
+        for tag in tags:
+            untagged(f"{name}:{tag}", "tags")
         return {"templateID": name, "buildID": new_build_id(), "public": False,
                 "names": [name], "tags": ["default"], "aliases": [name]}
 
@@ -99,23 +124,33 @@ class Templates:
             raise InvalidArgument("hash", "the sha256 of the files, in hex")
         if (self._uploads(caller.user) / files_hash).exists():
             return {"present": True}
-        token = secrets.token_urlsafe(24)
-        now = time.monotonic()
-        with self._lock:
-            self._links = {t: v for t, v in self._links.items() if v[2] > now}
-            self._links[token] = (caller.user, files_hash, now + UPLOAD_S)
+        payload = (f"{caller.user.encode().hex()}.{files_hash}.{int(time.time()) + UPLOAD_S}."
+                   f"{secrets.token_hex(8)}")
+        token = f"{payload}.{self._signed(deps, payload)}"
         base = (self.setup.public_url or base_url).rstrip("/")
         return {"present": False, "url": f"{base}/e2b/template-uploads/{token}"}
 
     def claim(self, token: str) -> tuple[str, str]:
         """The (user, hash) an upload URL's token was given for, once: PermissionError
-        for a token this process did not give, gave long ago, or that was used."""
-        with self._lock:
-            held = self._links.pop(token, None)
-        if held is None or held[2] < time.monotonic():
-            raise PermissionError("this upload URL is not Rift's, or was used or expired: "
+        for a token Rift did not sign, one past its hour, or one used before."""
+        refused = PermissionError("this upload URL is not Rift's, or was used or expired: "
                                   "build the template again")
-        return held[0], held[1]
+        payload, _, signature = token.rpartition(".")
+        parts = payload.split(".")
+        if len(parts) != 4 or not hmac.compare_digest(
+                self._signed(self._deps(), payload), signature):
+            raise refused
+        user_hex, files_hash, until, nonce = parts
+        if not until.isdigit() or int(until) < time.time():
+            raise refused
+        user = bytes.fromhex(user_hex).decode()
+        folder = self._uploads(user)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:  # its use, once (the mark is pruned with the uploads, after the URL's hour)
+            os.close(os.open(folder / f".used-{nonce}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            raise refused from None
+        return user, files_hash
 
     def upload(self, user: str, files_hash: str, data: bytes) -> None:
         """Keep a claimed upload (at most RIFT_BUILD_CONTEXT_MIB) for the build to take."""
@@ -209,6 +244,7 @@ class Templates:
 
     def alias(self, deps: Deps, _registry: object, caller: Caller,
               alias: str) -> dict[str, Any]:
+        alias = untagged(alias, "alias")
         with deps.store.read() as tx:
             row = tx.owned_images.get(alias)
             if alias not in deps.images.names() or not sees(row, caller, alias):

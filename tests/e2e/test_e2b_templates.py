@@ -64,7 +64,12 @@ def test_a_template_is_uploaded_started_as_a_recipe_and_polled_to_its_failed_ste
      "step base: line 2: FROM 'ubuntu:24.04': an image name is"),
     (lambda: Template().from_template("nope").run_cmd("true"), "site",
      "step base: line 2: FROM nope names no image of yours"),
-    (lambda: Template().from_template("tiny").run_cmd("true"), "Site:v2", "no ':tag'"),
+    (lambda: Template().from_template("tiny").run_cmd("true"), "Site", "no ':tag'"),
+    (lambda: Template().from_template("tiny").run_cmd("true"), "site:v2",
+     "name: 'site:v2': a Rift template is one image, its latest build, with no tag but "
+     "'default': build it under a name of its own (Template.build(template, 'site-v2'))"),
+    (lambda: Template().from_template("tiny:v1").run_cmd("true"), "site",
+     "fromTemplate: 'tiny:v1': a Rift template is one image"),
     (lambda: Template().from_image("registry.example/x:1", username="u", password="p")
      .run_cmd("true"), "site", "not from a registry"),
 ])
@@ -79,7 +84,25 @@ def test_what_the_builder_cannot_take_is_refused_before_any_vm_in_the_sdks_shape
 def test_a_template_name_is_known_when_it_names_an_image_the_caller_may_start(
         door: Door) -> None:
     assert Template.alias_exists("tiny", **door.opts)
+    assert Template.alias_exists("tiny:default", **door.opts)  # E2B's default tag: the image
     assert not Template.alias_exists("nothing-here", **door.opts)
+
+
+def test_tags_other_than_the_default_are_refused_naming_the_name_to_build_instead(
+        door: Door) -> None:
+    with pytest.raises(BuildException) as caught:
+        Template.build(Template().from_template("tiny").run_cmd("true"), "site",
+                       tags=["default", "v2"], **door.opts)
+    assert "tags: 'site:v2': a Rift template is one image" in str(caught.value), caught.value
+    assert "invalid_argument" in str(caught.value)
+    refused = httpx.post(f"{door.opts['api_url']}/sandboxes", timeout=30,
+                         headers={"X-API-Key": door.opts["api_key"]},
+                         json={"templateID": "tiny:v2"})
+    assert refused.status_code == 400, refused.text
+    assert "templateID: 'tiny:v2'" in refused.json()["message"], refused.text
+    tags = httpx.get(f"{door.opts['api_url']}/templates/tiny/tags", timeout=30,
+                     headers={"X-API-Key": door.opts["api_key"]})
+    assert tags.status_code == 501, tags.text  # the tag routes: not served
 
 
 def test_the_template_routes_refuse_bad_input_in_e2bs_shape(door: Door) -> None:

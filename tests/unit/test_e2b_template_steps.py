@@ -18,9 +18,9 @@ from e2b import wait_for_file, wait_for_port, wait_for_timeout, wait_for_url
 
 from rift.domain.errors import InvalidArgument
 from rift.domain.recipes import parse, plan
-from rift.e2b.template_steps import step_of, translate
+from rift.e2b.template_steps import step_of, translate, untagged
 from rift.e2b.templates import Setup, Templates
-from rift.services.context import Caller
+from rift.services.context import Caller, Deps
 
 H = "ab" * 32
 
@@ -133,16 +133,31 @@ def test_the_sdks_from_dockerfile_steps_read_as_the_same_recipe(tmp_path: Path) 
 
 
 def test_an_upload_url_is_claimed_once_held_to_the_limit_and_an_untaken_upload_pruned(
-        tmp_path: Path) -> None:
-    templates = Templates(Setup(tmp_path, 1, 60.0, "https://rift.example"))
+        tmp_path: Path, deps: Deps) -> None:
+    """The URL's token is signed with a key in the store: a restarted door (another
+    Templates on the same store and folder) takes it, once; a forged or expired
+    token is refused before any body byte."""
+    setup = Setup(tmp_path, 1, 60.0, "https://rift.example")
+    templates = Templates(setup, lambda: deps)
     caller = Caller("alice", "e2b:sdk")
-    deps: Any = None  # the upload store reads no engine
     link = templates.upload_link(deps, None, caller, "site", H, "http://ignored")
     assert link["url"].startswith("https://rift.example/e2b/template-uploads/")
     token = link["url"].rsplit("/", 1)[1]
-    user, files_hash = templates.claim(token)
+    restarted = Templates(setup, lambda: deps)
+    user, files_hash = restarted.claim(token)
+    assert (user, files_hash) == ("alice", H)
+    for used in (templates, restarted):
+        with pytest.raises(PermissionError):
+            used.claim(token)  # once
+    payload, _, signature = token.rpartition(".")
+    user_hex, _, until, nonce = payload.split(".")
+    for forged in (f"{b'bob'.hex()}.{H}.{until}.{nonce}.{signature}",
+                   f"{payload}.{'0' * len(signature)}", "x", ""):
+        with pytest.raises(PermissionError):
+            templates.claim(forged)
+    expired = f"{user_hex}.{H}.{int(time.time()) - 1}.{nonce}1"
     with pytest.raises(PermissionError):
-        templates.claim(token)  # once
+        templates.claim(f"{expired}.{templates._signed(deps, expired)}")
     with pytest.raises(InvalidArgument):
         templates.upload(user, files_hash, b"x" * (1024 * 1024 + 1))
     templates.upload(user, files_hash, b"tar")
@@ -153,3 +168,16 @@ def test_an_upload_url_is_claimed_once_held_to_the_limit_and_an_untaken_upload_p
     old = time.time() - 2 * 86400
     os.utime(kept, (old, old))
     assert templates.prune("alice", time.time() - 86400) == [H] and not kept.exists()
+
+
+def test_e2bs_default_tag_is_the_template_and_another_tag_is_refused() -> None:
+    assert [untagged(v, "templateID") for v in ("site", "site:default", "site:latest")] == [
+        "site", "site", "site"]
+    with pytest.raises(InvalidArgument) as caught:
+        untagged("site:v2", "templateID")
+    assert caught.value.details["field"] == "templateID"
+    assert "Template.build(template, 'site-v2')" in caught.value.message
+    assert translate({"fromTemplate": "web:default"}, "debian").recipe.splitlines()[1] \
+        == "FROM web"
+    assert translate({"fromImage": "ubuntu:24.04"}, "debian").recipe.splitlines()[1] \
+        == "FROM ubuntu:24.04"  # a Docker tag: the builder's FROM refuses it, naming images
