@@ -23,6 +23,9 @@ def add_image_parsers(i: argparse._SubParsersAction[argparse.ArgumentParser],
     build.add_argument("--recipe", metavar="FILE", help="build NAME from this recipe (a "
                        "Dockerfile subset: FROM, RUN, COPY, ENV, WORKDIR, USER, ARG, EXPOSE, CMD)")
     build.add_argument("--context", metavar="DIR", help="the folder COPY reads from")
+    build.add_argument("--debs", metavar="PACKAGES", default="", help="Debian packages the "
+                       "host's apt fetches, with what they need beyond debian, into debs/ of "
+                       "the context (for the recipe to COPY and install offline)")
     build.add_argument("--no-cache", action="store_true", help="reuse no layer")
     build.add_argument("--user", default="admin", help="whose image it is (default admin)")
     builds = i.add_parser("builds", help="a user's image builds, newest first")
@@ -40,9 +43,9 @@ def add_image_parsers(i: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def cmd_image_build(settings: Settings, args: argparse.Namespace) -> int:
-    """`rift image build NAME`: from a recipe with `--recipe`, else one of the images
-    built from Debian packages (rift.commands)."""
-    if args.recipe:
+    """`rift image build NAME`: from a recipe with `--recipe` (and `python`, from its
+    own), else one of the images built from Debian packages (rift.commands)."""
+    if args.recipe or args.name == "python":
         return cmd_build(settings, args)
     return cmd_image(settings, args)
 
@@ -50,20 +53,27 @@ def cmd_image_build(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_build(settings: Settings, args: argparse.Namespace) -> int:
     from rift.contract.base import command
     from rift.contract.builds import ImageBuildIn
-    from rift.services.builds import builder
+    from rift.services.builds import builder, offline
     from rift.services.builds.builder import BuildParts
     from rift.services.builds.context import Context
     from rift.services.context import Caller
 
-    recipe = Path(args.recipe).read_text()
-    context = Context(Path(args.context) if args.context else None)
+    folder = Path(args.context) if args.context else None
     deps = deps_of(settings)
     caller = Caller(args.user, operator_label())
-    parts = BuildParts(context=context, ready_s=settings.build_ready_s,
+    parts = BuildParts(context=Context(folder), ready_s=settings.build_ready_s,
                        context_mib=settings.build_context_mib,
                        progress=lambda line: print(line, flush=True), background=False)
-    out = builder.submit(deps, caller, command(ImageBuildIn, name=args.name, recipe=recipe,
-                                               no_cache=args.no_cache), parts).build
+    if not args.recipe:  # python: its recipe FROM debian (built first when missing)
+        if not (settings.data_dir / "images" / "debian").is_dir() and cmd_image(
+                settings, argparse.Namespace(**{**vars(args), "name": "debian"})):
+            return 1
+        out = offline.build_python(deps, caller, parts, no_cache=args.no_cache).build
+    else:
+        cmd = command(ImageBuildIn, name=args.name, recipe=Path(args.recipe).read_text(),
+                      no_cache=args.no_cache)
+        out = (offline.build(deps, caller, cmd, parts, args.debs.split())
+               if args.debs.split() else builder.submit(deps, caller, cmd, parts)).build
     if out.state != "succeeded":
         print(f"build_failed: {out.error}\nhint: rift image build-log {out.build_id} shows "
               "the whole log; mend the recipe and build again", file=sys.stderr)

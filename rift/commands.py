@@ -173,24 +173,22 @@ def cmd_image(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _image_build(settings: Settings, args: argparse.Namespace) -> int:
-    """`rift image build tiny|debian|python` from Debian packages (NAME `--recipe FILE`:
-    rift.build_commands)."""
+    """`rift image build tiny|debian` from Debian packages (`python` and NAME `--recipe
+    FILE`: rift.build_commands)."""
     import time
 
     from hypervisor.base import ImageError
     from hypervisor.debian import build_debian
-    from hypervisor.python_image import build_python
     from hypervisor.tiny import build_tiny
 
-    builds = {"tiny": build_tiny, "debian": build_debian, "python": build_python}
+    builds = {"tiny": build_tiny, "debian": build_debian}
     if args.name not in builds:
         print(f"rift image build {args.name} takes --recipe FILE (only tiny, debian and "
-              "python build from Debian packages alone)", file=sys.stderr)
+              "python build without one)", file=sys.stderr)
         return 2
     started = time.monotonic()
     what = {"tiny": "kernel, busybox, dropbear",
-            "debian": "kernel, a Debian 12 root by debootstrap, busybox",
-            "python": "debian with ipykernel, numpy, pandas and matplotlib"}[args.name]
+            "debian": "kernel, a Debian 12 root by debootstrap, busybox"}[args.name]
     print(f"building {args.name} from Debian packages ({what})…", flush=True)
     build = builds[args.name]
     try:

@@ -19,8 +19,7 @@ from rift.contract.operator import PoolSetIn
 from rift.domain.builds import OwnedImage
 from rift.domain.clock import FakeClock
 from rift.domain.errors import BuildFailed
-from rift.domain.recipes import parse
-from rift.services.builds import builder, engine, restarts
+from rift.services.builds import builder, restarts
 from rift.services.builds.builder import BuildParts
 from rift.services.builds.context import Context
 from rift.services.context import Caller, Deps
@@ -380,13 +379,3 @@ def test_a_build_a_restart_cut_fails_records_it_closes_its_task_and_drops_half_l
     assert event_types(deps, opened.task.id)[-2:] == ["build_cut", "closed"]
     assert (layers.names, layers.half) == (kept, set())  # the whole ones with rows stay
     assert restarts.fail_cut(deps, layers) == []  # settled once
-
-
-def test_the_node_example_reads_and_its_context_has_what_it_copies() -> None:
-    root = Path(__file__).resolve().parents[2] / "docs" / "examples" / "node"
-    recipe = parse((root / "Recipe").read_text())
-    made = engine.make_plan(recipe, "debian-v1", "alice", Context(root))
-    assert (recipe.base, recipe.settings.cmd, recipe.settings.ports) == (
-        "debian", "node server.js", (8080,))
-    assert [s.planned.step.instruction if s.planned else "START" for s in made.stages] == [
-        "RUN", "COPY", "RUN", "START"]

@@ -58,6 +58,7 @@ class BuildParts:
     context_mib: int = 10  # the largest context (RIFT_BUILD_CONTEXT_MIB)
     build_id: str | None = None  # the id the build takes (the E2B door answers it first)
     ready: str | None = None  # a CMD's ready check beyond its ports (E2B's readyCmd)
+    builtin: bool = False  # Rift's own build of a built-in name (`rift image build python`)
 
 
 def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> BuildOut:
@@ -72,7 +73,7 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
     parts.context.check_size(parts.context_mib)
     builder = BuildCaller(caller.user, f"build:{caller.label}", caller.operator)
     with deps.store.read() as tx:
-        _check_name(deps, tx.owned_images.get(cmd.name), caller, cmd.name)
+        _check_name(deps, tx.owned_images.get(cmd.name), caller, cmd.name, parts.builtin)
         if recipe.base not in deps.images.names() or not sees(
                 tx.owned_images.get(recipe.base), caller, recipe.base):
             raise BuildFailed(f"FROM {recipe.base} names no image of yours; the images "
@@ -103,10 +104,11 @@ def submit(deps: Deps, caller: Caller, cmd: ImageBuildIn, parts: BuildParts) -> 
     return BuildOut(build=views.build(ended))
 
 
-def _check_name(deps: Deps, row: OwnedImage | None, caller: Caller, name: str) -> None:
-    if name in BUILTIN or name.startswith(LAYER_PREFIX):
+def _check_name(deps: Deps, row: OwnedImage | None, caller: Caller, name: str,
+                builtin: bool = False) -> None:
+    if builtin != (name in BUILTIN) or name.startswith(LAYER_PREFIX):
         raise InvalidArgument("name", f"{name!r} is Rift's own; choose another name")
-    if row is None and name in deps.images.names():
+    if row is None and name in deps.images.names() and not builtin:
         raise InvalidArgument("name", f"{name!r} is an operator's image; choose another name")
     if row is not None and row.owner != caller.user:
         raise InvalidArgument("name", f"image {name!r} is another user's; choose another name")
