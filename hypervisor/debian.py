@@ -25,7 +25,6 @@ import gzip
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -57,20 +56,9 @@ MIB = 1 << 20
 ROOM_MIB = 256  # free space in the base file system beyond what the root holds
 
 
-@dataclass(frozen=True)
-class Variant:
-    """An image made as `debian` is: its name, packages beside debian's, and commands
-    run in its root by chroot once it is set up (`python`, hypervisor.python_image)."""
-
-    name: str = NAME
-    extra: tuple[str, ...] = ()
-    in_root: tuple[tuple[str, ...], ...] = ()
-
-
 def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
-                 force: bool = False, variant: Variant = Variant()) -> Path:
-    """Build `debian` (or `variant`) into `images_dir/<its name>/` and answer that
-    folder.
+                 force: bool = False) -> Path:
+    """Build `debian` into `images_dir/debian/` and answer that folder.
 
     .debs and the debootstrapped root are cached in `cache_dir` (default
     `images_dir/.cache`). Skips the build when the image there was made from
@@ -83,14 +71,12 @@ def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
     kernel_pkg, kernel_version = kernel_package()
     packages = {kernel_pkg: kernel_version, "busybox-static": package_version("busybox-static"),
                 "e2fsprogs": package_version("e2fsprogs")}
-    root, root_key = debian_root(cache, variant.extra)
+    root, root_key = debian_root(cache)
     inputs = digest(json.dumps({"builder": BUILDER_VERSION, "packages": packages,
                                 "root": root_key, "set_up": set_up_digest(busybox, helper),
                                 "init": sha256(INIT_SCRIPT.read_bytes()),
-                                "cmdline": CMDLINE_BASE, "roots": MODULE_ROOTS,
-                                **({"in_root": variant.in_root} if variant.in_root
-                                   else {})}).encode())
-    target = images_dir / variant.name
+                                "cmdline": CMDLINE_BASE, "roots": MODULE_ROOTS}).encode())
+    target = images_dir / NAME
     if not force and up_to_date(target, inputs, ("kernel", "initrd", "disk")):
         return target
 
@@ -115,12 +101,10 @@ def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
         tree = work / "root"
         linked_copy(root, tree)
         set_up(tree, busybox, helper)
-        for argv in variant.in_root:
-            run_command(["chroot", str(tree), *argv])
         disk = out / DISK_FILE
         virtual_size = base_disk(tree, work / "root.raw", disk)
         manifest = {
-            "name": variant.name,
+            "name": NAME,
             "builder": BUILDER_VERSION,
             "inputs": inputs,
             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -82,13 +82,10 @@ def mirror() -> str:
     return DEFAULT_MIRROR
 
 
-def root_key(mirror_url: str, extra: tuple[str, ...] = ()) -> str:
-    """What a debootstrapped root is made from, as the name of its cache folder
-    (`extra`: packages beside PACKAGES, as the `python` image has)."""
+def root_key(mirror_url: str) -> str:
+    """What a debootstrapped root is made from, as the name of its cache folder."""
     made_of: dict[str, object] = {"version": ROOT_VERSION, "suite": SUITE,
                                   "mirror": mirror_url, "packages": PACKAGES}
-    if extra:
-        made_of["extra"] = extra
     return digest(json.dumps(made_of, sort_keys=True).encode()).removeprefix("sha256:")[:16]
 
 
@@ -101,14 +98,14 @@ def set_up_digest(busybox: Path, helper: Path) -> str:
                              sort_keys=True).encode())
 
 
-def debian_root(cache: Path, extra: tuple[str, ...] = ()) -> tuple[Path, str]:
+def debian_root(cache: Path) -> tuple[Path, str]:
     """(the debootstrapped root, its key): from the cache, or made there, with the
     packages `extra` beside PACKAGES. The folder is shared: copy it (`linked_copy`)
     before changing anything."""
     if shutil.which("debootstrap") is None:
         raise ImageError("debootstrap is not installed (apt-get install debootstrap)")
     mirror_url = mirror()
-    key = root_key(mirror_url, extra)
+    key = root_key(mirror_url)
     roots = cache / "roots"
     done = roots / key
     if (done / "etc" / "debian_version").is_file():
@@ -120,7 +117,7 @@ def debian_root(cache: Path, extra: tuple[str, ...] = ()) -> tuple[Path, str]:
     try:
         root = work / "root"
         run_command(["debootstrap", "--variant=minbase",
-                     f"--include={','.join((*PACKAGES, *extra))}",
+                     f"--include={','.join(PACKAGES)}",
                      f"--cache-dir={debs}", SUITE, str(root), mirror_url],
                     timeout_s=DEBOOTSTRAP_TIMEOUT_S)
         if done.exists():  # a racing build finished first
