@@ -24,6 +24,7 @@ import pytest
 from mcp.client.session import ClientSession
 
 from tests.support.mcp_clients import call, mcp_session, run
+from tests.support.pools import fill_pool
 from tests.support.real_guests import RealSettings
 from tests.support.servers import COUNTER, Server, logs_in, real_vms_missing, wait_until
 from tests.support.soak import long_form
@@ -185,7 +186,7 @@ def test_an_image_made_from_a_snapshot_starts_every_users_vms_from_its_state(
             error = (refused.structured_content or {})["error"]
             assert (error["code"], error["field"]) == ("invalid_argument", "memory_mib"), error
             vms = [(await call(s, "rift_vm_new", handle=handle, image="counting"))["vm"]]
-            _fill_pool(real, "counting")
+            fill_pool(real, "counting")
             vms.append((await call(s, "rift_vm_new", handle=handle, image="counting"))["vm"])
             assert [vm["start"]["kind"] for vm in vms] == ["fork", "pool"], vms
             identities = set()
@@ -210,14 +211,6 @@ def test_an_image_made_from_a_snapshot_starts_every_users_vms_from_its_state(
     wait_until(lambda: real.rift("image", "remove", "counting").returncode == 0, 60,
                "the image is removed once no VM uses it", every_s=1)
     assert not image_dir.exists()
-
-
-def _fill_pool(srv: Server, image: str) -> None:
-    made = srv.rift("pool", "set", image, "--running", "1")
-    assert made.returncode == 0, made.stderr
-    wait_until(lambda: any(row["image"] == image and row["running"]["ready"] == 1
-                           for row in json.loads(srv.rift("pool", "list", "--json").stdout)),
-               LIMIT_S, f"the pool of {image} is filled", every_s=1)
 
 
 HELLO = """\
