@@ -29,7 +29,7 @@ fi
 # that crowd they failed a fresh-clone run) and the real guests come after.
 first=(tests/browser tests/e2e/test_e2b_*.py tests/e2e/test_mcp_*.py tests/e2e/test_rest.py
        tests/e2e/test_operator_token.py)
-mapfile -t processes < <(grep -lE 'subprocess|Popen|os\.fork|pty\b|multiprocessing|exec_helper|rift_exec|ipykernel|qemu|threading' tests/unit/*.py)
+mapfile -t processes < <(grep -lE 'subprocess|Popen|os\.fork|pty\b|multiprocessing|exec_helper|rift_exec|ipykernel|qemu|threading|code_guest' tests/unit/*.py)
 beside_log=$(mktemp /tmp/rift-beside-tests.XXXXXX)
 unit_log=$(mktemp /tmp/rift-unit-tests.XXXXXX)
 .venv/bin/python -m pytest -p no:cacheprovider --durations=5 tests/ansible \

