@@ -148,6 +148,9 @@ def test_a_debian_vm_pauses_and_a_fork_of_it_running_has_its_files_and_a_disk_of
     run(scenario, LIMIT_S * 2)
 
 
+@long_form("tests/unit/test_snapshot_images.py (the image's files, its VMs started from "
+           "its state with identities of their own) and the recipe-built image below "
+           "(real VMs restored from a saved image)")
 def test_an_image_made_from_a_snapshot_starts_every_users_vms_from_its_state(
         real: Server) -> None:
     key = "dropbearkey -y -f /etc/dropbear/dropbear_ed25519_host_key | grep ^ssh-"
