@@ -311,6 +311,7 @@ struct keeper {
     size_t pending_len;
     int eof_asked, timed_out, killed, exited, status;
     int64_t deadline, kill_at, ended;
+    int ready_fd; /* the caller's pipe: one byte once DIR/pid is written, then closed */
 };
 
 static void signal_group(struct keeper *k, int sig) { kill(-k->child, sig); }
@@ -506,6 +507,11 @@ static void keep(struct keeper *k, const char *command, int timeout_s) {
     snprintf(text, sizeof text, "%ld %ld %lld\n", (long)getpid(), (long)k->child,
              (long long)started);
     write_text_atomic("pid", text);
+    if (k->ready_fd >= 0) {
+        (void)!write(k->ready_fd, "1", 1);
+        close(k->ready_fd);
+        k->ready_fd = -1;
+    }
     if (timeout_s > 0) k->deadline = mono_ms() + (int64_t)timeout_s * 1000;
     while (!k->exited) turn(k, 1000);
     finish(k);
@@ -547,21 +553,35 @@ static int cmd_start(int argc, char **argv) {
     ring_make(&k.out, "out", cap);
     ring_make(&k.err, "err", cap);
     if (mkfifo(at("stdin"), 0600) < 0 || mkfifo(at("ctl"), 0600) < 0) die(1, "mkfifo");
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) < 0) die(1, "pipe");
     fflush(stdout);
     pid_t keeper = fork();
     if (keeper < 0) die(1, "fork");
     if (keeper == 0) {
+        close(ready[0]);
+        k.ready_fd = ready[1];
         keep(&k, command, timeout_s);
         _exit(0);
     }
-    /* The caller's half: once the keeper is under way, wait for the end or WAIT_MS,
-     * answer, and exit, so the SSH channel gets its exit status like any other. */
-    int64_t until = mono_ms() + 10000;
-    while (access(at("pid"), F_OK) != 0) {
-        if (mono_ms() > until || waitpid(keeper, NULL, WNOHANG) == keeper)
-            die(1, "the keeper did not start");
-        sleep_ms(1);
+    close(ready[1]);
+    /* The caller's half: once the keeper is under way (its byte on the pipe, no
+     * polling that would take a starved guest's CPU from it), wait for the end or
+     * WAIT_MS, answer, and exit, so the SSH channel gets its exit status like any
+     * other. A keeper not under way within 10 s is killed, so that no command the
+     * call was told failed starts after. */
+    struct pollfd started = {.fd = ready[0], .events = POLLIN};
+    int polled;
+    do polled = poll(&started, 1, 10000); while (polled < 0 && errno == EINTR);
+    char byte;
+    if (polled <= 0 || read(ready[0], &byte, 1) != 1) {
+        kill(-keeper, SIGKILL);
+        kill(keeper, SIGKILL);
+        waitpid(keeper, NULL, 0);
+        errno = 0;
+        die(1, "the keeper did not start");
     }
+    close(ready[0]);
     int64_t deadline = mono_ms() + wait_ms;
     for (;;) {
         struct facts f;
