@@ -157,8 +157,10 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     image is copied there, it boots on hv11's libvirt, and exec, files, a background
     exec and an exposure reach it through hv11's SSH (its port is on hv11's loopback,
     which this machine cannot reach), its QEMU runs as rift-qemu there; a volume is
-    made on hv11 and attached, written, detached and attached again, and a snapshot
-    keeps it there and a fork of that starts there without it; in make soak
+    made on hv11 and attached, written, detached and attached again, a snapshot
+    keeps it there and a fork of that starts there without it, `drain hv11 --move`
+    takes the VM to hv12 with the volume, and E2B's volume content API reads and
+    writes it there once detached; in make soak
     a debian VM boots there too (make test's debian there: a saved pool's, in
     test_pools_pauses_snapshots_and_forks_on_hosts_elsewhere)."""
     import httpx
@@ -167,8 +169,9 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
 
     first = HOSTS[0]
     listed = {h["name"] for h in json.loads(real.rift("host", "list", "--json").stdout)}
-    if f"hv{first}" not in listed:
-        assert real.rift("host", "add", f"hv{first}", far_hosts[first]).returncode == 0
+    for n in HOSTS:  # hv12 takes the VM that drain --move takes off hv11
+        if f"hv{n}" not in listed:
+            assert real.rift("host", "add", f"hv{n}", far_hosts[n]).returncode == 0
     # hv11 and hv12 have the same room: the tie goes to hv11, by name
     assert real.rift("host", "drain", "local").returncode == 0
     seen: dict[str, Any] = {}
@@ -205,9 +208,11 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
             await _volume_elsewhere(s, real, handle, vm["id"], seen)
             await call(s, "rift_task_close", handle=handle)
             seen["after"] = _virsh(far_hosts[first], "list", "--all", "--name")
+            seen["volume content"] = await anyio.to_thread.run_sync(
+                lambda: _volume_content(real, seen["volume"]["id"]))
             await call(s, "rift_volume_delete", volume_id=seen["volume"]["id"])
-            seen["volume gone"] = _on_host(first, f"ls -A {real.data_dir}/volumes/ "
-                                                  f"{real.data_dir}/volumes/parents/")
+            seen["volume gone"] = _on_host(HOSTS[1], f"ls -A {real.data_dir}/volumes/ "
+                                                     f"{real.data_dir}/volumes/parents/")
             if SOAK:
                 await _debian_elsewhere(s, real, seen)
 
@@ -239,7 +244,24 @@ def test_a_tiny_vm_on_a_host_elsewhere_boots_and_is_reached_through_the_hosts_ss
     assert seen["volume fork"] == (f"hv{first}", "running", []), seen["volume fork"]
     assert ".stand-in-" not in seen["volume thawed"] and \
         f".{volume['id']}.qcow2" not in seen["volume thawed"], seen["volume thawed"]
+    # drain --move took the VM and its volume to hv12: the volume's file and its
+    # frozen parent are there, not on hv11, and the guest reads and writes it there
+    assert seen["volume moved"][0] == 0, seen["volume moved"]
+    assert seen["volume moved to"] == (f"hv{HOSTS[1]}", f"hv{HOSTS[1]}", [[volume["id"]]]), seen
+    assert seen["volume moved reads"] == "kept on hv11\nand on hv12\n", seen
+    was_there, now_there = (text.split() for text in seen["volume moved files"])
+    assert f"{volume['id']}.qcow2" not in was_there and not any(
+        name.endswith(".qcow2") and not name.startswith("vol_") for name in was_there), was_there
+    assert f"{volume['id']}.qcow2" in now_there, now_there
+    assert any(name.endswith(".qcow2") and not name.startswith("vol_")
+               for name in now_there), now_there  # its frozen parent
+    # detached, its files are read and written without a VM (E2B's volume content
+    # API), on hv12 by the helper run there
+    assert seen["volume content"] == (201, 11, 200, b"kept on hv11\nand on hv12\n"), \
+        seen["volume content"]
     assert f"{volume['id']}.qcow2" not in seen["volume gone"].split(), seen["volume gone"]
+    assert not [name for name in seen["volume gone"].split() if name.endswith(".qcow2")], \
+        seen["volume gone"]
     if SOAK:
         full = seen["debian"]
         assert full["host"] in {f"hv{n}" for n in HOSTS} and full["status"] == "running", full
@@ -289,6 +311,35 @@ async def _volume_elsewhere(s: ClientSession, real: Server, handle: str, vm_id: 
     await call(s, "rift_vm_snapshot_delete", handle=handle, snapshot_id=snap["id"])
     seen["volume thawed"] = _on_host(n, f"ls {real.data_dir}/volumes/ "
                                         f"{real.data_dir}/volumes/parents/")
+    # drain --move: the VM goes to hv12 with its volume (its file over the frozen
+    # parent the snapshot left), which it goes on reading and writing there
+    moved = await anyio.to_thread.run_sync(
+        lambda: real.rift("host", "drain", f"hv{n}", "--move"))
+    seen["volume moved"] = (moved.returncode, moved.stdout + moved.stderr)
+    got = (await call(s, "rift_vm_get", vm_id=vm_id))["vm"]
+    events = (await call(s, "rift_task_events", task_id=got["task_id"]))["events"]
+    seen["volume moved to"] = (
+        got["host"], (await call(s, "rift_volume_get", volume_id=volume["id"]))["volume"]["host"],
+        [e["details"].get("volumes") for e in events if e["type"] == "vm_moved"])
+    seen["volume moved reads"] = (await call(
+        s, "rift_vm_exec", handle=handle, vm_id=vm_id,
+        command="echo and on hv12 >> /mnt/again/note && sync && cat /mnt/again/note"))["stdout"]
+    listing = f"ls {real.data_dir}/volumes/ {real.data_dir}/volumes/parents/"
+    seen["volume moved files"] = (_on_host(n, listing), _on_host(n + 1, listing))
+    assert real.rift("host", "undrain", f"hv{n}").returncode == 0
+
+
+def _volume_content(real: Server, volume_id: str) -> tuple[Any, ...]:
+    """E2B's volume content API on the volume: a new file written (its size as the
+    volume then holds it), then the file the guest wrote read."""
+    import httpx
+
+    url = f"{real.url}/e2b/volumecontent/{volume_id}/file"
+    auth = {"Authorization": f"Bearer {real.token}"}
+    wrote = httpx.put(url, params={"path": "/door"}, content=b"by the door", headers=auth,
+                      timeout=60)
+    note = httpx.get(url, params={"path": "/note"}, headers=auth, timeout=60)
+    return wrote.status_code, wrote.json().get("size"), note.status_code, note.content
 
 
 async def _debian_elsewhere(s: ClientSession, real: Server, seen: dict[str, Any]) -> None:
