@@ -254,6 +254,15 @@ def volume_disks(xml: str) -> list[VolumeDisk]:
     return found
 
 
+def migrated_disks(xml: str, copy_volumes: bool) -> list[str]:
+    """The targets of a domain's disks whose blocks a migration carries: its own
+    (`vda`), and with `copy_volumes` each writable volume's (a read-only one is put
+    there whole before). ValueError as volume_disks'."""
+    own = ["vda"] if re.search(r"<target\s+dev=['\"]vda['\"]", xml) else []
+    return own + ([d.target for d in volume_disks(xml) if not d.read_only]
+                  if copy_volumes else [])
+
+
 def with_volume_sources(xml: str, sources: dict[str, str]) -> str:
     """`xml` with the source file of the disk of each volume (by serial) in `sources`
     made the path it maps to; every other byte kept. ValueError when one of them is

@@ -37,7 +37,13 @@ from hypervisor.domain_xml import (
     parse_rift_mark,
     rift_mark_with_task,
 )
-from hypervisor.fork_xml import ForkDomain, fork_domain_xml, volume_disks, with_volume_sources
+from hypervisor.fork_xml import (
+    ForkDomain,
+    fork_domain_xml,
+    migrated_disks,
+    volume_disks,
+    with_volume_sources,
+)
 from hypervisor.host_disk import LOCAL_DISK, HostDisk
 from hypervisor.save_image import (
     fork_copy_path,
@@ -429,12 +435,10 @@ class LibvirtHypervisor:
         dom = self._domain("migrate", name)
         with _translated("migrate"):
             xml = dom.XMLDesc(0)
-        disks = ["vda"] if "<target dev='vda'" in xml else []
-        if copy_volumes:
-            try:
-                disks += [d.target for d in volume_disks(xml) if not d.read_only]
-            except ValueError as exc:
-                raise HypervisorError("migrate", f"{name}: {exc}") from exc
+        try:
+            disks = migrated_disks(xml, copy_volumes)
+        except ValueError as exc:
+            raise HypervisorError("migrate", f"{name}: {exc}") from exc
         flags = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PERSIST_DEST
                  | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE | libvirt.VIR_MIGRATE_UNSAFE
                  | libvirt.VIR_MIGRATE_PEER2PEER)

@@ -12,7 +12,7 @@ import pytest
 
 from hypervisor.base import VolumeDisk
 from hypervisor.fake import FakeHypervisor
-from hypervisor.fork_xml import volume_disks, with_volume_sources
+from hypervisor.fork_xml import migrated_disks, volume_disks, with_volume_sources
 from hypervisor.volumes import disk_xml, without_volume_chains
 from rift.contract import tools as c
 from rift.contract.base import command
@@ -60,6 +60,16 @@ def test_a_saved_xml_with_volumes_forks_with_each_volume_disk_as_it_was() -> Non
         with_volume_sources(out, {"vol_cccccccc": stand_in})
     with pytest.raises(ValueError, match="absolute"):
         with_volume_sources(out, {WRITTEN.serial: "relative.qcow2"})
+
+
+def test_a_migration_carries_the_vms_own_disk_and_with_copy_volumes_its_writable_ones(
+) -> None:
+    held = _with_volumes(SAVED_XML)
+    assert migrated_disks(SAVED_XML, True) == ["vda"]
+    assert migrated_disks(held, False) == ["vda"]  # hosts of one machine share the file
+    assert migrated_disks(held, True) == ["vda", WRITTEN.target]  # READ goes whole before
+    no_disk = held.replace("dev='vda'", "dev='vdz'")  # tiny: no disk of its own
+    assert migrated_disks(no_disk, False) == [] and migrated_disks(no_disk, True) == ["vdc"]
 
 
 def test_a_fork_gets_the_read_only_volumes_and_not_the_writable_ones(
