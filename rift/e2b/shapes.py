@@ -117,8 +117,9 @@ def as_user(line: str, user: str) -> str:
     """`line` run as the envd user a call names: `root` as it is (Rift's exec is
     root's); another user, when the guest has it, by `setpriv` with that user's
     groups, `HOME`, `USER` and `LOGNAME`, starting in its home (envd's way, so a
-    relative `cwd` is under it). A guest without the default user (busybox
-    `tiny`) runs it as root; a guest without another user named fails it."""
+    relative `cwd` is under it), or by `su` where setpriv is busybox's (`tiny` with
+    the `user` an E2B template build made). A guest without the default user
+    (busybox `tiny`) runs it as root; a guest without another user named fails it."""
     if user == "root":
         return line
     if not _USER_NAME.fullmatch(user):
@@ -126,11 +127,14 @@ def as_user(line: str, user: str) -> str:
     inner = shlex.quote('cd "$HOME" || exit 1; ' + line)
     # the user's home from /etc/passwd by the shell's builtins alone: no process
     # started in the guest before the command's own (each is milliseconds under TCG)
+    # util-linux's setpriv (a file, not busybox's link, which has no --reuid), else su
+    # (busybox's as root: `tiny` with a `user` an E2B template build made)
     switch = (f"h=; while IFS=: read -r n _ _ _ _ d _; do [ \"$n\" = {user} ] && h=$d && "
-              f"break; done < /etc/passwd; if [ -n \"$h\" ] && "
-              f"command -v setpriv >/dev/null 2>&1; then exec setpriv --reuid={user} "
+              f"break; done < /etc/passwd; if [ -n \"$h\" ]; then if [ -f /usr/bin/setpriv ] "
+              f"&& [ ! -L /usr/bin/setpriv ]; then exec setpriv --reuid={user} "
               f"--regid={user} --init-groups env HOME=\"$h\" USER={user} LOGNAME={user} "
-              f"/bin/sh -c {inner}; fi; unset h n d; ")
+              f"/bin/sh -c {inner}; elif command -v su >/dev/null 2>&1; then "
+              f"exec su -s /bin/sh {user} -c {inner}; fi; fi; unset h n d; ")
     if user == DEFAULT_USER:
         return switch + line
     return switch + f"echo 'user {user} not found in the sandbox' >&2; exit 1"

@@ -18,6 +18,14 @@ the cache) is the builder's (rift.services.builds); pure.
   ready command, run in the guest after the start until it exits 0 (the
   builder's rule, within RIFT_BUILD_READY_S), noted in the recipe as a comment.
 - `force` on the template or any step: the build reuses no layer (`no_cache`).
+- E2B's default user: steps run as `user` in its home `/home/user` (E2B's own
+  default, not Docker's root in `/`) until a `USER` says otherwise; until a
+  `WORKDIR` is given, a `USER` step's folder is that user's home (`/root`,
+  `/home/NAME`), as on E2B. When a step, the start or its ready command runs as
+  `user` (or a COPY gives it files), the base step makes the account first where
+  the image lacks it (`useradd`, or lines in /etc/passwd and /etc/group on a
+  busybox image) with a sudoers rule without a password where the image has
+  sudo, as E2B's `base` has: one cached layer.
 
 Each E2B step's lines follow a comment `# e2b step N` (N: the SDK's step number,
 1 for the first step; `base` for the FROM, `finalize` for the start), so a
@@ -40,6 +48,16 @@ _PORT_READY = re.compile(r'\[ -n "\$\(ss -Htuln sport = :(\d{1,5})\)" \]')
 _MODE = re.compile(r"^[0-7]{3,4}$")
 _LINE = re.compile(r"^line (\d+): ")
 E2B_BASE = ("base", "e2bdev/base", "e2bdev/base:latest")
+E2B_USER, E2B_HOME = "user", "/home/user"  # whom E2B's template steps run as, and where
+# E2B's `user` made where the image lacks it (as root, one line: the recipe's RUN).
+MAKE_USER = (
+    "RUN grep -q '^user:' /etc/passwd || { if command -v useradd >/dev/null; then "
+    "useradd -m -s \"$(command -v bash || echo /bin/sh)\" user; else "
+    "echo 'user:x:1000:1000::/home/user:/bin/sh' >> /etc/passwd && "
+    "echo 'user:x:1000:' >> /etc/group && mkdir -p /home/user && "
+    "chown 1000:1000 /home/user; fi; } && if [ -d /etc/sudoers.d ] && "
+    "[ ! -e /etc/sudoers.d/user ]; then echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' "
+    "> /etc/sudoers.d/user && chmod 440 /etc/sudoers.d/user; fi")
 
 
 @dataclass(frozen=True)
@@ -106,21 +124,52 @@ def _ready_port(ready: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _home(user: str) -> str:
+    name = user.split(":", 1)[0]
+    return "/root" if name in ("root", "0") else f"/home/{name}"
+
+
 class _Lines:
-    """The recipe as it is written, with the user the steps run as so far."""
+    """The recipe as it is written, with the user the steps run as so far, whether
+    a WORKDIR was given, and whether E2B's `user` is needed."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.user = "root"
+        self.user = E2B_USER
+        self.workdir_given = False
+        self.needs_user = False
 
     def mark(self, step: str) -> None:
         self.lines.append(f"{STEP_MARK}{step}")
 
+    def uses(self, user: str) -> None:
+        if user.split(":", 1)[0] == E2B_USER:
+            self.needs_user = True
+
     def as_user(self, user: str, line: str) -> None:
+        self.uses(user or self.user)
         if user and user != self.user:
             self.lines += [f"USER {user}", line, f"USER {self.user}"]
         else:
             self.lines.append(line)
+
+
+def _copy(out: _Lines, where: str, args: object, files_hash: object) -> str:
+    """A COPY's lines (`--chown` its user; a mode a chmod as root after it); its hash."""
+    src, dest, user, mode = [*_strings(args, where + ".args", 2, 4), "", ""][:4]
+    if not isinstance(files_hash, str) or not re.fullmatch(r"[0-9a-f]{64}", files_hash):
+        raise InvalidArgument(where + ".filesHash", "the SDK's sha256 of the files")
+    chown = f"--chown={user} " if user else ""
+    if user:
+        out.uses(user)
+    out.lines.append(f"COPY {chown}{shlex.quote(src)} {shlex.quote(dest)}")
+    if mode:
+        if not _MODE.match(mode):
+            raise InvalidArgument(where + ".args", f"mode {mode[:8]!r} is not octal")
+        target = dest.rstrip("/") + "/" + src.rstrip("/").rsplit("/", 1)[-1] \
+            if dest.endswith("/") else dest
+        out.as_user("root", f"RUN chmod {mode} {shlex.quote(target)}")
+    return files_hash
 
 
 def _step(out: _Lines, number: int, step: object) -> str | None:
@@ -135,19 +184,7 @@ def _step(out: _Lines, number: int, step: object) -> str | None:
         out.as_user(run_as[0] if run_as else "", _command("RUN", command))
         return None
     if kind == "COPY":
-        src, dest, user, mode = [*_strings(args, where + ".args", 2, 4), "", ""][:4]
-        files_hash = step.get("filesHash")
-        if not isinstance(files_hash, str) or not re.fullmatch(r"[0-9a-f]{64}", files_hash):
-            raise InvalidArgument(where + ".filesHash", "the SDK's sha256 of the files")
-        chown = f"--chown={user} " if user else ""
-        out.lines.append(f"COPY {chown}{shlex.quote(src)} {shlex.quote(dest)}")
-        if mode:
-            if not _MODE.match(mode):
-                raise InvalidArgument(where + ".args", f"mode {mode[:8]!r} is not octal")
-            target = dest.rstrip("/") + "/" + src.rstrip("/").rsplit("/", 1)[-1] \
-                if dest.endswith("/") else dest
-            out.as_user("root", f"RUN chmod {mode} {shlex.quote(target)}")
-        return files_hash
+        return _copy(out, where, args, step.get("filesHash"))
     if kind == "ENV":
         pairs = _strings(args, where + ".args", 2, 512)
         if len(pairs) % 2:
@@ -160,8 +197,13 @@ def _step(out: _Lines, number: int, step: object) -> str | None:
         if not _one_line(value):
             raise InvalidArgument(where + ".args", "is one line")
         out.lines.append(f"{kind} {value}")
-        if kind == "USER":
+        if kind == "WORKDIR":
+            out.workdir_given = True
+        else:
             out.user = value
+            out.uses(value)
+            if not out.workdir_given:  # E2B: a step runs in its user's home by default
+                out.lines.append(f"WORKDIR {_home(value)}")
         return None
     raise InvalidArgument(where + ".type", f"{str(kind)[:20]!r}: RUN, COPY, ENV, WORKDIR "
                           "or USER")
@@ -175,7 +217,8 @@ def translate(body: dict[str, Any], default_image: str) -> Translated:
         raise InvalidArgument("steps", f"a list of at most {MAX_STEPS} steps")
     out = _Lines()
     out.mark("base")
-    out.lines.append(f"FROM {base_of(body, default_image)}")
+    out.lines += [f"FROM {base_of(body, default_image)}", f"USER {E2B_USER}",
+                  f"WORKDIR {E2B_HOME}"]
     hashes = [h for number, step in enumerate(steps, start=1)
               if (h := _step(out, number, step)) is not None]
     start, ready = body.get("startCmd"), body.get("readyCmd") or None
@@ -194,6 +237,9 @@ def translate(body: dict[str, Any], default_image: str) -> Translated:
             out.lines.append("# readyCmd, run after the start until it exits 0: "
                              + " ".join(ready.split())[:200].rstrip("\\"))
         out.lines.append(_command("CMD", start))
+        out.uses(out.user)  # the start and its ready command run as the last USER
+    if out.needs_user:
+        out.lines.insert(2, MAKE_USER)  # before the first USER: as root
     forced = bool(body.get("force")) or any(isinstance(s, dict) and s.get("force")
                                             for s in steps)
     return Translated("\n".join(out.lines) + "\n", forced, tuple(hashes), waits)

@@ -33,6 +33,7 @@ def test_a_template_is_uploaded_started_as_a_recipe_and_polled_to_its_failed_ste
         door: Door, tmp_path: Path) -> None:
     (tmp_path / "index.html").write_text("<h1>from a template</h1>\n")
     template = (Template(file_context_path=tmp_path).from_template("tiny")
+                .set_user("root")  # E2B's default is `user`: nothing here runs as it
                 .set_envs({"GREETING": "hello world"})
                 .copy("index.html", "/srv/www/")
                 .run_cmd("echo $GREETING > /srv/www/greeting")
@@ -45,18 +46,21 @@ def test_a_template_is_uploaded_started_as_a_recipe_and_polled_to_its_failed_ste
     with pytest.raises(BuildException) as caught:
         Template.build(template, "site", on_build_logs=heard, **door.opts)
     message = str(caught.value)
-    # the test driver's VM runs no guest: the COPY (E2B's step 2) cannot put its files
-    assert message.startswith("line 6: COPY: ") and "(build_failed: " in message, message
+    # the test driver's VM runs no guest: the COPY (E2B's step 3) cannot put its files
+    assert message.startswith("line 11: COPY: ") and "(build_failed: " in message, message
     assert "Uploaded 'index.html'" in logs, logs
-    assert "step 1/5: ENV GREETING='hello world'" in logs, logs
-    assert "step 2/5: COPY index.html /srv/www/" in logs, logs
+    assert "step 1/9: USER user" in logs, logs  # E2B's default user and home
+    assert "step 3/9: USER root" in logs, logs
+    assert "step 5/9: ENV GREETING='hello world'" in logs, logs
+    assert "step 6/9: COPY index.html /srv/www/" in logs, logs
+    assert not any(line.startswith("step 1/9: RUN") for line in logs)  # no account made
     build_id = next(m.group(1) for line in logs
                     if (m := re.search(r"Build ID: (build_\w+)", line)))
     status = httpx.get(f"{door.opts['api_url']}/templates/site/builds/{build_id}/status",
                        headers={"X-API-Key": door.opts["api_key"]}, timeout=30).json()
-    assert (status["status"], status["reason"]["step"]) == ("error", "2"), status
+    assert (status["status"], status["reason"]["step"]) == ("error", "3"), status
     built = door.rest(f"builds/{build_id}")["build"]
-    assert (built["image"], built["state"], built["steps"]) == ("site", "failed", 5), built
+    assert (built["image"], built["state"], built["steps"]) == ("site", "failed", 9), built
 
 
 @pytest.mark.parametrize(("template", "name", "said"), [

@@ -249,15 +249,17 @@ def test_a_takeover_ends_the_sdk_lease_saying_who_holds_it(world: World) -> None
 
 def test_a_template_builds_an_image_whose_sandboxes_start_with_its_server_up(
         world: World, tmp_path: Path) -> None:
-    """`Template.build` through Rift's builder (rift.e2b.templates), its ready command
+    """`Template.build` through Rift's builder (rift.e2b.templates), its steps run as
+    E2B's `user` in /home/user (made in `tiny`, which lacks it), its ready command
     run in the guest until it succeeds (busybox httpd without -f returns once it
     listens), and a sandbox of its name started from the saved state, the start
     command already serving."""
     (tmp_path / "index.html").write_text("<h1>built by Template</h1>\n")
     template = (Template(file_context_path=tmp_path).from_template("tiny")
-                .copy("index.html", "/srv/www/")
-                .run_cmd("echo $((6 * 7)) > /srv/www/answer")
-                .set_start_cmd("httpd -p 8080 -h /srv/www && touch /tmp/ready",
+                .run_cmd("mkdir www && echo $((6 * 7)) > www/answer && id -un >> www/answer "
+                         "&& pwd >> www/answer")
+                .copy("index.html", "www/")  # relative: into the folder, /home/user
+                .set_start_cmd("httpd -p 8080 -h /home/user/www && touch /tmp/ready",
                                wait_for_file("/tmp/ready")))
     heard: list[str] = []
     built = Template.build(template, "site", on_build_logs=lambda e: heard.append(e.message),
@@ -269,7 +271,7 @@ def test_a_template_builds_an_image_whose_sandboxes_start_with_its_server_up(
         assert sbx.get_info().template_id == "site"
         served = sbx.commands.run("wget -q -O - http://127.0.0.1:8080/ "
                                   "http://127.0.0.1:8080/answer")
-        assert served.stdout == "<h1>built by Template</h1>\n42\n", served
+        assert served.stdout == "<h1>built by Template</h1>\n42\nuser\n/home/user\n", served
     finally:
         sbx.kill()
 

@@ -18,7 +18,7 @@ from e2b import wait_for_file, wait_for_port, wait_for_timeout, wait_for_url
 
 from rift.domain.errors import InvalidArgument
 from rift.domain.recipes import parse, plan
-from rift.e2b.template_steps import step_of, translate, untagged
+from rift.e2b.template_steps import MAKE_USER, step_of, translate, untagged
 from rift.e2b.templates import Setup, Templates
 from rift.services.context import Caller, Deps
 
@@ -41,11 +41,13 @@ def test_each_step_becomes_its_recipe_lines_which_the_builder_reads() -> None:
     ], "startCmd": "python -m http.server 8000",
         "readyCmd": '[ -n "$(ss -Htuln sport = :8000)" ]'}, "debian")
     assert made.recipe.splitlines() == [
-        "# e2b step base", "FROM tiny",
+        "# e2b step base", "FROM tiny", MAKE_USER, "USER user", "WORKDIR /home/user",
         "# e2b step 1", "ENV GREETING='hello world' N=1",
-        "# e2b step 2", "COPY --chown=user site /srv/www/", "RUN chmod 0755 /srv/www/site",
-        "# e2b step 3", "RUN apt-get update && apt-get install -y vim",
-        "# e2b step 4", "USER user",
+        "# e2b step 2", "COPY --chown=user site /srv/www/", "USER root",
+        "RUN chmod 0755 /srv/www/site", "USER user",
+        "# e2b step 3", "USER root", "RUN apt-get update && apt-get install -y vim",
+        "USER user",
+        "# e2b step 4", "USER user", "WORKDIR /home/user",
         "# e2b step 5", "WORKDIR /home/user",
         "# e2b step 6", "RUN pip install --user numpy",
         "# e2b step 7", "USER root", 'RUN ["/bin/sh", "-c", "echo one\\necho two"]',
@@ -55,9 +57,12 @@ def test_each_step_becomes_its_recipe_lines_which_the_builder_reads() -> None:
     assert (recipe.base, recipe.settings.cmd, recipe.settings.ports, recipe.settings.user) == (
         "tiny", "python -m http.server 8000", (8000,), "user")
     assert dict(recipe.settings.env) == {"GREETING": "hello world", "N": "1"}
-    planned = plan(recipe, "root", {6: "digest"})
+    planned = plan(recipe, "root", {9: "digest"})
     assert [p.step.instruction for p in planned if p.changes_guest] == [
-        "COPY", "RUN", "RUN", "RUN", "RUN"]
+        "RUN", "COPY", "RUN", "RUN", "RUN", "RUN"]
+    assert [(p.before.user, p.before.workdir) for p in planned if p.changes_guest] == [
+        ("root", "/"), ("user", "/home/user"), ("root", "/home/user"),
+        ("root", "/home/user"), ("user", "/home/user"), ("root", "/home/user")]
     assert (made.hashes, made.no_cache) == ((H,), False)
 
 
@@ -87,7 +92,7 @@ def test_force_anywhere_means_no_cache_and_bad_steps_are_refused_naming_them() -
     assert translate({"steps": [{"type": "RUN", "args": ["true"], "force": True}]},
                      "debian").no_cache
     assert translate({"force": True, "fromImage": "e2bdev/base:latest"}, "tiny").recipe \
-        == "# e2b step base\nFROM tiny\n"
+        == "# e2b step base\nFROM tiny\nUSER user\nWORKDIR /home/user\n"
     cases: list[tuple[dict[str, Any], str]] = [
         ({"steps": [{"type": "ADD", "args": ["x"]}]}, "steps[0].type"),
         ({"steps": [{"type": "RUN", "args": []}]}, "steps[0].args"),
@@ -107,8 +112,9 @@ def test_a_recipe_line_names_e2bs_step() -> None:
     recipe = translate({"steps": [{"type": "RUN", "args": ["true"]}, _copy("a", "/b")],
                         "startCmd": "./serve"}, "debian").recipe
     assert step_of(recipe, "line 2: FROM x names no image of yours") == "base"
-    assert step_of(recipe, "line 4: RUN exited 3") == "1"
-    assert step_of(recipe, "line 6: COPY a is outside the build context") == "2"
+    assert step_of(recipe, "line 3: RUN exited 1") == "base"  # making E2B's `user`
+    assert step_of(recipe, "line 7: RUN exited 3") == "1"
+    assert step_of(recipe, "line 9: COPY a is outside the build context") == "2"
     assert step_of(recipe, "CMD: port 80 did not answer") == "finalize"
     assert step_of(recipe, None) == "finalize"
 
@@ -127,6 +133,7 @@ def test_the_sdks_from_dockerfile_steps_read_as_the_same_recipe(tmp_path: Path) 
     assert recipe.base == "tiny" and len(made.hashes) == 1
     assert dict(recipe.settings.env)["GREETING"] == "hello web"
     assert (recipe.settings.user, recipe.settings.workdir) == ("root", "/srv")
+    assert MAKE_USER not in made.recipe  # nothing runs as E2B's `user`: no account made
     assert recipe.settings.cmd == "httpd -f -p 8080 -h /srv/www"
     assert made.ready == "sleep 20"  # the SDK's wait_for_timeout(20 s) for a CMD
     assert any(line.startswith("COPY index.html") for line in made.recipe.splitlines())
@@ -168,6 +175,34 @@ def test_an_upload_url_is_claimed_once_held_to_the_limit_and_an_untaken_upload_p
     old = time.time() - 2 * 86400
     os.utime(kept, (old, old))
     assert templates.prune("alice", time.time() - 86400) == [H] and not kept.exists()
+
+
+def test_steps_run_as_e2bs_user_in_its_home_made_where_the_image_lacks_it() -> None:
+    """E2B's default: `user` in /home/user (made first, as root, when a step, the start
+    or a COPY's owner needs it); a USER step's folder is its home until a WORKDIR;
+    a template that runs nothing as `user` makes no account (no layer)."""
+    made = translate({"fromTemplate": "tiny", "steps": [
+        {"type": "RUN", "args": ["id -un > who && pwd >> who"]},
+        {"type": "USER", "args": ["guest"]},
+        {"type": "RUN", "args": ["pwd"]},
+        {"type": "WORKDIR", "args": ["/srv"]},
+        {"type": "USER", "args": ["root"]},
+    ], "startCmd": "./serve"}, "debian")
+    recipe = parse(made.recipe)
+    runs = [p.before for p in plan(recipe, "root") if p.changes_guest]
+    assert [(s.user, s.workdir) for s in runs] == [
+        ("root", "/"), ("user", "/home/user"), ("guest", "/home/guest")]
+    assert made.recipe.splitlines()[2] == MAKE_USER
+    assert (recipe.settings.user, recipe.settings.workdir) == ("root", "/srv")
+    as_root = translate({"steps": [{"type": "USER", "args": ["root"]},
+                                   {"type": "RUN", "args": ["true"]}],
+                         "startCmd": "./serve"}, "debian")
+    assert MAKE_USER not in as_root.recipe
+    assert [(p.before.user, p.before.workdir) for p in plan(parse(as_root.recipe), "root")
+            if p.changes_guest] == [("root", "/root")]
+    owned = translate({"steps": [{"type": "USER", "args": ["root"]},
+                                 _copy("a", "/b", "user:user")]}, "debian")
+    assert MAKE_USER in owned.recipe  # a COPY gives `user` its files
 
 
 def test_e2bs_default_tag_is_the_template_and_another_tag_is_refused() -> None:
