@@ -29,14 +29,15 @@ fi
 # that crowd they failed a fresh-clone run) and the real guests come after.
 first=(tests/browser tests/e2e/test_e2b_*.py tests/e2e/test_mcp_*.py tests/e2e/test_rest.py
        tests/e2e/test_operator_token.py)
-mapfile -t processes < <(grep -lE 'subprocess|Popen|os\.fork|pty\b|multiprocessing|exec_helper|rift_exec|ipykernel|qemu|threading|code_guest' tests/unit/*.py)
+# the unit modules that start no process or thread (grep -L: no line matches)
+mapfile -t quiet_units < <(grep -LE 'subprocess|Popen|os\.fork|pty\b|multiprocessing|exec_helper|rift_exec|ipykernel|qemu|threading|code_guest' tests/unit/test_*.py)
 beside_log=$(mktemp /tmp/rift-beside-tests.XXXXXX)
 unit_log=$(mktemp /tmp/rift-unit-tests.XXXXXX)
 .venv/bin/python -m pytest -p no:cacheprovider --durations=5 tests/ansible \
   >"$beside_log" 2>&1 &
 ansible=$!
-.venv/bin/python -m pytest -p no:cacheprovider --durations=5 \
-  "${processes[@]/#/--ignore=}" tests/unit >"$unit_log" 2>&1 &
+.venv/bin/python -m pytest -p no:cacheprovider --durations=5 "${quiet_units[@]}" \
+  >"$unit_log" 2>&1 &
 unit=$!
 status=0
 .venv/bin/python -m pytest --durations=20 "${first[@]}" || status=$?
@@ -44,9 +45,9 @@ wait "$ansible" || status=$((status ? status : $?))
 echo "---- tests/ansible, run beside the tests above ----"
 cat "$beside_log"
 wait "$unit" || status=$((status ? status : $?))
-echo "---- tests/unit but the ${#processes[@]} modules that start processes or threads, run beside them too ----"
+echo "---- the ${#quiet_units[@]} unit modules that start no process or thread, run beside them too ----"
 cat "$unit_log"
 rm -f "$beside_log" "$unit_log"
 .venv/bin/python -m pytest --durations=40 --ignore=tests/ansible \
-  "${first[@]/#/--ignore=}" --ignore=tests/unit "${processes[@]}" tests || status=$((status ? status : $?))
+  "${first[@]/#/--ignore=}" "${quiet_units[@]/#/--ignore=}" tests || status=$((status ? status : $?))
 exit "$status"
