@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import paramiko
 
 from hypervisor.volumes import VOLUME_TIMEOUT_S
-from rift.guest.links import CHUNK, HostLinkError, HostLinks, ssh_target
+from rift.guest.links import CHUNK, HostLinkError, HostLinks, SshTarget, ssh_target
 
 PARTIAL = ".rift-partial"
 
@@ -113,6 +113,21 @@ class VolumeRelay:
                 return ""
             raise OSError(errno.EIO, f"{target.host}: {exc}") from exc
 
+    def _command(self, target: SshTarget, command: str) -> paramiko.Channel:
+        """A channel of the host's SSH running `command`, its steps bounded by
+        VOLUME_TIMEOUT_S (OSError when it cannot be opened or started)."""
+        try:
+            chan = self.links.transport(target).open_session(timeout=VOLUME_TIMEOUT_S)
+        except (HostLinkError, OSError, paramiko.SSHException) as exc:
+            raise OSError(errno.EIO, f"{target.host}: {exc}") from exc
+        try:
+            chan.settimeout(VOLUME_TIMEOUT_S)
+            chan.exec_command(command)
+        except (OSError, paramiko.SSHException) as exc:
+            chan.close()
+            raise OSError(errno.EIO, f"{target.host}: {command}: {exc}") from exc
+        return chan
+
     def _read(self, uri: str, path: str) -> Iterator[bytes]:
         """The file's bytes, in chunks (OSError when the read fails midway)."""
         target = ssh_target(uri)
@@ -121,13 +136,8 @@ class VolumeRelay:
                 while chunk := f.read(CHUNK):
                     yield chunk
             return
+        chan = self._command(target, f"cat {shlex.quote(path)}")
         try:
-            chan = self.links.transport(target).open_session(timeout=VOLUME_TIMEOUT_S)
-        except (HostLinkError, OSError, paramiko.SSHException) as exc:
-            raise OSError(errno.EIO, f"{target.host}: {exc}") from exc
-        try:
-            chan.settimeout(VOLUME_TIMEOUT_S)
-            chan.exec_command(f"cat {shlex.quote(path)}")
             chan.shutdown_write()
             while chunk := chan.recv(CHUNK):
                 yield chunk
@@ -146,13 +156,8 @@ class VolumeRelay:
                     f.write(chunk)
                     sent += len(chunk)
             return sent
+        chan = self._command(target, f"cat > {shlex.quote(path)}")
         try:
-            chan = self.links.transport(target).open_session(timeout=VOLUME_TIMEOUT_S)
-        except (HostLinkError, OSError, paramiko.SSHException) as exc:
-            raise OSError(errno.EIO, f"{target.host}: {exc}") from exc
-        try:
-            chan.settimeout(VOLUME_TIMEOUT_S)
-            chan.exec_command(f"cat > {shlex.quote(path)}")
             for chunk in chunks:
                 chan.sendall(chunk)
                 sent += len(chunk)
