@@ -16,7 +16,7 @@ from rift.contract.base import command
 from rift.domain.clock import FakeClock, iso
 from rift.domain.code_contexts import CodeContext
 from rift.services.context import Deps
-from rift.services.lifecycle import code, forks, vms
+from rift.services.lifecycle import code, forks, snapshots, vms
 from tests.support.code_guest import HostCode, code_vm, run_code
 from tests.support.engine import ALICE
 from tests.support.fake_guest import fake_guests
@@ -92,3 +92,33 @@ def test_a_fork_of_a_running_vm_lists_its_sources_contexts_at_once(
     assert (source[made.id].cwd, source[made.id].last_status) == ("/tmp", "error")
     vms.destroy(cdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=fork.id))
     assert _contexts(cdeps, vm_id) == source  # the source's rows are its own
+
+
+def test_a_fork_of_a_snapshot_lists_the_contexts_its_source_had_then_at_once(
+        cdeps: Deps, clock: FakeClock) -> None:
+    handle, vm_id = code_vm(cdeps)
+    run_code(cdeps, handle, vm_id, "x = 1\nx")
+    kept = code.new_context(cdeps, ALICE, command(c.VmCodeContextNewIn, handle=handle,
+                                                  vm_id=vm_id, cwd="/tmp")).context
+    clock.advance(5)
+    before = _contexts(cdeps, vm_id)
+    snap = snapshots.make(cdeps, ALICE, command(c.VmSnapshotIn, handle=handle,
+                                                vm_id=vm_id)).snapshot
+    clock.advance(5)
+    later = code.new_context(cdeps, ALICE, command(c.VmCodeContextNewIn, handle=handle,
+                                                   vm_id=vm_id)).context
+    run_code(cdeps, handle, vm_id, "x + 1")  # the default context's run after the snapshot
+    [fork] = forks.fork(cdeps, ALICE, command(c.VmForkIn, handle=handle,
+                                              snapshot_id=snap.id)).vms
+    shown = {x.id: x for x in fork.code_contexts}
+    assert shown == _contexts(cdeps, fork.id)  # its first answer and its view, no run before
+    assert set(shown) == {"default", kept.id} and later.id not in shown
+    assert shown[kept.id] == before[kept.id]  # as the source had it then
+    # The source's default context ran since: that run is not the fork's.
+    assert (shown["default"].last_run_at, shown["default"].execution_count) == (None, None)
+    assert before["default"].execution_count == 1
+    vms.destroy(cdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=fork.id))
+    vms.destroy(cdeps, ALICE, command(c.VmDestroyIn, handle=handle, vm_id=vm_id))
+    fresh = forks.fork(cdeps, ALICE, command(c.VmForkIn, handle=handle,
+                                             snapshot_id=snap.id)).vms[0]
+    assert fresh.code_contexts == []  # the source gone: its first run or list finds them

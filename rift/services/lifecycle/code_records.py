@@ -96,13 +96,20 @@ def run_refused(deps: Deps, vm: Vm, context_id: str, run_id: str) -> None:
         changed(tx)
 
 
-def forked(tx: Tx, source_id: str, fork: Vm) -> None:
-    """A fork of a running VM starts with its source's contexts (its memory holds their
-    kernels): their rows copied to it, so its view lists them at once, each with its
-    last run; a run the source had in flight is not counted as the fork's (the next
-    list asks the fork's guest)."""
+def forked(tx: Tx, source_id: str, fork: Vm, as_of: datetime | None = None) -> None:
+    """A fork starts with its source's contexts (its memory holds their kernels): their
+    rows copied to it, so its view lists them at once, each with its last run; a run
+    the source had in flight is not counted as the fork's (the next list asks the
+    fork's guest). A fork of a snapshot taken `as_of` then gets the contexts made by
+    then, a last run since not counted (its next run or list tells the fork's own);
+    none where the source VM is gone (its first run or list finds them)."""
     for row in tx.code_contexts.of_vms([source_id])[source_id]:
-        tx.code_contexts.put(replace(row, vm_id=fork.id, task_id=fork.task_id, run_id=None,
+        if as_of is not None and row.created_at > as_of:
+            continue  # made after the snapshot: not in its memory
+        then = row
+        if as_of is not None and row.last_run_at is not None and row.last_run_at > as_of:
+            then = replace(row, last_run_at=None, execution_count=None, last_status=None)
+        tx.code_contexts.put(replace(then, vm_id=fork.id, task_id=fork.task_id, run_id=None,
                                      run_until=None))
         changed(tx)
 

@@ -139,6 +139,8 @@ def _fork(deps: Deps, caller: Caller, cmd: VmForkIn, snap: Snapshot,
             tx.vms.add(vm)
             if cmd.vm_id is not None:  # its snapshot taken for it: the source's contexts now
                 code_records.forked(tx, cmd.vm_id, vm)
+            else:  # the source's contexts when the snapshot was taken
+                code_records.forked(tx, snap.vm_id, vm, as_of=snap.created_at)
             tx.events.add(NewEvent(task.id, "vm_creating", now, caller.label, {
                 "vm_id": fork_id, "name": vm.name, "image": vm.image, "host": host.name,
                 "vcpus": vm.vcpus, "memory_mib": vm.memory_mib, "disk_gib": vm.disk_gib,
