@@ -46,6 +46,7 @@ class ForkDomain:
     serial_log: str
     ssh_port: int
     seed: str | None = None
+    install: str | None = None  # the installation the fork is of (None: the saved one's)
 
 
 def fork_domain_xml(xml: str, fork: ForkDomain) -> str:
@@ -53,7 +54,9 @@ def fork_domain_xml(xml: str, fork: ForkDomain) -> str:
     one fork from another replaced; every other byte is kept.
 
     Replaced: `<name>`, `<uuid>`, the `vm` and `task` attributes of the Rift
-    metadata element, the source file of the vda disk (`disk`; None for a domain
+    metadata element (and its `install`, when the fork names one: a state
+    another installation saved, an image's folder shared between data dirs),
+    the source file of the vda disk (`disk`; None for a domain
     with no vda file disk) and of the vdb disk (`seed`, a cloud-init seed; None
     for a domain without one), the source path of the file serial port and of the
     console that mirrors it (`serial_log`), and the port of the qemu:arg
@@ -69,12 +72,12 @@ def fork_domain_xml(xml: str, fork: ForkDomain) -> str:
     old_rift = parse_rift_mark(xml)
     out = _replace_text(xml, _NAME_EL, name, "<name>")
     out = _replace_text(out, _UUID_EL, fork.uuid, "<uuid>")
-    out = _replace_rift(out, vm_id=vm_id, task_id=task_id)
+    out = _replace_rift(out, vm_id=vm_id, task_id=task_id, install=fork.install)
     out = _replace_disk(out, disk)
     out = _replace_disk(out, seed, "vdb")
     old_serial, out = _replace_serial(out, fork.serial_log)
     out = _replace_port(out, fork.ssh_port)
-    _check_fork_result(out, fork, (task_id, vm_id, old_rift[2]), old_serial)
+    _check_fork_result(out, fork, (task_id, vm_id, fork.install or old_rift[2]), old_serial)
     return out
 
 
@@ -82,7 +85,7 @@ def _check_fork_values(fork: ForkDomain) -> None:
     name, uuid, ssh_port, disk, serial_log = (fork.name, fork.uuid, fork.ssh_port, fork.disk,
                                               fork.serial_log)
     texts = {"vm_id": fork.vm_id, "task_id": fork.task_id, "disk": disk,
-             "serial_log": serial_log}
+             "serial_log": serial_log, "install": fork.install}
     if not _NAME.fullmatch(name):
         raise ValueError(f"domain name {name!r} must match [A-Za-z0-9_][A-Za-z0-9_.-]*")
     try:
@@ -134,10 +137,18 @@ def _replace_attr(tag: str, attr: str, value: str, what: str) -> str:
                    f"{match.group(1)}{quote}{_attr(value, quote)}{quote}")
 
 
-def _replace_rift(xml: str, *, vm_id: str, task_id: str) -> str:
+def _replace_rift(xml: str, *, vm_id: str, task_id: str, install: str | None) -> str:
     tag = _only(list(_RIFT_TAG.finditer(xml)), "Rift metadata elements")
     new_tag = _replace_attr(tag.group(0), "vm", vm_id, "the Rift metadata element")
     new_tag = _replace_attr(new_tag, "task", task_id, "the Rift metadata element")
+    if install is not None:  # a state saved by another installation (an image's, shared)
+        if re.search(r"\sinstall\s*=", new_tag):
+            new_tag = _replace_attr(new_tag, "install", install, "the Rift metadata element")
+        else:
+            space = re.match(r"<[^\s>]+", new_tag)
+            assert space is not None  # _RIFT_TAG matched a start tag
+            new_tag = _splice(new_tag, space.end(), space.end(),
+                              f' install="{_attr(install, chr(34))}"')
     return _splice(xml, tag.start(), tag.end(), new_tag)
 
 

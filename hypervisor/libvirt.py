@@ -286,7 +286,7 @@ class LibvirtHypervisor:
             xml = fork_domain_xml(saved.xml, ForkDomain(
                 name=spec.name, uuid=str(uuid.uuid4()), vm_id=spec.vm_id, task_id=spec.task_id,
                 disk=spec.disk, serial_log=spec.serial_log, ssh_port=spec.ssh_port,
-                seed=spec.seed))
+                seed=spec.seed, install=spec.install))
             held = volume_disks(xml)
             stand_ins: dict[str, str] = {}
             for disk in held:  # a volume written: never opened by two domains for writing

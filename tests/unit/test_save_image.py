@@ -276,6 +276,18 @@ def test_fork_xml_changes_only_the_fork_fields() -> None:
     assert parse_rift_mark(out) == ("task_new", "vm_fork0001", "inst_1")
 
 
+def test_fork_xml_of_another_installations_state_names_the_forks() -> None:
+    # An image's saved state made by another data dir's control plane (a cached
+    # image linked into this one): its forks are this installation's domains.
+    out = fork(install="inst_2")
+    assert parse_rift_mark(out) == ("task_new", "vm_fork0001", "inst_2")
+    assert fork(install="inst_2").replace("inst_2", "inst_1") == fork()
+    unmarked = SAVED_XML.replace(' install="inst_1"', "")
+    assert parse_rift_mark(fork(unmarked)) == ("task_new", "vm_fork0001", None)
+    assert parse_rift_mark(fork(unmarked, install="inst_2")) == (
+        "task_new", "vm_fork0001", "inst_2")
+
+
 def test_fork_xml_escapes_values() -> None:
     odd = {"task_id": "t&<'\">", "disk": "/d/a'b&c.qcow2", "serial_log": '/s/"q".log'}
     out = fork(**odd)
