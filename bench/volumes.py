@@ -288,8 +288,13 @@ def main() -> int:
             floor = overlay_floor(work) if got.clone_s else []
         finally:
             _cleanup(srv, proc)
+    report(got, floor, f"{REAL_URI} (load average {began_load} before, {load()} after)")
+    return 0
+
+
+def report(got: Figures, floor: list[float], where: str) -> None:
+    """The tables of the parts that ran."""
     attach, io, clone = _rows(got, floor)
-    where = f"{REAL_URI} (load average {began_load} before, {load()} after)"
     print(f"\n## Volumes ({', '.join(sorted(PARTS))}) on {where}")
     if got.made_s:
         print_table("Volumes: make", [(f"{size} GiB", ms(t)) for size, t in got.made_s.items()],
@@ -303,8 +308,8 @@ def main() -> int:
                     ("workload", "n", "volume", "own disk", "volume / disk", "goal"))
         print("\neach round's seconds, in order (volume | own disk):")
         for name, sides in got.io_s.items():
-            print(f"  {name}: " + " | ".join(" ".join(f"{t:.2f}" for t in sides[where])
-                                            for where in ("volume", "disk")))
+            print(f"  {name}: " + " | ".join(" ".join(f"{t:.2f}" for t in sides[side])
+                                            for side in ("volume", "disk")))
     if clone:
         print_table("Clone (`rift_volume_clone`, call to answer) against one `qemu-img "
                     "create` of an overlay", clone,
@@ -312,9 +317,8 @@ def main() -> int:
                      "p50 / 1 GiB's", "goal"))
         print(f"\nthe 10 GiB clone read back read-only: {got.clone_checked}")
     if got.devices:
-        print(f"the guest's disks (its own, the volume) when the throughput began:\n"
+        print(f"\nthe guest's disks (its own, the volume) when the throughput began:\n"
               f"{got.devices}")
-    return 0
 
 
 def _cleanup(srv: Server, proc: subprocess.Popen[str]) -> None:
