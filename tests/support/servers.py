@@ -37,7 +37,7 @@ REAL_URI = os.environ.get("RIFT_TEST_LIBVIRT_URI", "qemu:///system")
 TEST_IMAGES = TEST_CACHE / "test-images"
 # Where tests keep the `debian` image and its debootstrapped root (not under
 # test-images/, whose `debian/` holds the qcow2 that tests/e2e/test_real_qcow2.py
-# registers).
+# registers), and the `python` image built from its recipe on it (`cached_python`).
 DEBIAN_IMAGES = TEST_CACHE / "debian-images"
 START_S = 30
 T = TypeVar("T")
@@ -196,6 +196,111 @@ def cached_debian() -> Path:
             return build_debian(DEBIAN_IMAGES)
         except ImageError as exc:
             pytest.skip(f"the debian image cannot be built here: {exc}")
+
+
+def python_inputs(debian: Path) -> str:
+    """What the cached `python` image is made of: its recipe, the set of .debs the
+    host's apt fetches for it (hypervisor.debs.set_key: the packages, `debian`'s root,
+    the apt lists) and the `debian` image it is built FROM."""
+    from hypervisor.debs import base_status, set_key
+    from hypervisor.manifest import MANIFEST, digest, sha256_file
+    from hypervisor.python_image import PACKAGES, RECIPE
+
+    return digest(json.dumps({
+        "recipe": RECIPE.read_text(), "debs": set_key(PACKAGES, base_status(debian.parent)),
+        "debian": sha256_file(debian / MANIFEST)}).encode())
+
+
+@functools.cache
+def cached_python() -> Path:
+    """The `python` image folder (SPEC §20), built from its recipe as an operator builds
+    it (`rift image build python`: hypervisor/python.Recipe by Rift's builder, the
+    .debs fetched by the host's apt) into the test cache beside the cached `debian`,
+    once: again when its inputs (`python_inputs`) changed. The build runs in a data
+    dir of its own, removed after (the image stands alone: its disk flattened, its
+    saved state on `debian`'s kernel); about 12 minutes under TCG, told on stderr
+    with its steps. Skips where `debian` cannot be built; fails with the build's log
+    where the build fails."""
+    from hypervisor.base import ImageError
+    from hypervisor.snapshot_image import snapshot_image
+
+    debian = cached_debian()
+    target, stamp = DEBIAN_IMAGES / "python", DEBIAN_IMAGES / "python.inputs"
+    with (DEBIAN_IMAGES / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        inputs = python_inputs(debian)
+        try:
+            snapshot_image(DEBIAN_IMAGES, "python")
+            if stamp.read_text().strip() == inputs:
+                return target
+        except (ImageError, OSError):
+            pass
+        print(f"building the python image from hypervisor/python.Recipe into {target} "
+              "(rift image build python; about 12 minutes under TCG) ...", file=sys.stderr,
+              flush=True)
+        work = DEBIAN_IMAGES / f".python-build-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "data" / "images").mkdir(parents=True)
+        try:
+            (work / "data" / "images" / "debian").symlink_to(debian, target_is_directory=True)
+            began = time.monotonic()
+            said = _build_python(work / "data")
+            built = work / "data" / "images" / "python"
+            if not (built / "manifest.json").is_file():
+                pytest.fail(f"rift image build python made no image:\n{said[-4000:]}")
+            stamp.unlink(missing_ok=True)
+            if target.exists():
+                shutil.rmtree(target)
+            built.rename(target)
+            stamp.write_text(inputs + "\n")
+            print(f"built the python image in {time.monotonic() - began:.0f} s",
+                  file=sys.stderr, flush=True)
+        finally:
+            _end_build(work / "data")
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _build_python(data_dir: Path) -> str:
+    """`rift image build python` on qemu:///system in `data_dir`, its lines told on
+    stderr as they come; answers them (fails the test where the build fails)."""
+    env = dict(os.environ, RIFT_DATA_DIR=str(data_dir), RIFT_HYPERVISOR_URI=REAL_URI,
+               RIFT_VM_BOOT_TIMEOUT_S="180")
+    proc = subprocess.Popen([sys.executable, "-m", "rift.cli", "image", "build", "python"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        print(f"  {line.rstrip()[:200]}", file=sys.stderr, flush=True)
+    said = "".join(lines)
+    if proc.wait() != 0:
+        pytest.fail(f"rift image build python failed:\n{said[-4000:]}")
+    return said
+
+
+def _end_build(data_dir: Path) -> None:
+    """Destroy the domains a build's data dir left running (a build cut short): those
+    of its installation only."""
+    import sqlite3
+    from contextlib import closing
+
+    from hypervisor.libvirt import LibvirtHypervisor
+
+    if not (data_dir / "rift.db").is_file():
+        return
+    with closing(sqlite3.connect(data_dir / "rift.db")) as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'install_id'").fetchone()
+    if row is None:
+        return
+    hv = LibvirtHypervisor(REAL_URI)
+    try:
+        for domain in hv.list_domains():
+            if domain.install == row[0]:
+                hv.destroy(domain.name)
+    finally:
+        hv.close()
 
 
 def seed_images(data_dir: Path, debian: bool = False) -> Path:
