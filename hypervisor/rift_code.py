@@ -12,7 +12,9 @@ process of its own: a timeout or a cancel interrupts it (SIGINT: KeyboardInterru
 and the context goes on; a kernel that died says so, and its context starts a new
 one on its next run.
 
-Routes (JSON in and out): `GET /health`; `GET /contexts`; `POST /contexts` {id?,
+Routes (JSON in and out): `GET /health?wait_ms=N` (answered once the default
+context's kernel started with `--default` is warm, or the wait passed: `warm`);
+`GET /contexts`; `POST /contexts` {id?,
 language, cwd?}; `POST /contexts/ID/restart`; `POST /contexts/ID/interrupt` {run_id?};
 `DELETE /contexts/ID`; `POST /runs` {run_id, context_id, code, timeout_s, wait_ms,
 parts?} and `GET /runs/ID?wait_ms=N`: a run's view once it ended or the wait passed;
@@ -437,6 +439,13 @@ class Server:
         self.lock = threading.Lock()
         self.contexts: dict[str, Context] = {}
         self.runs: dict[str, Run] = {}
+        self.warmed = threading.Event()  # the default kernel's start (--default) ended
+
+    def warm_default(self) -> None:
+        try:
+            self.context("default").warm()
+        finally:
+            self.warmed.set()
 
     def context(self, context_id: str) -> Context:
         with self.lock:
@@ -476,7 +485,9 @@ class Server:
         query = parse_qs(urlsplit(path).query)
         wait = int(query.get("wait_ms", [body.get("wait_ms", 0)])[0]) / 1000
         if parts == ["health"]:
-            return 200, {"ok": True, "backend": "ipykernel" if _jupyter() else "rift"}
+            self.warmed.wait(wait)
+            return 200, {"ok": True, "backend": "ipykernel" if _jupyter() else "rift",
+                         "warm": self.warmed.is_set()}
         if parts == ["contexts"] and method == "GET":
             with self.lock:
                 return 200, [c.view() for c in self.contexts.values()]
@@ -572,7 +583,9 @@ def serve(port: int, default: bool) -> None:
     httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     httpd.daemon_threads = True
     if default:  # the default context's kernel starts now, while the server answers
-        threading.Thread(target=server.context("default").warm, daemon=True).start()
+        threading.Thread(target=server.warm_default, daemon=True).start()
+    else:
+        server.warmed.set()
     httpd.serve_forever()
 
 

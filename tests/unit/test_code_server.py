@@ -220,3 +220,18 @@ def test_a_runs_environment_is_its_own(server: Server) -> None:
     assert status == 200 and view["execution"]["results"][0]["data"]["text/plain"] == "'yes'"
     after = server.run("import os; os.environ.get('RIFT_TRY')")["execution"]["results"]
     assert after == []  # None: no result, and no RIFT_TRY after its run
+
+
+@pytest.mark.parametrize("backend", ["ipykernel", "rift"])
+def test_health_waits_for_the_default_kernel_to_be_warm(backend: str, tmp_path: Path) -> None:
+    # What a pool's fill asks before its VM is ready: handed out with the kernel warm.
+    started = Server(backend, tmp_path)  # answered /health at once, the kernel starting
+    try:
+        status, health = started.call("GET", "/health?wait_ms=50000")
+        assert (status, health["warm"], health["backend"]) == (200, True, backend)
+        _, listed = started.call("GET", "/contexts")
+        [default] = [c for c in listed if c["id"] == "default"]
+        assert (default["alive"], default["backend"]) == (True, backend)
+    finally:
+        started.proc.kill()
+        started.proc.wait()

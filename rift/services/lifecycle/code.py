@@ -50,6 +50,7 @@ from rift.services.read import code_views
 
 SLACK_S = 60.0  # past a request's own wait: the server's start, a kernel's, the channel
 KERNEL_START_S = 300.0  # a new context's kernel (ipykernel under TCG: tens of seconds)
+WARM_S = 120.0  # a pooled VM's wait for its default kernel (ipykernel under TCG: 15-25 s)
 DEFAULT = "default"
 RUNS_KEPT = 64  # the runs the guest's server keeps (hypervisor/rift_code.py)
 
@@ -173,13 +174,16 @@ def delete(deps: Deps, caller: Caller, cmd: VmCodeContextIn) -> ContextOut:
 
 
 def code_ready(deps: Deps, vm: Vm) -> None:
-    """A pooled VM's code server started with its default context's kernel, so the VM
-    (or its saved state) is handed out with the kernel running; a guest without
-    python3 (`tiny`) or that cannot start it is handed out as it is."""
+    """A pooled VM's code server started with its default context's kernel, and that
+    kernel warm (started, its first cell run), so the VM (or its saved state) is
+    handed out with the kernel ready: its first run costs what a later one does. A
+    kernel still starting after WARM_S is handed out as it is (its first run waits
+    for it); a guest without python3 (`tiny`) or that cannot start it, too."""
     if vm.ssh_port is None:  # no guest behind it (libvirt's test driver)
         return
     try:
         deps.code.start(vm)
+        deps.code.request(vm, req("GET", f"/health?wait_ms={int(WARM_S * 1000)}", WARM_S))
     except (GuestUnreachable, NoPython) as exc:
         deps.log.info("pool vm runs no code server", extra={"vm_id": vm.id,
                                                             "error": str(exc)[:200]})
