@@ -93,7 +93,7 @@ async def relay_to(deps: Deps, scope: Scope, receive: Receive, send: Send,
         try:  # SPEC §17: a request wakes it, answered once the guest's server answers
             # no warm-up before the first byte: an exec's helper does not serve it
             woken = await anyio.to_thread.run_sync(
-                lambda: wake(deps, vm.id, EXPOSURE, warm_now=False))
+                lambda: wake(deps, vm.id, EXPOSURE, woken_by="exposure"))
             target = Target(woken, target.port)
         except RiftError as exc:
             await refuse(scope, send, 503, f"VM {vm.id} did not wake: {exc.message}")

@@ -28,6 +28,7 @@ from rift.services.ports import (
     Guests,
     PortChannel,
     PortClosed,
+    WokenBy,
 )
 
 T = TypeVar("T")
@@ -155,19 +156,25 @@ class SshLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         self.life.drop_connections(vm_id)
 
-    def resumed(self, vm: Vm, timeout_s: float, *, warm_now: bool = True) -> None:
+    def resumed(self, vm: Vm, timeout_s: float, *, woken_by: WokenBy = "call") -> None:
         def call() -> None:
             began = time.monotonic()
             self.life.reconnect(vm, None, timeout_s)
             logged_in = time.monotonic()
-            # now, after the login took its time; the guest warmed up in the same session
-            warmed = self.life.set_clock_and_warm(vm, time.time(), warm=warm_now)
-            if not warm_now:
+            warmed: bool | str
+            if woken_by == "exec":  # its own command sets the clock and warms the guest up
+                self.life.clock_with_next_command(vm)
+                warmed = "by the exec"
+            else:  # now, after the login took its time; warmed up in the same session
+                warmed = self.life.set_clock_and_warm(vm, time.time(),
+                                                      warm=woken_by == "call")
+            if woken_by == "exposure":
                 self.life.runner.warmer.warm_later(vm, after_s=WARM_AFTER_S)
+                warmed = "later"
             log.info("guest resumed", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
                 "clock_and_warm_up_ms": round((time.monotonic() - logged_in) * 1000, 1),
-                "warmed": warmed if warm_now else "later"})
+                "warmed": warmed})
 
         _call(vm, call)
 

@@ -78,12 +78,30 @@ class Connections:
         # VM id -> until when its SSH server may still be restarting (a fork's)
         self.restarting: dict[str, float] = {}
         self.serial: dict[str, Path] = {}  # vm id -> serial log given by its boot wait
+        # VMs woken by an exec whose clock the next command sets (`owe_clock`)
+        self.clock_owed: set[str] = set()
         # vm id -> the connection that carries its exposures' channels (many at once)
         self.tunnels: dict[str, paramiko.Transport] = {}
         self.pool: ConnectionPool[paramiko.Transport] = ConnectionPool(
             self.connect, per_vm=settings.connections_per_vm)
         # closes a connection whose call is stuck past its deadline (rift.guest.watchdog)
         self.watchdog = Watchdog()
+
+    def owe_clock(self, vm_id: str) -> None:
+        """The guest's clock is behind (a wake restored the one it was saved with):
+        the next command run in it sets it first (`clock_line`)."""
+        with self.lock:
+            self.clock_owed.add(vm_id)
+
+    def clock_line(self, vm_id: str) -> str:
+        """What the next command of `vm_id` starts with: the setting of its clock to
+        this host's, when it is owed (then no longer; `owe_clock` again when the
+        command did not reach the guest), else nothing."""
+        with self.lock:
+            if vm_id not in self.clock_owed:
+                return ""
+            self.clock_owed.discard(vm_id)
+        return f'date -s "@{round(time.time())}" >/dev/null 2>&1; '
 
     def remember(self, vm: Vm) -> None:
         with self.lock:
@@ -246,6 +264,7 @@ class Connections:
             self.task_of.pop(vm_id, None)
             self.restarting.pop(vm_id, None)
             self.serial.pop(vm_id, None)
+            self.clock_owed.discard(vm_id)
             standby = self.standby.pop(vm_id, None)
             self.closed.add(vm_id)
         if standby is not None:
@@ -263,6 +282,7 @@ class Connections:
             self.host_keys.clear()
             self.task_of.clear()
             self.serial.clear()
+            self.clock_owed.clear()
             standbys = list(self.standby.values())
             self.standby.clear()
             self.closed.clear()

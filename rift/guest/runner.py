@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hypervisor.base import ImageError
@@ -63,10 +64,28 @@ class Runner:
         return self.egress_environment if proxied(vm.egress) else ""
 
     def run(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: float,
-             out_cap: int) -> Collected:
+            out_cap: int) -> Collected:
         """Run `command` in the guest on a pooled connection; past `timeout_s`, kill it.
         Output is kept up to the caps (the rest is read and dropped); a step paramiko
-        waits on past the deadline and the kill's wait gets the connection closed."""
+        waits on past the deadline and the kill's wait gets the connection closed.
+        A clock owed since a wake is set first (Connections.clock_line)."""
+        with self._clocked(vm.id) as clock:
+            return self._run(vm, clock + command, stdin, timeout_s, out_cap)
+
+    @contextmanager
+    def _clocked(self, vm_id: str) -> Iterator[str]:
+        """The clock's line owed to `vm_id`'s next command (or ""), owed again when
+        the command fails: it may not have reached the guest."""
+        clock = self.conns.clock_line(vm_id)
+        try:
+            yield clock
+        except BaseException:
+            if clock:
+                self.conns.owe_clock(vm_id)
+            raise
+
+    def _run(self, vm: Vm, command: str, stdin: bytes | None, timeout_s: float,
+             out_cap: int) -> Collected:
         where = address(vm)
         self.conns.remember(vm)
         self.warmer.settle(vm.id)
@@ -96,7 +115,8 @@ class Runner:
         """Run one rift-exec command on a pooled connection: (its exit status, what
         it printed, at most `call.limit` bytes). Each ends soon: `start` and `read`
         once their wait is over (an exec's keeper is a process of its own)."""
-        status, data = self._helper_once(vm, call)
+        with self._clocked(vm.id) as clock:
+            status, data = self._helper_once(vm, replace(call, line=clock + call.line))
         if status == NOT_FOUND and self.helper_binary is not None:
             # A guest Rift did not build (a qcow2 image) has no rift-exec: give it one.
             self.upload_helper(vm)

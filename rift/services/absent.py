@@ -13,7 +13,14 @@ from typing import Any, Literal
 from hypervisor.base import DomainSpec, HypervisorError, ImageError
 from rift.domain.errors import GuestUnreachable, HypervisorFailed, InvalidArgument
 from rift.domain.model import Vm
-from rift.services.ports.guest import ExecRead, ExecStart, GuestExec, Guests, PortChannel
+from rift.services.ports.guest import (
+    ExecRead,
+    ExecStart,
+    GuestExec,
+    Guests,
+    PortChannel,
+    WokenBy,
+)
 from rift.services.ports.hosts import Overlay
 
 NO_SHELL = "this control plane has no guest access configured"
@@ -101,7 +108,7 @@ class NoGuestLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         return None
 
-    def resumed(self, vm: Vm, timeout_s: float, *, warm_now: bool = True) -> None:
+    def resumed(self, vm: Vm, timeout_s: float, *, woken_by: WokenBy = "call") -> None:
         return None
 
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,

@@ -2,7 +2,7 @@
 real paramiko server on loopback, no QEMU: it logs in once, sets the guest's
 clock and warms it up in one session (rift.guest.warm), and leaves that
 connection open, so the call that woke the VM runs on it with no login of its
-own."""
+own; a wake by an exec leaves the clock to the exec's own command."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from rift.guest import ShellSettings, SshGuestShell, key_for_task
+from rift.guest import ShellSettings, SshGuestShell, key_for_task, life
 from rift.guest.adapter import guests_of
+from rift.guest.errors import GuestError
 from rift.guest.warm import WARM_AFTER_S, WARM_UP_LINE, WARMED
 from tests.support.ssh_servers import LoopbackGuest, serving, vm_at
 
@@ -33,6 +34,8 @@ class Guest(LoopbackGuest):
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         # the login shell's line: a pid header, then `eval '<the command>'`
         line = shlex.split(command.decode().split("; eval ", 1)[1])[0]
+        if "refused" in line:
+            return False  # the command never runs
         self.commands.append(line)
         out = f"{WARMED}\n".encode() if WARM_UP_LINE in line else b""  # its helper ran
         threading.Thread(target=self._answer, args=(channel, out), daemon=True).start()
@@ -89,7 +92,7 @@ def test_a_wake_by_an_exposure_sets_the_clock_alone_and_warms_up_a_moment_after(
     shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=5.0))
     vm = vm_at(port, "resumed02", "task_resumed")
     try:
-        guests_of(shell).lifecycle.resumed(vm, 10.0, warm_now=False)
+        guests_of(shell).lifecycle.resumed(vm, 10.0, woken_by="exposure")
         woke = time.monotonic()
         assert len(fake.commands) == 1 and fake.commands[0].startswith('date -s "@')
         assert fake.commands[0].endswith('" >/dev/null'), fake.commands  # no warm-up in it
@@ -99,5 +102,55 @@ def test_a_wake_by_an_exposure_sets_the_clock_alone_and_warms_up_a_moment_after(
         assert time.monotonic() - woke >= WARM_AFTER_S * 0.9
         assert fake.commands[1] == WARM_UP_LINE and fake.logins == 1, fake
         shell.life.runner.warmer.settle(vm.id)  # its answer read before the shell closes
+    finally:
+        shell.close()
+
+
+def _clock_then(line: str, command: str, before: float, after: float) -> None:
+    clock, rest = line.split("; ", 1)
+    assert clock.startswith('date -s "@') and clock.endswith('" >/dev/null 2>&1'), line
+    assert round(before) <= int(clock.split("@")[1].split('"')[0]) <= round(after) + 1
+    assert rest == command, line
+
+
+def test_a_wake_by_an_exec_leaves_the_clock_to_its_command_and_owes_it_until_one_runs(
+        guest: tuple[Guest, int], tmp_path: Path) -> None:
+    """No session of its own: the login alone, then the exec's command sets the clock
+    first (a refused command owes it still; the command after it does not)."""
+    fake, port = guest
+    key_for_task(tmp_path, "task_resumed")
+    shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=5.0))
+    vm = vm_at(port, "resumed03", "task_resumed")
+    runner = shell.life.runner
+    try:
+        guests_of(shell).lifecycle.resumed(vm, 10.0, woken_by="exec")
+        assert fake.logins == 1 and fake.commands == [], fake
+        with pytest.raises(GuestError):
+            runner.run(vm, "echo refused", None, 5.0, 4096)
+        before = time.time()
+        assert runner.run(vm, "echo the exec", None, 5.0, 4096).exit_code == 0
+        _clock_then(fake.commands[0], "echo the exec", before, time.time())
+        assert runner.run(vm, "echo the next", None, 5.0, 4096).exit_code == 0
+        assert fake.commands[1:] == ["echo the next"], fake.commands
+    finally:
+        shell.close()
+
+
+def test_an_owed_clock_is_set_on_its_own_when_no_command_comes(
+        guest: tuple[Guest, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, port = guest
+    monkeypatch.setattr(life, "CLOCK_OWED_S", 0.2)
+    key_for_task(tmp_path, "task_resumed")
+    shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=5.0))
+    vm = vm_at(port, "resumed04", "task_resumed")
+    try:
+        before = time.time()
+        guests_of(shell).lifecycle.resumed(vm, 10.0, woken_by="exec")
+        woke = time.monotonic()
+        while not fake.commands:
+            assert time.monotonic() - woke < 5, "the owed clock was never set"
+            time.sleep(0.05)
+        _clock_then(fake.commands[0], "true", before, time.time())
+        assert fake.logins == 1, fake
     finally:
         shell.close()

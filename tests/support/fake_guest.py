@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Literal
 
 from rift.domain.model import Vm
-from rift.services.ports import ExecGone, ExecRead, ExecStart, GuestExec, Guests, PortClosed
+from rift.services.ports import (
+    ExecGone,
+    ExecRead,
+    ExecStart,
+    GuestExec,
+    Guests,
+    PortClosed,
+    WokenBy,
+)
 
 _ECHO = re.compile(r"echo (.*)")
 
@@ -97,7 +105,7 @@ class FakeLifecycle:
     """GuestLifecycle: nothing is connected; the calls are noted (name, VM id)."""
 
     calls: list[tuple[str, str]] = field(default_factory=list)
-    warmed_later: list[str] = field(default_factory=list)  # resumed with warm_now=False
+    woken_by: list[tuple[str, str]] = field(default_factory=list)  # (VM id, woken_by)
 
     def wait_ready(self, vm: Vm, serial_log: Path, timeout_s: float,
                    markers: bool = True) -> None:
@@ -115,10 +123,9 @@ class FakeLifecycle:
     def drop_connections(self, vm_id: str) -> None:
         self.calls.append(("drop_connections", vm_id))  # a pause: nothing here is connected
 
-    def resumed(self, vm: Vm, timeout_s: float, *, warm_now: bool = True) -> None:
+    def resumed(self, vm: Vm, timeout_s: float, *, woken_by: WokenBy = "call") -> None:
         self.calls.append(("resumed", vm.id))
-        if not warm_now:
-            self.warmed_later.append(vm.id)
+        self.woken_by.append((vm.id, woken_by))
 
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:

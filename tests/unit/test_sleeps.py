@@ -77,7 +77,7 @@ def test_a_task_quiet_for_its_sleep_time_puts_its_vm_to_sleep_and_an_exec_wakes_
     woke = vms.get(gdeps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
     assert woke.status == "running" and woke.woke is not None and woke.woke.ms >= 0
     assert ("resumed", vm_id) in life.calls  # logged in again, its clock set
-    assert life.warmed_later == []  # and warmed up in the same session, for this exec
+    assert life.woken_by == [(vm_id, "exec")]  # its command sets the clock and warms up
     types = event_types(gdeps, task_id)
     assert types.index("vm_slept") < types.index("vm_woke") < types.index("exec_started")
 

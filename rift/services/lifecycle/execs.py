@@ -77,7 +77,8 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
                                {"exec_id": exec_id, "vm_id": vm.id}))
         return task, vm, ex
 
-    task, vm, ex = awake(deps, caller.label, lambda: in_write(deps.store, record))  # SPEC §17
+    task, vm, ex = awake(deps, caller.label, lambda: in_write(deps.store, record),  # SPEC §17
+                         woken_by="exec")
     if watch is not None:
         watch.begun(exec_id)
     shell = reach(vm, deps.guests.execs)
@@ -254,7 +255,7 @@ def held_exec(deps: Deps, caller: Caller, handle: str | None,
             raise VmAsleep(vm.id, vm.status, doing=vm.change)  # woken (SPEC §17)
         return task, ex, vm if vm is not None and vm.status == "running" else None
 
-    return awake(deps, caller.label, lambda: in_write(deps.store, work))
+    return awake(deps, caller.label, lambda: in_write(deps.store, work), woken_by="exec")
 
 
 def _check_offsets(ex: Exec, out_from: int, err_from: int) -> None:

@@ -48,7 +48,7 @@ from rift.services.lifecycle import code_records
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import disk_floor_bytes
 from rift.services.lifecycle.teardown import destroy_domain, host_uri, vm_ended
-from rift.services.ports import Tx
+from rift.services.ports import Tx, WokenBy
 
 T = TypeVar("T")
 BATCH = 200
@@ -58,24 +58,27 @@ _WAKES = 3  # a call found its VM asleep again this many times: it answers vm_no
 
 # -- calls that need a VM ------------------------------------------------------------------
 
-def awake(deps: Deps, actor: str, call: Callable[[], T]) -> T:
+def awake(deps: Deps, actor: str, call: Callable[[], T], woken_by: WokenBy = "call") -> T:
     """Run `call` (a use case's step that checks its VM runs, `leases.check_running`);
-    when it finds the VM asleep, wake it and run it again."""
+    when it finds the VM asleep, wake it for the call (`woken_by`: an exec's step
+    says so: its command then sets the guest's clock) and run it again."""
     for _ in range(_WAKES):
         try:
             return call()
         except VmAsleep as asleep:
-            wake(deps, asleep.vm_id, actor)
+            wake(deps, asleep.vm_id, actor, woken_by=woken_by)
     return call()
 
 
-def wake(deps: Deps, vm_id: str, actor: str, *, warm_now: bool = True) -> Vm:
+def wake(deps: Deps, vm_id: str, actor: str, *, woken_by: WokenBy = "call") -> Vm:
     """Wake a sleeping VM and answer it running; wait for one going to sleep or
     waking by another call. `vm_not_running` for any other status (a paused VM is
     its agent's: no call wakes it); `no_capacity` when its host has no room for it
     now; `guest_unreachable` when the wake fails (the VM is then `failed`).
-    `warm_now=False` (a request to an exposure, which no exec helper serves): the
-    wake sets the clock alone and the guest warms up a moment after."""
+    `woken_by` is what the call that woke it does next (GuestLifecycle.resumed):
+    any call (the guest's clock set and the guest warmed up before it goes on), an
+    exec (whose command sets the clock) or a request to an exposure (the clock
+    alone; the guest warms up a moment after)."""
     began = time.monotonic()
     deadline = began + deps.runtime.boot_timeout_s + deps.limits.creating_grace_s
     while True:
@@ -83,7 +86,7 @@ def wake(deps: Deps, vm_id: str, actor: str, *, warm_now: bool = True) -> Vm:
         if vm.status == "running" and vm.change is None:
             return vm
         if mine:
-            return _wake(deps, vm, actor, began, warm_now)
+            return _wake(deps, vm, actor, began, woken_by)
         if time.monotonic() >= deadline:
             raise VmNotRunning(vm.id, vm.status, doing=vm.change)
         time.sleep(WAIT_STEP_S)
@@ -118,7 +121,7 @@ def _check_room(tx: Tx, vm: Vm) -> None:
                          load.free_memory_mib if load else 0)
 
 
-def _wake(deps: Deps, vm: Vm, actor: str, began: float, warm_now: bool) -> Vm:
+def _wake(deps: Deps, vm: Vm, actor: str, began: float, woken_by: WokenBy) -> Vm:
     with deps.store.read() as tx:
         uri = host_uri(tx, vm.host)
     try:
@@ -126,7 +129,7 @@ def _wake(deps: Deps, vm: Vm, actor: str, began: float, warm_now: bool) -> Vm:
             raise HypervisorError("restore", f"host {vm.host} is not known")
         deps.hosts.hypervisor(uri).restore(vm.domain_name)
         if vm.ssh_port is not None:
-            deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s, warm_now=warm_now)
+            deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s, woken_by=woken_by)
     except (HypervisorError, GuestUnreachable) as exc:
         reason = exc.message if isinstance(exc, GuestUnreachable) else str(exc)
         _fail(deps, vm, uri, f"its wake failed: {reason}", actor)

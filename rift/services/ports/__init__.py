@@ -31,6 +31,7 @@ from rift.services.ports.guest import (
     Guests,
     PortChannel,
     PortClosed,
+    WokenBy,
 )
 from rift.services.ports.hosts import HostFiles, HostPool, Overlay
 from rift.services.ports.repositories import (
@@ -74,6 +75,7 @@ __all__ = [
     "Tx",
     "VolumeFiles",
     "VolumeRepository",
+    "WokenBy",
 ]
 
 

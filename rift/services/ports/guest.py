@@ -72,6 +72,10 @@ class ExecRead:
     deadline_s: float | None = None
 
 
+# what a wake waits for (GuestLifecycle.resumed)
+WokenBy = Literal["call", "exec", "exposure"]
+
+
 class ExecGone(Exception):
     """The guest answered, but the exec cannot do what was asked: `why` is
     `unknown` (the guest has no such exec: it rebooted), `ended` or `stdin_closed`."""
@@ -187,10 +191,14 @@ class GuestLifecycle(Protocol):
         """Close the VM's connections before a pause cuts them; its host key stays
         pinned."""
         ...
-    def resumed(self, vm: Vm, timeout_s: float, *, warm_now: bool = True) -> None:
-        """After a resume: log in again (retrying until `timeout_s`) and set the
-        guest's clock to this host's; warm the guest up in that session, or with
-        `warm_now=False` a moment after (the call that woke it needs no exec)."""
+    def resumed(self, vm: Vm, timeout_s: float, *, woken_by: WokenBy = "call") -> None:
+        """After a resume or a wake: log in again (retrying until `timeout_s`) and set
+        the guest's clock to this host's. `woken_by` is the call waiting for it:
+        `call` (any), the clock set and the guest warmed up in one session, so an
+        exec that follows costs what the next does; `exposure` (a request to an
+        exposed port, which no exec helper serves), the clock alone and the warm-up a
+        moment after; `exec`, the clock set by the exec's own command, which warms
+        the guest up as it runs (one session less before it)."""
         ...
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:
