@@ -24,13 +24,11 @@ import json
 import logging
 import os
 import socket
-import sqlite3
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ from mcp.client.session import ClientSession
 from bench.common import print_table, work_dir
 from bench.mcp import _session, _start
 from rift.guest.keys import load_key
+from tests.support.servers import destroy_installation
 
 URI = "qemu:///system"
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,27 +87,6 @@ def serve_real(port: int, data_dir: Path, images: dict[str, Path], default_image
                     log_level="warning", workers=1)
     finally:
         close_deps(deps)
-
-
-def destroy_leftovers(data_dir: Path) -> None:
-    """Destroy the domains a benchmark's stopped server left behind (a scenario that
-    failed before it closed its tasks): those of its installation only."""
-    from hypervisor.libvirt import LibvirtHypervisor
-
-    db = data_dir / "rift.db"
-    if not db.is_file():
-        return
-    with closing(sqlite3.connect(db)) as conn:
-        row = conn.execute("SELECT value FROM meta WHERE key = 'install_id'").fetchone()
-    if row is None:
-        return
-    hv = LibvirtHypervisor(URI)
-    try:
-        for domain in hv.list_domains():
-            if domain.install == row[0]:
-                hv.destroy(domain.name)
-    finally:
-        hv.close()
 
 
 # -- the raw side ---------------------------------------------------------------------
@@ -289,7 +267,7 @@ def against_server(name: str, scenario: Callable[[str, str, Path], Awaitable[Non
         finally:
             proc.terminate()
             proc.wait(30)
-            destroy_leftovers(Path(tmp))
+            destroy_installation(Path(tmp), URI)
 
 
 def main() -> None:

@@ -256,7 +256,7 @@ def cached_python() -> Path:
             print(f"built the python image in {time.monotonic() - began:.0f} s",
                   file=sys.stderr, flush=True)
         finally:
-            _end_build(work / "data")
+            destroy_installation(work / "data")
             shutil.rmtree(work, ignore_errors=True)
     return target
 
@@ -280,9 +280,10 @@ def _build_python(data_dir: Path) -> str:
     return said
 
 
-def _end_build(data_dir: Path) -> None:
-    """Destroy the domains a build's data dir left running (a build cut short): those
-    of its installation only."""
+def destroy_installation(data_dir: Path, uri: str = REAL_URI) -> None:
+    """Destroy the domains a stopped server's data dir left running (a build cut
+    short, a benchmark's scenario that failed before it closed its tasks): those of
+    its installation only."""
     import sqlite3
     from contextlib import closing
 
@@ -294,7 +295,7 @@ def _end_build(data_dir: Path) -> None:
         row = conn.execute("SELECT value FROM meta WHERE key = 'install_id'").fetchone()
     if row is None:
         return
-    hv = LibvirtHypervisor(REAL_URI)
+    hv = LibvirtHypervisor(uri)
     try:
         for domain in hv.list_domains():
             if domain.install == row[0]:
