@@ -5,7 +5,10 @@ Race-safe without locks: rows are read before the domain listing to find
 domains that vanished (a row already `running` then had its domain before the
 listing began), and again after it to find orphans (a domain is made only
 after its row exists, so a domain with no live row after the listing is one
-nobody will ever account for).
+nobody will ever account for). A domain whose VM's row is live on another host
+is a live migration in flight (`rift host drain --move`), not an orphan; a row
+is failed only while it still names the host it was read on (a move that wrote
+its new host since took its domain there).
 
 Pool VMs (rift.services.lifecycle.pools) have rows of their own: their domains and files
 are kept while the row is there. Pool rows are read before VM rows, because a
@@ -88,6 +91,8 @@ def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
         current = tx.vms.get(vm.id)
         if current is None or current.destroy_requested_at is not None:
             return False
+        if current.host != vm.host:  # moved since it was read: its domain is there
+            return False
         if (current.status, current.change) != (expected, vm.change):
             return False
         failed, event = current.failed(error, SWEEP, now)
@@ -96,6 +101,18 @@ def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
             tx.events.add(event)
             vm_ended(tx, vm, now, SWEEP)
     return won
+
+
+def _live_elsewhere(deps: Deps, vm_id: str) -> bool:
+    """The VM's row, read after the listing, is live on another host: its domain here
+    is a move in flight (`rift host drain --move`, another process). libvirt lists
+    the incoming domain on the destination while QEMU streams, and it runs there
+    before the drain writes the row's new host. Kept, not an orphan: once the row
+    is no longer live (a move whose process died after the switchover: the source's
+    sweep fails the row, its domain gone) the next sweep destroys it."""
+    with deps.store.read() as tx:
+        vm = tx.vms.get(vm_id)
+    return vm is not None and vm.is_live
 
 
 def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> None:
@@ -120,7 +137,7 @@ def reconcile_host(deps: Deps, host: str, uri: str, report: ReconcileReport) -> 
         probed = probe_started_at(domain.task_id, vm_id)
         if probed is not None and time.time() - probed < PROBE_STALE_S:
             continue  # a KVM probe under way (rift.bootstrap.Accelerators)
-        if vm_id not in after and vm_id not in pooled:
+        if vm_id not in after and vm_id not in pooled and not _live_elsewhere(deps, vm_id):
             try:
                 hv.destroy(domain.name)
                 report.orphans_destroyed.append(domain.name)
