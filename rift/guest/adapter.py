@@ -163,7 +163,7 @@ class SshLifecycle:
             logged_in = time.monotonic()
             warmed: bool | str
             if woken_by == "exec":  # its own command sets the clock and warms the guest up
-                self.life.clock_with_next_command(vm)
+                self.life.runner.clock_with_next_command(vm)
                 warmed = "by the exec"
             else:  # now, after the login took its time; warmed up in the same session
                 warmed = self.life.set_clock_and_warm(vm, time.time(),

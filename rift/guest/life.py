@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from pathlib import Path
 
@@ -37,8 +36,6 @@ from rift.guest.warm import WARM_S, WARM_UP_LINE, WARMED
 log = logging.getLogger("rift.guest.shell")
 
 _LOGIN_RETRY_S = 0.5  # between SSH logins to a guest that prints no ready marker
-# a wake by an exec leaves the clock to it; set on its own this long after if no command came
-CLOCK_OWED_S = 3.0
 
 
 class ShellLife:
@@ -246,26 +243,6 @@ class ShellLife:
             raise GuestError(f"setting the clock failed (exit {collected.exit_code}): "
                              f"{reason}", vm_id=vm.id)
         return WARMED.encode() in collected.stdout
-
-    def clock_with_next_command(self, vm: Vm) -> None:
-        """Leave the setting of the guest's clock to the next command Rift runs in
-        it (the exec that woke it: a session of its own would cost the wake as
-        much as the exec, QEMU translating the SSH server's session code anew);
-        set it on its own CLOCK_OWED_S from now if no command came by then."""
-        self.conns.owe_clock(vm.id)
-
-        def settle() -> None:
-            time.sleep(CLOCK_OWED_S)
-            with self.conns.lock:
-                owed = vm.id in self.conns.clock_owed
-            if not owed:
-                return
-            try:
-                self.runner.run(vm, "true", None, HAND_OVER_S, 4096)  # carries the clock
-            except GuestError as exc:
-                log.info("the clock of %s was not set: %s", vm.id, exc)
-
-        threading.Thread(target=settle, daemon=True, name="rift-clock").start()
 
     def refresh_identity(self, vm: Vm, mac: str, *, keep_host_key: bool = False) -> str:
         """Give a fork (a guest restored from another's saved state) an identity of

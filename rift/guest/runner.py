@@ -6,6 +6,7 @@ guest answers is hostile (SPEC §15)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from hypervisor.base import ImageError
 from hypervisor.exec_helper import GUEST_PATH
 from rift.domain.egress import proxied, proxy_environment
 from rift.domain.model import Vm
-from rift.guest.connections import FAILURES, GRACE_S, Connections
+from rift.guest.connections import FAILURES, GRACE_S, HAND_OVER_S, Connections
 from rift.guest.errors import GuestError
 from rift.guest.exec_view import NO_SUCH_EXEC
 from rift.guest.run import Collected, kill_line, send_within
@@ -27,6 +28,8 @@ from rift.guest.watchdog import Guard
 log = logging.getLogger("rift.guest.shell")
 
 KILL_WAIT_S = 5.0
+# a wake by an exec leaves the clock to it; set alone this long after if no command came
+CLOCK_OWED_S = 3.0
 NOT_FOUND = 127  # the shell's exit status for a command it cannot find
 
 
@@ -71,6 +74,25 @@ class Runner:
         A clock owed since a wake is set first (Connections.clock_line)."""
         with self._clocked(vm.id) as clock:
             return self._run(vm, clock + command, stdin, timeout_s, out_cap)
+
+    def clock_with_next_command(self, vm: Vm) -> None:
+        """Leave the setting of the guest's clock to the next command run in it (the
+        exec that woke it: a session of its own would cost the wake as much as the
+        exec, QEMU translating the SSH server's session code anew); set it alone
+        CLOCK_OWED_S from now if no command came by then."""
+        self.conns.owe_clock(vm.id)
+
+        def settle() -> None:
+            time.sleep(CLOCK_OWED_S)
+            with self.conns.lock:
+                owed = vm.id in self.conns.clock_owed
+            if owed:
+                try:
+                    self.run(vm, "true", None, HAND_OVER_S, 4096)  # carries the clock
+                except GuestError as exc:
+                    log.info("the clock of %s was not set: %s", vm.id, exc)
+
+        threading.Thread(target=settle, daemon=True, name="rift-clock").start()
 
     @contextmanager
     def _clocked(self, vm_id: str) -> Iterator[str]:

@@ -17,7 +17,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from rift.guest import ShellSettings, SshGuestShell, key_for_task, life
+from rift.guest import ShellSettings, SshGuestShell, key_for_task
+from rift.guest import runner as guest_runner
 from rift.guest.adapter import guests_of
 from rift.guest.errors import GuestError
 from rift.guest.warm import WARM_AFTER_S, WARM_UP_LINE, WARMED
@@ -139,7 +140,7 @@ def test_a_wake_by_an_exec_leaves_the_clock_to_its_command_and_owes_it_until_one
 def test_an_owed_clock_is_set_on_its_own_when_no_command_comes(
         guest: tuple[Guest, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake, port = guest
-    monkeypatch.setattr(life, "CLOCK_OWED_S", 0.2)
+    monkeypatch.setattr(guest_runner, "CLOCK_OWED_S", 0.2)
     key_for_task(tmp_path, "task_resumed")
     shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=5.0))
     vm = vm_at(port, "resumed04", "task_resumed")

@@ -75,10 +75,7 @@ def wake(deps: Deps, vm_id: str, actor: str, *, woken_by: WokenBy = "call") -> V
     waking by another call. `vm_not_running` for any other status (a paused VM is
     its agent's: no call wakes it); `no_capacity` when its host has no room for it
     now; `guest_unreachable` when the wake fails (the VM is then `failed`).
-    `woken_by` is what the call that woke it does next (GuestLifecycle.resumed):
-    any call (the guest's clock set and the guest warmed up before it goes on), an
-    exec (whose command sets the clock) or a request to an exposure (the clock
-    alone; the guest warms up a moment after)."""
+    `woken_by`: what woke it (GuestLifecycle.resumed: how the guest's clock is set)."""
     began = time.monotonic()
     deadline = began + deps.runtime.boot_timeout_s + deps.limits.creating_grace_s
     while True:
