@@ -500,7 +500,10 @@ def test_drain_move_live_migrates_a_vm_with_a_running_exec_to_the_other_host(
             await anyio.sleep(1)
             before = await call(s, "rift_vm_exec_get", handle=handle,
                                 exec_id=counter["exec_id"])
-            for n in HOSTS:  # no clear migration stream: its ports are closed for this move
+            # no clear migration stream: its ports are closed to new connections for this
+            # move (only new ones: a reply to the host's own outgoing connection, say the
+            # migration's SSH, may come back to a local port in that range)
+            for n in HOSTS:
                 _nft_in(n, CLEAR_WATCH)
             moved = await anyio.to_thread.run_sync(
                 lambda: real.rift("host", "drain", f"hv{first}", "--move"))
@@ -570,7 +573,7 @@ table inet rift_test_clear {
 	}
 	chain input {
 		type filter hook input priority -10; policy accept;
-		tcp dport 49152-49215 counter name "tried" drop
+		tcp dport 49152-49215 ct state new counter name "tried" drop
 	}
 }
 """
