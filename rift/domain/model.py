@@ -18,8 +18,8 @@ from several states whose row may have moved since it was read (a destroy, a
 note) is made on the row read locked in the same transaction
 (``tx.vms.get(id, lock=True)``), so it is saved against the row as it is.
 
-A VM (SPEC §1, §3, §11, §12; `change` is a pause, resume or snapshot under way,
-recorded before libvirt is asked)::
+A VM (SPEC §1, §3, §11, §12, §14; `change` is a pause, resume, snapshot or move
+under way, recorded before libvirt is asked)::
 
     from (status, change)         method                      to                     event
     (none)                        -                           creating               vm_creating
@@ -32,13 +32,14 @@ recorded before libvirt is asked)::
     paused, none                  changing("resuming", now)   paused, resuming       -
     running, none                 changing("falling_asleep",.) running, falling_asleep -
     sleeping, none                changing("waking", now)     sleeping, waking       -
+    running, none                 changing("moving", now)     running, moving        -
     running, pausing              paused(...)                 paused, none           vm_paused
     sleeping, none                paused(...)                 paused, none           vm_paused
     running, falling_asleep       slept(...)                  sleeping, none         vm_slept
     sleeping, waking              woke(ms, ...)               running, none          vm_woke
     paused, resuming|none         resumed(...)                running, none          vm_resumed
     any, any change               change_ended()              (same status), none    -
-    running, any                  moved((host, port), ...)    running on host        vm_moved
+    running, none|moving          moved((host, port), ...)    running on host, none  vm_moved
     creating|running|paused|sleeping, any  noted(error | None)  (same, error noted)  -
 
 (`failed` and `noted` take every live status: creating, running, paused, sleeping.)
@@ -48,7 +49,10 @@ A sleeping VM (SPEC §17) is saved like a paused one, by Rift rather than its ag
 `paused` from sleeping is a pause that needs no save; `woke` records how long the
 wake took, the view's `woke: {ms}`.
 `change_ended`: a change libvirt refused or a crash cut short, rolled back; or a
-snapshot's save done.)
+snapshot's save done. `moving`: a live migration under way (`rift host drain
+--move`): the VM still runs and takes execs, files and exposures meanwhile, but no
+sweep fails, frees or destroys it while it is recent (rift.services.lifecycle.teardown.
+in_move).)
 
 An exec (SPEC §10) ends once; saved on its status (``tx.execs.save(new, was=old)``:
 ``... WHERE id = ? AND status = 'running'``), so one caller records its end and its
@@ -95,7 +99,8 @@ LIVE_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running", "paused", "slee
 HOLDING_VM_STATUSES: tuple[VmStatus, ...] = ("creating", "running")
 # A change of a VM's state under way (SPEC §12, §17), recorded before libvirt is
 # asked, so reconciliation finishes or rolls back one that a crash cut short.
-VmChange = Literal["pausing", "resuming", "snapshotting", "falling_asleep", "waking"]
+VmChange = Literal["pausing", "resuming", "snapshotting", "falling_asleep", "waking",
+                   "moving"]
 # The changes toward a running VM that hold its vCPUs and memory already.
 STARTING_VM_CHANGES: tuple[VmChange, ...] = ("resuming", "waking")
 # Every status but `destroyed`: what a destroy or a close still puts away, and
@@ -322,8 +327,8 @@ class Vm:
                 self._event("vm_destroyed", by, now, {"host": self.host, **(details or {})}))
 
     def changing(self, change: VmChange, now: datetime) -> Vm:
-        """A pause, resume, snapshot, sleep or wake begins: recorded before libvirt is
-        asked."""
+        """A pause, resume, snapshot, sleep, wake or move begins: recorded before
+        libvirt is asked."""
         source: VmStatus = ("paused" if change == "resuming" else
                             "sleeping" if change == "waking" else "running")
         self._from(change, (source,), changes=(None,))
@@ -365,15 +370,18 @@ class Vm:
     def change_ended(self) -> Vm:
         """The change under way ends with no new status: rolled back, or a snapshot saved."""
         self._from("change ended", (*LIVE_VM_STATUSES,),
-                   changes=("pausing", "resuming", "snapshotting", "falling_asleep", "waking"))
+                   changes=("pausing", "resuming", "snapshotting", "falling_asleep", "waking",
+                            "moving"))
         return replace(self, change=None, change_at=None)
 
     def moved(self, to: tuple[str, int], by: str, now: datetime,
               details: Mapping[str, Any] | None = None) -> tuple[Vm, NewEvent]:
-        """Live-migrated: `to` is its new host and the SSH port it is reached on there."""
-        self._from("moved", ("running",))
+        """Live-migrated: `to` is its new host and the SSH port it is reached on there;
+        the move under way, if recorded, ends."""
+        self._from("moved", ("running",), changes=(None, "moving"))
         host, ssh_port = to
-        return replace(self, host=host, ssh_port=ssh_port), self._event("vm_moved", by, now, {
+        return replace(self, host=host, ssh_port=ssh_port, change=None,
+                       change_at=None), self._event("vm_moved", by, now, {
             "from": self.host, "to": host, "ssh_port": ssh_port, **(details or {})})
 
     def noted(self, error: str | None) -> Vm:

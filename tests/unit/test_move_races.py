@@ -10,13 +10,16 @@ from hypervisor.base import DomainRecord, HypervisorError
 from hypervisor.fake import FakeHypervisor
 from rift.contract import tools as c
 from rift.contract.base import command
-from rift.services.background import reconcile
-from rift.services.context import Deps
-from rift.services.lifecycle import tasks, vms
+from rift.services.background import reconcile, sweeps
+from rift.services.context import SWEEP, Deps
+from rift.services.lifecycle import execs, snapshots, tasks, vms
+from rift.services.lifecycle.teardown import Closing, close_in_tx
 from rift.services.operator import hosts
 from rift.services.operator.hosts import HostSize
 from rift.services.operator.moves import drain_and_move
-from tests.support.engine import ALICE, FakePool
+from tests.support.engine import ALICE, FakePool, refused
+from tests.support.fake_guest import FakeExecs, fake_guests
+from tests.support.vm_rows import give_ssh_address
 
 
 def _one_on_far(deps: Deps) -> str:
@@ -83,3 +86,64 @@ def test_a_sweep_that_read_the_row_before_the_move_wrote_it_keeps_the_vm(
     assert swept.vanished == [] and swept.orphans_destroyed == []
     got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
     assert (got.status, got.host) == ("running", "local") and f"rift-{vm_id}" in local_hv.domains
+
+
+def test_a_sweep_between_the_switchover_and_the_rows_write_keeps_the_vm(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor) -> None:
+    """The whole sweep runs after the domain went to the destination and before the
+    drain writes the row's new host: the row is marked moving, so the sweep neither
+    fails it (its domain is not on the host it names) nor destroys the domain there."""
+    vm_id = _one_on_far(deps)
+    far = pool.hypervisor("fake:///far")
+    real_migrate = far.migrate
+    seen: list[reconcile.ReconcileReport] = []
+    marked: list[tuple[str, str | None]] = []
+
+    def migrate(*args: object, **kw: object) -> None:
+        real_migrate(*args, **kw)  # type: ignore[arg-type]
+        during = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+        marked.append((during.host, during.status))
+        seen.append(reconcile.reconcile(deps))
+
+    far.migrate = migrate  # type: ignore[method-assign]
+    report = drain_and_move(deps, "far")
+    assert marked == [("far", "running")]
+    assert seen[0].vanished == [] and seen[0].orphans_destroyed == []
+    assert report.moved == [(vm_id, "local")]
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert (got.status, got.host) == ("running", "local") and f"rift-{vm_id}" in local_hv.domains
+
+
+def test_a_vm_being_moved_takes_execs_refuses_a_snapshot_and_no_sweep_destroys_it(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor) -> None:
+    """While it moves its VM runs (an exec starts), a snapshot is refused, and a
+    closed task's sweep destroys it only once the drain wrote where it went."""
+    deps = replace(deps, guests=fake_guests(execs=FakeExecs()))
+    hosts.add_host(deps, "far", "fake:///far", HostSize(64, 1_000_000))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    handle = str(opened.handle)
+    vm_id = vms.new(deps, ALICE, command(c.VmNewIn, handle=handle)).vm.id
+    with deps.store.write() as tx:
+        give_ssh_address(tx, vm_id)
+    far = pool.hypervisor("fake:///far")
+    real_migrate = far.migrate
+    during = sweeps.SweepReport()
+
+    def migrate(*args: object, **kw: object) -> None:
+        execs.start(deps, ALICE, command(c.VmExecIn, handle=handle, vm_id=vm_id,
+                                         command="true"))
+        refused("vm_not_running", snapshots.make, deps, ALICE,
+                command(c.VmSnapshotIn, handle=handle, vm_id=vm_id))
+        with deps.store.write() as tx:  # a close whose process died before its destroys
+            task = tx.tasks.get(opened.task.id)
+            assert task is not None
+            close_in_tx(tx, task, Closing(SWEEP, "closed", deps.clock.now()))
+        sweeps.finish_closing(deps, during)
+        real_migrate(*args, **kw)  # type: ignore[arg-type]
+
+    far.migrate = migrate  # type: ignore[method-assign]
+    assert drain_and_move(deps, "far").moved == [(vm_id, "local")]
+    assert during.destroyed == [] and during.refused == []
+    after = sweeps.SweepReport()
+    sweeps.finish_closing(deps, after)
+    assert after.destroyed == [vm_id] and f"rift-{vm_id}" not in local_hv.domains

@@ -8,7 +8,10 @@ after its row exists, so a domain with no live row after the listing is one
 nobody will ever account for). A domain whose VM's row is live on another host
 is a live migration in flight (`rift host drain --move`), not an orphan; a row
 is failed only while it still names the host it was read on (a move that wrote
-its new host since took its domain there).
+its new host since took its domain there), and never while it is marked moving
+(the drain marks it before the migration begins and clears the mark when it
+writes the new host; rift.services.lifecycle.teardown.in_move): between the
+switchover and that write its domain is on no host the row names.
 
 Pool VMs (rift.services.lifecycle.pools) have rows of their own: their domains and files
 are kept while the row is there. Pool rows are read before VM rows, because a
@@ -35,7 +38,7 @@ from rift.services.lifecycle.guest_kinds import vm_files
 from rift.services.lifecycle.pauses import settle_change
 from rift.services.lifecycle.pool_filler import stale_pool_vms
 from rift.services.lifecycle.sleeps import settle_sleep
-from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, vm_ended
+from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, in_move, vm_ended
 from rift.services.lifecycle.volume_settle import settle_attachments
 from rift.services.lifecycle.volumes import moved
 from rift.services.ports import Tx
@@ -90,6 +93,8 @@ def _fail(deps: Deps, vm: Vm, expected: VmStatus, error: str) -> bool:
     with deps.store.write() as tx:
         current = tx.vms.get(vm.id)
         if current is None or current.destroy_requested_at is not None:
+            return False
+        if in_move(deps, current):  # its domain may be on either host: the move says
             return False
         if current.host != vm.host:  # moved since it was read: its domain is there
             return False
@@ -183,9 +188,10 @@ def _check_row(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
 
 def _check_changing(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
                     report: ReconcileReport) -> None:
-    """A pause or resume under way for longer than any takes (a crash cut it): finished
-    or rolled back by what the domain shows; failed when it has neither run nor a
-    saved state."""
+    """A pause, resume or move under way for longer than any takes (a crash cut it):
+    finished or rolled back by what the domain shows (a move whose domain still runs
+    on the row's host is rolled back); failed when it has neither run nor a saved
+    state."""
     if vm.destroy_requested_at is not None:
         _finish_destroy(deps, vm, report)
         return

@@ -21,7 +21,13 @@ from rift.services.lifecycle.exec_ends import record_ends
 from rift.services.lifecycle.sleeps import sleep_quiet
 from rift.services.lifecycle.snapshot_files import dead_snapshot_files
 from rift.services.lifecycle.snapshots import settle_snapshots
-from rift.services.lifecycle.teardown import Closing, close_in_tx, destroy_vms, forget_task_key
+from rift.services.lifecycle.teardown import (
+    Closing,
+    close_in_tx,
+    destroy_vms,
+    forget_task_key,
+    in_move,
+)
 
 BATCH = 200
 
@@ -62,7 +68,8 @@ def finish_closing(deps: Deps, report: SweepReport) -> None:
     while True:
         with deps.store.read() as tx:
             vms: list[Vm] = tx.fleet.live_of_closed_tasks(BATCH)
-        done, refused = destroy_vms(deps, vms, SWEEP)
+        # one being moved is destroyed once its row names the host its domain is on
+        done, refused = destroy_vms(deps, [vm for vm in vms if not in_move(deps, vm)], SWEEP)
         for task_id in {vm.task_id for vm in vms if vm.id in done}:
             with deps.store.read() as tx:
                 if tx.vms.count_live(task_id) == 0:

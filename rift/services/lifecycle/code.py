@@ -201,7 +201,7 @@ def guest_vm(deps: Deps, caller: Caller, handle: str | None, vm_id: str,
         now = deps.clock.now()
         task = check_handle(deps, tx, caller, parsed, now)
         vm = task_vm(tx, task, vm_id, running=False)
-        if begin is not None and vm.status == "running" and vm.change is None:
+        if begin is not None and vm.status == "running" and vm.change in (None, "moving"):
             code_records.run_begun(tx, vm, begin, now)
         return task, vm
 

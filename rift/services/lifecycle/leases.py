@@ -83,7 +83,8 @@ def owned_task(tx: Tx, caller: Caller, task_id: str) -> Task:
 def task_vm(tx: Tx, task: Task, vm_id: str, *, running: bool = True) -> Vm:
     """The VM `vm_id` of `task` (another task's is answered like a missing one:
     `vm_not_found`); with `running`, one that runs with no pause, resume or
-    snapshot under way, else `vm_not_running` (naming what it is doing)."""
+    snapshot under way (check_running), else `vm_not_running` (naming what it is
+    doing)."""
     vm = tx.vms.get(vm_id)
     if vm is None or vm.task_id != task.id:
         raise VmNotFound(vm_id)
@@ -93,12 +94,13 @@ def task_vm(tx: Tx, task: Task, vm_id: str, *, running: bool = True) -> Vm:
 
 
 def check_running(vm: Vm) -> None:
-    """`vm_not_running` unless the VM runs with no change under way; `VmAsleep` (a
-    `vm_not_running` that rift.services.lifecycle.sleeps.awake answers by waking it)
-    when it sleeps, is going to sleep, or is waking (SPEC §17)."""
+    """`vm_not_running` unless the VM runs with no change under way but a move (a
+    live migration: it runs meanwhile, SPEC §14); `VmAsleep` (a `vm_not_running`
+    that rift.services.lifecycle.sleeps.awake answers by waking it) when it sleeps,
+    is going to sleep, or is waking (SPEC §17)."""
     if vm.status == "sleeping" or vm.change in ("falling_asleep", "waking"):
         raise VmAsleep(vm.id, vm.status, doing=vm.change)
-    if vm.status != "running" or vm.change is not None:
+    if vm.status != "running" or vm.change not in (None, "moving"):
         raise VmNotRunning(vm.id, vm.status, doing=vm.change)
 
 

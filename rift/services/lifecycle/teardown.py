@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from hypervisor.base import HypervisorError
@@ -24,6 +24,18 @@ from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.ports import Tx
 
 _DESTROYABLE = DESTROYABLE_VM_STATUSES
+
+
+def in_move(deps: Deps, vm: Vm) -> bool:
+    """A live migration of the VM under way (`rift host drain --move` marks the row
+    `moving` before it begins), begun less than `RIFT_VM_CREATING_GRACE_S` ago: no
+    sweep fails, frees or destroys the VM meanwhile (its domain may be on either host
+    or both). An older mark is a move whose process died: reconciliation settles it
+    by what the row's host lists."""
+    if vm.change != "moving" or vm.change_at is None:
+        return False
+    return deps.clock.now() - vm.change_at < timedelta(seconds=deps.limits.creating_grace_s)
+
 
 # -- the end of a VM's sub-resources -------------------------------------------------------
 

@@ -22,6 +22,7 @@ from rift.domain.errors import (
     HypervisorFailed,
     InvalidArgument,
     RiftError,
+    VmNotRunning,
     VolumeBusy,
     VolumeNotFound,
 )
@@ -53,6 +54,13 @@ def disk_of(deps: Deps, uri: str, att: Attachment) -> VolumeDisk:
                       att.read_only)
 
 
+def not_moving(vm: Vm) -> None:
+    """A VM being moved (`rift host drain --move`) takes no attach or detach: the
+    move carries the volumes it held when it began."""
+    if vm.change == "moving":
+        raise VmNotRunning(vm.id, vm.status, doing=vm.change)
+
+
 def attach(deps: Deps, caller: Caller, cmd: VmAttachVolumeIn) -> VmOut:
     """`rift_vm_attach_volume`: plug the volume into the running VM and mount it."""
     parsed = parse_handle(cmd.handle)
@@ -62,6 +70,7 @@ def attach(deps: Deps, caller: Caller, cmd: VmAttachVolumeIn) -> VmOut:
     def work(tx: Tx) -> tuple[Vm, Attachment, str]:
         task = check_handle(deps, tx, caller, parsed, now)
         vm = task_vm(tx, task, cmd.vm_id, running=True)
+        not_moving(vm)
         volume = answering(deps, tx, owned_volume(tx, caller, cmd.volume_id, lock=True),
                            vm.host)  # its host lost: taken to the VM's (volume_hosts)
         if volume.host != vm.host:
@@ -129,6 +138,7 @@ def detach(deps: Deps, caller: Caller, cmd: VmDetachVolumeIn) -> VmOut:
         if not found:
             return vm, None, ""
         check_running(vm)
+        not_moving(vm)
         att = found[0]
         if att.state != "attached":
             raise InvalidArgument("volume_id", f"{volume.id} is being {att.state[:-3]}ed on "

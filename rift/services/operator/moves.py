@@ -172,21 +172,27 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
         held = tx.volumes.of_vms([vm.id])[vm.id]
     carried = bool(held) and (elsewhere(source_host.uri) or elsewhere(dest_host.uri))
     started = deps.clock.now()
-    if carried:  # their files are on the source's machine only: they go too
-        carry(deps, held, source_host.uri, dest_host.uri)
+    _mark(deps, vm)  # no sweep fails it while its domain is between the hosts
     try:
-        source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml,
-                       copy_volumes=carried)
-    except HypervisorError:
-        if carried:
-            drop(deps, [att.volume_id for att in held], dest_host.uri)
+        if carried:  # their files are on the source's machine only: they go too
+            carry(deps, held, source_host.uri, dest_host.uri)
+        try:
+            source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml,
+                           copy_volumes=carried)
+        except HypervisorError:
+            if carried:
+                drop(deps, [att.volume_id for att in held], dest_host.uri)
+            raise
+    except Exception:
+        _unmark(deps, vm)
         raise
     deps.guests.lifecycle.drop_connections(vm.id)  # they went through the old host
     now = deps.clock.now()
     went: list[str] = []
     with deps.store.write() as tx:
         current = tx.vms.get(vm.id, lock=True)
-        if current is not None and current.status == "running":
+        if (current is not None and current.status == "running"
+                and current.change in (None, "moving")):
             went = follow(tx, vm.id, dest)  # its volumes' rows name the host it went to
             there, event = current.moved((dest, port), OPERATOR, now, {
                 "ms": round((now - started).total_seconds() * 1000),
@@ -200,3 +206,25 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
     deps.log.info("VM moved", extra={"vm_id": vm.id, "from": vm.host, "to": dest})
     return moved
 
+
+
+def _mark(deps: Deps, vm: Vm) -> None:
+    """The row is `moving` (a compare-and-set on running with no change under way)
+    before anything is copied or migrated: reconciliation then leaves it alone
+    while the domain may be on either host, and execs, files and exposures still go
+    through. HypervisorError, nothing moved, when the VM changed since it was read."""
+    with deps.store.write() as tx:
+        current = tx.vms.get(vm.id, lock=True)
+        if (current is None or current.host != vm.host or current.destroy_requested_at
+                is not None or (current.status, current.change) != ("running", None)):
+            state = "gone" if current is None else current.change or current.status
+            raise HypervisorError("migrate", f"{vm.id} is {state} now: not moved")
+        tx.vms.save(current.changing("moving", deps.clock.now()), current)
+
+
+def _unmark(deps: Deps, vm: Vm) -> None:
+    """The move did not happen: the row is as it was, with no change under way."""
+    with deps.store.write() as tx:
+        current = tx.vms.get(vm.id, lock=True)
+        if current is not None and (current.status, current.change) == ("running", "moving"):
+            tx.vms.save(current.change_ended(), current)
