@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from hypervisor.base import DomainRecord, HypervisorError
 from hypervisor.fake import FakeHypervisor
+from rift.domain.clock import FakeClock
 from rift.contract import tools as c
 from rift.contract.base import command
 from rift.services.background import reconcile, sweeps
@@ -19,7 +20,7 @@ from rift.services.operator.hosts import HostSize
 from rift.services.operator.moves import drain_and_move
 from tests.support.engine import ALICE, FakePool, refused
 from tests.support.fake_guest import FakeExecs, fake_guests
-from tests.support.vm_rows import give_ssh_address
+from tests.support.vm_rows import give_ssh_address, leave_cut_change
 
 
 def _one_on_far(deps: Deps) -> str:
@@ -147,3 +148,21 @@ def test_a_vm_being_moved_takes_execs_refuses_a_snapshot_and_no_sweep_destroys_i
     after = sweeps.SweepReport()
     sweeps.finish_closing(deps, after)
     assert after.destroyed == [vm_id] and f"rift-{vm_id}" not in local_hv.domains
+
+
+def test_a_move_mark_a_dead_drain_left_is_kept_then_rolled_back_while_the_domain_is_there(
+        deps: Deps, clock: FakeClock) -> None:
+    """The drain died after it marked the row: the sweeps leave it while the mark is
+    recent; older than RIFT_VM_CREATING_GRACE_S, with its domain still running on the
+    row's host, the mark is rolled back and the VM runs on."""
+    vm_id = _one_on_far(deps)
+    with deps.store.write() as tx:
+        leave_cut_change(tx, vm_id, "running", "moving", clock.now())
+    assert not reconcile.reconcile(deps).changes_settled
+    clock.advance(deps.limits.creating_grace_s + 1)
+    assert reconcile.reconcile(deps).changes_settled == [vm_id]
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert (got.status, got.host) == ("running", "far")
+    with deps.store.read() as tx:
+        row = tx.vms.get(vm_id)
+    assert row is not None and row.change is None
