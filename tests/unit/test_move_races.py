@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from hypervisor.base import DomainRecord, HypervisorError
 from hypervisor.fake import FakeHypervisor
-from rift.domain.clock import FakeClock
 from rift.contract import tools as c
 from rift.contract.base import command
+from rift.domain.clock import FakeClock
 from rift.services.background import reconcile, sweeps
 from rift.services.context import SWEEP, Deps
 from rift.services.lifecycle import execs, snapshots, tasks, vms
