@@ -12,7 +12,11 @@ MCP SDK client.
    each, timed in the guest: sequential write of IO_MIB MiB (`dd` from /dev/zero, `conv=fsync`),
    its read after the guest's caches are dropped, and the untar of a source tree
    (the guest's Python standard library, from a tar in /dev/shm) with its `sync`.
-   Before the rounds, what the guest makes of both disks is printed (GUEST_VIEW).
+   Before the rounds, what the guest makes of both disks is printed (GUEST_VIEW),
+   and one warm-up round runs on each side, printed and not counted: the first
+   large read in a fresh guest is the slowest on either disk (1.09 s against
+   0.61 s for the same read again, on its own disk, 2026-12-06), so whichever side
+   went first paid it (the volume, in every run before).
 4. Clone: a 1 GiB volume holding 512 MiB, a 10 GiB one holding 1 GiB and an empty
    10 GiB one, each detached and cloned SAMPLES times (`rift_volume_clone`, call
    to answer); the floor is one `qemu-img create` of an overlay on the host (a
@@ -79,6 +83,9 @@ class Figures:
     clone_s: dict[str, list[float]] = field(default_factory=dict)
     clone_checked: str = ""
     devices: str = ""  # the guest's view of its own disk and the volume's (GUEST_VIEW)
+    # where: per round, the read file's extents and the ext4lazyinit threads (LAYOUT)
+    layout: dict[str, list[str]] = field(default_factory=dict)
+    warm: dict[str, list[float]] = field(default_factory=dict)  # where: the uncounted round
 
 
 # What the guest makes of each disk (its own, vda, and the volume's, found by serial):
@@ -93,6 +100,9 @@ GUEST_VIEW = """for b in /sys/block/vd*; do
 done
 echo "ext4lazyinit: $(ps -e -o comm= | grep -c ext4lazyinit)"
 """
+# After each read: how many extents the file read has, and ext4lazyinit threads running.
+LAYOUT = ("echo $(filefrag DIR/big | grep -o '[0-9]* extents\\?') "
+          "lazyinit=$(ps -e -o comm= | grep -c ext4lazyinit)")
 
 
 async def _sh(s: ClientSession, handle: str, vm_id: str, command: str) -> str:
@@ -171,21 +181,35 @@ async def throughput(s: ClientSession, handle: str, vm: str, got: Figures) -> No
                                                                        1).strip() + " MiB"
     got.devices = (await _sh(s, handle, vm, GUEST_VIEW)).strip()
     places = {"volume": "/vol", "disk": "/root/bench"}
+    for where in ("disk", "volume"):  # the warm-up round, not counted (the docstring)
+        got.warm[where], _ = await _round(s, handle, vm, places[where])
+        progress(f"warm-up {where}: " + ", ".join(f"{t:.2f} s" for t in got.warm[where]))
     for n in range(ROUNDS):
         for where in (("volume", "disk") if n % 2 == 0 else ("disk", "volume")):
-            folder = places[where]
-            await _sh(s, handle, vm, f"mkdir -p {folder}/src && sync")
-            for name, command in WORK.items():
-                if name == "read":
-                    await _sh(s, handle, vm, "sync; echo 3 > /proc/sys/vm/drop_caches")
-                took = await _timed(s, handle, vm, command.replace("DIR", folder))
-                got.io_s.setdefault(name, {}).setdefault(where, []).append(took)
-            await _sh(s, handle, vm, f"rm -rf {folder}/big {folder}/src && sync && "
-                      "(fstrim -a >/dev/null 2>&1 || true)")
+            took, note = await _round(s, handle, vm, places[where])
+            for name, t in zip(WORK, took, strict=True):
+                got.io_s.setdefault(name, {}).setdefault(where, []).append(t)
+            got.layout.setdefault(where, []).append(note)
             progress(f"round {n + 1}/{ROUNDS} {where}: "
-                     + ", ".join(f"{k} {v[where][-1]:.2f} s" for k, v in got.io_s.items()))
+                     + ", ".join(f"{k} {v[where][-1]:.2f} s" for k, v in got.io_s.items())
+                     + f" ({got.layout[where][-1]})")
     await _detach(s, handle, vm, vol)
     await call(s, "rift_volume_delete", volume_id=vol)
+
+
+async def _round(s: ClientSession, handle: str, vm: str, folder: str) -> tuple[list[float], str]:
+    """The seconds of WORK in `folder`, in order (the read after the caches are
+    dropped), and what LAYOUT saw after them; what it wrote is removed after."""
+    await _sh(s, handle, vm, f"mkdir -p {folder}/src && sync")
+    took = []
+    for name, command in WORK.items():
+        if name == "read":
+            await _sh(s, handle, vm, "sync; echo 3 > /proc/sys/vm/drop_caches")
+        took.append(await _timed(s, handle, vm, command.replace("DIR", folder)))
+    note = (await _sh(s, handle, vm, LAYOUT.replace("DIR", folder))).strip()
+    await _sh(s, handle, vm, f"rm -rf {folder}/big {folder}/src && sync && "
+              "(fstrim -a >/dev/null 2>&1 || true)")
+    return took, note
 
 
 async def clones(s: ClientSession, handle: str, vm: str, got: Figures) -> None:
@@ -310,6 +334,11 @@ def report(got: Figures, floor: list[float], where: str) -> None:
         for name, sides in got.io_s.items():
             print(f"  {name}: " + " | ".join(" ".join(f"{t:.2f}" for t in sides[side])
                                             for side in ("volume", "disk")))
+        for side, notes in got.layout.items():
+            print(f"  after each round, {side}: " + "; ".join(notes))
+        print("  the warm-up round before them (not counted; " + ", ".join(WORK) + "): "
+              + " | ".join(f"{side} " + " ".join(f"{t:.2f}" for t in took)
+                           for side, took in got.warm.items()))
     if clone:
         print_table("Clone (`rift_volume_clone`, call to answer) against one `qemu-img "
                     "create` of an overlay", clone,
