@@ -41,6 +41,7 @@ from rift.services.lifecycle.sleeps import settle_sleep
 from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, in_move, vm_ended
 from rift.services.lifecycle.volume_settle import settle_attachments
 from rift.services.lifecycle.volumes import moved
+from rift.services.operator.move_copies import remove_stray_copies
 from rift.services.ports import Tx
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
@@ -63,6 +64,7 @@ class ReconcileReport:
     pool_vms_removed: list[str] = field(default_factory=list)
     changes_settled: list[str] = field(default_factory=list)  # pauses and resumes
     attachments_settled: list[str] = field(default_factory=list)  # cut attaches, detaches
+    copies_removed: list[str] = field(default_factory=list)  # a killed move's (move_copies)
     # Each host's domain names as listed, and when the listing began.
     listed: dict[str, tuple[set[str], datetime]] = field(default_factory=dict)
 
@@ -70,7 +72,8 @@ class ReconcileReport:
         return bool(self.orphans_destroyed or self.vanished or self.interrupted
                     or self.unreachable or self.lost or self.stopped or self.disks_removed
                     or self.destroys_finished or self.pool_vms_removed
-                    or self.changes_settled or self.attachments_settled)
+                    or self.changes_settled or self.attachments_settled
+                    or self.copies_removed)
 
 
 def _pool_ids(deps: Deps) -> set[str]:
@@ -370,6 +373,7 @@ def reconcile(deps: Deps) -> ReconcileReport:
         reconcile_host(deps, host.name, host.uri, report)
     report.pool_vms_removed = stale_pool_vms(deps, report.listed)
     report.attachments_settled = settle_attachments(deps)
+    report.copies_removed = remove_stray_copies(deps)
     remove_dead_disks(deps, report)
     if report:
         deps.log.info("reconciled", extra={
@@ -380,7 +384,8 @@ def reconcile(deps: Deps) -> ReconcileReport:
             "lost": len(report.lost),
             "pool_vms_removed": len(report.pool_vms_removed),
             "changes_settled": len(report.changes_settled),
-            "attachments_settled": len(report.attachments_settled)})
+            "attachments_settled": len(report.attachments_settled),
+            "copies_removed": len(report.copies_removed)})
     return report
 
 

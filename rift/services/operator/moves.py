@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import datetime
 from urllib.parse import urlsplit
 
 from hypervisor.base import HypervisorError, elsewhere
@@ -37,6 +38,7 @@ from rift.services.lifecycle.capacity import host_loads
 from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.lifecycle.launch import pick_ssh_port
 from rift.services.operator.hosts import drain_host
+from rift.services.operator.move_copies import Copy, record, settle
 from rift.services.operator.volume_moves import (
     carried_groups,
     carry,
@@ -166,14 +168,16 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
         xml = domain_xml_with_ssh_port(source.domain_xml(vm.domain_name), port)
     except ValueError as exc:
         raise HypervisorError("migrate", f"{vm.domain_name}: {exc}") from exc
-    # what it reads from its host's disk, there first
-    kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
     with deps.store.read() as tx:
         held = tx.volumes.of_vms([vm.id])[vm.id]
     carried = bool(held) and (elsewhere(source_host.uri) or elsewhere(dest_host.uri))
+    copies = [Copy("vm", vm.id, dest_host.uri),
+              *(Copy("volume", att.volume_id, dest_host.uri) for att in held if carried)]
     started = deps.clock.now()
-    _mark(deps, vm)  # no sweep fails it while its domain is between the hosts
+    _mark(deps, vm, copies)  # no sweep fails it while its domain is between the hosts
     try:
+        # what it reads from its host's disk, there first
+        kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
         if carried:  # their files are on the source's machine only: they go too
             carry(deps, held, source_host.uri, dest_host.uri)
         try:
@@ -187,39 +191,55 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
         _unmark(deps, vm)
         raise
     deps.guests.lifecycle.drop_connections(vm.id)  # they went through the old host
-    now = deps.clock.now()
-    went: list[str] = []
-    with deps.store.write() as tx:
-        current = tx.vms.get(vm.id, lock=True)
-        if (current is not None and current.status == "running"
-                and current.change in (None, "moving")):
-            went = follow(tx, vm.id, dest)  # its volumes' rows name the host it went to
-            there, event = current.moved((dest, port), OPERATOR, now, {
-                "ms": round((now - started).total_seconds() * 1000),
-                **({"volumes": went} if went else {})})
-            tx.vms.save(there, current)
-            tx.events.add(event)
-        moved = tx.vms.get(vm.id)
-    assert moved is not None
+    moved, went = _written(deps, vm, (dest, port), started)
+    if moved.host == dest:
+        settle(deps, copies)  # the rows name them now
     if carried and moved.host == dest:
         drop(deps, went, source_host.uri)  # the rows name the destination's files now
     deps.log.info("VM moved", extra={"vm_id": vm.id, "from": vm.host, "to": dest})
     return moved
 
 
+def _written(deps: Deps, vm: Vm, to: tuple[str, int], started: datetime) -> tuple[Vm, list[str]]:
+    """The row names the host it went to (and its volumes' rows), with its event,
+    unless it changed meanwhile (a destroy); answers the row and the volumes that
+    followed."""
+    now = deps.clock.now()
+    went: list[str] = []
+    with deps.store.write() as tx:
+        current = tx.vms.get(vm.id, lock=True)
+        if (current is not None and current.status == "running"
+                and current.change in (None, "moving")):
+            went = follow(tx, vm.id, to[0])  # its volumes' rows name the host it went to
+            there, event = current.moved(to, OPERATOR, now, {
+                "ms": round((now - started).total_seconds() * 1000),
+                **({"volumes": went} if went else {})})
+            tx.vms.save(there, current)
+            tx.events.add(event)
+        moved = tx.vms.get(vm.id)
+    assert moved is not None
+    return moved, went
 
-def _mark(deps: Deps, vm: Vm) -> None:
-    """The row is `moving` (a compare-and-set on running with no change under way)
-    before anything is copied or migrated: reconciliation then leaves it alone
-    while the domain may be on either host, and execs, files and exposures still go
-    through. HypervisorError, nothing moved, when the VM changed since it was read."""
+
+def _mark(deps: Deps, vm: Vm, copies: list[Copy]) -> None:
+    """The copies the move will make are recorded (rift.services.operator.move_copies:
+    those of a drain killed before its rows name them go), then the row is `moving`
+    (a compare-and-set on running with no change under way) before anything is copied
+    or migrated: reconciliation then leaves it alone while the domain may be on
+    either host, and execs, files and exposures still go through. HypervisorError,
+    nothing moved, when the VM changed since it was read."""
+    record(deps, copies)
     with deps.store.write() as tx:
         current = tx.vms.get(vm.id, lock=True)
         if (current is None or current.host != vm.host or current.destroy_requested_at
                 is not None or (current.status, current.change) != ("running", None)):
             state = "gone" if current is None else current.change or current.status
-            raise HypervisorError("migrate", f"{vm.id} is {state} now: not moved")
-        tx.vms.save(current.changing("moving", deps.clock.now()), current)
+            refused = HypervisorError("migrate", f"{vm.id} is {state} now: not moved")
+        else:
+            tx.vms.save(current.changing("moving", deps.clock.now()), current)
+            return
+    settle(deps, copies)  # none made
+    raise refused
 
 
 def _unmark(deps: Deps, vm: Vm) -> None:

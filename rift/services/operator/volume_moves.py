@@ -32,6 +32,7 @@ from rift.domain.model import Vm
 from rift.domain.volumes import Attachment
 from rift.services.context import Deps
 from rift.services.lifecycle.volumes import moved as volumes_changed
+from rift.services.operator.move_copies import Copy, record, settle
 from rift.services.ports import Tx
 
 
@@ -162,6 +163,8 @@ def move_detached_far(deps: Deps, source: str, source_uri: str, dest: str,
                 if v.state == "ready" and not tx.volumes.holders(v.id)]
     went = []
     for volume_id in idle:
+        copy = [Copy("volume", volume_id, dest_uri)]
+        record(deps, copy)  # a drain killed before the row names it: reconciliation
         try:
             deps.volume_files.send(source_uri, dest_uri, volume_id, True)
         except (OSError, ImageError) as exc:
@@ -177,5 +180,6 @@ def move_detached_far(deps: Deps, source: str, source_uri: str, dest: str,
                 volumes_changed(tx)
         drop(deps, [volume_id], source_uri if ok else dest_uri)
         if ok:
+            settle(deps, copy)
             went.append(volume_id)
     return went
