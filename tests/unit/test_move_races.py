@@ -13,7 +13,7 @@ from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.services.background import reconcile, sweeps
 from rift.services.context import SWEEP, Deps
-from rift.services.lifecycle import execs, snapshots, tasks, vms
+from rift.services.lifecycle import execs, snapshots, tasks, vms, volume_attach
 from rift.services.lifecycle.teardown import Closing, close_in_tx
 from rift.services.operator import hosts
 from rift.services.operator.hosts import HostSize
@@ -166,3 +166,18 @@ def test_a_move_mark_a_dead_drain_left_is_kept_then_rolled_back_while_the_domain
     with deps.store.read() as tx:
         row = tx.vms.get(vm_id)
     assert row is not None and row.change is None
+
+
+def test_a_vm_being_moved_takes_no_attach_and_no_detach(deps: Deps, clock: FakeClock) -> None:
+    """The move carries the volumes the VM held when it began."""
+    from tests.support.volumes import Files, Mounts, attach, new_vm, new_volume
+
+    deps = replace(deps, volume_files=Files(), mounts=Mounts())
+    _, handle, vm_id = new_vm(deps)
+    held, other = new_volume(deps, "held"), new_volume(deps, "other")
+    attach(deps, handle, vm_id, held, "/held")
+    with deps.store.write() as tx:
+        leave_cut_change(tx, vm_id, "running", "moving", clock.now())
+    refused("vm_not_running", attach, deps, handle, vm_id, other, "/other")
+    refused("vm_not_running", volume_attach.detach, deps, ALICE, command(
+        c.VmDetachVolumeIn, handle=handle, vm_id=vm_id, volume_id=held))
