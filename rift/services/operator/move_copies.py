@@ -12,7 +12,9 @@ killed before that leaves its copies and their entries; every reconciliation
 gone and removes each copy that no row references, then its entry:
 
 - a VM's files at a URI are referenced while its row is live on a host of that
-  machine (hosts of one machine share a folder) or marked moving;
+  machine (hosts of one machine share a folder) or marked moving; on this
+  machine, while its row is live at all (a VM of a host elsewhere has its files
+  made here first), and they go with it (reconciliation's `remove_dead_disks`);
 - a volume's file at a URI is referenced while its row names a host of that
   machine, or while a live entry (another drain's) names the same copy.
 
@@ -126,6 +128,8 @@ def _verdict(deps: Deps, tx: Tx, copy: Copy, live: list[Copy]) -> str:
         vm = tx.vms.get(copy.ref, lock=True)
         if vm is not None and in_move(deps, vm):
             return "keep"
+        if vm is not None and vm.is_live and not elsewhere(copy.uri):
+            return "drop"  # this machine keeps a live VM's files (remove_dead_disks')
         owner = vm.host if vm is not None and vm.is_live else None
     else:
         volume = tx.volumes.get(copy.ref, lock=True)
