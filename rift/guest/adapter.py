@@ -159,18 +159,19 @@ class SshLifecycle:
     def resumed(self, vm: Vm, timeout_s: float, *, woken_by: WokenBy = "call") -> None:
         def call() -> None:
             began = time.monotonic()
-            self.life.reconnect(vm, None, timeout_s)
+            # an exposure's request goes on the login's connection, its tunnel
+            self.life.reconnect(vm, None, timeout_s, tunnel=woken_by == "exposure")
             logged_in = time.monotonic()
             warmed: bool | str
             if woken_by == "exec":  # its own command sets the clock and warms the guest up
                 self.life.runner.clock_with_next_command(vm)
                 warmed = "by the exec"
-            else:  # now, after the login took its time; warmed up in the same session
-                warmed = self.life.set_clock_and_warm(vm, time.time(),
-                                                      warm=woken_by == "call")
-            if woken_by == "exposure":
+            elif woken_by == "exposure":  # the clock set beside the request, not before it
+                self.life.runner.clock_with_next_command(vm, within_s=0.0)
                 self.life.runner.warmer.warm_later(vm, after_s=WARM_AFTER_S)
                 warmed = "later"
+            else:  # now, after the login took its time; warmed up in the same session
+                warmed = self.life.set_clock_and_warm(vm, time.time())
             log.info("guest resumed", extra={
                 "vm_id": vm.id, "login_ms": round((logged_in - began) * 1000, 1),
                 "clock_and_warm_up_ms": round((time.monotonic() - logged_in) * 1000, 1),

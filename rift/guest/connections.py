@@ -239,6 +239,14 @@ class Connections:
 
     # closing
 
+    def keep_tunnel(self, vm_id: str, transport: paramiko.Transport) -> None:
+        """Make `transport` the VM's tunnel connection, closing the one before."""
+        with self.lock:
+            old = self.tunnels.get(vm_id)
+            self.tunnels[vm_id] = transport
+        if old is not None and old is not transport:
+            old.close()
+
     def close_tunnel(self, vm_id: str) -> None:
         with self.lock:
             tunnel = self.tunnels.pop(vm_id, None)

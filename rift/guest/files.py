@@ -90,11 +90,7 @@ class ShellFiles:
                 transport = self.conns.tunnels.get(vm.id)
             if transport is None or not transport.is_active():
                 transport = self.conns.connect(vm.id, where, timeout_s=timeout_s)
-                with self.conns.lock:
-                    old = self.conns.tunnels.get(vm.id)
-                    self.conns.tunnels[vm.id] = transport
-                if old is not None:
-                    old.close()
+                self.conns.keep_tunnel(vm.id, transport)
             try:
                 return transport.open_channel("direct-tcpip", ("127.0.0.1", port),
                                               ("127.0.0.1", 0), timeout=timeout_s)

@@ -199,9 +199,12 @@ class ShellLife:
         # exec helper yet; warmed up after the answer (rift.guest.warm)
         self.runner.warmer.warm_later(vm)
 
-    def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float) -> None:
+    def reconnect(self, vm: Vm, host_key: str | None, timeout_s: float, *,
+                  tunnel: bool = False) -> None:
         """Drop the VM's connections (a restore cut them), pin `host_key`, and log in
-        again and again until one succeeds or `timeout_s` passes (GuestError)."""
+        again and again until one succeeds or `timeout_s` passes (GuestError). The
+        connection is pooled, or with `tunnel` the one that carries the VM's
+        exposures' channels (a request to one waits for it)."""
         self.conns.pool.close_vm(vm.id)
         if host_key is not None:
             self.conns.pin_host_key(vm.id, host_key)
@@ -217,7 +220,10 @@ class ShellLife:
                     raise
                 time.sleep(0.02)
                 continue
-            self.conns.pool.add(vm.id, where, transport)
+            if tunnel:
+                self.conns.keep_tunnel(vm.id, transport)
+            else:
+                self.conns.pool.add(vm.id, where, transport)
             return
 
     def drop_connections(self, vm_id: str) -> None:
@@ -225,18 +231,15 @@ class ShellLife:
         pinned and its task known: a pause is about to cut them."""
         self.conns.drop(vm_id)
 
-    def set_clock_and_warm(self, vm: Vm, now: float, warm: bool = True) -> bool:
+    def set_clock_and_warm(self, vm: Vm, now: float) -> bool:
         """Set the guest's clock to `now` (a restore brings back the clock it was
         saved with) and, in the same session, warm it up (rift.guest.warm): the
         restore's QEMU translated nothing yet, so the call that comes next (the
         one that woke the VM) costs what the one after does. One session, not
         two: the first after a restore pays for the SSH server's own code too.
         Answers whether it warmed up: a warm-up that fails (a guest without the
-        helper) leaves the clock set and the call going on. `warm=False`: the clock
-        alone."""
-        line = f'date -s "@{round(now)}" >/dev/null'
-        if warm:
-            line += f" && {{ {WARM_UP_LINE}; }}"
+        helper) leaves the clock set and the call going on."""
+        line = f'date -s "@{round(now)}" >/dev/null && {{ {WARM_UP_LINE}; }}'
         collected = self.runner.run(vm, line, None, HAND_OVER_S + WARM_S, 4096)
         if collected.exit_code != 0:
             reason = collected.stderr.decode("utf-8", "replace").strip()

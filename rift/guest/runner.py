@@ -75,15 +75,18 @@ class Runner:
         with self._clocked(vm.id) as clock:
             return self._run(vm, clock + command, stdin, timeout_s, out_cap)
 
-    def clock_with_next_command(self, vm: Vm) -> None:
+    def clock_with_next_command(self, vm: Vm, within_s: float | None = None) -> None:
         """Leave the setting of the guest's clock to the next command run in it (the
         exec that woke it: a session of its own would cost the wake as much as the
         exec, QEMU translating the SSH server's session code anew); set it alone
-        CLOCK_OWED_S from now if no command came by then."""
+        `within_s` (CLOCK_OWED_S) from now if no command came by then. 0: in a
+        session started now, beside the call that woke the VM, which does not wait
+        for it (a request to an exposure)."""
         self.conns.owe_clock(vm.id)
+        after_s = CLOCK_OWED_S if within_s is None else within_s
 
         def settle() -> None:
-            time.sleep(CLOCK_OWED_S)
+            time.sleep(after_s)
             with self.conns.lock:
                 owed = vm.id in self.conns.clock_owed
             if owed:

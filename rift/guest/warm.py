@@ -12,8 +12,8 @@ warm-up to end, at most WARM_S, rather than pay for a new SSH login beside it),
 and after the login that follows a wake, a resume or a snapshot, in the session
 that sets the guest's clock, before the call that woke it goes on
 (rift.guest.life.ShellLife.set_clock_and_warm); a wake by a request to an
-exposure sets the clock alone, as no helper serves that request, and warms the
-guest up WARM_AFTER_S later.
+exposure sets the clock beside that request, as no helper serves it, and warms
+the guest up WARM_AFTER_S later.
 A guest without the helper (a qcow2 image) is left as it is. Everything here is
 bounded: the session by WARM_S, the connection by the watchdog past it.
 """

@@ -3,13 +3,15 @@ client: a running exec keeps its VM awake; once it ends and the task is quiet fo
 its `sleep_after_s`, the VM sleeps (its domain stopped with its saved state); the
 next exec wakes it and answers, and an exec's output, a file written and the
 guest's clock are as they should be after the wake, whose exec set the clock in
-its own command (no session of the wake's own before it)."""
+its own command (no session of the wake's own before it); then a request to an
+exposure of the sleeping VM wakes it, and the guest's clock is set beside it."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import httpx
 import libvirt
 import pytest
 from mcp.client.session import ClientSession
@@ -50,6 +52,45 @@ def _domain_saved(vm_id: str) -> bool:
         return not dom.isActive() and bool(dom.hasManagedSaveImage(0))
     finally:
         conn.close()
+
+
+# the guest's clock, written where its httpd serves it, by a loop no exec waits for
+_CLOCK_LOOP = ("mkdir -p /tmp/www && busybox httpd -p 127.0.0.1:8001 -h /tmp/www && "
+               "setsid sh -c 'while :; do date +%s > /tmp/www/t; mv /tmp/www/t /tmp/www/now; "
+               "usleep 100000; done' </dev/null >/dev/null 2>&1 & "
+               "while [ ! -e /tmp/www/now ]; do usleep 50000; done")
+
+
+async def _guest_clock(http: httpx.AsyncClient, url: str) -> float:
+    """The guest's clock as its loop last wrote it; 0 when the request failed (the VM
+    quiet that long fell asleep under it)."""
+    try:
+        return float((await http.get(url)).text)
+    except (httpx.HTTPError, ValueError):
+        return 0.0
+
+
+async def _woken_by_an_exposure(real: Server, s: ClientSession, handle: str,
+                                vm_id: str) -> None:
+    """A GET through an exposure wakes the sleeping VM and is answered; the guest's
+    clock is then set with no exec (in a session beside the request), as read
+    through the exposure."""
+    await call(s, "rift_vm_exec", handle=handle, vm_id=vm_id, command=_CLOCK_LOOP)
+    exposed = await call(s, "rift_vm_expose", handle=handle, vm_id=vm_id, port=8001)
+    url = real.url + "/x/" + exposed["exposure"]["url"].split("/x/")[1] + "now"
+    async with httpx.AsyncClient(timeout=60) as http:
+        assert abs(int((await http.get(url)).text) - time.time()) <= 2
+        await _until_status(s, vm_id, "sleeping", 60)
+        time.sleep(3)  # asleep a while: its clock falls behind
+        answer = await http.get(url)  # wakes it
+        assert answer.status_code == 200, answer.text
+        began = time.monotonic()
+        while abs(await _guest_clock(http, url) - time.time()) > 2:
+            assert time.monotonic() - began < 10, "the guest's clock is off after the wake"
+            time.sleep(0.2)
+    resumed = [line.get("warmed") for line in log_lines(real.log)
+               if line.get("msg") == "guest resumed" and line.get("vm_id") == vm_id]
+    assert resumed == ["by the exec", "later"], resumed  # no session before the request
 
 
 def test_a_quiet_tiny_vm_sleeps_and_its_next_exec_wakes_it_with_all_it_had(
@@ -99,6 +140,7 @@ def test_a_quiet_tiny_vm_sleeps_and_its_next_exec_wakes_it_with_all_it_had(
             assert (kinds.count("vm_slept"), kinds.count("vm_woke")) == (1, 1), kinds
             print(f"wake: woke.ms {woke['woke']['ms']}, first exec after the wake "
                   f"{wake_to_answer_s:.2f} s, the next {warm_s:.2f} s")
+            await _woken_by_an_exposure(real, s, handle, vm_id)
             closed = await call(s, "rift_task_close", handle=handle)
             assert closed["destroyed"] == [vm_id]
 

@@ -2,7 +2,8 @@
 real paramiko server on loopback, no QEMU: it logs in once, sets the guest's
 clock and warms it up in one session (rift.guest.warm), and leaves that
 connection open, so the call that woke the VM runs on it with no login of its
-own; a wake by an exec leaves the clock to the exec's own command."""
+own; a wake by an exec leaves the clock to the exec's own command, a wake by a
+request to an exposure sets it beside that request."""
 
 from __future__ import annotations
 
@@ -31,6 +32,16 @@ class Guest(LoopbackGuest):
     it was asked to run."""
 
     commands: list[str] = field(default_factory=list)
+    forwarded: list[int] = field(default_factory=list)  # ports of direct-tcpip channels
+    hold: threading.Event = field(default_factory=threading.Event)  # answers wait for it
+
+    def __post_init__(self) -> None:
+        self.hold.set()
+
+    def check_channel_direct_tcpip_request(self, chanid: int, origin: tuple[str, int],
+                                           destination: tuple[str, int]) -> int:
+        self.forwarded.append(destination[1])
+        return int(paramiko.common.OPEN_SUCCEEDED)
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         # the login shell's line: a pid header, then `eval '<the command>'`
@@ -42,9 +53,9 @@ class Guest(LoopbackGuest):
         threading.Thread(target=self._answer, args=(channel, out), daemon=True).start()
         return True
 
-    @staticmethod
-    def _answer(chan: paramiko.Channel, out: bytes) -> None:
+    def _answer(self, chan: paramiko.Channel, out: bytes) -> None:
         time.sleep(0.01)  # after the server's reply to the exec request
+        self.hold.wait(10)
         chan.sendall_stderr(b"rift-exec 1\n")
         chan.sendall(out)
         chan.send_exit_status(0)
@@ -84,26 +95,43 @@ def test_a_wake_logs_in_once_sets_the_clock_and_warms_up_in_one_session_and_stay
         shell.close()
 
 
-def test_a_wake_by_an_exposure_sets_the_clock_alone_and_warms_up_a_moment_after(
+def test_a_wake_by_an_exposure_lends_its_login_to_the_request_and_sets_the_clock_beside(
         guest: tuple[Guest, int], tmp_path: Path) -> None:
-    """A request to an exposure needs no exec helper: its wake's session sets the
-    clock alone, and the warm-up comes WARM_AFTER_S later on the same connection."""
+    """A request to an exposure needs no exec helper: the wake's login becomes the
+    VM's tunnel, which carries the request's channel; the clock is set in a session
+    of its own on another connection, which the wake does not wait for; the
+    warm-up comes WARM_AFTER_S later."""
     fake, port = guest
+    fake.hold.clear()  # no command is answered until the request's channel is open
     key_for_task(tmp_path, "task_resumed")
     shell = SshGuestShell(tmp_path, ShellSettings(connect_timeout_s=5.0))
     vm = vm_at(port, "resumed02", "task_resumed")
     try:
-        guests_of(shell).lifecycle.resumed(vm, 10.0, woken_by="exposure")
+        before = time.time()
+        waking = threading.Thread(target=guests_of(shell).lifecycle.resumed,
+                                  args=(vm, 10.0), kwargs={"woken_by": "exposure"})
+        waking.start()
+        waking.join(4.0)
+        assert not waking.is_alive(), "the wake waited for the clock's session"
+        tunnel = shell.conns.tunnels[vm.id]
+        chan = shell.files.open_port(vm, 8080, 5.0)
+        assert chan.get_transport() is tunnel and fake.forwarded == [8080], fake
+        chan.close()
         woke = time.monotonic()
-        assert len(fake.commands) == 1 and fake.commands[0].startswith('date -s "@')
-        assert fake.commands[0].endswith('" >/dev/null'), fake.commands  # no warm-up in it
+        while not fake.commands:
+            assert time.monotonic() - woke < 5, "the clock was never set"
+            time.sleep(0.01)
+        fake.hold.set()
+        _clock_then(fake.commands[0], "true", before, time.time())
+        assert fake.logins == 2, fake  # the tunnel's and the clock's session's
         while len(fake.commands) < 2:
             assert time.monotonic() - woke < WARM_AFTER_S + 5, fake.commands
             time.sleep(0.05)
         assert time.monotonic() - woke >= WARM_AFTER_S * 0.9
-        assert fake.commands[1] == WARM_UP_LINE and fake.logins == 1, fake
+        assert fake.commands[1] == WARM_UP_LINE and fake.logins == 2, fake
         shell.life.runner.warmer.settle(vm.id)  # its answer read before the shell closes
     finally:
+        fake.hold.set()
         shell.close()
 
 

@@ -196,9 +196,12 @@ class GuestLifecycle(Protocol):
         the guest's clock to this host's. `woken_by` is the call waiting for it:
         `call` (any), the clock set and the guest warmed up in one session, so an
         exec that follows costs what the next does; `exposure` (a request to an
-        exposed port, which no exec helper serves), the clock alone and the warm-up a
-        moment after; `exec`, the clock set by the exec's own command, which warms
-        the guest up as it runs (one session less before it)."""
+        exposed port, which no exec helper serves), the login's connection carries
+        the request and the clock is set in a session started beside it, not before
+        it (the guest's server may see the clock it slept with for its first few
+        hundred ms), the warm-up a moment after; `exec`, the clock set by the exec's
+        own command, which warms the guest up as it runs (one session less before
+        it)."""
         ...
     def forked(self, vm: Vm, host_key: str | None, mac: str, timeout_s: float,
                boot_key: Path | None = None) -> str:
