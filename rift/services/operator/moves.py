@@ -168,14 +168,16 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
         xml = domain_xml_with_ssh_port(source.domain_xml(vm.domain_name), port)
     except ValueError as exc:
         raise HypervisorError("migrate", f"{vm.domain_name}: {exc}") from exc
-    with deps.store.read() as tx:
+    started = deps.clock.now()
+    copies = [Copy("vm", vm.id, dest_host.uri)]
+    _mark(deps, vm, copies)  # no sweep fails it while its domain is between the hosts
+    with deps.store.read() as tx:  # marked, it takes no attach or detach
         held = tx.volumes.of_vms([vm.id])[vm.id]
     carried = bool(held) and (elsewhere(source_host.uri) or elsewhere(dest_host.uri))
-    copies = [Copy("vm", vm.id, dest_host.uri),
-              *(Copy("volume", att.volume_id, dest_host.uri) for att in held if carried)]
-    started = deps.clock.now()
-    _mark(deps, vm, copies)  # no sweep fails it while its domain is between the hosts
     try:
+        if carried:  # a drain killed before the rows name them: reconciliation
+            copies += [Copy("volume", att.volume_id, dest_host.uri) for att in held]
+            record(deps, copies[1:])
         # what it reads from its host's disk, there first
         kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
         if carried:  # their files are on the source's machine only: they go too
