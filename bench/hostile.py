@@ -5,24 +5,29 @@ mallory is root in one and does her worst, alice owns the other.
 1. alice's calls one after another (`rift_vm_exec` of `true` on her VM,
    `rift_task_get`, `GET /healthz`; tests.support.hostile's probe; and, as the
    floor, `true` on an open raw paramiko connection to her VM with her task's
-   key, which shows what the host's own load costs without Rift): p50 and p99
-   while the server is quiet against while each hostile case runs, side by side
-   in one run, each pair measured back to back (WINDOW_S each, 40 s by default,
-   RIFT_BENCH_HOSTILE_WINDOW_S to change: some 330 calls of each kind a window on
-   this 2-core machine, so a window's p99 is its 4th-slowest call, not its 2nd as
-   with 15 s; each row says how many calls each window had and how many of the
-   slowest the p99 rests on;
-   the load average is printed at each case's start and end). During a case
-   two of mallory's callers (bench.hostile_callers) keep calling `rift_vm_exec`
-   on her VM, each pausing PACE_S between calls, each a process of its own beside
-   the probe's on one MCP session as an agent's client keeps it (goal: alice's
-   p99 within 1.5x quiet).
-   The cases: her calls alone on a guest that does nothing hostile (what her
-   calling alone costs alice); a fake exec helper that never reads its stdin
-   (8 MiB sent each call), floods, never exits, or prints a view line built for
-   backtracking; a console flood; a new SSH host key; a full root tmpfs; a fork
-   bomb (last: her VM is destroyed after it). RIFT_BENCH_HOSTILE_CASES picks
-   some: comma-separated words, a case runs when its name contains one of them
+   key, which shows what the host's own load costs without Rift): p50 and p99 on
+   three sides of each hostile case, side by side in one run: quiet (nobody else
+   calling), ordinary (mallory's calls, the case's own, on her guest doing
+   nothing hostile: what a neighbour's ordinary use costs alice on this machine)
+   and hostile (the same calls while her guest does its worst). Each side gets
+   WINDOW_S (40 s by default, RIFT_BENCH_HOSTILE_WINDOW_S to change: some 330
+   calls of each kind on this 2-core machine, so a p99 is its 4th-slowest call;
+   each row says how many calls and how many of the slowest the p99 rests on) in
+   ROUNDS turns (RIFT_BENCH_HOSTILE_ROUNDS, 4 by default) taken quiet, ordinary,
+   hostile, then the other way round, so that the machine's own drift (other
+   work coming and going on the two cores) falls on every side alike, with
+   SETTLE_S after each turn of calls; a case that cannot be undone (the fork
+   bomb) has one turn of each; the load average is printed at each case's start
+   and end. While mallory calls, two of her callers (bench.hostile_callers), each
+   a process of its own at nice 19 (an agent's client on another machine), keep
+   calling `rift_vm_exec` on her VM, each pausing PACE_S between calls, on one
+   MCP session as an agent's client keeps it (goal: alice's p99 within 1.5x
+   quiet; the ratio to ordinary is what the attack itself adds).
+   The cases: a fake exec helper that never reads its stdin (8 MiB sent each
+   call), floods, never exits, or prints a view line built for backtracking; a
+   console flood; a new SSH host key; a full root tmpfs; a fork bomb (last: her
+   VM is destroyed after it). RIFT_BENCH_HOSTILE_CASES picks some:
+   comma-separated words, a case runs when its name contains one of them
    (`fork,tmpfs,console`); all by default.
 2. The memory of `rift serve` (VmRSS, and its peak VmHWM) before and after a
    34 MiB JSON body sent with no token, to /mcp and to a REST route (goal: no
@@ -48,7 +53,9 @@ from tests.support.hostile import FLOOR, KINDS, GuestRoot, Probe, Window, one_ca
 from tests.support.servers import Server, real_vms_missing, start_real_server, stop_server
 from tests.support.witnesses import our_domains, remove_domain
 
-WINDOW_S = float(os.environ.get("RIFT_BENCH_HOSTILE_WINDOW_S") or 40)  # each window
+WINDOW_S = float(os.environ.get("RIFT_BENCH_HOSTILE_WINDOW_S") or 40)  # of each side
+ROUNDS = int(os.environ.get("RIFT_BENCH_HOSTILE_ROUNDS") or 4)  # turns each side takes
+SETTLE_S = 3.0  # after a hostile turn, before the next quiet one
 TARGET_P99 = 1.5
 BODY_MIB, TARGET_GROWTH_MIB = 34, 64.0
 
@@ -80,6 +87,7 @@ class Case:
     start: Callable[[GuestRoot], object]
     stop: Callable[[GuestRoot], object]
     exec_args: dict[str, Any]
+    undone: bool = True  # `stop` leaves the guest as it was: it can take turns
 
 
 def _nothing(_: GuestRoot) -> None:
@@ -91,7 +99,6 @@ def _fill(root: GuestRoot) -> None:
 
 
 CASES = [
-    Case("nothing hostile (her calls alone)", _nothing, _nothing, {}),
     Case("helper never reads 8 MiB stdin", lambda r: r.fake_helper("silent"),
          lambda r: r.real_helper(), {"command": "cat", "stdin": "x" * (8 << 20)}),
     Case("helper floods its output", lambda r: r.fake_helper("endless"),
@@ -107,7 +114,7 @@ CASES = [
          lambda r: r.change_host_key(back=True), {}),
     Case("root tmpfs full", _fill,
          lambda r: r.must("rm -f /fill"), {"command": "echo hi"}),
-    Case("fork bomb", lambda r: r.spawn("f() { f | f & }; f"), _nothing, {}),
+    Case("fork bomb", lambda r: r.spawn("f() { f | f & }; f"), _nothing, {}, undone=False),
 ]
 
 
@@ -118,20 +125,54 @@ def _chosen() -> list[Case]:
     return [c for c in CASES if not words or any(w in c.name for w in words)]
 
 
-def _quiet_then(probe: Probe, mallory: Mallory, case: Case) -> tuple[Window, Window,
-                                                                   list[Any]]:
-    with probe.window(WINDOW_S) as quiet:
-        pass
+ORDINARY = Case("her calls on a guest doing nothing hostile", _nothing, _nothing, {})
+
+
+@dataclass
+class Sides:
+    """A case's samples on each side: nobody else calling, mallory's calls on a guest
+    that does nothing hostile (`ordinary`), her calls while her guest does its worst."""
+    quiet: Window
+    ordinary: Window
+    hostile: Window
+
+
+def _turns(probe: Probe, mallory: Mallory, case: Case) -> tuple[Sides, list[Any]]:
+    """The case's three sides in turns of WINDOW_S / ROUNDS each, taken quiet,
+    ordinary, hostile, then the other way round, and so on (one turn each, in that
+    order, when the case cannot be undone), each side's turns' samples together;
+    and her answers in the hostile turns."""
+    rounds = ROUNDS if case.undone else 1
+    sides, answers = Sides(Window(), Window(), Window()), []
+    ordinary = Case(ORDINARY.name, _nothing, _nothing, case.exec_args)
+    for turn in range(rounds):
+        order = ("quiet", "ordinary", "hostile")
+        for side in order if turn % 2 == 0 else order[::-1]:
+            if side == "quiet":
+                with probe.window(WINDOW_S / rounds) as window:
+                    pass
+            else:
+                window, theirs = _calling(probe, mallory, ordinary if side == "ordinary"
+                                          else case, WINDOW_S / rounds)
+                answers += theirs if side == "hostile" else []
+                time.sleep(SETTLE_S)
+            getattr(sides, side).samples += window.samples
+    return sides, answers
+
+
+def _calling(probe: Probe, mallory: Mallory, case: Case,
+             seconds: float) -> tuple[Window, list[Any]]:
+    """alice's samples while mallory's callers call and her guest does `case`."""
     root = mallory.root()
     case.start(root)
     try:
         with pressure(mallory.server.url, mallory.token,
                       mallory.call_args(case.exec_args)) as answers, \
-                probe.window(WINDOW_S) as hostile:
+                probe.window(seconds) as window:
             pass
     finally:
         case.stop(root)
-    return quiet, hostile, list(answers)
+    return window, list(answers)
 
 
 def _ms(seconds: float) -> str:
@@ -145,18 +186,22 @@ def _rests_on(window: Window, kind: str) -> str:
     return f"{n}/{n - min(n - 1, round(0.99 * (n - 1)))}"
 
 
-def _rows(name: str, quiet: Window, hostile: Window) -> list[tuple[str, ...]]:
+def _rows(name: str, sides: Sides) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
+    quiet, ordinary, hostile = sides.quiet, sides.ordinary, sides.hostile
     for kind in (*KINDS, FLOOR):
-        if not quiet.of(kind) or not hostile.of(kind):
-            rows.append((name, kind, "-", "-", "-", "-", "no samples", "", ""))
+        if not (quiet.of(kind) and ordinary.of(kind) and hostile.of(kind)):
+            rows.append((name, kind, *["-"] * 7, "no samples"))
             continue
-        ratio = hostile.p99(kind) / quiet.p99(kind)
-        failed = len([s for s in hostile.of(kind) if not s.ok])
+        errors = [s.error for s in hostile.of(kind) if not s.ok]
         rows.append((name, kind, _ms(quiet.p50(kind)), _ms(quiet.p99(kind)),
-                     _ms(hostile.p50(kind)), _ms(hostile.p99(kind)), f"{ratio:.2f}x",
-                     f"{_rests_on(quiet, kind)} -> {_rests_on(hostile, kind)}",
-                     f"{failed} failed" if failed else ""))
+                     _ms(ordinary.p99(kind)), _ms(hostile.p50(kind)),
+                     _ms(hostile.p99(kind)),
+                     f"{hostile.p99(kind) / quiet.p99(kind):.2f}x",
+                     f"{hostile.p99(kind) / ordinary.p99(kind):.2f}x",
+                     " -> ".join(_rests_on(w, kind) for w in (quiet, ordinary, hostile)),
+                     f"{len(errors)} failed, as: {max(errors, key=errors.count)[:160]}"
+                     if errors else ""))
     return rows
 
 
@@ -222,10 +267,11 @@ def main() -> None:
             loads: list[tuple[str, ...]] = []
             try:
                 for case in _chosen():
-                    progress(f"{case.name}: {WINDOW_S:.0f} s quiet, {WINDOW_S:.0f} s hostile")
+                    progress(f"{case.name}: {WINDOW_S:.0f} s quiet, ordinary and hostile,"
+                             f" in {ROUNDS if case.undone else 1} turns each")
                     began_load = _load()
-                    quiet, hostile, answers = _quiet_then(probe, mallory, case)
-                    rows += _rows(case.name, quiet, hostile)
+                    sides, answers = _turns(probe, mallory, case)
+                    rows += _rows(case.name, sides)
                     loads.append((case.name, began_load, _load()))
                     codes = sorted({str(code) for code, _ in answers})
                     slowest = max((took for _, took in answers), default=0.0)
@@ -244,12 +290,14 @@ def main() -> None:
             for record in our_domains(server).values():  # after a failed run
                 remove_domain(record.name)
     print_table("alice's calls, quiet against while mallory's guest does its worst (ms)",
-                rows, ("case", "call", "quiet p50", "quiet p99", "hostile p50",
-                       "hostile p99", "p99 ratio", "calls/p99 rests on, quiet -> hostile",
-                       "failed"))
-    print(f"\ngoal: hostile p99 within {TARGET_P99}x quiet; windows of {WINDOW_S:.0f} s each"
-          " (RIFT_BENCH_HOSTILE_WINDOW_S); \"n/k\": a window's n calls of that kind, its"
-          " p99 the k-th slowest")
+                rows, ("case", "call", "quiet p50", "quiet p99", "ordinary p99",
+                       "hostile p50", "hostile p99", "p99 / quiet", "p99 / ordinary",
+                       "calls/p99 rests on, quiet -> ordinary -> hostile", "failed"))
+    print(f"\ngoal: hostile p99 within {TARGET_P99}x quiet (and what her attack adds: /"
+          f" ordinary, her same calls on a guest doing nothing hostile); {WINDOW_S:.0f} s of"
+          f" each side (RIFT_BENCH_HOSTILE_WINDOW_S) in {ROUNDS} turns taken in turn"
+          " (RIFT_BENCH_HOSTILE_ROUNDS); \"n/k\": a side's n calls of that kind, its p99"
+          " the k-th slowest")
     print_table("load average (1, 5, 15 min) at each case's quiet start and hostile end",
                 loads, ("case", "start", "end"))
     print_table("mallory's own rift_vm_exec calls meanwhile (wait_s 2)", theirs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import time
 from collections.abc import Iterator
 from queue import Empty
@@ -23,7 +24,12 @@ def _caller(url: str, token: str, args: dict[str, Any], stop: Any, ready: Any,
     """One of mallory's callers, in a process of its own (alice's probe is another
     client: it must not wait for this one's GIL), on one MCP session as an agent's
     client keeps it (a new session when a call breaks it): `rift_vm_exec` until
-    `stop`, each answer's (code, seconds) put on `answers`."""
+    `stop`, each answer's (code, seconds) put on `answers`. At nice 19: it stands for
+    an agent's client on another machine, so its own client-side work (its MCP
+    session, JSON) must not take this machine's cores from alice; what its calls
+    make `rift serve` and mallory's guest do is still counted in full."""
+    os.nice(19)
+
     async def calls() -> None:
         while not stop.is_set():
             try:
