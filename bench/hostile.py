@@ -251,8 +251,11 @@ def main() -> None:
         print(f"hostile: skipped ({missing})")
         return
     with work_dir("rift-bench-hostile-") as tmp:
+        # alice's probe starts some 8 execs a second for the whole run: past the default
+        # exec budget (3,600 an hour) in a run of all the cases
         proc, server = start_real_server(Path(tmp), RIFT_VM_BOOT_TIMEOUT_S="120",
-                                         RIFT_LOG_LEVEL="WARNING")
+                                         RIFT_LOG_LEVEL="WARNING",
+                                         RIFT_RATE_EXEC_NEW_PER_H="1000000")
         try:
             memory = _memory(server, proc.pid)
             mallory_token = server.new_token("mallory", "bench")
