@@ -223,8 +223,9 @@ def remove_domain(name: str) -> None:
     if name in virsh_names():
         subprocess.run(["virsh", "-c", REAL_URI, "destroy", name], capture_output=True,
                        timeout=60, check=False)
-        subprocess.run(["virsh", "-c", REAL_URI, "undefine", name], capture_output=True,
-                       timeout=60, check=False)
+        # with its managed save, if it sleeps: libvirt refuses to undefine it otherwise
+        subprocess.run(["virsh", "-c", REAL_URI, "undefine", name, "--managed-save"],
+                       capture_output=True, timeout=60, check=False)
 
 
 def new_vm_id() -> str:
