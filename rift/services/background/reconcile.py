@@ -11,7 +11,8 @@ is failed only while it still names the host it was read on (a move that wrote
 its new host since took its domain there), and never while it is marked moving
 (the drain marks it before the migration begins and clears the mark when it
 writes the new host; rift.services.lifecycle.teardown.in_move): between the
-switchover and that write its domain is on no host the row names.
+switchover and that write its domain is on no host the row names (a mark gone
+stale, its drain dead, is settled by where the domain runs: move_marks.adopt).
 
 Pool VMs (rift.services.lifecycle.pools) have rows of their own: their domains and files
 are kept while the row is there. Pool rows are read before VM rows, because a
@@ -42,6 +43,7 @@ from rift.services.lifecycle.teardown import destroy_domain, destroy_vm, in_move
 from rift.services.lifecycle.volume_settle import settle_attachments
 from rift.services.lifecycle.volumes import moved
 from rift.services.operator.move_copies import remove_stray_copies
+from rift.services.operator.move_marks import LEFT, adopt
 from rift.services.ports import Tx
 
 # The default of `RIFT_VM_CREATING_GRACE_S`: longer than any boot wait, so a row
@@ -115,9 +117,10 @@ def _live_elsewhere(deps: Deps, vm_id: str) -> bool:
     """The VM's row, read after the listing, is live on another host: its domain here
     is a move in flight (`rift host drain --move`, another process). libvirt lists
     the incoming domain on the destination while QEMU streams, and it runs there
-    before the drain writes the row's new host. Kept, not an orphan: once the row
-    is no longer live (a move whose process died after the switchover: the source's
-    sweep fails the row, its domain gone) the next sweep destroys it."""
+    before the drain writes the row's new host. Kept, not an orphan (a move whose
+    process died after the switchover: once its mark is stale the source's sweep
+    writes the row's new host, rift.services.operator.move_marks.adopt); once the row
+    is no longer live the next sweep destroys it."""
     with deps.store.read() as tx:
         vm = tx.vms.get(vm_id)
     return vm is not None and vm.is_live
@@ -193,8 +196,9 @@ def _check_changing(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
                     report: ReconcileReport) -> None:
     """A pause, resume or move under way for longer than any takes (a crash cut it):
     finished or rolled back by what the domain shows (a move whose domain still runs
-    on the row's host is rolled back); failed when it has neither run nor a saved
-    state."""
+    on the row's host is rolled back, one whose domain runs on one other host is
+    written as moved there: rift.services.operator.move_marks.adopt); failed when it
+    has neither run nor a saved state."""
     if vm.destroy_requested_at is not None:
         _finish_destroy(deps, vm, report)
         return
@@ -203,7 +207,10 @@ def _check_changing(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
     stale = deps.clock.now() - timedelta(seconds=deps.limits.creating_grace_s)
     if vm.change_at is None or vm.change_at >= stale:
         return  # a change under way now: its call settles it
-    done = settle_change(deps, vm, domain)
+    moved_to = adopt(deps, vm) if vm.change == "moving" and domain is None else None
+    if moved_to == LEFT:
+        return  # where its domain runs is unclear: a later sweep looks again
+    done = moved_to or settle_change(deps, vm, domain)
     if done is not None:
         report.changes_settled.append(vm.id)
         deps.log.warning("vm change settled", extra={"vm_id": vm.id, "done": done})

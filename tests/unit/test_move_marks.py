@@ -1,0 +1,99 @@
+"""A move's mark (rift.services.operator.move_marks): a drain killed after the
+switchover leaves a VM that runs on its destination, which reconciliation adopts
+there once the mark is stale, never failing it or destroying its domain. Fake
+hypervisors, a real SQLite store; the kill is an exception no handler of the
+drain catches."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hypervisor.fake import FakeHypervisor
+from rift.contract import tools as c
+from rift.contract.base import command
+from rift.domain.clock import FakeClock
+from rift.services.background import reconcile
+from rift.services.context import Deps
+from rift.services.lifecycle import tasks, vms
+from rift.services.operator import hosts
+from rift.services.operator.hosts import HostSize
+from rift.services.operator.moves import drain_and_move
+from tests.support.engine import ALICE, FakePool
+
+FORWARD = ("<qemu:commandline xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>"
+           "<qemu:arg value='user,id=net0,hostfwd=tcp:127.0.0.1:2345-:22'/>"
+           "</qemu:commandline></domain>")
+
+
+class Killed(BaseException):
+    """SIGKILL, as far as the drain's handlers go: none of them runs."""
+
+
+def _one_on_far(deps: Deps) -> tuple[str, str]:
+    hosts.add_host(deps, "far", "fake:///far", HostSize(64, 1_000_000))
+    opened = tasks.new(deps, ALICE, command(c.TaskNewIn))
+    vm = vms.new(deps, ALICE, command(c.VmNewIn, handle=str(opened.handle))).vm
+    assert vm.host == "far"
+    return vm.id, opened.task.id
+
+
+def _killed_after_the_switchover(deps: Deps, pool: FakePool) -> None:
+    far = pool.hypervisor("fake:///far")
+    real_migrate = far.migrate
+
+    def migrate(dom: str, dest_uri: str, address: str, xml: str | None = None,
+                copy_volumes: bool = False) -> None:
+        assert xml is not None  # the drain's XML, forwarding the port it picked there
+        real_migrate(dom, dest_uri, address, xml.replace("</domain>", FORWARD),
+                     copy_volumes)
+        raise Killed  # before the drain writes the row's new host
+
+    far.migrate = migrate  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        drain_and_move(deps, "far")
+
+
+def test_a_vm_a_drain_killed_after_the_switchover_left_is_adopted_where_it_runs(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor, clock: FakeClock) -> None:
+    vm_id, task_id = _one_on_far(deps)
+    _killed_after_the_switchover(deps, pool)
+    assert f"rift-{vm_id}" in local_hv.domains
+    assert not reconcile.reconcile(deps)  # the mark is recent: nothing is touched
+    clock.advance(deps.limits.creating_grace_s + 1)
+    first = reconcile.reconcile(deps)
+    assert first.changes_settled == [vm_id]
+    assert first.vanished == [] and first.orphans_destroyed == []
+    second = reconcile.reconcile(deps)
+    assert second.vanished == [] and second.orphans_destroyed == []
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert (got.status, got.host) == ("running", "local")
+    assert local_hv.domains[f"rift-{vm_id}"].active
+    with deps.store.read() as tx:
+        row = tx.vms.get(vm_id)
+        events = [e for e in tx.events.page(task_id, 0, 1000) if e.type == "vm_moved"]
+    assert row is not None and (row.change, row.ssh_port) == (None, 2345)
+    assert [(e.details["from"], e.details["to"], e.details["ssh_port"]) for e in events] \
+        == [("far", "local", 2345)]
+
+
+def test_a_killed_moves_vm_running_on_two_hosts_is_left_and_nothing_destroyed(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor, clock: FakeClock) -> None:
+    """Where its domain runs is unclear: the row stays marked for a later sweep, and
+    neither domain is destroyed."""
+    vm_id, _ = _one_on_far(deps)
+    _killed_after_the_switchover(deps, pool)
+    hosts.add_host(deps, "other", "fake:///other", HostSize(64, 1_000_000))
+    name = f"rift-{vm_id}"
+    other = pool.hypervisor("fake:///other")
+    other.domains[name] = replace(local_hv.domains[name])
+    clock.advance(deps.limits.creating_grace_s + 1)
+    for _ in range(2):
+        swept = reconcile.reconcile(deps)
+        assert swept.vanished == [] and swept.orphans_destroyed == []
+    assert name in local_hv.domains and name in other.domains
+    with deps.store.read() as tx:
+        row = tx.vms.get(vm_id)
+    assert row is not None and (row.status, row.host, row.change) == ("running", "far",
+                                                                       "moving")
