@@ -1,11 +1,13 @@
 """A move's mark (rift.services.operator.move_marks): a drain killed after the
 switchover leaves a VM that runs on its destination, which reconciliation adopts
-there once the mark is stale, never failing it or destroying its domain. Fake
+there once the mark is stale, never failing it or destroying its domain; a drain
+that still works keeps its mark recent however long the migration runs. Fake
 hypervisors, a real SQLite store; the kill is an exception no handler of the
 drain catches."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -17,7 +19,7 @@ from rift.domain.clock import FakeClock
 from rift.services.background import reconcile
 from rift.services.context import Deps
 from rift.services.lifecycle import tasks, vms
-from rift.services.operator import hosts
+from rift.services.operator import hosts, move_marks
 from rift.services.operator.hosts import HostSize
 from rift.services.operator.moves import drain_and_move
 from tests.support.engine import ALICE, FakePool
@@ -97,3 +99,35 @@ def test_a_killed_moves_vm_running_on_two_hosts_is_left_and_nothing_destroyed(
         row = tx.vms.get(vm_id)
     assert row is not None and (row.status, row.host, row.change) == ("running", "far",
                                                                        "moving")
+
+
+def test_a_migration_longer_than_the_grace_keeps_its_mark_recent(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor, clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep after the switchover of a migration that took longer than
+    RIFT_VM_CREATING_GRACE_S (the drain still working) neither fails nor settles the
+    row: the drain set its mark anew meanwhile, and writes the move itself."""
+    monkeypatch.setattr(move_marks, "REFRESH_S", 0.01)
+    vm_id, _ = _one_on_far(deps)
+    far = pool.hypervisor("fake:///far")
+    real_migrate = far.migrate
+    seen: list[reconcile.ReconcileReport] = []
+
+    def migrate(*args: object, **kw: object) -> None:
+        real_migrate(*args, **kw)  # type: ignore[arg-type]
+        clock.advance(deps.limits.creating_grace_s + 1)
+        for _ in range(1000):  # the drain's next refresh sets the mark's time to now
+            with deps.store.read() as tx:
+                row = tx.vms.get(vm_id)
+            if row is not None and row.change_at == clock.now():
+                break
+            time.sleep(0.01)
+        seen.append(reconcile.reconcile(deps))
+
+    far.migrate = migrate  # type: ignore[method-assign]
+    report = drain_and_move(deps, "far")
+    assert seen[0].changes_settled == [] and seen[0].vanished == []
+    assert seen[0].orphans_destroyed == []
+    assert report.moved == [(vm_id, "local")]
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert (got.status, got.host) == ("running", "local") and f"rift-{vm_id}" in local_hv.domains

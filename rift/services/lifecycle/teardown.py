@@ -28,10 +28,11 @@ _DESTROYABLE = DESTROYABLE_VM_STATUSES
 
 def in_move(deps: Deps, vm: Vm) -> bool:
     """A live migration of the VM under way (`rift host drain --move` marks the row
-    `moving` before it begins), begun less than `RIFT_VM_CREATING_GRACE_S` ago: no
+    `moving` before it begins), its mark set less than `RIFT_VM_CREATING_GRACE_S` ago: no
     sweep fails, frees or destroys the VM meanwhile (its domain may be on either host
-    or both). An older mark is a move whose process died: reconciliation settles it
-    by what the row's host lists."""
+    or both; the drain renews the mark while it works). An older mark is a move whose
+    process died: reconciliation settles it by where its domain runs
+    (rift.services.operator.move_marks.adopt)."""
     if vm.change != "moving" or vm.change_at is None:
         return False
     return deps.clock.now() - vm.change_at < timedelta(seconds=deps.limits.creating_grace_s)

@@ -1,6 +1,13 @@
-"""A move's mark on its VM's row (`change="moving"`, `rift host drain --move`), left
-stale by a drain that died: settled by where the VM's domain runs, never by losing
-a VM that runs.
+"""A move's mark on its VM's row (`change="moving"`, `rift host drain --move`): kept
+fresh while the drain works, and, left stale by a drain that died, settled by where
+the VM's domain runs, never by losing a VM that runs.
+
+The drain marks the row before it copies anything and ends the mark when it writes
+the row's new host (rift.services.operator.moves). While it copies and migrates, a
+thread of its process (`Freshness`) sets the mark's time anew every `REFRESH_S` (a
+quarter of the grace if that is shorter), so
+a migration longer than `RIFT_VM_CREATING_GRACE_S` keeps its mark recent
+(rift.services.lifecycle.teardown.in_move) and only a dead drain's mark goes stale.
 
 A stale mark whose domain is gone from the row's host (`adopt`, from
 reconciliation's check of the row): a drain killed after the switchover but before
@@ -18,6 +25,8 @@ sweep and nothing is destroyed.
 from __future__ import annotations
 
 import re
+import threading
+from dataclasses import replace
 
 from hypervisor.base import HypervisorError, elsewhere
 from rift.domain.model import Host, Vm
@@ -25,8 +34,50 @@ from rift.services.context import SWEEP, Deps
 from rift.services.lifecycle.launch import pick_ssh_port
 from rift.services.operator.volume_moves import drop, follow
 
+REFRESH_S = 60.0  # how often a working drain sets its mark's time anew
 LEFT = "left"  # `adopt`'s answer when it cannot tell where the domain runs: nothing done
 _HOSTFWD = re.compile(r"hostfwd=tcp:127\.0\.0\.1:(\d+)-:22")
+
+
+def refresh(deps: Deps, vm: Vm) -> bool:
+    """The mark's time is now (a compare-and-set: only while the row is still marked
+    moving on the host the move left); False once it is not."""
+    with deps.store.write() as tx:
+        current = tx.vms.get(vm.id, lock=True)
+        if current is None or current.host != vm.host or current.destroy_requested_at \
+                is not None or (current.status, current.change) != ("running", "moving"):
+            return False
+        return tx.vms.save(replace(current, change_at=deps.clock.now()), current)
+
+
+class Freshness:
+    """While the drain copies and migrates (`with Freshness(deps, vm):`), its mark is
+    set anew every `REFRESH_S` from a thread of its process."""
+
+    def __init__(self, deps: Deps, vm: Vm, every: float | None = None) -> None:
+        self._deps, self._vm = deps, vm
+        self._every = min(REFRESH_S, deps.limits.creating_grace_s / 4) if every is None \
+            else every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"move-mark-{vm.id}",
+                                        daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                if not refresh(self._deps, self._vm):
+                    return
+            except Exception as exc:  # a store hiccup: the next tick tries again
+                self._deps.log.warning("a move's mark was not refreshed", extra={
+                    "vm_id": self._vm.id, "error": str(exc)})
+
+    def __enter__(self) -> Freshness:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _where_it_runs(deps: Deps, vm: Vm, hosts: list[Host]) -> list[Host] | None:

@@ -39,6 +39,7 @@ from rift.services.lifecycle.guest_kinds import kind_on
 from rift.services.lifecycle.launch import pick_ssh_port
 from rift.services.operator.hosts import drain_host
 from rift.services.operator.move_copies import Copy, record, settle
+from rift.services.operator.move_marks import Freshness
 from rift.services.operator.volume_moves import (
     carried_groups,
     carry,
@@ -175,20 +176,21 @@ def move_vm(deps: Deps, vm: Vm, dest: str) -> Vm:
         held = tx.volumes.of_vms([vm.id])[vm.id]
     carried = bool(held) and (elsewhere(source_host.uri) or elsewhere(dest_host.uri))
     try:
-        if carried:  # a drain killed before the rows name them: reconciliation
-            copies += [Copy("volume", att.volume_id, dest_host.uri) for att in held]
-            record(deps, copies[1:])
-        # what it reads from its host's disk, there first
-        kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
-        if carried:  # their files are on the source's machine only: they go too
-            carry(deps, held, source_host.uri, dest_host.uri)
-        try:
-            source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml,
-                           copy_volumes=carried)
-        except HypervisorError:
-            if carried:
-                drop(deps, [att.volume_id for att in held], dest_host.uri)
-            raise
+        with Freshness(deps, vm):  # the mark stays recent while this process works
+            if carried:  # a drain killed before the rows name them: reconciliation
+                copies += [Copy("volume", att.volume_id, dest_host.uri) for att in held]
+                record(deps, copies[1:])
+            # what it reads from its host's disk, there first
+            kind_on(deps, dest_host.uri, vm.image).receive(vm, deps.host_files)
+            if carried:  # their files are on the source's machine only: they go too
+                carry(deps, held, source_host.uri, dest_host.uri)
+            try:
+                source.migrate(vm.domain_name, dest_host.uri, _address(dest_host.uri), xml,
+                               copy_volumes=carried)
+            except HypervisorError:
+                if carried:
+                    drop(deps, [att.volume_id for att in held], dest_host.uri)
+                raise
     except Exception:
         _unmark(deps, vm)
         raise
