@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from hypervisor.base import DomainRecord, HypervisorError
 from hypervisor.fake import FakeHypervisor
 from rift.contract import tools as c
 from rift.contract.base import command
@@ -99,6 +100,43 @@ def test_a_killed_moves_vm_running_on_two_hosts_is_left_and_nothing_destroyed(
         row = tx.vms.get(vm_id)
     assert row is not None and (row.status, row.host, row.change) == ("running", "far",
                                                                        "moving")
+
+
+def test_a_killed_moves_vm_whose_source_is_then_lost_is_adopted_not_failed(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor, clock: FakeClock) -> None:
+    """The drained host stops answering after the drain died: past RIFT_HOST_LOST_S
+    its VMs are failed, but not the one running on the destination."""
+    vm_id, _ = _one_on_far(deps)
+    _killed_after_the_switchover(deps, pool)
+    def silent() -> list[DomainRecord]:
+        raise HypervisorError("list", "no route to host")
+
+    pool.hypervisor("fake:///far").list_domains = silent  # type: ignore[method-assign]
+    assert reconcile.reconcile(deps).unreachable == ["far"]
+    clock.advance(max(deps.limits.creating_grace_s, deps.limits.host_lost_s) + 1)
+    for _ in range(2):
+        swept = reconcile.reconcile(deps)
+        assert swept.lost == [] and swept.orphans_destroyed == []
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert (got.status, got.host) == ("running", "local")
+    assert local_hv.domains[f"rift-{vm_id}"].active
+
+
+def test_a_killed_moves_vm_whose_source_keeps_a_shut_off_definition_is_adopted(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor, clock: FakeClock) -> None:
+    """The source lists the domain shut off (defined, not undefined after the
+    switchover): the VM is adopted where it runs, and that definition goes."""
+    vm_id, task_id = _one_on_far(deps)
+    _killed_after_the_switchover(deps, pool)
+    far = pool.hypervisor("fake:///far")
+    far.add_foreign_domain(f"rift-{vm_id}", task_id, vm_id, False, deps.install_id)
+    clock.advance(deps.limits.creating_grace_s + 1)
+    swept = reconcile.reconcile(deps)
+    assert swept.changes_settled == [vm_id] and swept.vanished == []
+    assert f"rift-{vm_id}" not in far.domains and local_hv.domains[f"rift-{vm_id}"].active
+    assert reconcile.reconcile(deps).orphans_destroyed == []
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert (got.status, got.host) == ("running", "local")
 
 
 def test_a_migration_longer_than_the_grace_keeps_its_mark_recent(

@@ -207,7 +207,9 @@ def _check_changing(deps: Deps, vm: Vm, domain: DomainRecord | None, uri: str,
     stale = deps.clock.now() - timedelta(seconds=deps.limits.creating_grace_s)
     if vm.change_at is None or vm.change_at >= stale:
         return  # a change under way now: its call settles it
-    moved_to = adopt(deps, vm) if vm.change == "moving" and domain is None else None
+    gone = domain is None or not (domain.active or domain.saved)
+    moved_to = (adopt(deps, vm, None if domain is None else uri)
+                if vm.change == "moving" and gone else None)
     if moved_to == LEFT:
         return  # where its domain runs is unclear: a later sweep looks again
     done = moved_to or settle_change(deps, vm, domain)
@@ -326,7 +328,8 @@ def lose_vms_of_lost_host(deps: Deps, host: str) -> list[str]:
     """Past `RIFT_HOST_LOST_S` of silence, the host's live VMs are `failed` (host
     lost), each with its event, and no longer hold its capacity. Their domains may
     still run there: if the host comes back, they are orphans of failed rows, and
-    its first reconciliation destroys them (and nothing else)."""
+    its first reconciliation destroys them (and nothing else). A VM a killed drain
+    moved off it (stale `moving`) that runs on another host is adopted there."""
     with deps.store.read() as tx:
         current = tx.hosts.get(host)
         vms = tx.fleet.live_on_host(host)
@@ -338,7 +341,9 @@ def lose_vms_of_lost_host(deps: Deps, host: str) -> list[str]:
         return []
     error = (f"host lost: {host} has not answered since {since.isoformat(timespec='seconds')} "
              f"(over {deps.limits.host_lost_s} s, RIFT_HOST_LOST_S)")
-    lost = [vm.id for vm in vms if _fail(deps, vm, vm.status, error)]
+    lost = [vm.id for vm in vms  # a killed move's VM running elsewhere is adopted there
+            if not (vm.change == "moving" and not in_move(deps, vm) and adopt(deps, vm))
+            and _fail(deps, vm, vm.status, error)]
     if lost:
         deps.log.warning("host lost: its VMs failed", extra={"host": host, "vms": len(lost)})
     return lost

@@ -114,10 +114,12 @@ def _ssh_port(deps: Deps, vm: Vm, dest: Host) -> int:
         return pick_ssh_port(tx, dest.name)
 
 
-def adopt(deps: Deps, vm: Vm) -> str | None:
-    """A row read stale-marked moving whose domain is gone from its host: written as
-    moved to the one other host running its domain (answers what was done), `LEFT`
-    when that cannot be told, None when no host runs it (the caller settles it)."""
+def adopt(deps: Deps, vm: Vm, left_on: str | None = None) -> str | None:
+    """A row read stale-marked moving whose domain is gone from its host (or only
+    defined there, shut off: `left_on`, that host's URI, where it is then undefined):
+    written as moved to the one other host running its domain (answers what was
+    done), `LEFT` when that cannot be told, None when no host runs it (the caller
+    settles it)."""
     with deps.store.read() as tx:
         hosts = tx.hosts.all()
     running = _where_it_runs(deps, vm, hosts)
@@ -145,6 +147,12 @@ def adopt(deps: Deps, vm: Vm) -> str | None:
             return LEFT
         tx.events.add(event)
     deps.guests.lifecycle.drop_connections(vm.id)  # they went through the old host
+    if left_on is not None:
+        try:  # its definition only: its files are the destination's too on this machine
+            deps.hosts.hypervisor(left_on).destroy(vm.domain_name)
+        except HypervisorError as exc:
+            deps.log.warning("a moved VM's old definition stays", extra={
+                "vm_id": vm.id, "error": str(exc)})
     if went and source is not None and (elsewhere(source.uri) or elsewhere(dest.uri)):
         drop(deps, went, source.uri)  # carried: the old files
     deps.log.warning("a killed move's VM adopted where it runs", extra={
