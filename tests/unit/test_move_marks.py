@@ -7,6 +7,7 @@ drain catches."""
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import replace
 
@@ -19,12 +20,14 @@ from rift.contract.base import command
 from rift.domain.clock import FakeClock
 from rift.services.background import reconcile
 from rift.services.context import Deps
-from rift.services.lifecycle import tasks, vms
-from rift.services.operator import hosts, move_marks
+from rift.services.lifecycle import tasks, vms, volumes
+from rift.services.operator import hosts, move_copies, move_marks
 from rift.services.operator.hosts import HostSize
 from rift.services.operator.moves import drain_and_move
 from tests.support.engine import ALICE, FakePool
+from tests.support.volumes import Files, Mounts, attach, new_vm, new_volume
 
+FAR = "qemu+ssh://root@far.example/system"
 FORWARD = ("<qemu:commandline xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>"
            "<qemu:arg value='user,id=net0,hostfwd=tcp:127.0.0.1:2345-:22'/>"
            "</qemu:commandline></domain>")
@@ -137,6 +140,42 @@ def test_a_killed_moves_vm_whose_source_keeps_a_shut_off_definition_is_adopted(
     assert reconcile.reconcile(deps).orphans_destroyed == []
     got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
     assert (got.status, got.host) == ("running", "local")
+
+
+def test_a_killed_moves_volumes_follow_the_adopted_vm_and_their_copies_stay(
+        deps: Deps, pool: FakePool, local_hv: FakeHypervisor, clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a host elsewhere, its volume carried: once adopted, the volume's row names
+    the destination (the copy the guest wrote to after the switchover), the copies
+    stay, and the source's old file goes, as the drain would have done."""
+    files = Files()
+    deps = replace(deps, volume_files=files, mounts=Mounts())
+    hosts.add_host(deps, "far", "fake:///far", HostSize(64, 1_000_000))
+    _, handle, vm_id = new_vm(deps)
+    work = new_volume(deps)
+    attach(deps, handle, vm_id, work, "/work")
+    pool.by_uri[FAR] = pool.hypervisor("fake:///far")  # far is a host elsewhere now
+    with deps.store.write() as tx:
+        was = tx.hosts.get("far", lock=True)
+        assert was is not None and tx.hosts.save(was.resized(FAR, was.vcpus, was.memory_mib),
+                                                 was)
+    dead = f"{socket.gethostname()}/999999999/0"  # no such process on this machine
+    monkeypatch.setattr(move_copies, "writer", lambda: dead)  # the drain's process
+    _killed_after_the_switchover(deps, pool)
+    monkeypatch.undo()
+    files.calls.clear()
+    clock.advance(deps.limits.creating_grace_s + 1)
+    swept = reconcile.reconcile(deps)
+    assert swept.changes_settled == [vm_id] and swept.vanished == []
+    with deps.store.read() as tx:
+        journal = tx.meta.get(move_copies.KEY)
+    assert swept.copies_removed == [] and journal == "[]"
+    assert files.calls == [("remove", work)]  # the source's file, on far
+    assert volumes.get(deps, ALICE, command(c.VolumeIdIn, volume_id=work)).volume.host \
+        == "local"
+    got = vms.get(deps, ALICE, command(c.VmGetIn, vm_id=vm_id)).vm
+    assert (got.status, got.host) == ("running", "local")
+    assert local_hv.domains[f"rift-{vm_id}"].active
 
 
 def test_a_migration_longer_than_the_grace_keeps_its_mark_recent(
