@@ -440,6 +440,107 @@ static void turn(struct keeper *k, int ms) {
     }
 }
 
+/* -- ended execs' folders: a guest keeps KEEP_ENDED of them, and more for a while -- */
+
+#define KEEP_ENDED 1024         /* ended execs whose folders stay, whatever their age */
+#define PRUNE_AFTER_MS 120000   /* an older one goes once ended this long ago: Rift's
+                                 * sweep (60 s) has recorded its end, and a read of it
+                                 * answers that record (without the output) */
+#define PRUNE_EVERY_MS 10000    /* the folders are looked over at most this often */
+
+struct ended { int64_t at; char name[NAME_MAX + 1]; };
+
+static int by_end(const void *a, const void *b) {
+    int64_t x = ((const struct ended *)a)->at, y = ((const struct ended *)b)->at;
+    return (x > y) - (x < y);
+}
+
+static void remove_folder(int parent, const char *name) {
+    int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    DIR *d = fdopendir(fd);
+    if (!d) { close(fd); return; }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            unlinkat(fd, e->d_name, 0);
+    closedir(d);
+    unlinkat(parent, name, AT_REMOVEDIR);
+}
+
+static int64_t mtime_ms(const struct stat *st) {
+    return (int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000;
+}
+
+/* KEEP_ENDED folders or fewer in `parent` (a folder's links: 2 and one a subfolder) */
+static int few_folders(int parent) {
+    struct stat st;
+    return fstat(parent, &st) != 0 || st.st_nlink < 2 + KEEP_ENDED;
+}
+
+/* `parent`/.pruned says they were looked over less than PRUNE_EVERY_MS ago */
+static int looked_over_lately(int parent, int64_t now) {
+    struct stat st;
+    return fstatat(parent, ".pruned", &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+           now - mtime_ms(&st) < PRUNE_EVERY_MS;
+}
+
+/* Each exec's folder (its output rings, status, fifos: seven inodes) would else
+ * stay until the VM ends, and a guest ran out of inodes after some thousands of
+ * execs (a 256 MiB `tiny`'s root at the 3,732nd): once its folders are past
+ * KEEP_ENDED ended ones, the oldest ended PRUNE_AFTER_MS ago or more go. Run by
+ * a keeper after its own exec's status is written, and by a start that found no
+ * room for its folder (`room_needed`: then every one ended that long ago goes);
+ * a running exec's folder (no status) is never touched. */
+static void prune_ended(int room_needed) {
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (!slash || slash == parent) return;
+    *slash = 0;
+    int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd < 0) return;
+    int64_t now = now_ms();
+    size_t keep = room_needed ? 0 : KEEP_ENDED;
+    if (!room_needed && (few_folders(pfd) || looked_over_lately(pfd, now))) {
+        close(pfd);
+        return;
+    }
+    int marked = openat(pfd, ".pruned", O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (marked >= 0) {
+        futimens(marked, NULL);
+        close(marked);
+    }
+    struct stat st;
+    DIR *d = fdopendir(pfd);
+    if (!d) { close(pfd); return; }
+    size_t n = 0, cap = 0;
+    struct ended *all = NULL;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        char status[NAME_MAX + 16];
+        snprintf(status, sizeof status, "%s/status", e->d_name);
+        if (fstatat(pfd, status, &st, AT_SYMLINK_NOFOLLOW) != 0) continue; /* running */
+        if (n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            struct ended *more = realloc(all, cap * sizeof *all);
+            if (!more) break;
+            all = more;
+        }
+        all[n].at = mtime_ms(&st);
+        snprintf(all[n].name, sizeof all[n].name, "%s", e->d_name);
+        n++;
+    }
+    if (n > keep) {
+        qsort(all, n, sizeof *all, by_end);
+        for (size_t i = 0; i < n - keep && all[i].at <= now - PRUNE_AFTER_MS; i++)
+            remove_folder(pfd, all[i].name);
+    }
+    free(all);
+    closedir(d); /* and pfd with it */
+}
+
 static int group_alive(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
 
 static void finish(struct keeper *k) {
@@ -455,6 +556,7 @@ static void finish(struct keeper *k) {
     snprintf(text, sizeof text, "%d %d %d %d %lld\n", code, sig, k->timed_out, k->killed,
              (long long)k->ended);
     write_text_atomic("status", text);
+    prune_ended(0);
 }
 
 static void nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
@@ -549,7 +651,8 @@ static int cmd_start(int argc, char **argv) {
         *slash = 0;
         mkdir(parent, 0700); /* DIR's parent; exists already but for the first exec */
     }
-    if (mkdir(dir, 0700) < 0) die(1, dir);
+    if (mkdir(dir, 0700) < 0 && !(errno == ENOSPC && (prune_ended(1), mkdir(dir, 0700) == 0)))
+        die(1, dir);
     ring_make(&k.out, "out", cap);
     ring_make(&k.err, "err", cap);
     if (mkfifo(at("stdin"), 0600) < 0 || mkfifo(at("ctl"), 0600) < 0) die(1, "mkfifo");

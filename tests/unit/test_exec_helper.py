@@ -199,3 +199,72 @@ def test_fifty_execs_at_once_each_end_with_their_own_output(helper: str, root: P
     for i in range(50):
         view = until_ended(helper, f"exec_{i:02d}")
         assert (view.exit_code, view.stdout) == (0, f"{i}\n".encode())
+
+
+def _ended_folder(root: Path, name: str, ended_s_ago: float) -> None:
+    """An ended exec's folder as the helper leaves it (its status, ended then)."""
+    (root / name).mkdir(parents=True)
+    for part in ("out", "err", "ctl", "stdin"):  # (no pid: the fixture kills its keeper)
+        (root / name / part).write_bytes(b"")
+    status = root / name / "status"
+    status.write_text("0 -1 0 0 0\n")
+    at = time.time() - ended_s_ago
+    os.utime(status, (at, at))
+
+
+def test_past_1024_ended_execs_the_oldest_ended_two_minutes_ago_go_and_nothing_else(
+        helper: str, root: Path) -> None:
+    """Each exec's folder would else stay until the VM ends (a guest ran out of
+    inodes after some thousands): an exec's end looks them over, and past 1,024
+    ended ones the oldest that ended 120 s ago or more go; a newer one, a running
+    one (no status) and the 1,024 newest stay."""
+    for i in range(1100):
+        _ended_folder(root, f"exec_old{i:04d}", 3600 - i)  # the oldest first
+    for i in range(5):
+        _ended_folder(root, f"exec_new{i}", 10)  # ended just now: Rift may not know yet
+    start(helper, "exec_running", "sleep 30", wait_ms=0)
+    assert start(helper, "exec_last", "true").state == "ended"
+    ended = 1100 + 5 + 1  # the old, the new and exec_last
+    last_gone = root / f"exec_old{ended - 1024 - 1:04d}"
+    deadline = time.monotonic() + 10
+    while last_gone.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the keeper looks them over after its own status is written
+    kept = {p.name for p in root.iterdir() if p.name.startswith("exec_")}
+    gone = {f"exec_old{i:04d}" for i in range(ended - 1024)}
+    assert not gone & kept, sorted(gone & kept)[:5]
+    assert {f"exec_old{i:04d}" for i in range(ended - 1024, 1100)} <= kept
+    assert {"exec_running", "exec_last", *(f"exec_new{i}" for i in range(5))} <= kept
+    assert read(helper, "exec_running").state == "running"
+    # looked over at most every 10 s: a second end right away removes nothing more
+    _ended_folder(root, "exec_old_again", 3600)
+    assert start(helper, "exec_after", "true").state == "ended"
+    time.sleep(0.5)
+    assert (root / "exec_old_again").exists()
+
+
+def test_a_start_that_finds_no_room_removes_execs_ended_two_minutes_ago(
+        helper: str, root: Path) -> None:
+    """On a guest whose folder of execs is out of inodes, the next start removes the
+    folders of execs ended 120 s ago or more (whatever their number) and starts; one
+    ended since stays, and so does one with no status (running). (A tmpfs of 40
+    inodes stands for the guest's /run.)"""
+    root.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "nr_inodes=40,size=4m", "tmpfs",
+                              str(root)], capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here: {mounted.stderr!r}")
+    try:
+        made = 0
+        with contextlib.suppress(OSError):  # until no inode is left
+            while True:
+                _ended_folder(root, f"exec_old{made:02d}", 600)
+                made += 1
+        assert made >= 3
+        ended_now = f"exec_old{made - 1:02d}"
+        os.utime(root / ended_now / "status")  # ended just now: Rift may not know yet
+        assert start(helper, "exec_next", "echo room").stdout == b"room\n"
+        left = {p.name for p in root.iterdir() if p.name.startswith("exec_old")}
+        # the folder the filling ran out in has no status: running, to the helper
+        assert left == {ended_now, f"exec_old{made:02d}"}, sorted(left)
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
