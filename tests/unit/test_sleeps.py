@@ -384,3 +384,22 @@ def test_a_host_short_of_disk_puts_nothing_to_sleep(gdeps: Deps, clock: FakeCloc
     gdeps.disk_room.free["local"] = 1  # under RIFT_HOST_DISK_RESERVE_GIB
     clock.advance(QUIET_S)
     assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, vm_id) == "running"
+
+
+def test_a_vm_woken_by_a_request_to_its_exposure_stays_awake_its_sleep_time(
+        gdeps: Deps, clock: FakeClock) -> None:
+    """Such a request wakes the VM and moves no task clock (it is no call under the
+    handle): the next sweep must not put the VM to sleep again under the request (it
+    did: the request, mid-answer, got 502); it sleeps once quiet that long again."""
+    from rift.services.lifecycle.sleeps import wake
+
+    _, vm_id, _ = _vm(gdeps)
+    clock.advance(QUIET_S)
+    assert sweeps.sweep(gdeps).slept == [vm_id]
+    clock.advance(3600)  # the task quiet for an hour (before its idle close)
+    wake(gdeps, vm_id, "exposure", woken_by="exposure")
+    assert _status(gdeps, vm_id) == "running"
+    clock.advance(1)
+    assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, vm_id) == "running"
+    clock.advance(QUIET_S - 1)
+    assert sweeps.sweep(gdeps).slept == [vm_id]

@@ -17,12 +17,11 @@ code in flight (SPEC §20: rift.services.lifecycle.code_records).
 
 A wake is one compare-and-set (sleeping → sleeping, `waking`): of calls racing
 on one VM (threads or replicas), one wakes it and the others wait for it to run
-(`wake`). The waker restores the domain, logs in again, and sets the guest's
-clock and warms it up in one session (its connection left open for the call that
-woke it: rift.guest.life), then records `vm_woke` with how long that took (the
-view's `woke`). A wake that fails leaves nothing running: the domain is
-destroyed, the VM `failed` with its event, and the call answers
-`guest_unreachable` with the reason.
+(`wake`). The waker restores the domain and logs in again (the clock set as what
+woke it allows: GuestLifecycle.resumed), records `vm_woke` with how long that took
+(the view's `woke`); the VM stays awake its sleep time. A wake that fails leaves
+nothing running: the domain is destroyed, the VM `failed` with its event, and the
+call answers `guest_unreachable` with the reason.
 Reconciliation settles a sleep or wake a crash cut short (rift.services.lifecycle.
 pauses.settle_change).
 """
@@ -60,8 +59,7 @@ _WAKES = 3  # a call found its VM asleep again this many times: it answers vm_no
 
 def awake(deps: Deps, actor: str, call: Callable[[], T], woken_by: WokenBy = "call") -> T:
     """Run `call` (a use case's step that checks its VM runs, `leases.check_running`);
-    when it finds the VM asleep, wake it for the call (`woken_by`: an exec's step
-    says so: its command then sets the guest's clock) and run it again."""
+    when it finds the VM asleep, wake it (`woken_by`: for what) and run it again."""
     for _ in range(_WAKES):
         try:
             return call()
@@ -165,11 +163,14 @@ def _fail(deps: Deps, vm: Vm, uri: str | None, error: str, actor: str) -> None:
 
 # -- the sweep's part ----------------------------------------------------------------------
 
-def _due(deps: Deps, task: Task, now: datetime) -> bool:
+def _due(deps: Deps, tx: Tx, task: Task, vm_id: str, now: datetime) -> bool:
+    """Its task quiet for the sleep time, and the VM not woken within it (a request
+    to its exposure moves no task clock, and must not see it fall asleep again)."""
     after = task.sleeps_after_s(deps.limits.task_sleep_s)
-    step = deps.lease_rules.activity_step_s
-    return (task.is_open and after > 0
-            and task.last_activity_at + timedelta(seconds=after + step) <= now)
+    quiet = timedelta(seconds=after + deps.lease_rules.activity_step_s)
+    woke = tx.events.of_type([task.id], "vm_woke", since=now - quiet)
+    return (task.is_open and after > 0 and task.last_activity_at + quiet <= now
+            and all(e.details.get("vm_id") != vm_id for e in woke))
 
 
 def sleep_quiet(deps: Deps) -> list[str]:
@@ -200,7 +201,7 @@ def put_to_sleep(deps: Deps, vm: Vm) -> bool:
     Raises HypervisorError when libvirt refused the save (the VM runs on)."""
 
     def due(tx: Tx, task: Task, now: datetime) -> dict[str, object] | None:
-        if not _due(deps, task, now):
+        if not _due(deps, tx, task, vm.id, now):
             return None
         if task.sleep != "always" and (tx.execs.of_task(task.id, vm.id, running_only=True)
                                        or code_records.busy(tx, vm.id, now)):
