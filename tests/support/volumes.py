@@ -3,7 +3,7 @@ the volume tests share: a VM with a guest to mount in, a volume, an attach."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rift.contract import tools as c
 from rift.contract.base import command
@@ -11,6 +11,8 @@ from rift.domain.errors import InvalidArgument
 from rift.domain.model import Vm
 from rift.services.context import Deps
 from rift.services.lifecycle import tasks, vms, volume_attach, volumes
+from rift.services.operator import hosts
+from rift.services.operator.hosts import HostSize
 from tests.support.engine import ALICE
 from tests.support.vm_rows import give_ssh_address
 
@@ -101,3 +103,16 @@ def attach(deps: Deps, handle: str, vm_id: str, volume_id: str, path: str = "/da
     return volume_attach.attach(deps, caller, command(  # type: ignore[arg-type]
         c.VmAttachVolumeIn, handle=handle, vm_id=vm_id, volume_id=volume_id, path=path,
         read_only=read_only))
+
+
+def far_vm_with_volume(deps: Deps) -> tuple[Deps, Files, str, str, str]:
+    """A host `far` (fake:///far) added, and on it a VM holding a new volume at
+    /work: (the deps with fake volume files and mounts, those files, the VM's
+    handle, its id, the volume's id)."""
+    files = Files()
+    deps = replace(deps, volume_files=files, mounts=Mounts())
+    hosts.add_host(deps, "far", "fake:///far", HostSize(64, 1_000_000))
+    _, handle, vm_id = new_vm(deps)
+    work = new_volume(deps)
+    attach(deps, handle, vm_id, work, "/work")
+    return deps, files, handle, vm_id, work

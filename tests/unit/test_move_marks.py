@@ -25,7 +25,7 @@ from rift.services.operator import hosts, move_copies, move_marks
 from rift.services.operator.hosts import HostSize
 from rift.services.operator.moves import drain_and_move
 from tests.support.engine import ALICE, FakePool
-from tests.support.volumes import Files, Mounts, attach, new_vm, new_volume
+from tests.support.volumes import far_vm_with_volume
 
 FAR = "qemu+ssh://root@far.example/system"
 FORWARD = ("<qemu:commandline xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>"
@@ -148,12 +148,7 @@ def test_a_killed_moves_volumes_follow_the_adopted_vm_and_their_copies_stay(
     """From a host elsewhere, its volume carried: once adopted, the volume's row names
     the destination (the copy the guest wrote to after the switchover), the copies
     stay, and the source's old file goes, as the drain would have done."""
-    files = Files()
-    deps = replace(deps, volume_files=files, mounts=Mounts())
-    hosts.add_host(deps, "far", "fake:///far", HostSize(64, 1_000_000))
-    _, handle, vm_id = new_vm(deps)
-    work = new_volume(deps)
-    attach(deps, handle, vm_id, work, "/work")
+    deps, files, _, vm_id, work = far_vm_with_volume(deps)
     pool.by_uri[FAR] = pool.hypervisor("fake:///far")  # far is a host elsewhere now
     with deps.store.write() as tx:
         was = tx.hosts.get("far", lock=True)

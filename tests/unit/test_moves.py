@@ -188,17 +188,10 @@ def test_a_vm_holding_volumes_on_a_host_elsewhere_carries_them_and_shared_ones_s
 
 def test_a_failed_move_from_a_host_elsewhere_removes_what_it_put_on_the_destination(
         deps: Deps, pool: FakePool) -> None:
-    from dataclasses import replace
-
     from rift.services.lifecycle import volumes
-    from tests.support.volumes import Files, Mounts, attach, new_vm, new_volume
+    from tests.support.volumes import far_vm_with_volume
 
-    files = Files()
-    vdeps = replace(deps, volume_files=files, mounts=Mounts())
-    hosts.add_host(vdeps, "far", "fake:///far", HostSize(64, 1_000_000))
-    _, handle, vm_id = new_vm(vdeps)
-    work = new_volume(vdeps)
-    attach(vdeps, handle, vm_id, work, "/work")
+    vdeps, files, _, vm_id, work = far_vm_with_volume(deps)
     _far_after_start(vdeps, pool)
     files.calls.clear()
     pool.hypervisor(FAR).fail_next("migrate", "migration job: unexpectedly failed")
