@@ -25,7 +25,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/pip install -q --upgrade pip >/dev/null
   # --no-compile: byte-compiling every installed module (ansible's thousands among
   # them) took about half of a fresh clone's install here; Python compiles what
-  # is imported, once, when it is first imported.
+  # is imported, once, when it is first imported (the Makefile unexports
+  # PYTHONDONTWRITEBYTECODE, which would make every process compile it again).
   .venv/bin/pip install -q --no-compile -e '.[dev]'
   echo "$want" > "$stamp"
 fi
