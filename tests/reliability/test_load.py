@@ -47,6 +47,13 @@ AGENTS = 32
 REAL_AGENTS = campaign.scale(2, 4)
 DURATION_S = campaign.scale(15, 60)
 WARM_S = campaign.scale(5, 15)  # before the halves, not counted in DURATION_S
+# What a half may grow whatever the first did (KiB). Memory that fills and stops
+# goes on growing a while after the warm-up: SQLite's page cache, up to 2 MiB in
+# each of up to POOL_SIZE pooled connections, fills as the database grows (in two
+# short runs on 2026-12-06 the halves grew 10 then 6 MiB, and 11 then 7 MiB). In
+# the short form's 7.5 s halves 12 MiB is a leak of 1.6 MiB a second; the soak's
+# 30 s halves hold it to 8 MiB.
+HALF_FLOOR_KIB = campaign.scale(12, 8) * 1024
 INTENDED = {"lease_stale", "task_held", "task_closed", "task_released"}
 ROOMY = {"RIFT_RATE_TASK_NEW_PER_H": "1000000", "RIFT_RATE_VM_NEW_PER_H": "1000000",
          "RIFT_MAX_OPEN_TASKS": "1000"}
@@ -351,7 +358,7 @@ def test_thirty_two_agents_for_a_minute_make_no_error_and_leak_nothing(
         before, closed = marks["before"], marks["closed, 3 s later"]
         campaign.record("Load", f"rift serve ({kind}): RSS MiB before / warm / half / all / closed",
                         " / ".join(f"{rss / 1024:.0f}" for rss, _, _ in marks.values()),
-                        "after warm: 2nd half grows <= 8 MiB or 1st / 2")
+                        f"after warm: 2nd half grows <= {HALF_FLOOR_KIB // 1024} MiB or 1st / 2")
         campaign.record("Load", f"rift serve ({kind}): open files but the database, "
                         "before / warm / half / all / closed",
                         " / ".join(str(other) for _, _, other in marks.values()),
@@ -371,7 +378,7 @@ def test_thirty_two_agents_for_a_minute_make_no_error_and_leak_nothing(
     assert min(steps.values()) >= 3, steps  # every agent really worked
     for kind, (first, second) in growth.items():
         # A leak grows the second half like the first; warm-up does not recur.
-        assert second <= max(8 * 1024, first // 2), (kind, first, second)
+        assert second <= max(HALF_FLOOR_KIB, first // 2), (kind, first, second)
     assert "rift_vm_new" in tally.latency and "rift_task_attach" in tally.latency
     if real is not None:
         assert len(tally.latency["rift_vm_exec"]) >= REAL_AGENTS, tally.latency.keys()
