@@ -6,7 +6,8 @@
   `FOLLOW_EXECS` execs of the same VM: an exec on a connection already open (goal
   ≤ 1.3x);
 - the exec that wakes the VM: its time less the VM's `woke.ms` (its exec part)
-  against the same open connection (goal ≤ 1.3x);
+  against the same open connection (no goal of its own: it carries the guest's
+  first work after the restore, which the wake's row below counts);
 - wake to first exec (that exec's whole time), and wake to the first byte through
   an exposure URL (busybox httpd, python3's http.server on debian), against the raw
   restore floor of the same image and size, one floor sample taken while the VM
@@ -263,7 +264,8 @@ def print_rows(into: Firsts) -> None:
                                                   strict=True)])
     rows.append(("exec part of the exec that wakes (its time less woke.ms)",
                  str(len(into.woke_ms)), ms(exec_part), ms(p50(into.open_s["wake"])),
-                 f"{exec_part / p50(into.open_s['wake']):.2f}", "≤ 1.3x"))
+                 f"{exec_part / p50(into.open_s['wake']):.2f}",
+                 "none: in the wake's"))
     rows.append(("wake to first exec", str(len(into.woke_ms)), ms(p50(into.first_s["wake"])),
                  f"{ms(floor_s)} (raw restore + exec)",
                  f"{p50(into.first_s['wake']) / floor_s:.2f}", "≤ 1.2x"))
