@@ -37,7 +37,7 @@ from rift.services.access import accounts
 from rift.services.context import Deps, ExposureUrls, GuestRuntime, Limits
 from rift.services.operator import hosts
 from rift.services.ports import HostPool
-from rift.store.migrate import upgrade
+from rift.store.migrate import upgrade_if_behind
 from rift.store.sql import SqlStore
 
 
@@ -88,7 +88,7 @@ def build_deps(settings: Settings, *, clock: Clock | None = None,
     guest_ca = guest_ca_of(settings)  # refused before anything starts
     url = settings.resolved_database_url()
     if migrate:
-        upgrade(url)
+        upgrade_if_behind(url)
     seal_data_dir(settings.data_dir)
     links = HostLinks()
     cpu = CpuLimits(settings.vm_cpu_weight, settings.vm_cpu_quota)
