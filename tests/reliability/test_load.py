@@ -50,8 +50,8 @@ WARM_S = campaign.scale(5, 15)  # before the halves, not counted in DURATION_S
 # What a half may grow whatever the first did (KiB). Memory that fills and stops
 # goes on growing a while after the warm-up: SQLite's page cache, up to 2 MiB in
 # each of up to POOL_SIZE pooled connections, fills as the database grows (in three
-# short runs on 2026-12-06 the halves grew 10 then 6 MiB, 11 then 7, 11 then 9; a
-# soak's 30 s halves 18 then 4). In the short form's 7.5 s halves 16 MiB is a leak
+# short runs on 2026-12-06 the halves grew 10 then 6 MiB, 11 then 7, 11 then 9; an
+# older soak's 30 s halves from the start 18 then 4). In 7.5 s halves 16 MiB is a leak
 # of 2.1 MiB a second; the soak's 30 s halves hold it to 8 MiB.
 HALF_FLOOR_KIB = campaign.scale(16, 8) * 1024
 INTENDED = {"lease_stale", "task_held", "task_closed", "task_released"}
