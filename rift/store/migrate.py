@@ -14,8 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import create_engine, pool, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import create_engine, inspect, pool, text
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -45,26 +44,13 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def upgrade_if_behind(url: str) -> None:
     """``upgrade(url)`` unless the database is at the newest revision already."""
-    if stamped_revision(url) != newest_revision():
+    if current_revision(url) != newest_revision():
         upgrade(url)
 
 
 def newest_revision() -> str:
     """The newest script's revision, from its name, without loading Alembic."""
     return max(p.name.split("_", 1)[0] for p in VERSIONS.glob("[0-9][0-9][0-9][0-9]_*.py"))
-
-
-def stamped_revision(url: str) -> str | None:
-    """The revision Alembic's table at ``url`` names (None: no table, no row)."""
-    engine = create_engine(url, poolclass=pool.NullPool)
-    try:
-        with engine.connect() as connection:
-            found = connection.execute(text("SELECT version_num FROM alembic_version")).all()
-    except DBAPIError:  # never migrated: no such table
-        return None
-    finally:
-        engine.dispose()
-    return str(found[0][0]) if len(found) == 1 else None
 
 
 def head_revision() -> str | None:
@@ -74,12 +60,14 @@ def head_revision() -> str | None:
 
 
 def current_revision(url: str) -> str | None:
-    """The revision the database at ``url`` is at; None when never migrated."""
-    from alembic.runtime.migration import MigrationContext
-
+    """The revision Alembic's table at ``url`` names; None when never migrated
+    (read with one query: no Alembic loaded)."""
     engine = create_engine(url, poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
+            if not inspect(connection).has_table("alembic_version"):
+                return None
+            rows = connection.execute(text("SELECT version_num FROM alembic_version")).all()
     finally:
         engine.dispose()
+    return str(rows[0][0]) if len(rows) == 1 else None

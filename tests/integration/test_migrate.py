@@ -13,7 +13,6 @@ from rift.store.migrate import (
     current_revision,
     head_revision,
     newest_revision,
-    stamped_revision,
     upgrade,
     upgrade_if_behind,
 )
@@ -30,9 +29,9 @@ def test_each_script_holds_the_revision_its_name_says_and_the_newest_is_alembics
 
 def test_a_database_behind_is_migrated_and_one_at_the_newest_is_left_as_it_is(
         empty_sql_url: str) -> None:
-    assert stamped_revision(empty_sql_url) is None  # never migrated: no table
+    assert current_revision(empty_sql_url) is None  # never migrated: no table
     upgrade(empty_sql_url, "0001")
-    assert stamped_revision(empty_sql_url) == "0001"
+    assert current_revision(empty_sql_url) == "0001"
     upgrade_if_behind(empty_sql_url)
     assert current_revision(empty_sql_url) == newest_revision()
     upgrade_if_behind(empty_sql_url)  # at the newest: nothing to do
