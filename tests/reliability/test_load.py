@@ -10,8 +10,9 @@ open files before and after; no SQLite `database is locked` may reach a log.
 
 Memory: after a warm-up (WARM_S: the caches, pools and SQLite's page cache
 fill), the load runs in two halves; a leak grows the second as much as the
-first, warm memory does not grow past a few MiB. (Measured from the start, the
-short form's 7.5 s halves were both still warm-up: 20 MiB, then 10.3 MiB.)
+first, while what still fills grows less and less (HALF_FLOOR_KIB). (Measured
+from the start, the short form's 7.5 s halves were both still warm-up: 20 MiB,
+then 10.3 MiB.)
 """
 
 from __future__ import annotations
