@@ -96,6 +96,17 @@ def _no_cpu_cgroup(err: HypervisorError) -> bool:
         "cgroup" in str(err) or "tuning" in str(err))
 
 
+def _held(dom: Any, flag: int, serial: str, name: str) -> list[VolumeDisk]:
+    """The disks with `serial` that the running domain (`flag` AFFECT_LIVE) or its
+    definition (AFFECT_CONFIG) holds."""
+    xml = str(dom.XMLDesc(0 if flag == libvirt.VIR_DOMAIN_AFFECT_LIVE
+                          else libvirt.VIR_DOMAIN_XML_INACTIVE))
+    try:
+        return [d for d in volume_disks(xml) if d.serial == serial]
+    except ValueError as exc:
+        raise HypervisorError("detach", f"{name}: {exc}") from exc
+
+
 @contextmanager
 def _translated(op: str) -> Iterator[None]:
     """Turn libvirtError into HypervisorError carrying libvirt's own words."""
@@ -400,17 +411,21 @@ class LibvirtHypervisor:
             # with that serial, under the target they hold it at: a live unplug the
             # guest finished late, or a definition written apart, may leave one
             # without it, or with it at another target.
-            sides = [(libvirt.VIR_DOMAIN_AFFECT_CONFIG,
-                      str(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)))]
+            flags = [libvirt.VIR_DOMAIN_AFFECT_CONFIG]
             if dom.isActive():
-                sides.insert(0, (libvirt.VIR_DOMAIN_AFFECT_LIVE, str(dom.XMLDesc(0))))
-            for flag, xml in sides:
-                try:
-                    held = [d for d in volume_disks(xml) if d.serial == disk.serial]
-                except ValueError as exc:
-                    raise HypervisorError("detach", f"{name}: {exc}") from exc
-                for found in held:
-                    dom.detachDeviceFlags(disk_xml(found), flag)
+                flags.insert(0, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            for flag in flags:
+                for found in _held(dom, flag, disk.serial, name):
+                    try:
+                        dom.detachDeviceFlags(disk_xml(found), flag)
+                    except libvirt.libvirtError as exc:
+                        # Gone meanwhile (libvirt removes a device when the guest's
+                        # unplug of it lands, which may be late): what was asked.
+                        if (exc.get_error_code() != libvirt.VIR_ERR_DEVICE_MISSING
+                                or found in _held(dom, flag, disk.serial, name)):
+                            raise
+                        log.warning("%s: the disk %s was gone when unplugged", name,
+                                    found.target)
 
     def stats(self) -> dict[str, DomainStats]:
         conn = self._connection()
