@@ -513,6 +513,10 @@ def test_site_sets_up_a_fleet_and_a_second_run_changes_nothing(
     assert os.access(hv1 / "usr/local/sbin/rift-libvirtd", os.X_OK)
     assert (hv1 / "usr/bin/tini").exists() and (hv1 / "usr/sbin/libvirtd").exists()
     assert not (hv1 / "lib/systemd/systemd").exists()
+    # what a volume's files need there (rift/guest/host_volume_content.py): the
+    # FUSE export's fusermount3 runs setuid for the rift user, and debugfs
+    assert (hv1 / "bin/fusermount3").stat().st_mode & 0o4000
+    assert os.access(hv1 / "sbin/debugfs", os.X_OK)
     assert "libvirt" in in_chroot(hv1, "id", "-nG", "rift").split()
     # QEMU's own user: neither libvirt's group nor SSH rights; rift reads its serial logs
     assert set(in_chroot(hv1, "id", "-nG", "rift-qemu").split()) <= {"rift-qemu", "kvm"}
