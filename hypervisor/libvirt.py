@@ -11,6 +11,7 @@ import functools
 import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -118,6 +119,8 @@ def _translated(op: str) -> Iterator[None]:
 
 
 _LIVE_AND_CONFIG = libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG
+UNPLUG_WAIT_S = 20.0  # a guest's unplug of a volume's disk: some 0.3 s here under TCG
+UNPLUG_POLL_S = 0.1
 
 
 class LibvirtHypervisor:
@@ -151,6 +154,7 @@ class LibvirtHypervisor:
         self._qemu_uid: int | None = None
         self._conn: Any = None
         self._undefine_from = 0  # index into _UNDEFINE_FLAGS of the first accepted set
+        self.unplug_wait_s = UNPLUG_WAIT_S
 
     def _connection(self) -> Any:
         with self._lock:
@@ -426,6 +430,21 @@ class LibvirtHypervisor:
                             raise
                         log.warning("%s: the disk %s was gone when unplugged", name,
                                     found.target)
+                if flag == libvirt.VIR_DOMAIN_AFFECT_LIVE:
+                    self._until_released(dom, disk.serial, name)
+
+    def _until_released(self, dom: Any, serial: str, name: str) -> None:
+        """Wait until the running domain no longer holds the disk `serial`: libvirt
+        answers a live unplug after 5 s even when the guest has not let go yet, and
+        a detach must not answer while QEMU still has the file open (or free its
+        target for the next attach)."""
+        deadline = time.monotonic() + self.unplug_wait_s
+        while held := _held(dom, libvirt.VIR_DOMAIN_AFFECT_LIVE, serial, name):
+            if time.monotonic() >= deadline:
+                raise HypervisorError("detach", f"{name}: the guest did not let go of its "
+                                      f"disk {held[0].target} within {self.unplug_wait_s:g}"
+                                      " s; call again")
+            time.sleep(UNPLUG_POLL_S)
 
     def stats(self) -> dict[str, DomainStats]:
         conn = self._connection()

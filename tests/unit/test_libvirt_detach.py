@@ -28,12 +28,15 @@ def missing(target: str) -> libvirt.libvirtError:
 class Domain:  # libvirt's method names
     """The two sides of a running domain, each a list of disks; `vanish` takes the
     disk off the running side just before the live unplug reaches it, as a late
-    removal does; `stay` makes the live unplug refuse while the disk stays."""
+    removal does; `stay` makes the live unplug refuse while the disk stays; the
+    running side lets go of an unplugged disk after `late` more reads of it (as
+    libvirt answers a live unplug before the guest has finished it)."""
 
     def __init__(self, live: list[VolumeDisk], config: list[VolumeDisk], *,
-                 vanish: bool = False, stay: bool = False) -> None:
+                 vanish: bool = False, stay: bool = False, late: int = 0) -> None:
         self.sides = {LIVE: list(live), CONFIG: list(config)}
-        self.vanish, self.stay = vanish, stay
+        self.vanish, self.stay, self.late = vanish, stay, late
+        self.releasing: list[VolumeDisk] = []
         self.unplugged: list[tuple[int, str]] = []
 
     def isActive(self) -> int:
@@ -41,6 +44,10 @@ class Domain:  # libvirt's method names
 
     def XMLDesc(self, flags: int) -> str:
         side = self.sides[CONFIG if flags & libvirt.VIR_DOMAIN_XML_INACTIVE else LIVE]
+        if side is self.sides[LIVE] and self.releasing:
+            if self.late == 0:
+                side.remove(self.releasing.pop())
+            self.late -= 1
         return "<domain><devices>" + "".join(disk_xml(d) for d in side) + "</devices></domain>"
 
     def detachDeviceFlags(self, xml: str, flag: int) -> None:
@@ -50,7 +57,10 @@ class Domain:  # libvirt's method names
             if self.vanish:
                 side.remove(found)
             raise missing(found.target)
-        side.remove(found)
+        if flag == LIVE and self.late:
+            self.releasing.append(found)
+        else:
+            side.remove(found)
         self.unplugged.append((flag, found.target))
 
 
@@ -68,9 +78,11 @@ class Connection:
         return self.dom
 
 
-def hypervisor(dom: Domain) -> LibvirtHypervisor:
+def hypervisor(dom: Domain, wait_s: float = 5.0) -> LibvirtHypervisor:
     conn: Any = Connection(dom)
-    return LibvirtHypervisor("qemu:///system", opener=lambda uri: conn)
+    made = LibvirtHypervisor("qemu:///system", opener=lambda uri: conn)
+    made.unplug_wait_s = wait_s
+    return made
 
 
 def test_both_sides_unplug_the_disk_they_hold() -> None:
@@ -93,3 +105,17 @@ def test_a_refusal_while_the_disk_is_still_there_is_an_error() -> None:
     with pytest.raises(HypervisorError, match="disk vdc not found"):
         hypervisor(dom).detach_disk("rift-vm_x", DISK)
     assert dom.sides[CONFIG] == [DISK]  # nothing further done
+
+
+def test_a_detach_answers_once_the_running_domain_let_go_of_the_disk() -> None:
+    dom = Domain([DISK], [DISK], late=3)
+    hypervisor(dom).detach_disk("rift-vm_x", DISK)
+    assert dom.sides == {LIVE: [], CONFIG: []}
+    assert dom.late < 0  # the running side was read until it let go
+
+
+def test_a_disk_the_guest_does_not_let_go_of_is_an_error_and_stays_in_the_definition() -> None:
+    dom = Domain([DISK], [DISK], late=10_000)
+    with pytest.raises(HypervisorError, match="did not let go of its disk vdc within 0.3 s"):
+        hypervisor(dom, wait_s=0.3).detach_disk("rift-vm_x", DISK)
+    assert dom.sides[CONFIG] == [DISK]  # a later detach finishes it
