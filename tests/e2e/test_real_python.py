@@ -79,9 +79,12 @@ def test_a_python_vm_runs_pandas_and_a_chart_in_ipykernel(real: Server) -> None:
                 return dict(out["execution"])
 
             started = time.monotonic()
-            first = await code("import pandas as pd\nx = 41")
+            first = await code("import pandas as pd\nx = 41\nlen(Out), '_1' in globals()")
             took["first run_code (server and ipykernel start)"] = time.monotonic() - started
             assert first["status"] == "ok", first
+            # the fill's warm-up cells left no trace: no count, no output kept
+            assert first["execution_count"] == 1, first
+            assert first["results"][0]["data"]["text/plain"] == "(0, False)", first  # type: ignore[index]
             table = await code("pd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
             [main] = table["results"]  # type: ignore[misc]
             assert main["is_main_result"] and "<table" in main["data"]["text/html"], table
