@@ -116,6 +116,6 @@ def test_a_detach_answers_once_the_running_domain_let_go_of_the_disk() -> None:
 
 def test_a_disk_the_guest_does_not_let_go_of_is_an_error_and_stays_in_the_definition() -> None:
     dom = Domain([DISK], [DISK], late=10_000)
-    with pytest.raises(HypervisorError, match="did not let go of its disk vdc within 0.3 s"):
+    with pytest.raises(HypervisorError, match=r"did not let go of its disk vdc within 0\.3 s"):
         hypervisor(dom, wait_s=0.3).detach_disk("rift-vm_x", DISK)
     assert dom.sides[CONFIG] == [DISK]  # a later detach finishes it
