@@ -56,6 +56,27 @@ MIMES = ("text/plain", "text/html", "text/markdown", "image/png", "image/svg+xml
 IMAGES = ("image/png",)  # base64 in a bundle; SVG is text
 INTERRUPT_GRACE_S = 10.0  # after an interrupt, how long a kernel has to stop
 RUNS_KEPT = 64
+# The kernel's warm-up (JupyterKernel.warm): what a counted cell changes is kept
+# before it (silent cells bind no name but on the shell itself) and put back after.
+_UNDERS = ("_", "__", "___", "_i", "_ii", "_iii")
+WARM_SAVE = (f"get_ipython()._rift_warm = (get_ipython().execution_count, "
+             f"{{k: get_ipython().user_ns[k] for k in {_UNDERS!r} "
+             f"if k in get_ipython().user_ns}})")
+WARM_UNDO = f"""def _rift_undo():
+    ip = get_ipython()
+    count, saved = ip._rift_warm
+    del ip._rift_warm
+    hm, dh = ip.history_manager, ip.displayhook
+    hm.reset(new_session=True)  # In, Out and a session of their own, as at the start
+    hm._i00 = hm._i = hm._ii = hm._iii = ''
+    dh._ = dh.__ = dh.___ = ''
+    for k in {_UNDERS!r} + ('_' + str(count), '_i' + str(count)):
+        ip.user_ns.pop(k, None)
+    ip.user_ns.update(saved)
+    ip.execution_count = count
+_rift_undo()
+del _rift_undo
+"""
 # a MIME form's name in E2B's code interpreter's results
 E2B_FORMS = {"text/plain": "text", "text/html": "html", "text/markdown": "markdown",
              "image/png": "png", "image/svg+xml": "svg", "application/json": "json"}
@@ -274,18 +295,22 @@ class JupyterKernel:
         self.km.interrupt_kernel()
 
     def warm(self) -> None:
-        """A silent cell (no count, no history): ipykernel's first execution costs
-        more than its next ones, and a pooled VM's first run should not pay it."""
-        msg_id = self.kc.execute("pass", silent=True, store_history=False)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status" \
-                    and msg["content"]["execution_state"] == "idle":
-                return
+        """A cell run as a user's is (counted, kept in the history, its result shown),
+        then what it left put back as it was: ipykernel's first such run costs more
+        than its next ones (some 60 ms under TCG), and a pooled VM's first run should
+        not pay it. A kernel that did not take the cells is warm all the same."""
+        for code, silent in ((WARM_SAVE, True), ("1+1", False), (WARM_UNDO, True)):
+            msg_id = self.kc.execute(code, silent=silent, store_history=not silent)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    msg = self.kc.get_iopub_msg(timeout=1)
+                except queue.Empty:
+                    continue
+                if msg["parent_header"].get("msg_id") == msg_id \
+                        and msg["msg_type"] == "status" \
+                        and msg["content"]["execution_state"] == "idle":
+                    break
 
     def stop(self) -> None:
         self.kc.stop_channels()
