@@ -7,6 +7,7 @@ code in flight keeping its VM awake as a running exec does."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from rift.domain.clock import FakeClock
 from rift.services.background import reconcile, sweeps
 from rift.services.context import Deps
 from rift.services.lifecycle import code, execs, files, forks, pauses, snapshots, tasks, vms
+from rift.services.lifecycle.guest_kinds import test_driver
 from rift.services.ports.code import CodeRequest
 from rift.services.read.views import task_now
 from tests.support.code_guest import HostCode
@@ -202,6 +204,28 @@ def test_a_call_that_touched_the_task_keeps_its_vm_awake(gdeps: Deps, clock: Fak
     tasks.get(gdeps, ALICE, command(c.TaskGetIn, handle=handle))  # activity: a touch
     clock.advance(1)
     assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, vm_id) == "running"
+
+
+def test_a_boot_longer_than_the_sleep_time_keeps_the_task_awake_while_it_runs(
+        gdeps: Deps, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rift_vm_new` is a call in flight while the guest boots: its task's clock moves,
+    so neither the new VM nor one the task had falls asleep as it answers (seen on
+    a real guest: a 3.6 s boot, then slept at the next sweep with `sleep_after_s` 2)."""
+    gdeps = replace(gdeps, lease_rules=replace(gdeps.lease_rules, activity_step_s=1))
+    handle, older, _ = _vm(gdeps, sleep_after_s=2)
+
+    def slow_boot(kind: object, vm: object) -> None:
+        for _ in range(5):  # five steps of the clock pass while the guest boots
+            clock.advance(1)
+            time.sleep(0.6)
+
+    monkeypatch.setattr(test_driver.TestDriverGuest, "wait_ready", slow_boot)
+    new = vms.new(gdeps, ALICE, command(c.VmNewIn, handle=handle, image="tiny")).vm
+    assert new.status == "running"
+    assert sweeps.sweep(gdeps).slept == []
+    assert (_status(gdeps, older), _status(gdeps, new.id)) == ("running", "running")
+    clock.advance(4)  # quiet for its sleep time and a step, now
+    assert sorted(sweeps.sweep(gdeps).slept) == sorted([older, new.id])
 
 
 def test_a_sleeping_vm_holds_only_its_disk_and_wakes_only_when_its_host_has_room(

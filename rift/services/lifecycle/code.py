@@ -33,11 +33,11 @@ from rift.domain.ids import new_context_id, new_run_id
 from rift.domain.model import Task, Vm
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import code_records
-from rift.services.lifecycle.execs import in_flight
 from rift.services.lifecycle.guest_kinds import reach
 from rift.services.lifecycle.leases import (
     check_handle,
     check_running,
+    in_flight,
     in_write,
     parse_handle,
     task_vm,

@@ -26,7 +26,7 @@ from rift.domain.model import Task, Vm
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle import code_records
 from rift.services.lifecycle.code import DEFAULT, ask, guest_vm, req
-from rift.services.lifecycle.execs import in_flight
+from rift.services.lifecycle.leases import in_flight
 from rift.services.ports.watch import STEP_S
 from rift.services.read import code_views
 from rift.services.read.code_views import TEXT_CAP, Part

@@ -6,17 +6,13 @@ row; its end is recorded once, by whichever call or sweep sees it first
 only the totals it last saw.
 
 While a call waits on a guest (an exec's end, a long poll), its task's activity
-clock keeps moving at its step (`in_flight`): no lease turns quiet under a call
-that is still working.
+clock keeps moving at its step (leases.in_flight): no lease turns quiet under a
+call that is still working.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import timedelta
 
 from rift.contract.base import MAX_OFFSET, decoded
 from rift.contract.execs import (
@@ -41,7 +37,14 @@ from rift.domain.model import Exec, NewEvent, Task, Vm
 from rift.services.context import Caller, Deps
 from rift.services.lifecycle.exec_ends import end_exec, out_of_sight, record_seen, refresh, vm_gone
 from rift.services.lifecycle.guest_kinds import reach
-from rift.services.lifecycle.leases import check_handle, check_rate, in_write, parse_handle, task_vm
+from rift.services.lifecycle.leases import (
+    check_handle,
+    check_rate,
+    in_flight,
+    in_write,
+    parse_handle,
+    task_vm,
+)
 from rift.services.lifecycle.sleeps import awake
 from rift.services.ports import ExecGone, ExecRead, ExecStart, GuestExec, GuestExecs, Tx
 from rift.services.ports.watch import STEP_S, Watch, newest_line
@@ -267,31 +270,6 @@ def _check_offsets(ex: Exec, out_from: int, err_from: int) -> None:
                                  ("stderr_offset", err_from, ex.stderr_bytes)):
         if offset > total:
             raise InvalidArgument(field, f"beyond the {total} bytes the exec wrote")
-
-
-@contextmanager
-def in_flight(deps: Deps, task_id: str, wait_s: float) -> Iterator[None]:
-    """While the block runs (a call waiting on its guest), move the task's activity
-    clock at its step, as a call made each step would."""
-    step = deps.lease_rules.activity_step_s
-    if wait_s < step / 2:
-        yield
-        return
-    done = threading.Event()
-
-    def beat() -> None:
-        while not done.wait(step / 2):
-            now = deps.clock.now()
-            with deps.store.write() as tx:
-                tx.tasks.touch(task_id, now, now - timedelta(seconds=step))
-
-    beater = threading.Thread(target=beat, name="rift-in-flight", daemon=True)
-    beater.start()
-    try:
-        yield
-    finally:
-        done.set()
-        beater.join(5)
 
 
 __all__ = ["get", "kill", "list_execs", "send_input", "start"]

@@ -46,7 +46,7 @@ from rift.services.lifecycle.disk_budget import check_disk_budget, check_host_di
 from rift.services.lifecycle.fork_volumes import carry
 from rift.services.lifecycle.guest_kinds import GuestKind, kind_on, mac_of
 from rift.services.lifecycle.launch import SSH_HOST, Start, fail_start, pick_ssh_port, running
-from rift.services.lifecycle.leases import check_handle, in_write, parse_handle
+from rift.services.lifecycle.leases import check_handle, in_flight, in_write, parse_handle
 from rift.services.lifecycle.sleeps import awake
 from rift.services.lifecycle.snapshot_files import DISK_FILE, snapshot_dir, state_path
 from rift.services.lifecycle.snapshots import Steps, begin, finish_delete, take, vm_to_snapshot
@@ -156,7 +156,8 @@ def _fork(deps: Deps, caller: Caller, cmd: VmForkIn, snap: Snapshot,
     def start(vm: Vm) -> None:
         answers[vm.id] = _start_fork(deps, caller, Start(vm, uri, called), snap, kind)
 
-    _all_at_once([lambda vm=vm: start(vm) for vm in vms])  # type: ignore[misc]
+    with in_flight(deps, vms[0].task_id, deps.runtime.boot_timeout_s):
+        _all_at_once([lambda vm=vm: start(vm) for vm in vms])  # type: ignore[misc]
     with deps.store.read() as tx:  # with the read-only volumes each kept (fork_volumes)
         return VmsOut(vms=[views.vm(tx, answers.get(vm.id, vm)) for vm in vms])
 

@@ -3,11 +3,15 @@
 Every lease change is a transition of the domain `Task` (`attached`,
 `taken_over`, `released`) saved with one compare-and-set on the task's lease
 generation, so racing callers (threads or replicas) get exactly one winner.
+A call that waits on a guest moves its task's activity clock while it waits
+(`in_flight`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -227,3 +231,30 @@ def release(deps: Deps, caller: Caller, cmd: TaskReleaseIn) -> TaskOut:
         if released is not None:
             return TaskOut(task=views.task_now(deps, released.id))
     raise TaskReleased(handle.task_id)
+
+
+@contextmanager
+def in_flight(deps: Deps, task_id: str, wait_s: float) -> Iterator[None]:
+    """While the block runs (a call waiting on its guest: an exec, a boot, a fork),
+    move the task's activity clock at its step, as a call made each step would: no
+    lease turns quiet and no VM of the task falls asleep under a call in flight
+    (SPEC §17). `wait_s`: the longest the block may take."""
+    step = deps.lease_rules.activity_step_s
+    if wait_s < step / 2:
+        yield
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(step / 2):
+            now = deps.clock.now()
+            with deps.store.write() as tx:
+                tx.tasks.touch(task_id, now, now - timedelta(seconds=step))
+
+    beater = threading.Thread(target=beat, name="rift-in-flight", daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beater.join(5)

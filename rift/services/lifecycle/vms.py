@@ -33,6 +33,7 @@ from rift.services.lifecycle.leases import (
     check_handle,
     check_rate,
     ensure_open,
+    in_flight,
     in_write,
     owned_task,
     parse_handle,
@@ -158,13 +159,14 @@ def new(deps: Deps, caller: Caller, cmd: VmNewIn, watch: Watch | None = None) ->
     if replayed or uri is None or kind is None:
         return VmOut(vm=views.vm_of(vm))
     _tell(watch, vm, taken)
-    if taken is not None:
-        started = start_taken(deps, caller, Start(vm, uri, called), kind, taken)
-        # Its replacement starts only now: a boot beside the hand-over would slow it.
-        deps.observers.pools_changed()
-    else:
-        started = launch(deps, caller, Start(vm, uri, called), kind)
-    return attach_at_start(deps, caller, cmd, started) or VmOut(vm=views.vm_of(started))
+    with in_flight(deps, vm.task_id, deps.runtime.boot_timeout_s):  # the task's VMs stay awake
+        if taken is not None:
+            started = start_taken(deps, caller, Start(vm, uri, called), kind, taken)
+            # Its replacement starts only now: a boot beside the hand-over would slow it.
+            deps.observers.pools_changed()
+        else:
+            started = launch(deps, caller, Start(vm, uri, called), kind)
+        return attach_at_start(deps, caller, cmd, started) or VmOut(vm=views.vm_of(started))
 
 
 def _tell(watch: Watch | None, vm: Vm, taken: Taken | None) -> None:
