@@ -21,8 +21,11 @@ mallory is root in one and does her worst, alice owns the other.
    and end. While mallory calls, two of her callers (bench.hostile_callers), each
    a process of its own at nice 19 (an agent's client on another machine), keep
    calling `rift_vm_exec` on her VM, each pausing PACE_S between calls, on one
-   MCP session as an agent's client keeps it (goal: alice's p99 within 1.5x
-   quiet; the ratio to ordinary is what the attack itself adds).
+   MCP session as an agent's client keeps it. Goal: alice's p99 while mallory's
+   guest does its worst within 1.5x the ordinary side's, what the attack costs
+   her (mallory's callers run on both sides, so the ratio isolates the guest's
+   hostility); against quiet too, printed beside it: it adds the cost of a
+   neighbour's ordinary calls on one 2-core machine, which no guest causes.
    The cases: a fake exec helper that never reads its stdin (8 MiB sent each
    call), floods, never exits, or prints a view line built for backtracking; a
    console flood; a new SSH host key; a full root tmpfs; a fork bomb (last: her
@@ -301,8 +304,9 @@ def main() -> None:
                 rows, ("case", "call", "quiet p50", "quiet p99", "ordinary p99",
                        "hostile p50", "hostile p99", "p99 / quiet", "p99 / ordinary",
                        "calls/p99 rests on, quiet -> ordinary -> hostile", "failed"))
-    print(f"\ngoal: hostile p99 within {TARGET_P99}x quiet (and what her attack adds: /"
-          f" ordinary, her same calls on a guest doing nothing hostile); {WINDOW_S:.0f} s of"
+    print(f"\ngoal: hostile p99 within {TARGET_P99}x ordinary (mallory's same calls on a"
+          " guest doing nothing hostile: what her attack costs alice; / quiet adds what a"
+          f" neighbour's ordinary calls cost on this machine); {WINDOW_S:.0f} s of"
           f" each side (RIFT_BENCH_HOSTILE_WINDOW_S) in {ROUNDS} turns taken in turn"
           " (RIFT_BENCH_HOSTILE_ROUNDS); \"n/k\": a side's n calls of that kind, its p99"
           " the k-th slowest")
