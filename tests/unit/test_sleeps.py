@@ -228,6 +228,35 @@ def test_a_boot_longer_than_the_sleep_time_keeps_the_task_awake_while_it_runs(
     assert sorted(sweeps.sweep(gdeps).slept) == sorted([older, new.id])
 
 
+def test_a_wake_longer_than_the_sleep_time_keeps_the_tasks_other_vms_awake(
+        gdeps: Deps, clock: FakeClock, life: FakeLifecycle,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call waiting on a wake is a call in flight: while one VM of a task restores,
+    the task's clock moves, so another VM of it that a call woke just before does
+    not fall asleep under it."""
+    gdeps = replace(gdeps, lease_rules=replace(gdeps.lease_rules, activity_step_s=1))
+    handle, first, _ = _vm(gdeps, sleep_after_s=2)
+    second = vms.new(gdeps, ALICE, command(c.VmNewIn, handle=handle, image="tiny")).vm.id
+    with gdeps.store.write() as tx:
+        give_ssh_address(tx, second)
+    clock.advance(4)
+    assert sorted(sweeps.sweep(gdeps).slept) == sorted([first, second])
+    assert _exec(gdeps, handle, second) == "exited"  # awake, its task's clock now
+    quick, slept_meanwhile = life.resumed, []
+
+    def slow_resume(vm: object, timeout_s: float, **how: object) -> None:
+        for _ in range(5):  # five steps of the clock pass while the guest restores
+            clock.advance(1)
+            time.sleep(0.6)
+        slept_meanwhile.extend(sweeps.sweep(gdeps).slept)  # the sweep, mid-wake
+        quick(vm, timeout_s, **how)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(life, "resumed", slow_resume)
+    assert _exec(gdeps, handle, first) == "exited"
+    assert slept_meanwhile == []
+    assert (_status(gdeps, first), _status(gdeps, second)) == ("running", "running")
+
+
 def test_a_sleeping_vm_holds_only_its_disk_and_wakes_only_when_its_host_has_room(
         gdeps: Deps, clock: FakeClock) -> None:
     handle, vm_id, _ = _vm(gdeps, memory_mib=30000)  # most of the host's 32 GiB

@@ -11,9 +11,10 @@ task first keeps it awake, and one that comes after finds it going to sleep and
 waits to wake it. Quiet is measured from the task's last activity plus one
 activity step (RIFT_ACTIVITY_STEP_S: the stored clock moves at most once a step),
 so no call has begun for at least the sleep time; a call that waits on a guest
-moves the clock while it waits (execs' `in_flight`). A VM with a running exec
-stays awake unless its task says `sleep: "always"`, and so does one with a run of
-code in flight (SPEC §20: rift.services.lifecycle.code_records).
+(an exec, a boot, a fork, a wake) moves the clock while it waits
+(`leases.in_flight`). A VM with a running exec stays awake unless its task says
+`sleep: "always"`, and so does one with a run of code in flight (SPEC §20:
+rift.services.lifecycle.code_records).
 
 A wake is one compare-and-set (sleeping → sleeping, `waking`): of calls racing
 on one VM (threads or replicas), one wakes it and the others wait for it to run
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -46,6 +48,7 @@ from rift.services.context import SWEEP, Deps
 from rift.services.lifecycle import code_records
 from rift.services.lifecycle.capacity import host_loads, room
 from rift.services.lifecycle.disk_budget import disk_floor_bytes
+from rift.services.lifecycle.leases import in_flight
 from rift.services.lifecycle.teardown import destroy_domain, host_uri, vm_ended
 from rift.services.ports import Tx, WokenBy
 
@@ -122,9 +125,15 @@ def _wake(deps: Deps, vm: Vm, actor: str, began: float, woken_by: WokenBy) -> Vm
     try:
         if uri is None:
             raise HypervisorError("restore", f"host {vm.host} is not known")
-        deps.hosts.hypervisor(uri).restore(vm.domain_name)
-        if vm.ssh_port is not None:
-            deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s, woken_by=woken_by)
+        # a call of the task's waits on it: a call in flight; a request to an exposure
+        # is no call of the task's and moves no clock of it (nor keeps it open)
+        waiting = (nullcontext() if woken_by == "exposure"
+                   else in_flight(deps, vm.task_id, deps.runtime.boot_timeout_s))
+        with waiting:
+            deps.hosts.hypervisor(uri).restore(vm.domain_name)
+            if vm.ssh_port is not None:
+                deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s,
+                                              woken_by=woken_by)
     except (HypervisorError, GuestUnreachable) as exc:
         reason = exc.message if isinstance(exc, GuestUnreachable) else str(exc)
         _fail(deps, vm, uri, f"its wake failed: {reason}", actor)
