@@ -5,7 +5,11 @@
  * detached, in a session and process group of its own, and outlives the SSH
  * channel, the connection and Rift itself.
  *
- *   rift-exec start DIR TIMEOUT_S CAP WAIT_MS MAX [--stdin] -- COMMAND
+ *   rift-exec start DIR TIMEOUT_S CAP WAIT_MS MAX [--clock=CS] [--stdin] -- COMMAND
+ *       With --clock, first set the guest's clock to CS (hundredths of a second
+ *       since the epoch, Rift's clock when it sent this; a woken guest's clock
+ *       is the one it slept with), here rather than in a `date -s` before this:
+ *       after a restore, each program started costs QEMU translating it anew.
  *       Make DIR and fork the exec's keeper, which starts `$SHELL -c COMMAND`
  *       (else /bin/sh); wait up to WAIT_MS for its end, print the view (below)
  *       with its output from offset 0, and exit (so the SSH channel ends as
@@ -626,9 +630,20 @@ static int cmd_start(int argc, char **argv) {
     int64_t wait_ms = atoll(argv[5]);
     size_t max = (size_t)strtoull(argv[6], NULL, 10);
     int with_stdin = 0, i = 7;
-    if (strcmp(argv[i], "--stdin") == 0) { with_stdin = 1; i++; }
+    long long clock_cs = 0;
+    if (strncmp(argv[i], "--clock=", 8) == 0) {
+        char *end;
+        clock_cs = strtoll(argv[i] + 8, &end, 10);
+        if (*end || clock_cs <= 0) return 2;
+        i++;
+    }
+    if (i < argc && strcmp(argv[i], "--stdin") == 0) { with_stdin = 1; i++; }
     if (i + 1 >= argc || strcmp(argv[i], "--") != 0 || cap == 0) return 2;
     const char *command = argv[i + 1];
+    if (clock_cs > 0) { /* as `date -s` did: a guest that refuses keeps its clock */
+        struct timespec ts = {clock_cs / 100, (long)(clock_cs % 100) * 10000000};
+        (void)clock_settime(CLOCK_REALTIME, &ts);
+    }
 
     signal(SIGHUP, SIG_IGN); /* the SSH channel may go: the keeper stays */
     signal(SIGPIPE, SIG_IGN);

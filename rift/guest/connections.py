@@ -89,19 +89,19 @@ class Connections:
 
     def owe_clock(self, vm_id: str) -> None:
         """The guest's clock is behind (a wake restored the one it was saved with):
-        the next command run in it sets it first (`clock_line`)."""
+        the next command run in it sets it first (`take_clock`)."""
         with self.lock:
             self.clock_owed.add(vm_id)
 
-    def clock_line(self, vm_id: str) -> str:
-        """What the next command of `vm_id` starts with: the setting of its clock to
-        this host's, when it is owed (then no longer; `owe_clock` again when the
-        command did not reach the guest), else nothing."""
+    def take_clock(self, vm_id: str) -> bool:
+        """Whether the next command of `vm_id` is to set its clock to this host's
+        first (then it no longer is; `owe_clock` again when the command did not
+        reach the guest)."""
         with self.lock:
             if vm_id not in self.clock_owed:
-                return ""
+                return False
             self.clock_owed.discard(vm_id)
-        return f'date -s "@{round(time.time())}" >/dev/null 2>&1; '
+        return True
 
     def remember(self, vm: Vm) -> None:
         with self.lock:

@@ -33,10 +33,12 @@ def exec_dir(exec_id: str) -> str:
     return f"{EXECS_DIR}/{exec_id}"
 
 
-def start_command(start: ExecStart, helper: str = GUEST_PATH) -> str:
+def start_command(start: ExecStart, helper: str = GUEST_PATH, clock_cs: int | None = None) -> str:
     """The line that starts `start.command` as exec `start.exec_id` (run by the login
-    shell), reading its stdin from the channel when it has one."""
-    flags = " --stdin" if start.stdin is not None else ""
+    shell), reading its stdin from the channel when it has one; with `clock_cs`, the
+    helper sets the guest's clock to it first (hundredths of a second since the epoch)."""
+    flags = f" --clock={clock_cs}" if clock_cs is not None else ""
+    flags += " --stdin" if start.stdin is not None else ""
     return (f"exec {helper} start {exec_dir(start.exec_id)} {start.timeout_s} "
             f"{start.cap_bytes} {start.wait_ms} {start.max_bytes}{flags} -- "
             f"{shlex.quote(start.command)}")

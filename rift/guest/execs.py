@@ -84,8 +84,10 @@ class ShellExecs:
             command = pty_helper.run_command_line(rows, cols, _tty_file(start.exec_id),
                                                   shlex.quote(command))
             line = f"[ -x {pty_helper.GUEST_PATH} ] || exit {NO_PTY_HELPER}; "
+        wrapped = replace(start, command=command)
         call = HelperCall(
-            line=line + start_command(replace(start, command=command)), stdin=start.stdin,
+            line=line + start_command(wrapped), stdin=start.stdin,
+            clocked=lambda cs: line + start_command(wrapped, clock_cs=cs),
             timeout_s=start.wait_ms / 1000 + self.slack_s, view=True,
             limit=view_size(start.max_bytes), also=(NO_PTY_HELPER,))
         status, data = self.runner.helper(vm, call)

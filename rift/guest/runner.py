@@ -31,15 +31,19 @@ KILL_WAIT_S = 5.0
 # a wake by an exec leaves the clock to it; set alone this long after if no command came
 CLOCK_OWED_S = 3.0
 NOT_FOUND = 127  # the shell's exit status for a command it cannot find
+USAGE = 2  # rift-exec's exit status for arguments it does not take
 
 
 @dataclass(frozen=True, kw_only=True)
 class HelperCall:
     """One rift-exec command: its line, its stdin, its deadline, whether it answers
     a view (any exit status but 0, `no such exec` and those in `also` is then an
-    error), and the most bytes it may print."""
+    error), and the most bytes it may print. `clocked`, when the command can set
+    the guest's clock itself (a `start`): its line doing so, to the time given in
+    hundredths of a second since the epoch."""
 
     line: str
+    clocked: Callable[[int], str] | None = None
     stdin: bytes | None = None
     timeout_s: float
     view: bool
@@ -71,9 +75,10 @@ class Runner:
         """Run `command` in the guest on a pooled connection; past `timeout_s`, kill it.
         Output is kept up to the caps (the rest is read and dropped); a step paramiko
         waits on past the deadline and the kill's wait gets the connection closed.
-        A clock owed since a wake is set first (Connections.clock_line)."""
-        with self._clocked(vm.id) as clock:
-            return self._run(vm, clock + command, stdin, timeout_s, out_cap)
+        A clock owed since a wake is set first (`clock_prefix`)."""
+        with self._clocked(vm.id) as owed:
+            return self._run(vm, (clock_prefix() if owed else "") + command, stdin,
+                             timeout_s, out_cap)
 
     def clock_with_next_command(self, vm: Vm, within_s: float | None = None) -> None:
         """Leave the setting of the guest's clock to the next command run in it (the
@@ -98,14 +103,14 @@ class Runner:
         threading.Thread(target=settle, daemon=True, name="rift-clock").start()
 
     @contextmanager
-    def _clocked(self, vm_id: str) -> Iterator[str]:
-        """The clock's line owed to `vm_id`'s next command (or ""), owed again when
-        the command fails: it may not have reached the guest."""
-        clock = self.conns.clock_line(vm_id)
+    def _clocked(self, vm_id: str) -> Iterator[bool]:
+        """Whether `vm_id`'s next command is to set its clock, owed again when the
+        command fails: it may not have reached the guest."""
+        owed = self.conns.take_clock(vm_id)
         try:
-            yield clock
+            yield owed
         except BaseException:
-            if clock:
+            if owed:
                 self.conns.owe_clock(vm_id)
             raise
 
@@ -140,13 +145,29 @@ class Runner:
         """Run one rift-exec command on a pooled connection: (its exit status, what
         it printed, at most `call.limit` bytes). Each ends soon: `start` and `read`
         once their wait is over (an exec's keeper is a process of its own)."""
-        with self._clocked(vm.id) as clock:
-            status, data = self._helper_once(vm, replace(call, line=clock + call.line))
+        status, data = self._helper_clocked(vm, call)
         if status == NOT_FOUND and self.helper_binary is not None:
             # A guest Rift did not build (a qcow2 image) has no rift-exec: give it one.
             self.upload_helper(vm)
-            status, data = self._helper_once(vm, call)
+            status, data = self._helper_clocked(vm, call)
         return status, data
+
+    def _helper_clocked(self, vm: Vm, call: HelperCall) -> tuple[int | None, bytes]:
+        """`call`, setting the guest's clock first when it is owed: by the helper
+        itself when the call can (`call.clocked`; after a wake, a `date -s` is one
+        more program QEMU translates anew), else by `date -s` before it."""
+        with self._clocked(vm.id) as owed:
+            if not owed:
+                return self._helper_once(vm, call)
+            if call.clocked is None:
+                return self._helper_once(vm, replace(call, line=clock_prefix() + call.line))
+            status, data = self._helper_once(vm, replace(
+                call, line=call.clocked(round(time.time() * 100)), also=(*call.also, USAGE)))
+            if status == USAGE and not data:  # a helper older than --clock (an older image)
+                return self._helper_once(vm, replace(call, line=clock_prefix() + call.line))
+            if status != 0:  # the helper did not start: the next command sets the clock
+                self.conns.owe_clock(vm.id)
+            return status, data
 
     def upload_helper(self, vm: Vm) -> None:
         assert self.helper_binary is not None
@@ -210,3 +231,7 @@ class Runner:
                              f"{': ' + repr(err[-200:]) if err else ''}", vm_id=vm.id)
         return status, data
 
+
+def clock_prefix() -> str:
+    """What sets the guest's clock to this host's before a command, in any shell."""
+    return f'date -s "@{round(time.time())}" >/dev/null 2>&1; '

@@ -234,6 +234,44 @@ def test_a_background_exec_outlives_its_call_and_the_shell_that_started_it(
         ("ended", 7, b"first\n", b"second\n")
 
 
+# what a rift-exec from before `--clock` answers it (an image built before it)
+_OLDER_HELPER = f"""#!/bin/sh
+case " $* " in *" --clock="*) exit 2;; esac
+exec {GUEST_PATH}.real "$@"
+"""
+
+
+def test_a_clock_owed_since_a_wake_is_set_by_the_helper_or_before_an_older_one(
+        guest: Guest) -> None:
+    """The exec after a wake sets the guest's clock in the helper (`--clock`), and
+    with `date -s` before it when the guest's helper is older and refuses the flag."""
+    shell, vm = guest.shell, guest.vm
+
+    def started_clock(exec_id: str) -> int:
+        assert shell.execs.exec(vm, "date -s @1000000000 >/dev/null", None, 30).exit_code == 0
+        shell.conns.owe_clock(vm.id)  # as a wake by an exec leaves it
+        view = shell.execs.exec_start(vm, ExecStart(
+            exec_id=exec_id, command="date +%s", timeout_s=30, cap_bytes=4096,
+            wait_ms=10000, max_bytes=4096))
+        assert (view.state, view.exit_code) == ("ended", 0), view
+        return int(view.stdout)
+
+    assert abs(started_clock("exec_clock0001") - time.time()) <= 2
+    # the guest's own helper takes the flag (so the start above set the clock itself)
+    direct = shell.execs.exec(vm, f"date -s @1000000000 >/dev/null; {GUEST_PATH} start "
+                              f"/run/rift-exec/exec_clock0000 30 4096 10000 4096 "
+                              f"--clock={round(time.time() * 100)} -- 'date +%s'", None, 30)
+    assert direct.exit_code == 0 and abs(int(direct.stdout.split()[-1]) - time.time()) <= 2
+    swap = (f"mv {GUEST_PATH} {GUEST_PATH}.real && cat > {GUEST_PATH} "
+            f"&& chmod 755 {GUEST_PATH}")
+    assert shell.execs.exec(vm, swap, _OLDER_HELPER.encode(), 30).exit_code == 0
+    try:
+        assert abs(started_clock("exec_clock0002") - time.time()) <= 2
+    finally:
+        shell.execs.exec(vm, f"mv -f {GUEST_PATH}.real {GUEST_PATH}", None, 30)
+    assert vm.id not in shell.conns.clock_owed
+
+
 def test_a_background_exec_takes_input_and_its_kill_leaves_no_process(guest: Guest) -> None:
     shell, vm = guest.shell, guest.vm
     shell.execs.exec_start(vm, ExecStart(exec_id="exec_in000001",

@@ -193,6 +193,18 @@ def test_an_unknown_exec_is_exit_status_3(helper: str, root: Path) -> None:
     assert proc.returncode == 3
 
 
+def test_a_clock_the_helper_cannot_read_is_a_usage_error_that_starts_nothing(
+        helper: str, root: Path) -> None:
+    """Exit 2 and no output is how Rift tells a helper older than `--clock` (which
+    refuses the flag alike) and falls back to `date -s` (rift.guest.runner)."""
+    for clock in ("--clock=", "--clock=soon", "--clock=-5", "--clock=12x"):
+        proc = _shell(f"{helper} start {root}/exec_c 60 4096 1000 4096 {clock} "
+                      f"-- 'touch {root.parent}/ran'")
+        out, _ = proc.communicate(timeout=10)
+        assert (proc.returncode, out) == (2, b""), clock
+    assert not root.exists() and not (root.parent / "ran").exists()
+
+
 def test_fifty_execs_at_once_each_end_with_their_own_output(helper: str, root: Path) -> None:
     for i in range(50):
         start(helper, f"exec_{i:02d}", f"sleep 0.5; echo {i}", wait_ms=0)
