@@ -23,12 +23,16 @@ RIFT_BENCH_SAMPLES (default 3) samples per row.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import socket
 import statistics
 import sys
 import time
+import uuid
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,10 +48,12 @@ from bench.common import print_table, work_dir  # noqa: E402
 from hypervisor.base import GuestDomain, ImageError  # noqa: E402
 from hypervisor.disks import make_overlay  # noqa: E402
 from hypervisor.domain_xml import build_domain_xml  # noqa: E402
+from hypervisor.fork_xml import ForkDomain, fork_domain_xml  # noqa: E402
 from hypervisor.image_files import ImageFiles, image_files  # noqa: E402
 from hypervisor.kernel_boot import READY_MARKER, guest_spec  # noqa: E402
 from hypervisor.kvm import TCG  # noqa: E402
 from hypervisor.libvirt import LibvirtHypervisor  # noqa: E402
+from hypervisor.save_image import write_fork  # noqa: E402
 from rift.guest.keys import key_for_task, load_key  # noqa: E402
 
 URI = "qemu:///system"
@@ -162,6 +168,48 @@ def one_sample(conn: libvirt.virConnect, image: ImageFiles, memory_mib: int, wor
         raise
     finally:
         put_away(dom, serial, overlay)
+
+
+def same_state_sample(conn: libvirt.virConnect, domain: str, key: paramiko.PKey, work: Path,
+                      n: int) -> float:
+    """The raw restore floor of a sleeping VM's own saved state: its managed save
+    image and its disk copied aside (not timed) and restored by raw libvirt
+    (`virDomainRestore`) as a domain of its own (another name, SSH port and
+    serial log), until an exec of `true` answers 0 on a new paramiko connection
+    (`key`: the one its guest lets in). Seconds from the restore call; the copy
+    and its files go after."""
+    name = f"rift-bench-same-{os.getpid()}-{n}"
+    port, serial = free_port(), work / f"{name}.log"
+    copy, disk = work / f"{name}.save", work / f"{name}.qcow2"
+    source = conn.lookupByName(domain)
+    saved_xml = str(source.managedSaveGetXMLDesc(libvirt.VIR_DOMAIN_SAVE_IMAGE_XML_SECURE))
+    files = _disk_files(saved_xml)
+    if "vda" in files:
+        shutil.copyfile(files["vda"], disk)
+    xml = fork_domain_xml(saved_xml, ForkDomain(
+        name=name, uuid=str(uuid.uuid4()), vm_id=f"vm_benchsame{n}", task_id="task_benchsame",
+        disk=str(disk) if "vda" in files else None, serial_log=str(serial), ssh_port=port,
+        seed=files.get("vdb"), install="rift-bench-floor"))  # no Rift's: not reconciled
+    write_fork(SAVE_DIR / f"{domain}.save", copy, xml)  # the state, its header's XML new
+    try:
+        started = time.perf_counter()
+        conn.restore(str(copy))
+        return exec_until_answer(port, key, started, serial, booted=True)
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.lookupByName(name).destroy()  # restored from a file: transient
+        for made in (copy, disk, serial):
+            made.unlink(missing_ok=True)
+
+
+def _disk_files(xml: str) -> dict[str, str]:
+    """The file behind each disk of a domain XML, by its target (vda, vdb, ...)."""
+    found: dict[str, str] = {}
+    for disk in ET.fromstring(xml).iter("disk"):  # noqa: S314 (libvirt's own XML)
+        target, source = disk.find("target"), disk.find("source")
+        if target is not None and source is not None and source.get("file"):
+            found[str(target.get("dev"))] = str(source.get("file"))
+    return found
 
 
 def put_away(dom: Any, serial: Path, overlay: Path | None) -> None:
