@@ -439,6 +439,31 @@ def test_a_host_short_of_disk_puts_nothing_to_sleep(gdeps: Deps, clock: FakeCloc
     assert sweeps.sweep(gdeps).slept == [] and _status(gdeps, vm_id) == "running"
 
 
+def test_a_slow_wake_by_a_request_to_an_exposure_moves_no_task_clock(
+        gdeps: Deps, clock: FakeClock, life: FakeLifecycle,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unlike a call's wake, a request's is no call in flight: anyone who holds the
+    URL could else keep the task from its idle close by waking it again and again."""
+    from rift.services.lifecycle.sleeps import wake
+
+    gdeps = replace(gdeps, lease_rules=replace(gdeps.lease_rules, activity_step_s=1))
+    _, vm_id, task_id = _vm(gdeps, sleep_after_s=2)
+    clock.advance(4)
+    assert sweeps.sweep(gdeps).slept == [vm_id]
+    closes_at, quick = task_now(gdeps, task_id).closes_at, life.resumed
+
+    def slow_resume(vm: object, timeout_s: float, **how: object) -> None:
+        for _ in range(3):  # three steps of the clock pass while the guest restores
+            clock.advance(1)
+            time.sleep(0.6)
+        quick(vm, timeout_s, **how)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(life, "resumed", slow_resume)
+    wake(gdeps, vm_id, "exposure", woken_by="exposure")
+    assert _status(gdeps, vm_id) == "running"
+    assert task_now(gdeps, task_id).closes_at == closes_at
+
+
 def test_a_vm_woken_by_a_request_to_its_exposure_stays_awake_its_sleep_time(
         gdeps: Deps, clock: FakeClock) -> None:
     """Such a request wakes the VM and moves no task clock (it is no call under the

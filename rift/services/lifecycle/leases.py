@@ -234,13 +234,14 @@ def release(deps: Deps, caller: Caller, cmd: TaskReleaseIn) -> TaskOut:
 
 
 @contextmanager
-def in_flight(deps: Deps, task_id: str, wait_s: float) -> Iterator[None]:
-    """While the block runs (a call waiting on its guest: an exec, a boot, a fork),
-    move the task's activity clock at its step, as a call made each step would: no
-    lease turns quiet and no VM of the task falls asleep under a call in flight
-    (SPEC §17). `wait_s`: the longest the block may take."""
+def in_flight(deps: Deps, task_id: str | None, wait_s: float) -> Iterator[None]:
+    """While the block runs (a call waiting on its guest: an exec, a boot, a fork, a
+    wake), move the task's activity clock at its step, as a call made each step
+    would: no lease turns quiet and no VM of the task falls asleep under a call in
+    flight (SPEC §17). `wait_s`: the longest the block may take; `task_id` None: no
+    call of a task's waits (a request to an exposure), nothing moves."""
     step = deps.lease_rules.activity_step_s
-    if wait_s < step / 2:
+    if task_id is None or wait_s < step / 2:
         yield
         return
     done = threading.Event()

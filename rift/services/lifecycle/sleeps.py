@@ -1,37 +1,32 @@
 """Sleep and wake (SPEC §17): the running VMs of a task quiet for its sleep time
 (`sleep_after_s`, else RIFT_TASK_SLEEP_S; 0 never) are saved like a pause
-(libvirt's managed save: memory kept, domain stopped) and turn `sleeping`,
-holding only their disk on their host; the next call that needs one wakes it and
-is held until its guest answers.
+(libvirt's managed save) and turn `sleeping`, holding only their disk on their
+host; the next call that needs one wakes it and is held until its guest answers.
 
 Going to sleep is the sweep's (`sleep_quiet`): each VM is claimed by one
 compare-and-set (running → running, `falling_asleep`) made in the transaction
 that reads its task locked and finds it still quiet, so a call that touched the
-task first keeps it awake, and one that comes after finds it going to sleep and
-waits to wake it. Quiet is measured from the task's last activity plus one
-activity step (RIFT_ACTIVITY_STEP_S: the stored clock moves at most once a step),
-so no call has begun for at least the sleep time; a call that waits on a guest
-(an exec, a boot, a fork, a wake) moves the clock while it waits
-(`leases.in_flight`). A VM with a running exec stays awake unless its task says
-`sleep: "always"`, and so does one with a run of code in flight (SPEC §20:
-rift.services.lifecycle.code_records).
+task first keeps it awake, and one that comes after waits to wake it. Quiet is
+measured from the task's last activity plus one activity step (the stored clock
+moves at most once a step), so no call has begun for the sleep time; a call that
+waits on a guest (an exec, a boot, a fork, a wake) moves the clock while it waits
+(`leases.in_flight`). A VM with a running exec or a run of code in flight (SPEC
+§20: code_records) stays awake unless its task says `sleep: "always"`.
 
 A wake is one compare-and-set (sleeping → sleeping, `waking`): of calls racing
 on one VM (threads or replicas), one wakes it and the others wait for it to run
 (`wake`). The waker restores the domain and logs in again (the clock set as what
 woke it allows: GuestLifecycle.resumed), records `vm_woke` with how long that took
 (the view's `woke`); the VM stays awake its sleep time. A wake that fails leaves
-nothing running: the domain is destroyed, the VM `failed` with its event, and the
-call answers `guest_unreachable` with the reason.
-Reconciliation settles a sleep or wake a crash cut short (rift.services.lifecycle.
-pauses.settle_change).
+nothing running: the domain destroyed, the VM `failed` with its event, the call
+answered `guest_unreachable` with the reason. Reconciliation settles a sleep or
+wake a crash cut short (pauses.settle_change).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -125,15 +120,11 @@ def _wake(deps: Deps, vm: Vm, actor: str, began: float, woken_by: WokenBy) -> Vm
     try:
         if uri is None:
             raise HypervisorError("restore", f"host {vm.host} is not known")
-        # a call of the task's waits on it: a call in flight; a request to an exposure
-        # is no call of the task's and moves no clock of it (nor keeps it open)
-        waiting = (nullcontext() if woken_by == "exposure"
-                   else in_flight(deps, vm.task_id, deps.runtime.boot_timeout_s))
-        with waiting:
+        with in_flight(deps, None if woken_by == "exposure" else vm.task_id,
+                       deps.runtime.boot_timeout_s):  # an exposure's request: no task's call
             deps.hosts.hypervisor(uri).restore(vm.domain_name)
             if vm.ssh_port is not None:
-                deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s,
-                                              woken_by=woken_by)
+                deps.guests.lifecycle.resumed(vm, deps.runtime.boot_timeout_s, woken_by=woken_by)
     except (HypervisorError, GuestUnreachable) as exc:
         reason = exc.message if isinstance(exc, GuestUnreachable) else str(exc)
         _fail(deps, vm, uri, f"its wake failed: {reason}", actor)
