@@ -37,13 +37,15 @@ WARM_S = 10.0  # the warm-up's session; a call waits no longer for it
 # a wake by a request to an exposure sets the clock alone; the warm-up comes this long
 # after, once the guest's server has answered, for the exec that may follow
 WARM_AFTER_S = 1.0
-# `true` under the helper as an exec runs it (its keeper, its shell), WARMED printed when
-# it did, then its folder removed; `$$`, the login shell's pid, keeps racing warm-ups apart
+# `true` under the helper as an exec runs it (its keeper, its shell, an exec's default
+# ring of 16 MiB and answer of 1 MiB, its view sent down the channel: a first exec after
+# a warm-up with a small ring and its view to /dev/null still paid some 5-10 ms on
+# `tiny`), WARMED printed when it did, then its folder removed; `$$`, the login shell's
+# pid, keeps racing warm-ups apart
 _FOLDER = f"{EXECS_DIR}/warm-up-$$"
 WARMED = "warmed"
-WARM_UP_LINE = (f"[ -x {GUEST_PATH} ] || exit 0; {GUEST_PATH} start {_FOLDER} 5 4096 "
-                f"{int(WARM_S * 500)} 4096 -- true >/dev/null 2>&1 && echo {WARMED}; "
-                f"rm -rf {_FOLDER}")
+WARM_UP_LINE = (f"[ -x {GUEST_PATH} ] || exit 0; {GUEST_PATH} start {_FOLDER} 5 {16 << 20} "
+                f"{int(WARM_S * 500)} {1 << 20} -- true && echo {WARMED}; rm -rf {_FOLDER}")
 
 
 class Warmer:
