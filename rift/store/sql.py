@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from rift.domain.errors import StoreUnavailable
@@ -74,7 +74,7 @@ def make_engine(url: str, *, pool_size: int = POOL_SIZE) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, pool_size)
-    return create_engine(
+    engine = create_engine(
         parsed,
         pool_size=pool_size,
         max_overflow=MAX_OVERFLOW,
@@ -85,6 +85,18 @@ def make_engine(url: str, *, pool_size: int = POOL_SIZE) -> Engine:
         # after the operating system's TCP timeout.
         connect_args={"connect_timeout": 10},
     )
+    event.listen(engine, "handle_error", _a_failed_ping_loses_the_connection)
+    return engine
+
+
+def _a_failed_ping_loses_the_connection(context: ExceptionContext) -> None:
+    """A pooled connection that cannot answer its ping is replaced, whatever the
+    driver raised: a server ending the connection during the ping can leave psycopg
+    mid-query on a connection not yet closed, and the ping then raises a
+    ProgrammingError ("can't change 'autocommit' now") that SQLAlchemy would pass to
+    the caller instead of opening another connection."""
+    if context.is_pre_ping:
+        context.is_disconnect = True
 
 
 def _driver(conn: Connection) -> Any:

@@ -10,7 +10,7 @@ import socket
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import create_engine, make_url, pool, text
+from sqlalchemy import create_engine, event, make_url, pool, text
 
 from rift.domain.errors import StoreUnavailable
 from rift.domain.model import User
@@ -43,9 +43,8 @@ APP = "rift-outage-test"  # names this test's store connections, and only those 
 
 def cut_store_connections(url: str) -> int:
     """What a server restart does to a client's connections: the server ends them,
-    each gone before this answers (the timeout waits for it: a cut still under way
-    when the client's next ping began failed that ping with a ProgrammingError, once
-    in a fresh-clone run, 2026-12-06; named, not mended, in that session's note)."""
+    each gone before this answers (the timeout waits for it; a cut that lands in the
+    middle of the store's next ping is the test below)."""
     engine = create_engine(url, poolclass=pool.NullPool)
     try:
         with engine.begin() as conn:
@@ -74,6 +73,33 @@ def test_connections_the_server_cut_are_replaced_and_a_cut_transaction_leaves_no
             tx.users.get("ada")
         with store.read() as tx:
             assert tx.users.all() == []
+        with store.write() as tx:
+            tx.users.add(User("ada", None, datetime.now(UTC)))
+        with store.read() as tx:
+            assert [u.name for u in tx.users.all()] == ["ada"]
+    finally:
+        store.close()
+
+
+def test_a_pooled_connection_whose_ping_fails_half_way_is_replaced() -> None:
+    """A server that ends a connection while the store pings it (a restart, an
+    operator's pg_terminate_backend) can leave the driver mid-query on a connection
+    not yet closed, and the ping raises psycopg's ProgrammingError ("can't change
+    'autocommit' now"), which SQLAlchemy does not take for a lost connection: seen
+    once in a fresh-clone run (2026-12-06). Here the pooled connection is left
+    mid-query on purpose; the store's next call replaces it and answers."""
+    url = skip_without_postgres()
+    migrated_and_empty(url)
+    store = SqlStore(url, pool_size=1)
+    try:
+        def leave_mid_query(dbapi_connection: object, _record: object) -> None:
+            dbapi_connection.pgconn.send_query(b"SELECT 1")  # type: ignore[attr-defined]
+
+        event.listen(store.engine, "checkin", leave_mid_query, once=True)
+        with store.read() as tx:
+            assert tx.users.count() == 0
+        with store.read() as tx:  # the ping fails; a new connection answers
+            assert tx.users.count() == 0
         with store.write() as tx:
             tx.users.add(User("ada", None, datetime.now(UTC)))
         with store.read() as tx:
