@@ -4,7 +4,10 @@ limits, the caller."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -77,6 +80,33 @@ class Cursors:
     """Where each rotating scan of the background jobs goes on from (this process's)."""
 
     execs: str | None = None  # the sweep's running execs: the last id it looked at
+
+
+class ExecsInFlight:
+    """The execs a call of this process is waiting on in their guest (a start, a
+    read): the sweep leaves them to that call, which records their end. Its own look
+    would take a second connection to the guest, a new login while the guest runs
+    the call's command (in a guest just woken, most of the exec's time)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: Counter[str] = Counter()
+
+    @contextmanager
+    def waiting_on(self, exec_id: str) -> Iterator[None]:
+        with self._lock:
+            self._calls[exec_id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls[exec_id] -= 1
+                if self._calls[exec_id] <= 0:
+                    del self._calls[exec_id]
+
+    def __contains__(self, exec_id: object) -> bool:
+        with self._lock:
+            return exec_id in self._calls
 
 
 @dataclass
@@ -181,6 +211,7 @@ class Deps:
     guests: Guests = field(default_factory=no_guests)
     observers: Observers = field(default_factory=Observers)
     cursors: Cursors = field(default_factory=Cursors)
+    execs_in_flight: ExecsInFlight = field(default_factory=ExecsInFlight)
     disk_room: DiskRoom = field(default_factory=DiskRoom)
     # real guests' folders and boot wait; none unless rift.bootstrap wires them
     runtime: Runtime = field(default_factory=NoRuntime)

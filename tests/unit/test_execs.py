@@ -226,6 +226,43 @@ def test_the_sweep_records_ends_and_execs_the_guest_forgot(
     assert sweeps.sweep(gdeps).execs_ended == []
 
 
+def test_the_sweep_leaves_an_exec_to_the_call_that_waits_on_it(
+        gdeps: Deps, shell: FakeExecs) -> None:
+    """A sweep that came while an exec's own call waited on its guest read it too,
+    on a second connection (a new login, in a guest just woken: the call's command
+    then shared the guest's CPU with the login). It leaves such execs to their call,
+    which records their end; once no call waits, it looks at them again."""
+    handle, vm_id, _ = _vm(gdeps)
+    reads: list[str] = []
+    real_read = shell.exec_read
+
+    def counted(vm: object, read: object) -> object:
+        reads.append(read.exec_id)  # type: ignore[attr-defined]
+        return real_read(vm, read)  # type: ignore[arg-type]
+
+    shell.exec_read = counted  # type: ignore[method-assign,assignment]
+    during: list[list[str]] = []
+
+    def sweep_meanwhile(exec_id: str, wait_ms: int) -> None:
+        if not during:
+            during.append(sweeps.sweep(gdeps).execs_ended)
+            during.append(list(reads))
+            shell.finish(exec_id)
+
+    shell.on_wait = sweep_meanwhile
+    started = execs.start(gdeps, ALICE, command(c.VmExecIn, handle=handle, vm_id=vm_id,
+                          command="make", wait_s=1))
+    assert during == [[], []]  # the sweep asked the guest nothing while the start waited
+    assert started.status == "exited"
+
+    shell.on_wait = None
+    background = execs.start(gdeps, ALICE, command(c.VmExecIn, handle=handle, vm_id=vm_id,
+                             command="serve", wait_s=0))
+    shell.finish(background.exec_id)
+    assert sweeps.sweep(gdeps).execs_ended == [background.exec_id]  # no call waits on it
+    assert reads == [background.exec_id]
+
+
 def test_an_unreachable_guest_records_no_exec(deps: Deps) -> None:
     handle, vm_id, task_id = _vm(deps)  # deps has no guest shell
     refused("guest_unreachable", lambda: execs.start(deps, ALICE, command(c.VmExecIn, handle=handle,

@@ -26,7 +26,8 @@ SWEEP_CALL_S = 3.0  # the sweep's look at one exec: a guest slower than this wai
 def record_ends(deps: Deps, limit: int = 100) -> list[str]:
     """The sweep's part: end the running execs whose VM is gone (`lost`), whose
     guest says they ended, or that their guest has not known for
-    `RIFT_VM_CREATING_GRACE_S` since their start (`lost`). Each run looks at
+    `RIFT_VM_CREATING_GRACE_S` since their start (`lost`); one a call of this process
+    waits on is that call's (`Deps.execs_in_flight`). Each run looks at
     `limit` execs from where the last left off (a rotating cursor), each VM's
     guest within its budget (rift.services.background.bounded). Answers the ids it ended."""
     with deps.store.read() as tx:
@@ -40,6 +41,8 @@ def record_ends(deps: Deps, limit: int = 100) -> list[str]:
         if vm is None or not vm.keeps_execs:
             if end_exec(deps, ex, "lost", "sweep").status == "lost":
                 ended.append(ex.id)
+        elif ex.id in deps.execs_in_flight:
+            continue  # a call of this process waits on it, and records its end
         elif vm.status == "running" and vm.change is None and vm.ssh_port is not None:
             asked.append(ex)  # else paused, pausing or resuming: its execs wait in its guest
     guests, grace = deps.guests.execs, timedelta(seconds=deps.limits.creating_grace_s)

@@ -88,7 +88,7 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
     deadline = time.monotonic() + wait
     first = wait if watch is None else min(wait, STEP_S)
     try:
-        with in_flight(deps, task.id, wait):
+        with in_flight(deps, task.id, wait), deps.execs_in_flight.waiting_on(exec_id):
             seen = shell.exec_start(vm, ExecStart(
                 exec_id=exec_id, command=command,
                 stdin=stdin.encode() if stdin is not None else None, timeout_s=timeout,
@@ -103,7 +103,7 @@ def start(deps: Deps, caller: Caller, cmd: VmExecIn, watch: Watch | None = None)
         raise GuestUnreachable(vm.id, "the guest lost the exec as it started") from exc
     if watch is not None and seen.state == "running" and wait > first:
         try:
-            with in_flight(deps, task.id, wait):
+            with in_flight(deps, task.id, wait), deps.execs_in_flight.waiting_on(exec_id):
                 seen = _follow_to_end(shell, (vm, ex.id), seen, deadline, watch)
         except (GuestUnreachable, ExecGone):
             return out_of_sight(deps, ex, caller.label)
@@ -127,7 +127,7 @@ def get(deps: Deps, caller: Caller, cmd: VmExecGetIn, watch: Watch | None = None
     shell = reach(vm, deps.guests.execs)
     deadline = time.monotonic() + wait
     try:
-        with in_flight(deps, task.id, wait):
+        with in_flight(deps, task.id, wait), deps.execs_in_flight.waiting_on(ex.id):
             left: float = wait
             while True:
                 step = left if watch is None else min(left, STEP_S)
