@@ -166,8 +166,8 @@ class SshLifecycle:
             if woken_by == "exec":  # its own command sets the clock and warms the guest up
                 self.life.runner.clock_with_next_command(vm)
                 warmed = "by the exec"
-            elif woken_by == "exposure":  # the clock set beside the request, not before it
-                self.life.runner.clock_with_next_command(vm, within_s=0.0)
+            elif woken_by == "exposure":  # the request alone first; the clock with the warm-up
+                self.life.runner.clock_with_next_command(vm)
                 self.life.runner.warmer.warm_later(vm, after_s=WARM_AFTER_S)
                 warmed = "later"
             else:  # now, after the login took its time; warmed up in the same session

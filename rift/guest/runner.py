@@ -21,6 +21,7 @@ from rift.guest.connections import FAILURES, GRACE_S, HAND_OVER_S, Connections
 from rift.guest.errors import GuestError
 from rift.guest.exec_view import NO_SUCH_EXEC
 from rift.guest.run import Collected, kill_line, send_within
+from rift.guest.scripts import clock_prefix
 from rift.guest.steps import address, left, read_capped
 from rift.guest.warm import Warmer
 from rift.guest.watchdog import Guard
@@ -80,18 +81,16 @@ class Runner:
             return self._run(vm, (clock_prefix() if owed else "") + command, stdin,
                              timeout_s, out_cap)
 
-    def clock_with_next_command(self, vm: Vm, within_s: float | None = None) -> None:
+    def clock_with_next_command(self, vm: Vm) -> None:
         """Leave the setting of the guest's clock to the next command run in it (the
         exec that woke it: a session of its own would cost the wake as much as the
-        exec, QEMU translating the SSH server's session code anew); set it alone
-        `within_s` (CLOCK_OWED_S) from now if no command came by then. 0: in a
-        session started now, beside the call that woke the VM, which does not wait
-        for it (a request to an exposure)."""
+        exec, QEMU translating the SSH server's session code anew; the warm-up that
+        follows a wake by a request to an exposure); set it alone CLOCK_OWED_S from
+        now if no command came by then."""
         self.conns.owe_clock(vm.id)
-        after_s = CLOCK_OWED_S if within_s is None else within_s
 
         def settle() -> None:
-            time.sleep(after_s)
+            time.sleep(CLOCK_OWED_S)
             with self.conns.lock:
                 owed = vm.id in self.conns.clock_owed
             if owed:
@@ -231,7 +230,3 @@ class Runner:
                              f"{': ' + repr(err[-200:]) if err else ''}", vm_id=vm.id)
         return status, data
 
-
-def clock_prefix() -> str:
-    """What sets the guest's clock to this host's before a command, in any shell."""
-    return f'date -s "@{round(time.time())}" >/dev/null 2>&1; '

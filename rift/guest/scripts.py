@@ -1,5 +1,6 @@
 """The shell scripts a guest is given: the pooled guest's standby shell and its
-hand-over, a fork's new identity, and what a failed command's stderr says.
+hand-over, a fork's new identity, the clock's setting, and what a failed
+command's stderr says.
 Everything a guest prints back is read without patterns (SPEC §15)."""
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from rift.guest.run import send_within
 SETTLE_S = 2.5  # how long a fork's SSH server waits before it starts anew (identity)
 RESTART_S = SETTLE_S + 5.0  # how long it may take to listen again, from then
 _REASON_MAX = 500  # characters of a guest's stderr kept as a failed file operation's reason
+
+def clock_prefix() -> str:
+    """What sets the guest's clock to this host's before a command, in any shell."""
+    return f'date -s "@{round(time.time())}" >/dev/null 2>&1; '
+
 
 # The standby shell: bash where there is one (its builtins read the clock), else sh.
 STANDBY_SHELL = "command -v bash >/dev/null && exec bash -s; exec sh -s"

@@ -12,8 +12,10 @@ warm-up to end, at most WARM_S, rather than pay for a new SSH login beside it),
 and after the login that follows a wake, a resume or a snapshot, in the session
 that sets the guest's clock, before the call that woke it goes on
 (rift.guest.life.ShellLife.set_clock_and_warm); a wake by a request to an
-exposure sets the clock beside that request, as no helper serves it, and warms
-the guest up WARM_AFTER_S later.
+exposure leaves the guest to that request, which no helper serves (a session
+beside it, on a login of its own, took the one vCPU of a just-restored `debian`
+from it), and sets the clock in the warm-up WARM_AFTER_S later, unless a
+command came first and set it.
 A guest without the helper (a qcow2 image) is left as it is. Everything here is
 bounded: the session by WARM_S, the connection by the watchdog past it.
 """
@@ -29,12 +31,13 @@ from rift.domain.model import Vm
 from rift.guest.connections import FAILURES, GRACE_S, Connections
 from rift.guest.errors import GuestError
 from rift.guest.exec_view import EXECS_DIR
+from rift.guest.scripts import clock_prefix
 from rift.guest.steps import address
 
 log = logging.getLogger("rift.guest.shell")
 
 WARM_S = 10.0  # the warm-up's session; a call waits no longer for it
-# a wake by a request to an exposure sets the clock alone; the warm-up comes this long
+# a wake by a request to an exposure: the warm-up, which sets the clock, comes this long
 # after, once the guest's server has answered, for the exec that may follow
 WARM_AFTER_S = 1.0
 # `true` under the helper as an exec runs it (its keeper, its shell, an exec's default
@@ -57,15 +60,20 @@ class Warmer:
         self.warming: dict[str, threading.Event] = {}  # vm id -> set when its warm-up ends
 
     def warm(self, vm: Vm) -> float | None:
-        """Run the warm-up now on a pooled connection: its seconds, None when it
-        failed (logged; the first exec then pays what it would have)."""
+        """Run the warm-up now on a pooled connection, the guest's clock set first when
+        it is owed: its seconds, None when it failed (logged; the first exec then pays
+        what it would have, the clock still owed)."""
         began = time.monotonic()
         deadline = began + WARM_S
+        owed = self.conns.take_clock(vm.id)
         try:
             with self.conns.pool.lease(vm.id, address(vm), WARM_S) as transport, \
                     self.conns.watchdog.guard(deadline + GRACE_S, transport.close):
-                collected = self.conns.session(transport, WARM_UP_LINE, None, deadline, 4096)
+                line = (clock_prefix() if owed else "") + WARM_UP_LINE  # after the login
+                collected = self.conns.session(transport, line, None, deadline, 4096)
         except (*FAILURES, GuestError) as exc:
+            if owed:
+                self.conns.owe_clock(vm.id)
             log.info("warm-up of %s failed: %s", vm.id, exc)
             return None
         if collected.exit_code != 0:

@@ -4,7 +4,7 @@ its `sleep_after_s`, the VM sleeps (its domain stopped with its saved state); th
 next exec wakes it and answers, and an exec's output, a file written and the
 guest's clock are as they should be after the wake, whose exec set the clock in
 its own command (no session of the wake's own before it); then a request to an
-exposure of the sleeping VM wakes it, and the guest's clock is set beside it."""
+exposure of the sleeping VM wakes it, and the guest's clock is set a moment after."""
 
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ async def _guest_clock(http: httpx.AsyncClient, url: str) -> float:
 async def _woken_by_an_exposure(real: Server, s: ClientSession, handle: str,
                                 vm_id: str) -> None:
     """A GET through an exposure wakes the sleeping VM and is answered; the guest's
-    clock is then set with no exec (in a session beside the request), as read
-    through the exposure."""
+    clock is then set with no exec (with the warm-up a moment after the request), as
+    read through the exposure."""
     await call(s, "rift_vm_exec", handle=handle, vm_id=vm_id, command=_CLOCK_LOOP)
     exposed = await call(s, "rift_vm_expose", handle=handle, vm_id=vm_id, port=8001)
     url = real.url + "/x/" + exposed["exposure"]["url"].split("/x/")[1] + "now"

@@ -357,7 +357,8 @@ def test_a_request_to_a_sleeping_vms_url_wakes_it_and_is_answered_by_its_guest(
     assert vm is not None and vm.status == "running"
     assert [e.actor for e in woke] == ["exposure"]
     life = gdeps.guests.lifecycle
-    assert isinstance(life, FakeLifecycle) and life.woken_by == [(vm_id, "exposure")]  # clock alone
+    # woken for an exposure: the guest is left to the request, the clock set after it
+    assert isinstance(life, FakeLifecycle) and life.woken_by == [(vm_id, "exposure")]
 
 
 def test_a_preview_domain_reaches_the_exposure_by_its_host_name(gdeps: Deps,

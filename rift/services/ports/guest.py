@@ -197,9 +197,9 @@ class GuestLifecycle(Protocol):
         `call` (any), the clock set and the guest warmed up in one session, so an
         exec that follows costs what the next does; `exposure` (a request to an
         exposed port, which no exec helper serves), the login's connection carries
-        the request and the clock is set in a session started beside it, not before
-        it (the guest's server may see the clock it slept with for its first few
-        hundred ms), the warm-up a moment after; `exec`, the clock set by the exec's
+        the request, which has the guest to itself: the clock is set with the
+        warm-up a moment after (the guest's server may see the clock it slept with
+        for about a second and a half); `exec`, the clock set by the exec's
         own command, which warms the guest up as it runs (one session less before
         it)."""
         ...
