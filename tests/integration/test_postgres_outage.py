@@ -55,6 +55,14 @@ def cut_store_connections(url: str) -> int:
         engine.dispose()
 
 
+def writes_and_reads_back(store: SqlStore) -> None:
+    """The store works again: a write lands and a read sees it."""
+    with store.write() as tx:
+        tx.users.add(User("ada", None, datetime.now(UTC)))
+    with store.read() as tx:
+        assert [u.name for u in tx.users.all()] == ["ada"]
+
+
 def test_connections_the_server_cut_are_replaced_and_a_cut_transaction_leaves_nothing() -> None:
     url = skip_without_postgres()
     migrated_and_empty(url)
@@ -73,10 +81,7 @@ def test_connections_the_server_cut_are_replaced_and_a_cut_transaction_leaves_no
             tx.users.get("ada")
         with store.read() as tx:
             assert tx.users.all() == []
-        with store.write() as tx:
-            tx.users.add(User("ada", None, datetime.now(UTC)))
-        with store.read() as tx:
-            assert [u.name for u in tx.users.all()] == ["ada"]
+        writes_and_reads_back(store)
     finally:
         store.close()
 
@@ -100,9 +105,6 @@ def test_a_pooled_connection_whose_ping_fails_half_way_is_replaced() -> None:
             assert tx.users.count() == 0
         with store.read() as tx:  # the ping fails; a new connection answers
             assert tx.users.count() == 0
-        with store.write() as tx:
-            tx.users.add(User("ada", None, datetime.now(UTC)))
-        with store.read() as tx:
-            assert [u.name for u in tx.users.all()] == ["ada"]
+        writes_and_reads_back(store)
     finally:
         store.close()
