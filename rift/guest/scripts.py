@@ -18,6 +18,7 @@ SETTLE_S = 2.5  # how long a fork's SSH server waits before it starts anew (iden
 RESTART_S = SETTLE_S + 5.0  # how long it may take to listen again, from then
 _REASON_MAX = 500  # characters of a guest's stderr kept as a failed file operation's reason
 
+
 def clock_prefix() -> str:
     """What sets the guest's clock to this host's before a command, in any shell."""
     return f'date -s "@{round(time.time())}" >/dev/null 2>&1; '
