@@ -33,7 +33,7 @@ from hypervisor.commands import run_command
 from hypervisor.cpio import MTIME, Archive
 from hypervisor.debian_root import debian_root, linked_copy, set_up, set_up_digest
 from hypervisor.disks import DISK_TIMEOUT_S
-from hypervisor.exec_helper import exec_helper
+from hypervisor.exec_helper import exec_helper, login_shell
 from hypervisor.kernel_boot import CMDLINE_BASE
 from hypervisor.manifest import (
     MANIFEST,
@@ -68,12 +68,13 @@ def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
     cache = (cache_dir or images_dir / ".cache").resolve()
     busybox = static_busybox()
     helper = exec_helper(images_dir / ".cache" / "helpers")
+    shell = login_shell(images_dir / ".cache" / "helpers")
     kernel_pkg, kernel_version = kernel_package()
     packages = {kernel_pkg: kernel_version, "busybox-static": package_version("busybox-static"),
                 "e2fsprogs": package_version("e2fsprogs")}
     root, root_key = debian_root(cache)
     inputs = digest(json.dumps({"builder": BUILDER_VERSION, "packages": packages,
-                                "root": root_key, "set_up": set_up_digest(busybox, helper),
+                                "root": root_key, "set_up": set_up_digest(busybox, helper, shell),
                                 "init": sha256(INIT_SCRIPT.read_bytes()),
                                 "cmdline": CMDLINE_BASE, "roots": MODULE_ROOTS}).encode())
     target = images_dir / NAME
@@ -100,7 +101,7 @@ def build_debian(images_dir: Path, *, cache_dir: Path | None = None,
                                          mtime=MTIME))
         tree = work / "root"
         linked_copy(root, tree)
-        set_up(tree, busybox, helper)
+        set_up(tree, busybox, helper, shell)
         disk = out / DISK_FILE
         virtual_size = base_disk(tree, work / "root.raw", disk)
         manifest = {

@@ -3,8 +3,10 @@
 already uses (`debian_root`), and a copy of it set up for Rift's own init
 (`set_up`): no SSH host keys (each VM makes its own), sshd for keys only,
 Rift's second-stage init and a static busybox (whose `init` reaps orphans as
-PID 1) under /usr/lib/rift, no apt caches, and E2B's user `user` (home
-/home/user, passwordless sudo; `python` is python3 by `python-is-python3`).
+PID 1) under /usr/lib/rift, root's login shell rift-shell (hypervisor/
+rift_shell.c: an exec's line needs no bash, any other line gets it), no apt
+caches, and E2B's user `user` (home /home/user, passwordless sudo; `python` is
+python3 by `python-is-python3`).
 
 The debootstrapped root is kept as debootstrap left it in
 `<cache>/roots/<key>/`, the key a digest of what made it (suite, mirror,
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from hypervisor.base import ImageError
 from hypervisor.commands import run_command
-from hypervisor.exec_helper import GUEST_PATH
+from hypervisor.exec_helper import GUEST_PATH, SHELL_PATH
 from hypervisor.manifest import digest, sha256
 
 SUITE = "bookworm"
@@ -89,12 +91,13 @@ def root_key(mirror_url: str) -> str:
     return digest(json.dumps(made_of, sort_keys=True).encode()).removeprefix("sha256:")[:16]
 
 
-def set_up_digest(busybox: Path, helper: Path) -> str:
+def set_up_digest(busybox: Path, helper: Path, shell: Path) -> str:
     """What `set_up` puts into a root, as a digest (a build input)."""
     return digest(json.dumps({"init": sha256(ROOT_INIT.read_bytes()), "sshd": SSHD_CONFIG,
                               "inittab": INITTAB, "user": USER_ENTRIES,
                               "sudoers": SUDOERS, "busybox": sha256(busybox.read_bytes()),
-                              "rift_exec": sha256(helper.read_bytes())},
+                              "rift_exec": sha256(helper.read_bytes()),
+                              "rift_shell": sha256(shell.read_bytes())},
                              sort_keys=True).encode())
 
 
@@ -138,16 +141,23 @@ def linked_copy(root: Path, into: Path) -> None:
         run_command(["cp", "-a", str(root), str(into)], timeout_s=DEBOOTSTRAP_TIMEOUT_S)
 
 
-def set_up(root: Path, busybox: Path, helper: Path) -> None:
-    """Make a (linked) copy of a debootstrapped root Rift's: its init and exec
-    helper (`helper`, hypervisor.exec_helper), sshd's
-    keys-only set-up, no host keys, no apt caches, no machine id. Files are
-    replaced, never written into (they are hard links to the cached root's)."""
+def set_up(root: Path, busybox: Path, helper: Path, shell: Path) -> None:
+    """Make a (linked) copy of a debootstrapped root Rift's: its init, exec
+    helper (`helper`, hypervisor.exec_helper) and root's login shell (`shell`,
+    rift-shell, the same module's), sshd's keys-only set-up, no host keys, no
+    apt caches, no machine id. Files are replaced, never written into (they are
+    hard links to the cached root's)."""
     rift = root / "usr" / "lib" / "rift"
     rift.mkdir(parents=True, exist_ok=True)
     _put(rift / "busybox", busybox.read_bytes(), 0o755)
     _put(rift / "init", ROOT_INIT.read_bytes(), 0o755)
     _put(root / GUEST_PATH.lstrip("/"), helper.read_bytes(), 0o755)
+    _put(root / SHELL_PATH.lstrip("/"), shell.read_bytes(), 0o755)
+    _replace(root / "etc" / "passwd", "".join(
+        _with_shell(line) for line in (root / "etc" / "passwd").read_text().splitlines(True)))
+    shells = (root / "etc" / "shells").read_text()
+    if SHELL_PATH not in shells.split():
+        _replace(root / "etc" / "shells", shells + SHELL_PATH + "\n")
     _put(root / "etc" / "ssh" / "sshd_config.d" / "60-rift.conf", SSHD_CONFIG.encode())
     for key in (root / "etc" / "ssh").glob("ssh_host_*"):
         key.unlink()
@@ -188,6 +198,14 @@ def add_user(root: Path) -> None:
     home.chmod(0o755)  # useradd's, as E2B makes `user`
     for path in [home, *home.rglob("*")]:
         os.lchown(path, USER_ID, USER_ID)
+
+
+def _with_shell(line: str) -> str:
+    """A passwd line with SHELL_PATH as its shell when it is root's."""
+    if not line.startswith("root:"):
+        return line
+    fields = line.rstrip("\n").split(":")
+    return ":".join([*fields[:6], SHELL_PATH]) + "\n"
 
 
 def _with_member(line: str) -> str:

@@ -2,7 +2,11 @@
 commands are in rift_exec.c): a static x86-64 binary, compiled here from that
 one C file with the host's gcc and glibc's static libc, so it runs in any
 Linux guest. Rift's images carry it at GUEST_PATH; a build is cached beside the
-images by the digest of its source and the compiler's version."""
+images by the digest of its source and the compiler's version.
+
+`rift-shell` (rift_shell.c), root's login shell in the `debian` image, is built
+the same way: it runs a session's `exec GUEST_PATH ...` line itself and hands
+any other to bash, so that an exec starts one bash, not two."""
 
 from __future__ import annotations
 
@@ -17,18 +21,25 @@ from hypervisor.manifest import sha256
 
 SOURCE = Path(__file__).with_name("rift_exec.c")
 GUEST_PATH = "/usr/lib/rift/rift-exec"
+SHELL_SOURCE = Path(__file__).with_name("rift_shell.c")
+SHELL_PATH = "/usr/lib/rift/rift-shell"
 CFLAGS = ("-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror")
 
 
-def build_inputs() -> str:
-    """What the binary is made from (its source and gcc's version), as a digest."""
-    return sha256(SOURCE.read_bytes() + _gcc_version().encode() + " ".join(CFLAGS).encode())
+def build_inputs(source: Path = SOURCE) -> str:
+    """What a binary is made from (its source and gcc's version), as a digest."""
+    return sha256(source.read_bytes() + _gcc_version().encode() + " ".join(CFLAGS).encode())
 
 
 def exec_helper(cache_dir: Path) -> Path:
     """The compiled helper, built into `cache_dir` unless a build of the same
     inputs is there. ImageError names what is missing (gcc, libc6-dev)."""
     return compiled(SOURCE, cache_dir / f"rift-exec-{build_inputs()[:16]}")
+
+
+def login_shell(cache_dir: Path) -> Path:
+    """The compiled rift-shell, built as `exec_helper` builds the helper."""
+    return compiled(SHELL_SOURCE, cache_dir / f"rift-shell-{build_inputs(SHELL_SOURCE)[:16]}")
 
 
 def compiled(source: Path, target: Path) -> Path:

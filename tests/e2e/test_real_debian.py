@@ -171,8 +171,14 @@ def test_a_debian_vm_runs_venv_pip_git_gcc_and_apt_and_boots_beside_tiny(
             vm, seen["debian"] = await _first_exec_s(s, handle, "debian", named=False,
                                                      disk_gib=DISK_GIB)
 
-            release = await _ran(s, handle, vm, "cat /etc/os-release; id -un; df -k /")
+            release = await _ran(s, handle, vm, (
+                "cat /etc/os-release; id -un; echo \"SHELL=$SHELL\"; getent passwd root; "
+                "su root -c 'echo \"su: bash $BASH_VERSION\"'; df -k /"))
             assert "VERSION_CODENAME=bookworm" in release and "\nroot\n" in release, release
+            # root logs in to rift-shell (an exec's line needs no bash); all else sees bash
+            assert "\nSHELL=/bin/bash\n" in release, release
+            assert ":/root:/usr/lib/rift/rift-shell\n" in release, release
+            assert "\nsu: bash 5." in release, release
             root_kib = int(release.strip().splitlines()[-1].split()[1])
             # grown to the overlay (less the file system's own reserve)
             assert (DISK_GIB - 1) * 1024 * 1024 < root_kib <= DISK_GIB * 1024 * 1024, release

@@ -202,6 +202,7 @@ def test_the_set_up_copy_leaves_the_cached_root_as_debootstrap_left_it(tmp_path:
     (etc / "shadow").write_text("root:*:20000:0:99999:7:::\n")
     (etc / "group").write_text("root:x:0:\nsudo:x:27:\n")
     (etc / "gshadow").write_text("root:*::\nsudo:*::\n")
+    (etc / "shells").write_text("/bin/sh\n/bin/bash\n")
     (etc / "sudoers.d").mkdir()
     (etc / "skel").mkdir()
     (etc / "skel" / ".profile").write_text("# ~/.profile\n")
@@ -209,9 +210,11 @@ def test_the_set_up_copy_leaves_the_cached_root_as_debootstrap_left_it(tmp_path:
     busybox.write_bytes(b"\x7fELF")
     helper = tmp_path / "rift-exec"
     helper.write_bytes(b"\x7fELF helper")
+    shell = tmp_path / "rift-shell"
+    shell.write_bytes(b"\x7fELF shell")
     copy = tmp_path / "copy"
     linked_copy(cached, copy)
-    set_up(copy, busybox, helper)
+    set_up(copy, busybox, helper, shell)
     assert (cached / "etc" / "hostname").read_text() == "debootstrap-host\n"
     assert (cached / "etc" / "ssh" / "ssh_host_ed25519_key").exists()
     assert (cached / "usr" / "share" / "doc" / "git").is_dir()
@@ -220,6 +223,12 @@ def test_the_set_up_copy_leaves_the_cached_root_as_debootstrap_left_it(tmp_path:
     assert "PasswordAuthentication no" in (copy / "etc/ssh/sshd_config.d/60-rift.conf").read_text()
     assert os.access(copy / "usr" / "lib" / "rift" / "init", os.X_OK)
     assert os.access(copy / "usr" / "lib" / "rift" / "rift-exec", os.X_OK)
+    # root logs in to rift-shell, a shell /etc/shells lists; the cached root keeps bash
+    assert os.access(copy / "usr" / "lib" / "rift" / "rift-shell", os.X_OK)
+    assert (copy / "etc" / "passwd").read_text().splitlines()[0] == \
+        "root:x:0:0:root:/root:/usr/lib/rift/rift-shell"
+    assert (copy / "etc" / "shells").read_text() == \
+        "/bin/sh\n/bin/bash\n/usr/lib/rift/rift-shell\n"
     # E2B's user: uid 1000, in sudo, a home of its own, sudo without a password
     assert (etc / "passwd").read_text() == "root:x:0:0:root:/root:/bin/bash\n"
     assert (etc / "group").read_text() == "root:x:0:\nsudo:x:27:\n"
