@@ -26,9 +26,13 @@ SHELL_PATH = "/usr/lib/rift/rift-shell"
 CFLAGS = ("-static", "-Os", "-s", "-Wall", "-Wextra", "-Werror")
 
 
-def build_inputs(source: Path = SOURCE) -> str:
-    """What a binary is made from (its source and gcc's version), as a digest."""
-    return sha256(source.read_bytes() + _gcc_version().encode() + " ".join(CFLAGS).encode())
+SHELL_DEFINES = (f'-DHELPER="{GUEST_PATH}"',)  # the helper rift-shell runs
+
+
+def build_inputs(source: Path = SOURCE, defines: tuple[str, ...] = ()) -> str:
+    """What a binary is made from (its source, gcc's version and flags), as a digest."""
+    return sha256(source.read_bytes() + _gcc_version().encode()
+                  + " ".join(CFLAGS + defines).encode())
 
 
 def exec_helper(cache_dir: Path) -> Path:
@@ -39,12 +43,14 @@ def exec_helper(cache_dir: Path) -> Path:
 
 def login_shell(cache_dir: Path) -> Path:
     """The compiled rift-shell, built as `exec_helper` builds the helper."""
-    return compiled(SHELL_SOURCE, cache_dir / f"rift-shell-{build_inputs(SHELL_SOURCE)[:16]}")
+    digest = build_inputs(SHELL_SOURCE, SHELL_DEFINES)[:16]
+    return compiled(SHELL_SOURCE, cache_dir / f"rift-shell-{digest}", SHELL_DEFINES)
 
 
-def compiled(source: Path, target: Path) -> Path:
-    """`source` compiled with CFLAGS to `target` unless `target` is there already
-    (named by the digest of what it is built from): built aside, then moved in."""
+def compiled(source: Path, target: Path, defines: tuple[str, ...] = ()) -> Path:
+    """`source` compiled with CFLAGS (and `defines`) to `target` unless `target` is
+    there already (named by the digest of what it is built from): built aside, then
+    moved in."""
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -52,7 +58,7 @@ def compiled(source: Path, target: Path) -> Path:
     fd, aside = tempfile.mkstemp(prefix=f".{name}-", dir=target.parent)
     os.close(fd)
     try:
-        run_command(["gcc", *CFLAGS, "-o", aside, str(source)])
+        run_command(["gcc", *CFLAGS, *defines, "-o", aside, str(source)])
         os.chmod(aside, 0o755)  # noqa: S103 (a program every guest user runs)
         os.replace(aside, target)
     except ImageError as exc:

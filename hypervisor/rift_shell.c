@@ -24,8 +24,8 @@
 #ifndef BASH /* (tests compile it with others) */
 #define BASH "/bin/bash"
 #endif
-#ifndef HELPER
-#define HELPER "/usr/lib/rift/rift-exec" /* hypervisor/exec_helper.py: GUEST_PATH */
+#ifndef HELPER /* the helper's path: the build passes hypervisor/exec_helper.py's GUEST_PATH */
+#error "build with -DHELPER='\"/path/of/rift-exec\"'"
 #endif
 #define PREFIX "exec " HELPER " "
 #define MAX_WORDS 64

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hypervisor.exec_helper import CFLAGS, GUEST_PATH, SHELL_SOURCE
+from hypervisor.exec_helper import CFLAGS, GUEST_PATH, SHELL_SOURCE, login_shell
 from rift.guest.exec_view import input_command, kill_command, read_command, start_command
 from rift.services.ports import ExecRead, ExecStart
 
@@ -55,8 +55,8 @@ def _both(built: tuple[Path, Path, Path], line: str) -> tuple[str, str]:
                                                          f"SHELL={bash}")
 
 
-def test_the_source_runs_the_helper_the_images_carry() -> None:
-    assert f'#define HELPER "{GUEST_PATH}"' in SHELL_SOURCE.read_text()
+def test_the_images_shell_runs_the_helper_the_images_carry(tmp_path: Path) -> None:
+    assert f"exec {GUEST_PATH} ".encode() in login_shell(tmp_path).read_bytes()
 
 
 def test_rifts_exec_lines_run_the_helper_with_bashs_words_and_no_bash(
